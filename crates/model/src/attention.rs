@@ -1,0 +1,117 @@
+//! Scaled dot-product attention (section 3.2.1, equation 1):
+//! `Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V`.
+
+use crate::dropout::{Dropout, Mode};
+use crate::mask::Mask;
+use crate::Result;
+use candle_core::{Tensor, D};
+
+/// Softmax over the last dimension, composed of primitives so it has a backward pass.
+///
+/// The row maximum is subtracted first (detached: softmax is shift-invariant, so no gradient
+/// flows through it) so `exp` never overflows.
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// Attention of queries over keys and values; returns `(output, weights)`.
+///
+/// `weights` are the softmax probabilities before attention dropout (what a person wants to
+/// see; identical in evaluation). Where a query's every key is masked, its weights and output
+/// are zeros, not NaN. Queries are scaled by `1/sqrt(D)` before the product, as PyTorch does.
+///
+/// # Shapes
+/// - q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv)
+/// - mask: broadcastable to (B, H, T, S), 1 = may attend
+/// - -> output (B, H, T, Dv), weights (B, H, T, S)
+pub fn scaled_dot_product_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Mask>,
+    dropout: Dropout,
+    mode: Mode,
+) -> Result<(Tensor, Tensor)> {
+    let (b, h, _t, d) = q.dims4()?;
+    let (kb, kh, s, kd) = k.dims4()?;
+    let (vb, vh, vs, _dv) = v.dims4()?;
+    if (kb, kh, kd) != (b, h, d) || (vb, vh, vs) != (b, h, s) {
+        candle_core::bail!(
+            "attention shapes disagree: q {:?}, k {:?}, v {:?} (need q (B,H,T,D), k (B,H,S,D), \
+             v (B,H,S,Dv))",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        );
+    }
+    let q = (q * (1.0 / (d as f64).sqrt()))?;
+    // (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
+    let scores = q.matmul(&k.transpose(2, 3)?)?;
+    let weights = match mask {
+        None => softmax_last_dim(&scores)?,
+        Some(mask) => {
+            let scores = scores.broadcast_add(&mask.additive(scores.dtype())?)?;
+            // Multiplying by the keep-mask zeroes rows whose keys are all masked (their
+            // softmax would otherwise be uniform); elsewhere masked weights are already 0.
+            softmax_last_dim(&scores)?.broadcast_mul(&mask.keep().to_dtype(scores.dtype())?)?
+        }
+    };
+    let dropped = dropout.forward(&weights, mode)?;
+    // (B, H, T, S) @ (B, H, S, Dv) -> (B, H, T, Dv)
+    let out = dropped.matmul(v)?;
+    Ok((out, weights))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn fully_masked_rows_are_zero_not_nan() -> Result<()> {
+        let dev = Device::Cpu;
+        let q = Tensor::randn(0f32, 1.0, (1, 2, 3, 4), &dev)?;
+        let k = Tensor::randn(0f32, 1.0, (1, 2, 5, 4), &dev)?;
+        let v = Tensor::randn(0f32, 1.0, (1, 2, 5, 4), &dev)?;
+        // Query row 1 may attend to nothing.
+        let keep = Tensor::new(&[[1u8, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], &dev)?;
+        let mask = Mask::from_keep(&keep)?;
+        let (out, w) =
+            scaled_dot_product_attention(&q, &k, &v, Some(&mask), Dropout::new(0.0), Mode::Eval)?;
+        let w = w.to_dtype(DType::F64)?;
+        assert_eq!(w.i_row(1)?, 0.0);
+        assert_eq!(
+            out.to_dtype(DType::F64)?
+                .narrow(2, 1, 1)?
+                .abs()?
+                .sum_all()?
+                .to_scalar::<f64>()?,
+            0.0
+        );
+        let sums = w.sum(D::Minus1)?.flatten_all()?.to_vec1::<f64>()?;
+        for (i, s) in sums.iter().enumerate() {
+            let expect = if i % 3 == 1 { 0.0 } else { 1.0 };
+            assert!((s - expect).abs() < 1e-6, "row {i} sums to {s}");
+        }
+        // Masked keys get exactly zero weight.
+        assert_eq!(
+            w.narrow(2, 0, 1)?
+                .narrow(3, 2, 3)?
+                .sum_all()?
+                .to_scalar::<f64>()?,
+            0.0
+        );
+        Ok(())
+    }
+
+    trait RowSum {
+        fn i_row(&self, row: usize) -> Result<f64>;
+    }
+    impl RowSum for Tensor {
+        fn i_row(&self, row: usize) -> Result<f64> {
+            self.narrow(2, row, 1)?.abs()?.sum_all()?.to_scalar::<f64>()
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The decoder (section 3.1): N identical layers, each masked self-attention, attention over
+//! the encoder output (encoder-decoder attention, section 3.2.3) and a feed-forward network,
+//! each wrapped in a residual connection with layer normalisation.
+
+use crate::dropout::{Dropout, Mode};
+use crate::encoder::{residual, LayerSpec};
+use crate::feed_forward::FeedForward;
+use crate::layer_norm::LayerNorm;
+use crate::mask::Mask;
+use crate::multi_head::MultiHeadAttention;
+use crate::params::ParamBuilder;
+use crate::Result;
+use candle_core::Tensor;
+
+/// The attention weights of one decoder layer.
+#[derive(Debug, Clone)]
+pub struct DecoderWeights {
+    /// Masked self-attention, (B, H, T, T).
+    pub self_attn: Tensor,
+    /// Encoder-decoder attention, (B, H, T, S): which source word each target word attends to.
+    pub cross_attn: Tensor,
+}
+
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    self_attn: MultiHeadAttention,
+    /// Encoder-decoder attention; named `multihead_attn` as in PyTorch.
+    multihead_attn: MultiHeadAttention,
+    ff: FeedForward,
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+    norm3: LayerNorm,
+    dropout: Dropout,
+    norm_first: bool,
+}
+
+impl DecoderLayer {
+    pub fn new(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
+        let mha = |name| {
+            MultiHeadAttention::new(&pb.pp(name), spec.d_model, spec.nhead, spec.dropout, true)
+        };
+        let norm = |name| LayerNorm::new(&pb.pp(name), spec.d_model, spec.layer_norm_eps);
+        Ok(Self {
+            self_attn: mha("self_attn")?,
+            multihead_attn: mha("multihead_attn")?,
+            ff: FeedForward::new(
+                pb,
+                spec.d_model,
+                spec.dim_feedforward,
+                spec.activation,
+                spec.dropout,
+            )?,
+            norm1: norm("norm1")?,
+            norm2: norm("norm2")?,
+            norm3: norm("norm3")?,
+            dropout: Dropout::new(spec.dropout),
+            norm_first: spec.norm_first,
+        })
+    }
+
+    /// # Shapes
+    /// - x (B, T, C), memory (B, S, C)
+    /// - self_mask broadcastable to (B, H, T, T), memory_mask to (B, H, T, S)
+    /// - -> (B, T, C) and the layer's attention weights
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        self_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, DecoderWeights)> {
+        let (mut self_w, mut cross_w) = (None, None);
+        let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
+            let (out, w) = self.self_attn.forward(h, h, h, self_mask, mode)?;
+            self_w = Some(w);
+            Ok(out)
+        })?;
+        let x = residual(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
+            let (out, w) = self
+                .multihead_attn
+                .forward(h, memory, memory, memory_mask, mode)?;
+            cross_w = Some(w);
+            Ok(out)
+        })?;
+        let x = residual(&x, &self.norm3, self.norm_first, self.dropout, mode, |h| {
+            self.ff.forward(h, mode)
+        })?;
+        let weights = DecoderWeights {
+            self_attn: self_w.expect("self-attention ran"),
+            cross_attn: cross_w.expect("cross-attention ran"),
+        };
+        Ok((x, weights))
+    }
+}
+
+/// N decoder layers and an optional final LayerNorm (`nn.TransformerDecoder`'s `norm`).
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    layers: Vec<DecoderLayer>,
+    norm: Option<LayerNorm>,
+}
+
+impl Decoder {
+    /// Layers are named `<pb>.layers.<i>`, the final norm `<pb>.norm`.
+    pub fn new(
+        pb: &ParamBuilder,
+        spec: &LayerSpec,
+        num_layers: usize,
+        final_norm: bool,
+    ) -> Result<Self> {
+        let layers = (0..num_layers)
+            .map(|i| DecoderLayer::new(&pb.pp("layers").pp(i), spec))
+            .collect::<Result<_>>()?;
+        let norm = if final_norm {
+            Some(LayerNorm::new(
+                &pb.pp("norm"),
+                spec.d_model,
+                spec.layer_norm_eps,
+            )?)
+        } else {
+            None
+        };
+        Ok(Self { layers, norm })
+    }
+
+    /// # Shapes
+    /// x (B, T, C), memory (B, S, C) -> (B, T, C)
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        self_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        Ok(self
+            .forward_with_weights(x, memory, self_mask, memory_mask, mode)?
+            .0)
+    }
+
+    /// Also returns every layer's attention weights.
+    pub fn forward_with_weights(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        self_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
+        let mut x = x.clone();
+        let mut weights = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let (y, w) = layer.forward(&x, memory, self_mask, memory_mask, mode)?;
+            x = y;
+            weights.push(w);
+        }
+        if let Some(norm) = &self.norm {
+            x = norm.forward(&x)?;
+        }
+        Ok((x, weights))
+    }
+}

@@ -1,0 +1,108 @@
+//! Dropout (section 5.4, "Residual Dropout") and the explicit train/eval [`Mode`].
+
+use crate::rng::{uniform_at, Rng};
+use crate::Result;
+use candle_core::{DType, Tensor};
+
+/// Whether a forward pass trains (dropout active, drawing from the given RNG) or evaluates.
+///
+/// Passed by value through every forward: modules hold no mode of their own.
+#[derive(Debug, Clone, Copy)]
+pub enum Mode<'a> {
+    Eval,
+    Train(&'a Rng),
+}
+
+impl Mode<'_> {
+    pub fn is_train(&self) -> bool {
+        matches!(self, Mode::Train(_))
+    }
+}
+
+/// Inverted dropout: in training, zero each element with probability `p` and scale the rest
+/// by `1 / (1 - p)`, so evaluation is the identity (as PyTorch's `nn.Dropout`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    p: f64,
+}
+
+impl Dropout {
+    /// `p` is validated by the model configs; it must lie in [0, 1).
+    pub fn new(p: f64) -> Self {
+        debug_assert!((0.0..1.0).contains(&p));
+        Self { p }
+    }
+
+    pub fn p(&self) -> f64 {
+        self.p
+    }
+
+    /// # Shapes
+    /// any shape -> the same shape
+    pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        match mode {
+            Mode::Train(rng) if self.p > 0.0 => x.mul(&self.mask(x, rng)?),
+            _ => Ok(x.clone()),
+        }
+    }
+
+    /// The scaled keep-mask (0 or 1/(1-p)) for `x`, drawn from one fresh RNG stream.
+    fn mask(&self, x: &Tensor, rng: &Rng) -> Result<Tensor> {
+        let (seed, _) = rng.state();
+        let stream = rng.next_stream();
+        let n = x.elem_count();
+        let scale = 1.0 / (1.0 - self.p);
+        let keep = |i: usize| uniform_at(seed, stream, i as u64) >= self.p;
+        let mask = match x.dtype() {
+            DType::F64 => Tensor::from_vec(
+                (0..n).map(|i| if keep(i) { scale } else { 0.0 }).collect(),
+                x.shape(),
+                x.device(),
+            )?,
+            dtype => Tensor::from_vec(
+                (0..n)
+                    .map(|i| if keep(i) { scale as f32 } else { 0.0 })
+                    .collect(),
+                x.shape(),
+                x.device(),
+            )?
+            .to_dtype(dtype)?,
+        };
+        Ok(mask)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn eval_is_identity_and_train_scales() -> Result<()> {
+        let x = Tensor::ones((100, 100), DType::F32, &Device::Cpu)?;
+        let d = Dropout::new(0.25);
+        let y = d.forward(&x, Mode::Eval)?;
+        assert_eq!(y.sum_all()?.to_scalar::<f32>()?, 10_000.0);
+        let rng = Rng::new(3);
+        let y = d
+            .forward(&x, Mode::Train(&rng))?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let zeros = y.iter().filter(|&&v| v == 0.0).count();
+        assert!((2300..2700).contains(&zeros), "{zeros} zeros of 10000");
+        assert!(y.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+        // Two calls draw different masks; the same RNG state redraws the same one.
+        let rng2 = Rng::new(3);
+        let again = d
+            .forward(&x, Mode::Train(&rng2))?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        assert_eq!(again, y);
+        let next = d
+            .forward(&x, Mode::Train(&rng2))?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        assert_ne!(next, y);
+        Ok(())
+    }
+}

@@ -1,0 +1,166 @@
+//! The encoder (section 3.1): a stack of N identical layers, each a self-attention sub-layer
+//! and a feed-forward sub-layer, each wrapped as `LayerNorm(x + Dropout(Sublayer(x)))`
+//! (post-norm, the paper) or `x + Dropout(Sublayer(LayerNorm(x)))` (`norm_first`).
+
+use crate::config::Activation;
+use crate::dropout::{Dropout, Mode};
+use crate::feed_forward::FeedForward;
+use crate::layer_norm::LayerNorm;
+use crate::mask::Mask;
+use crate::multi_head::MultiHeadAttention;
+use crate::params::ParamBuilder;
+use crate::Result;
+use candle_core::Tensor;
+
+/// The sizes and options one layer needs (a view of the model configs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerSpec {
+    pub d_model: usize,
+    pub nhead: usize,
+    pub dim_feedforward: usize,
+    pub dropout: f64,
+    pub activation: Activation,
+    pub layer_norm_eps: f64,
+    pub norm_first: bool,
+}
+
+impl From<&crate::config::TransformerConfig> for LayerSpec {
+    fn from(c: &crate::config::TransformerConfig) -> Self {
+        Self {
+            d_model: c.d_model,
+            nhead: c.nhead,
+            dim_feedforward: c.dim_feedforward,
+            dropout: c.dropout,
+            activation: c.activation,
+            layer_norm_eps: c.layer_norm_eps,
+            norm_first: c.norm_first,
+        }
+    }
+}
+
+/// A residual sub-layer connection (section 5.4 "Residual Dropout" and section 3.1):
+/// post-norm `norm(x + dropout(f(x)))` or pre-norm `x + dropout(f(norm(x)))`.
+pub(crate) fn residual(
+    x: &Tensor,
+    norm: &LayerNorm,
+    norm_first: bool,
+    dropout: Dropout,
+    mode: Mode,
+    f: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    if norm_first {
+        x + dropout.forward(&f(&norm.forward(x)?)?, mode)?
+    } else {
+        norm.forward(&(x + dropout.forward(&f(x)?, mode)?)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EncoderLayer {
+    self_attn: MultiHeadAttention,
+    ff: FeedForward,
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+    dropout: Dropout,
+    norm_first: bool,
+}
+
+impl EncoderLayer {
+    pub fn new(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
+        Ok(Self {
+            self_attn: MultiHeadAttention::new(
+                &pb.pp("self_attn"),
+                spec.d_model,
+                spec.nhead,
+                spec.dropout,
+                true,
+            )?,
+            ff: FeedForward::new(
+                pb,
+                spec.d_model,
+                spec.dim_feedforward,
+                spec.activation,
+                spec.dropout,
+            )?,
+            norm1: LayerNorm::new(&pb.pp("norm1"), spec.d_model, spec.layer_norm_eps)?,
+            norm2: LayerNorm::new(&pb.pp("norm2"), spec.d_model, spec.layer_norm_eps)?,
+            dropout: Dropout::new(spec.dropout),
+            norm_first: spec.norm_first,
+        })
+    }
+
+    /// Returns the layer output and the self-attention weights.
+    ///
+    /// # Shapes
+    /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C), weights (B, H, S, S)
+    pub fn forward(&self, x: &Tensor, mask: Option<&Mask>, mode: Mode) -> Result<(Tensor, Tensor)> {
+        let mut weights = None;
+        let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
+            let (out, w) = self.self_attn.forward(h, h, h, mask, mode)?;
+            weights = Some(w);
+            Ok(out)
+        })?;
+        let x = residual(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
+            self.ff.forward(h, mode)
+        })?;
+        Ok((x, weights.expect("self-attention ran")))
+    }
+}
+
+/// N encoder layers and an optional final LayerNorm (`nn.TransformerEncoder`'s `norm`;
+/// `nn.Transformer` has one, the tutorial language model does not).
+#[derive(Debug, Clone)]
+pub struct Encoder {
+    layers: Vec<EncoderLayer>,
+    norm: Option<LayerNorm>,
+}
+
+impl Encoder {
+    /// Layers are named `<pb>.layers.<i>`, the final norm `<pb>.norm`.
+    pub fn new(
+        pb: &ParamBuilder,
+        spec: &LayerSpec,
+        num_layers: usize,
+        final_norm: bool,
+    ) -> Result<Self> {
+        let layers = (0..num_layers)
+            .map(|i| EncoderLayer::new(&pb.pp("layers").pp(i), spec))
+            .collect::<Result<_>>()?;
+        let norm = if final_norm {
+            Some(LayerNorm::new(
+                &pb.pp("norm"),
+                spec.d_model,
+                spec.layer_norm_eps,
+            )?)
+        } else {
+            None
+        };
+        Ok(Self { layers, norm })
+    }
+
+    /// # Shapes
+    /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
+    pub fn forward(&self, x: &Tensor, mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
+        Ok(self.forward_with_weights(x, mask, mode)?.0)
+    }
+
+    /// Also returns each layer's self-attention weights, (B, H, S, S) each.
+    pub fn forward_with_weights(
+        &self,
+        x: &Tensor,
+        mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let mut x = x.clone();
+        let mut weights = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let (y, w) = layer.forward(&x, mask, mode)?;
+            x = y;
+            weights.push(w);
+        }
+        if let Some(norm) = &self.norm {
+            x = norm.forward(&x)?;
+        }
+        Ok((x, weights))
+    }
+}

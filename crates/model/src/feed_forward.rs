@@ -1,0 +1,55 @@
+//! Position-wise feed-forward network (section 3.3, equation 2):
+//! `FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`, with dropout on the hidden layer as PyTorch's
+//! `nn.TransformerEncoderLayer` applies it.
+
+use crate::config::Activation;
+use crate::dropout::{Dropout, Mode};
+use crate::linear::Linear;
+use crate::params::ParamBuilder;
+use crate::Result;
+use candle_core::Tensor;
+
+#[derive(Debug, Clone)]
+pub struct FeedForward {
+    linear1: Linear,
+    linear2: Linear,
+    activation: Activation,
+    dropout: Dropout,
+}
+
+impl FeedForward {
+    /// `linear1` and `linear2` are created directly under `pb`, as PyTorch names them
+    /// (`layers.0.linear1.weight`).
+    pub fn new(
+        pb: &ParamBuilder,
+        d_model: usize,
+        d_ff: usize,
+        activation: Activation,
+        dropout: f64,
+    ) -> Result<Self> {
+        Ok(Self {
+            linear1: Linear::new(&pb.pp("linear1"), d_model, d_ff, true)?,
+            linear2: Linear::new(&pb.pp("linear2"), d_ff, d_model, true)?,
+            activation,
+            dropout: Dropout::new(dropout),
+        })
+    }
+
+    /// # Shapes
+    /// (B, T, C) -> (B, T, F) -> (B, T, C)
+    pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let h = self.linear1.forward(x)?;
+        let h = match self.activation {
+            Activation::Relu => h.relu()?,
+            Activation::Gelu => gelu_erf(&h)?,
+        };
+        self.linear2.forward(&self.dropout.forward(&h, mode)?)
+    }
+}
+
+/// Exact GELU, `x * (1 + erf(x / sqrt(2))) / 2`, composed from `erf` (exact backward) rather
+/// than candle's `gelu_erf`, whose backward uses a rounded 1/sqrt(2 pi).
+pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
+    let cdf = ((x / std::f64::consts::SQRT_2)?.erf()? + 1.0)? * 0.5;
+    x * cdf?
+}

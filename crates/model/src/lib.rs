@@ -1,0 +1,72 @@
+//! The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) on candle,
+//! one module per concept, in the order of the paper.
+//!
+//! # Shape legend
+//! Used in every `# Shapes` section and every `// (B, T, C) -> ...` comment:
+//!
+//! | letter | meaning |
+//! |---|---|
+//! | B | batch |
+//! | S | source (key / memory) length |
+//! | T | target (query) length |
+//! | C | `d_model` |
+//! | H | attention heads |
+//! | D | head dimension, `C / H` |
+//! | F | feed-forward width, `d_ff` |
+//! | V | vocabulary size |
+//!
+//! Tensors are batch-first, `(B, T, C)`. Token ids are `u32`. Masks are `u8` with one
+//! polarity everywhere: **1 = may attend, 0 = masked** (see [`mask`]).
+//!
+//! # Conventions
+//! - State is explicit: train/eval [`Mode`] (which carries the dropout RNG) and, later, the KV
+//!   cache are arguments; no module mutates itself in `forward`.
+//! - Every op on a training path is composed of candle primitives with a backward pass.
+//!   candle's fused `softmax_last_dim`, `layer_norm`, `rms_norm` and `sdpa` have no backward
+//!   and silently drop gradients, so they are never used here; nor is `gelu_erf`, whose
+//!   backward uses a 6-digit constant (breaks float64 parity).
+//! - Parameter names are PyTorch's (`encoder.layers.0.self_attn.out_proj.weight`), except that
+//!   PyTorch's packed `in_proj_weight`/`in_proj_bias` are split into `q_proj`, `k_proj`,
+//!   `v_proj` (see [`import`]). Names are the checkpoint contract.
+
+pub mod attention;
+pub mod config;
+pub mod decoder;
+pub mod dropout;
+pub mod embedding;
+pub mod encoder;
+pub mod error;
+pub mod feed_forward;
+pub mod import;
+pub mod layer_norm;
+pub mod linear;
+pub mod lm;
+pub mod mask;
+pub mod multi_head;
+pub mod params;
+pub mod positional;
+pub mod rng;
+pub mod seq2seq;
+pub mod transformer;
+
+pub use attention::{scaled_dot_product_attention, softmax_last_dim};
+pub use config::{Activation, LmConfig, TransformerConfig};
+pub use decoder::{Decoder, DecoderLayer};
+pub use dropout::{Dropout, Mode};
+pub use embedding::Embedding;
+pub use encoder::{Encoder, EncoderLayer};
+pub use error::ConfigError;
+pub use feed_forward::FeedForward;
+pub use layer_norm::LayerNorm;
+pub use linear::Linear;
+pub use lm::TransformerLm;
+pub use mask::Mask;
+pub use multi_head::MultiHeadAttention;
+pub use params::{Init, ParamBuilder, Params};
+pub use positional::PositionalEncoding;
+pub use rng::Rng;
+pub use seq2seq::Seq2Seq;
+pub use transformer::Transformer;
+
+/// candle's result type; every forward returns it.
+pub type Result<T> = candle_core::Result<T>;

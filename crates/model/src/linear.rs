@@ -1,0 +1,67 @@
+//! A fully connected layer, `y = x W^T + b`, with PyTorch's weight layout `(out, in)`.
+
+use crate::params::{Init, ParamBuilder};
+use crate::Result;
+use candle_core::Tensor;
+
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// (out, in)
+    weight: Tensor,
+    /// (out,)
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A layer with PyTorch's default init for `weight` and `bias` (see [`Init::torch_linear`]).
+    pub fn new(pb: &ParamBuilder, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
+        let init = Init::torch_linear(in_dim);
+        Self::with_init(pb, in_dim, out_dim, init, bias.then_some(init))
+    }
+
+    /// A layer with explicit initialisations; `bias_init: None` means no bias.
+    pub fn with_init(
+        pb: &ParamBuilder,
+        in_dim: usize,
+        out_dim: usize,
+        weight_init: Init,
+        bias_init: Option<Init>,
+    ) -> Result<Self> {
+        let weight = pb.var("weight", (out_dim, in_dim), weight_init)?;
+        let bias = match bias_init {
+            Some(init) => Some(pb.var("bias", out_dim, init)?),
+            None => None,
+        };
+        Ok(Self { weight, bias })
+    }
+
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    /// # Shapes
+    /// (..., in) -> (..., out)
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (out_dim, in_dim) = self.weight.dims2()?;
+        let dims = x.dims();
+        if dims.last() != Some(&in_dim) {
+            candle_core::bail!(
+                "linear layer expects inputs with last dimension {in_dim}, got shape {dims:?}"
+            );
+        }
+        let rows = x.elem_count() / in_dim;
+        // (..., in) -> (N, in) @ (in, out) -> (N, out); W^T is a strided view, not a copy.
+        let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        let mut out_dims = dims.to_vec();
+        *out_dims.last_mut().unwrap() = out_dim;
+        y.reshape(out_dims)
+    }
+}

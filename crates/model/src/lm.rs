@@ -1,0 +1,98 @@
+//! The causal language model of PyTorch's "Language Modeling with nn.Transformer" tutorial:
+//! embedding scaled by sqrt(d_model), sinusoidal positional encoding with dropout, a
+//! post-norm encoder stack under a causal mask (no final norm), and a linear layer to the
+//! vocabulary. Parameter names are the tutorial's (`embedding.weight`,
+//! `transformer_encoder.layers.0.linear1.weight`, `linear.bias`).
+
+use crate::config::{Activation, LmConfig};
+use crate::dropout::Mode;
+use crate::embedding::Embedding;
+use crate::encoder::{Encoder, LayerSpec};
+use crate::linear::Linear;
+use crate::mask::Mask;
+use crate::params::{Init, ParamBuilder};
+use crate::positional::PositionalEncoding;
+use crate::Result;
+use candle_core::Tensor;
+
+#[derive(Debug, Clone)]
+pub struct TransformerLm {
+    pos_encoder: PositionalEncoding,
+    transformer_encoder: Encoder,
+    embedding: Embedding,
+    linear: Linear,
+    d_model: usize,
+}
+
+impl TransformerLm {
+    /// The tutorial's initialisation: embedding and output weights U(-0.1, 0.1), output bias
+    /// zero, encoder layers with PyTorch's defaults.
+    pub fn new(pb: &ParamBuilder, cfg: &LmConfig) -> Result<Self> {
+        cfg.validate()
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let spec = LayerSpec {
+            d_model: cfg.d_model,
+            nhead: cfg.nhead,
+            dim_feedforward: cfg.d_hid,
+            dropout: cfg.dropout,
+            activation: Activation::Relu,
+            layer_norm_eps: cfg.layer_norm_eps,
+            norm_first: false,
+        };
+        // Created in the tutorial's parameter order.
+        let transformer_encoder =
+            Encoder::new(&pb.pp("transformer_encoder"), &spec, cfg.nlayers, false)?;
+        let embedding = Embedding::new(
+            &pb.pp("embedding"),
+            cfg.ntoken,
+            cfg.d_model,
+            Init::Uniform(0.1),
+        )?;
+        let linear = Linear::with_init(
+            &pb.pp("linear"),
+            cfg.d_model,
+            cfg.ntoken,
+            Init::Uniform(0.1),
+            Some(Init::Zeros),
+        )?;
+        let pos_encoder = PositionalEncoding::new(
+            cfg.d_model,
+            cfg.max_len,
+            cfg.dropout,
+            pb.dtype(),
+            &pb.device(),
+        )?;
+        Ok(Self {
+            pos_encoder,
+            transformer_encoder,
+            embedding,
+            linear,
+            d_model: cfg.d_model,
+        })
+    }
+
+    /// Hidden states of the last layer under the causal mask: position t sees tokens <= t.
+    ///
+    /// # Shapes
+    /// ids (B, T) u32 -> (B, T, C)
+    pub fn hidden(&self, ids: &Tensor, mode: Mode) -> Result<Tensor> {
+        let (_b, t) = ids.dims2()?;
+        let x = (self.embedding.forward(ids)? * (self.d_model as f64).sqrt())?;
+        let x = self.pos_encoder.forward(&x, 0, mode)?;
+        let causal = Mask::causal(t, ids.device())?;
+        self.transformer_encoder.forward(&x, Some(&causal), mode)
+    }
+
+    /// Next-token logits at every position.
+    ///
+    /// # Shapes
+    /// ids (B, T) u32 -> (B, T, V)
+    pub fn forward(&self, ids: &Tensor, mode: Mode) -> Result<Tensor> {
+        self.linear.forward(&self.hidden(ids, mode)?)
+    }
+
+    /// The output layer, for losses that fuse it with the softmax.
+    pub fn output_layer(&self) -> &Linear {
+        &self.linear
+    }
+}

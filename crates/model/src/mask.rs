@@ -1,0 +1,135 @@
+//! Attention masks, all built here, with one polarity across the code:
+//! **1 = the query may attend to the key, 0 = masked out.**
+//!
+//! A [`Mask`] holds a `u8` tensor broadcastable to the attention scores `(B, H, T, S)`;
+//! it is always 4-D, with size-1 dimensions where it does not vary. Masks combine with
+//! [`Mask::and`]. PyTorch's boolean masks use the opposite polarity (True = masked); convert
+//! them with [`Mask::from_torch_bool`].
+
+use crate::Result;
+use candle_core::{DType, Device, Tensor};
+
+#[derive(Debug, Clone)]
+pub struct Mask {
+    /// u8, (B | 1, 1, T | 1, S), 1 = may attend
+    keep: Tensor,
+}
+
+impl Mask {
+    /// Wraps a `u8` keep-tensor of rank 2 `(T, S)`, 3 `(B, T, S)` or 4 `(B, 1, T, S)`.
+    pub fn from_keep(keep: &Tensor) -> Result<Self> {
+        let keep = keep.to_dtype(DType::U8)?;
+        let keep = match keep.rank() {
+            2 => keep.unsqueeze(0)?.unsqueeze(0)?,
+            3 => keep.unsqueeze(1)?,
+            4 => keep,
+            r => candle_core::bail!("a mask must have 2 to 4 dimensions, got {r}"),
+        };
+        Ok(Self { keep })
+    }
+
+    /// Converts a PyTorch boolean `attn_mask` (True/1 = not allowed) of shape `(T, S)`.
+    pub fn from_torch_bool(masked: &Tensor) -> Result<Self> {
+        Self::from_keep(&masked.to_dtype(DType::U8)?.eq(0u8)?)
+    }
+
+    /// The causal ("square subsequent") mask: position t may attend to positions <= t only,
+    /// so a prediction never sees the tokens it predicts (section 3.2.3).
+    ///
+    /// # Shapes
+    /// -> (1, 1, T, T)
+    pub fn causal(t: usize, device: &Device) -> Result<Self> {
+        let keep: Vec<u8> = (0..t)
+            .flat_map(|i| (0..t).map(move |j| u8::from(j <= i)))
+            .collect();
+        Self::from_keep(&Tensor::from_vec(keep, (t, t), device)?)
+    }
+
+    /// A key-padding mask from a `(B, S)` tensor that is 1 at real tokens, 0 at padding.
+    ///
+    /// # Shapes
+    /// valid (B, S) -> (B, 1, 1, S)
+    pub fn key_valid(valid: &Tensor) -> Result<Self> {
+        let (b, s) = valid.dims2()?;
+        Ok(Self {
+            keep: valid.to_dtype(DType::U8)?.reshape((b, 1, 1, s))?,
+        })
+    }
+
+    /// A key-padding mask from PyTorch's `key_padding_mask` (1/True = padding).
+    pub fn from_torch_key_padding(padding: &Tensor) -> Result<Self> {
+        Self::key_valid(&padding.to_dtype(DType::U8)?.eq(0u8)?)
+    }
+
+    /// A key-padding mask from token ids: keys equal to `pad_id` are masked.
+    ///
+    /// # Shapes
+    /// ids (B, S) u32 -> (B, 1, 1, S)
+    pub fn key_padding_from_ids(ids: &Tensor, pad_id: u32) -> Result<Self> {
+        Self::key_valid(&ids.ne(pad_id)?)
+    }
+
+    /// Both masks at once: a key is allowed only where both allow it.
+    pub fn and(&self, other: &Mask) -> Result<Mask> {
+        Ok(Self {
+            keep: self.keep.broadcast_mul(&other.keep)?,
+        })
+    }
+
+    /// `and` where either side may be absent.
+    pub fn combine(a: Option<&Mask>, b: Option<&Mask>) -> Result<Option<Mask>> {
+        Ok(match (a, b) {
+            (Some(a), Some(b)) => Some(a.and(b)?),
+            (Some(m), None) | (None, Some(m)) => Some(m.clone()),
+            (None, None) => None,
+        })
+    }
+
+    /// The u8 keep-tensor, 4-D.
+    pub fn keep(&self) -> &Tensor {
+        &self.keep
+    }
+
+    /// The additive form for scores of `dtype`: 0 where allowed, a large negative number
+    /// where masked. Finite rather than -inf so a row whose every key is masked does not
+    /// produce 0/0 in the softmax; [`crate::attention`] zeroes such rows afterwards.
+    pub fn additive(&self, dtype: DType) -> Result<Tensor> {
+        // After max-subtraction exp(-1e30 - x) is exactly 0 in f32 and f64; f16 cannot hold
+        // 1e30, so it gets its own most negative finite value.
+        let big = if dtype == DType::F16 { 65504.0 } else { 1e30 };
+        self.keep.to_dtype(dtype)?.affine(big, -big)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causal_pattern_and_polarity() -> Result<()> {
+        let m = Mask::causal(3, &Device::Cpu)?;
+        assert_eq!(m.keep().dims(), &[1, 1, 3, 3]);
+        let v = m.keep().squeeze(0)?.squeeze(0)?.to_vec2::<u8>()?;
+        assert_eq!(v, vec![vec![1, 0, 0], vec![1, 1, 0], vec![1, 1, 1]]);
+        let torch = Tensor::new(&[[0u8, 1, 1], [0, 0, 1], [0, 0, 0]], &Device::Cpu)?;
+        let t = Mask::from_torch_bool(&torch)?
+            .keep()
+            .squeeze(0)?
+            .squeeze(0)?
+            .to_vec2::<u8>()?;
+        assert_eq!(t, v);
+        Ok(())
+    }
+
+    #[test]
+    fn padding_combines_with_causal() -> Result<()> {
+        let ids = Tensor::new(&[[5u32, 6, 0], [7, 0, 0]], &Device::Cpu)?;
+        let pad = Mask::key_padding_from_ids(&ids, 0)?;
+        assert_eq!(pad.keep().dims(), &[2, 1, 1, 3]);
+        let both = Mask::causal(3, &Device::Cpu)?.and(&pad)?;
+        assert_eq!(both.keep().dims(), &[2, 1, 3, 3]);
+        let b1 = both.keep().get(1)?.squeeze(0)?.to_vec2::<u8>()?;
+        assert_eq!(b1, vec![vec![1, 0, 0], vec![1, 0, 0], vec![1, 0, 0]]);
+        Ok(())
+    }
+}

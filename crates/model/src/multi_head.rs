@@ -1,0 +1,144 @@
+//! Multi-head attention (section 3.2.2):
+//! `MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O`,
+//! `head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)`.
+//!
+//! One `(C, C)` projection each for queries, keys and values, split into H heads of D = C/H
+//! dimensions (equivalent to h separate `(C, D)` projections). The pieces are public so that
+//! cross-attention can project the encoder memory once per source sentence and decoding can
+//! append to cached keys and values.
+
+use crate::attention::scaled_dot_product_attention;
+use crate::dropout::{Dropout, Mode};
+use crate::linear::Linear;
+use crate::mask::Mask;
+use crate::params::{Init, ParamBuilder};
+use crate::Result;
+use candle_core::Tensor;
+
+#[derive(Debug, Clone)]
+pub struct MultiHeadAttention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    out_proj: Linear,
+    nhead: usize,
+    dropout: Dropout,
+}
+
+impl MultiHeadAttention {
+    /// PyTorch's `nn.MultiheadAttention` initialisation: Xavier-uniform over the packed
+    /// `(3C, C)` input projection, zero input and output biases, default `Linear` init for
+    /// the output weight. `dropout` applies to the attention weights.
+    pub fn new(
+        pb: &ParamBuilder,
+        d_model: usize,
+        nhead: usize,
+        dropout: f64,
+        bias: bool,
+    ) -> Result<Self> {
+        if nhead == 0 || d_model % nhead != 0 {
+            candle_core::bail!("d_model {d_model} is not divisible by nhead {nhead}");
+        }
+        let packed = Init::XavierUniform {
+            fan_in: d_model,
+            fan_out: 3 * d_model,
+        };
+        let bias_init = bias.then_some(Init::Zeros);
+        let proj = |name| Linear::with_init(&pb.pp(name), d_model, d_model, packed, bias_init);
+        Ok(Self {
+            q_proj: proj("q_proj")?,
+            k_proj: proj("k_proj")?,
+            v_proj: proj("v_proj")?,
+            out_proj: Linear::with_init(
+                &pb.pp("out_proj"),
+                d_model,
+                d_model,
+                Init::torch_linear(d_model),
+                bias_init,
+            )?,
+            nhead,
+            dropout: Dropout::new(dropout),
+        })
+    }
+
+    pub fn nhead(&self) -> usize {
+        self.nhead
+    }
+
+    /// # Shapes
+    /// (B, T, C) -> (B, H, T, D)
+    pub fn split_heads(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, c) = x.dims3()?;
+        // (B, T, C) -> (B, T, H, D) -> (B, H, T, D)
+        x.reshape((b, t, self.nhead, c / self.nhead))?
+            .transpose(1, 2)?
+            .contiguous()
+    }
+
+    /// Projects and splits queries.
+    ///
+    /// # Shapes
+    /// (B, T, C) -> (B, H, T, D)
+    pub fn project_q(&self, query: &Tensor) -> Result<Tensor> {
+        self.split_heads(&self.q_proj.forward(query)?)
+    }
+
+    /// Projects and splits keys and values (once per source sentence for cross-attention).
+    ///
+    /// # Shapes
+    /// (B, S, C), (B, S, C) -> (B, H, S, D), (B, H, S, D)
+    pub fn project_kv(&self, key: &Tensor, value: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok((
+            self.split_heads(&self.k_proj.forward(key)?)?,
+            self.split_heads(&self.v_proj.forward(value)?)?,
+        ))
+    }
+
+    /// Attention over already projected heads, then the output projection.
+    ///
+    /// # Shapes
+    /// q (B, H, T, D), k (B, H, S, D), v (B, H, S, D) -> out (B, T, C), weights (B, H, T, S)
+    pub fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Tensor)> {
+        let (out, weights) = scaled_dot_product_attention(q, k, v, mask, self.dropout, mode)?;
+        let (b, h, t, d) = out.dims4()?;
+        // (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
+        let out = out.transpose(1, 2)?.contiguous()?.reshape((b, t, h * d))?;
+        Ok((self.out_proj.forward(&out)?, weights))
+    }
+
+    /// Full multi-head attention of `query` over `key`/`value`.
+    ///
+    /// # Shapes
+    /// query (B, T, C), key (B, S, C), value (B, S, C), mask broadcastable to (B, H, T, S)
+    /// -> out (B, T, C), weights (B, H, T, S)
+    pub fn forward(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Tensor)> {
+        let (b, _t, c) = query.dims3()?;
+        let (kb, s, kc) = key.dims3()?;
+        if (kb, kc) != (b, c) || value.dims3()? != (b, s, c) {
+            candle_core::bail!(
+                "multi-head attention: query {:?}, key {:?} and value {:?} must be (B, T, C), \
+                 (B, S, C), (B, S, C)",
+                query.dims(),
+                key.dims(),
+                value.dims()
+            );
+        }
+        let q = self.project_q(query)?;
+        let (k, v) = self.project_kv(key, value)?;
+        self.attend(&q, &k, &v, mask, mode)
+    }
+}

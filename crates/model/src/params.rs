@@ -1,0 +1,243 @@
+//! Named parameters: creation with PyTorch's initialisations, lookup, saving and loading.
+//!
+//! Modules hold clones of the parameters' tensors; the [`Params`] registry holds the
+//! [`Var`]s, in creation order, under their full dotted names. Updating a `Var` in place
+//! (optimizer steps, loading weights) is seen by the modules, since clones share storage.
+
+use crate::rng::Rng;
+use crate::Result;
+use candle_core::{DType, Device, Shape, Tensor, Var};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::Path;
+use std::rc::Rc;
+
+/// How a new parameter is filled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    Zeros,
+    Ones,
+    /// U(-a, a).
+    Uniform(f64),
+    /// Glorot & Bengio (2010): U(-b, b), b = sqrt(6 / (fan_in + fan_out)).
+    XavierUniform {
+        fan_in: usize,
+        fan_out: usize,
+    },
+}
+
+impl Init {
+    /// PyTorch's `nn.Linear` default for weight and bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    /// (kaiming_uniform with a = sqrt(5) reduces to this bound).
+    pub fn torch_linear(fan_in: usize) -> Self {
+        Init::Uniform(1.0 / (fan_in as f64).sqrt())
+    }
+}
+
+/// An ordered registry of named trainable parameters.
+#[derive(Debug, Clone, Default)]
+pub struct Params {
+    vars: Vec<(String, Var)>,
+    index: HashMap<String, usize>,
+}
+
+impl Params {
+    /// Parameters in creation order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Var)> {
+        self.vars.iter().map(|(n, v)| (n.as_str(), v))
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.vars.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Var> {
+        self.index.get(name).map(|&i| &self.vars[i].1)
+    }
+
+    pub fn len(&self) -> usize {
+        self.vars.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.vars.is_empty()
+    }
+
+    /// Total number of scalar parameters.
+    pub fn num_elements(&self) -> usize {
+        self.vars.iter().map(|(_, v)| v.elem_count()).sum()
+    }
+
+    /// The `Var`s, for an optimizer.
+    pub fn vars(&self) -> Vec<Var> {
+        self.vars.iter().map(|(_, v)| v.clone()).collect()
+    }
+
+    fn insert(&mut self, name: String, var: Var) -> Result<()> {
+        if self.index.contains_key(&name) {
+            candle_core::bail!("parameter {name} created twice");
+        }
+        self.index.insert(name.clone(), self.vars.len());
+        self.vars.push((name, var));
+        Ok(())
+    }
+
+    /// Copies `tensors` into the parameters of the same names. Every parameter must be
+    /// present with the same shape; extra tensors are an error too, so a checkpoint from a
+    /// different model is caught rather than half-loaded.
+    pub fn assign(&self, tensors: &HashMap<String, Tensor>) -> Result<()> {
+        for (name, var) in &self.vars {
+            let t = tensors.get(name).ok_or_else(|| {
+                candle_core::Error::Msg(format!(
+                    "weights have no tensor {name:?} (this model needs {} parameters)",
+                    self.vars.len()
+                ))
+            })?;
+            if t.dims() != var.dims() {
+                candle_core::bail!(
+                    "tensor {name:?} has shape {:?} but the model expects {:?}: the weights are \
+                     from a model of another size",
+                    t.dims(),
+                    var.dims()
+                );
+            }
+            var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
+        }
+        if let Some(extra) = tensors.keys().find(|k| !self.index.contains_key(*k)) {
+            candle_core::bail!("weights have a tensor {extra:?} that this model does not use");
+        }
+        Ok(())
+    }
+
+    /// Saves every parameter to a safetensors file under its name.
+    pub fn save_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
+        let map: HashMap<String, Tensor> = self
+            .vars
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect();
+        candle_core::safetensors::save(&map, path)
+    }
+
+    /// Loads a file written by [`Params::save_safetensors`].
+    pub fn load_safetensors(&self, path: impl AsRef<Path>) -> Result<()> {
+        let device = self
+            .vars
+            .first()
+            .map(|(_, v)| v.device().clone())
+            .unwrap_or(Device::Cpu);
+        self.assign(&candle_core::safetensors::load(path, &device)?)
+    }
+}
+
+struct BuilderState {
+    params: Params,
+    rng: Rng,
+    dtype: DType,
+    device: Device,
+}
+
+/// Creates parameters under a dotted name prefix (`encoder.layers.0.self_attn`).
+///
+/// Clones share one registry and one seeded RNG, so a model built twice with the same seed
+/// has the same weights.
+#[derive(Clone)]
+pub struct ParamBuilder {
+    state: Rc<RefCell<BuilderState>>,
+    prefix: String,
+}
+
+impl ParamBuilder {
+    pub fn new(dtype: DType, device: &Device, seed: u64) -> Self {
+        Self {
+            state: Rc::new(RefCell::new(BuilderState {
+                params: Params::default(),
+                rng: Rng::new(seed),
+                dtype,
+                device: device.clone(),
+            })),
+            prefix: String::new(),
+        }
+    }
+
+    /// A builder for the sub-module `name`.
+    pub fn pp(&self, name: impl std::fmt::Display) -> Self {
+        let prefix = if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.prefix)
+        };
+        Self {
+            state: self.state.clone(),
+            prefix,
+        }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.state.borrow().dtype
+    }
+
+    pub fn device(&self) -> Device {
+        self.state.borrow().device.clone()
+    }
+
+    /// Creates the parameter `<prefix>.<name>` and returns its tensor.
+    pub fn var(&self, name: &str, shape: impl Into<Shape>, init: Init) -> Result<Tensor> {
+        let shape = shape.into();
+        let mut st = self.state.borrow_mut();
+        let n = shape.elem_count();
+        let values: Vec<f64> = match init {
+            Init::Zeros => vec![0.0; n],
+            Init::Ones => vec![1.0; n],
+            Init::Uniform(a) => uniform(&st.rng, n, a),
+            Init::XavierUniform { fan_in, fan_out } => {
+                uniform(&st.rng, n, (6.0 / (fan_in + fan_out) as f64).sqrt())
+            }
+        };
+        let t = Tensor::from_vec(values, shape, &st.device)?.to_dtype(st.dtype)?;
+        let var = Var::from_tensor(&t)?;
+        let full = self.pp(name).prefix;
+        st.params.insert(full, var.clone())?;
+        Ok(var.as_tensor().clone())
+    }
+
+    /// Re-initialises every parameter under this prefix with `rank` dimensions
+    /// (`nn.Transformer` applies Xavier-uniform to all matrices after construction).
+    pub fn reinit_xavier_matrices(&self) -> Result<()> {
+        let st = self.state.borrow();
+        for (name, var) in st.params.iter() {
+            let under = self.prefix.is_empty() || name.starts_with(&format!("{}.", self.prefix));
+            if under && var.rank() == 2 {
+                let (mut fan_out, fan_in) = var.dims2()?;
+                // PyTorch initialises the packed in_proj_weight (3C, C) as one matrix; our
+                // split q/k/v projections get the same bound.
+                if ["q_proj.weight", "k_proj.weight", "v_proj.weight"]
+                    .iter()
+                    .any(|s| name.ends_with(s))
+                {
+                    fan_out *= 3;
+                }
+                let b = (6.0 / (fan_in + fan_out) as f64).sqrt();
+                let t = Tensor::from_vec(
+                    uniform(&st.rng, var.elem_count(), b),
+                    var.shape(),
+                    var.device(),
+                )?;
+                var.set(&t.to_dtype(var.dtype())?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The registry of everything created so far (shares the `Var`s).
+    pub fn params(&self) -> Params {
+        self.state.borrow().params.clone()
+    }
+}
+
+fn uniform(rng: &Rng, n: usize, a: f64) -> Vec<f64> {
+    rng.uniform_vec(n)
+        .into_iter()
+        .map(|u| (2.0 * u - 1.0) * a)
+        .collect()
+}

@@ -1,0 +1,86 @@
+//! The encoder-decoder Transformer core (section 3, Figure 1 without embeddings and output
+//! layer), equivalent to `torch.nn.Transformer`: an encoder and a decoder stack, each with a
+//! final LayerNorm.
+
+use crate::config::TransformerConfig;
+use crate::decoder::{Decoder, DecoderWeights};
+use crate::dropout::Mode;
+use crate::encoder::{Encoder, LayerSpec};
+use crate::mask::Mask;
+use crate::params::ParamBuilder;
+use crate::Result;
+use candle_core::Tensor;
+
+#[derive(Debug, Clone)]
+pub struct Transformer {
+    encoder: Encoder,
+    decoder: Decoder,
+}
+
+impl Transformer {
+    /// Parameters are named `<pb>.encoder.*` and `<pb>.decoder.*`, and every matrix is
+    /// re-initialised Xavier-uniform, as `nn.Transformer._reset_parameters` does.
+    pub fn new(pb: &ParamBuilder, cfg: &TransformerConfig) -> Result<Self> {
+        cfg.validate()
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let spec = LayerSpec::from(cfg);
+        let encoder = Encoder::new(&pb.pp("encoder"), &spec, cfg.num_encoder_layers, true)?;
+        let decoder = Decoder::new(&pb.pp("decoder"), &spec, cfg.num_decoder_layers, true)?;
+        pb.reinit_xavier_matrices()?;
+        Ok(Self { encoder, decoder })
+    }
+
+    /// Encodes the source once (reused by every decoding step).
+    ///
+    /// # Shapes
+    /// src (B, S, C), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)
+    pub fn encode(&self, src: &Tensor, src_mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
+        self.encoder.forward(src, src_mask, mode)
+    }
+
+    /// # Shapes
+    /// tgt (B, T, C), memory (B, S, C) -> (B, T, C)
+    pub fn decode(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        self.decoder
+            .forward(tgt, memory, tgt_mask, memory_mask, mode)
+    }
+
+    /// Decodes and returns every decoder layer's attention weights too.
+    pub fn decode_with_weights(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
+        self.decoder
+            .forward_with_weights(tgt, memory, tgt_mask, memory_mask, mode)
+    }
+
+    /// The whole model. Each mask already includes its key padding (combine them with
+    /// [`Mask::and`]): `src_mask` for encoder self-attention, `tgt_mask` for decoder
+    /// self-attention (causal), `memory_mask` for encoder-decoder attention.
+    ///
+    /// # Shapes
+    /// src (B, S, C), tgt (B, T, C) -> (B, T, C)
+    pub fn forward(
+        &self,
+        src: &Tensor,
+        tgt: &Tensor,
+        src_mask: Option<&Mask>,
+        tgt_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let memory = self.encode(src, src_mask, mode)?;
+        self.decode(tgt, &memory, tgt_mask, memory_mask, mode)
+    }
+}

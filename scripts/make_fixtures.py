@@ -31,24 +31,27 @@ module config (``d_model``, ``nhead``, ``dim_feedforward``, ``dropout``, ``activ
 Every module runs with dropout=0.0 in train() mode with gradients enabled, so PyTorch's inference fast
 paths (``torch._transformer_encoder_layer_fwd`` / ``torch._native_multi_head_attention``, nested
 tensors) are never used; the script patches those two entry points to raise, to make sure. Each
-fixture is also checked against an independent from-scratch implementation written in this script.
+fixture's output, loss and every gradient are also checked (to 1e-10) against an independent from-scratch
+implementation written in this script (differentiated with autograd).
 
 How to run (from the repository root)
 -------------------------------------
-    /work/venv/bin/python scripts/make_fixtures.py
+    .venv/bin/python scripts/make_fixtures.py
 
-(venv: ``python3 -m venv /work/venv && /work/venv/bin/pip install torch numpy safetensors``.)
+(venv: ``python3 -m venv .venv && .venv/bin/pip install torch numpy safetensors``.)
 Generated with torch 2.15.0 (+cu132 wheel, run on CPU), safetensors 0.8.0, Python 3.11.
-Deterministic: seeded per fixture, CPU only, single thread, deterministic algorithms.
+Deterministic: seeded per fixture, CPU only, single thread, deterministic algorithms; the header's
+metadata keys are sorted after writing, so regenerated files are byte-identical.
 """
 
+import json
 import math
 import os
+import struct
 import sys
 import warnings
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -155,6 +158,7 @@ def save(name: str, tensors: dict, metadata: dict):
     metadata["torch_version"] = TORCH_VERSION
     path = os.path.join(OUT_DIR, name)
     save_file(tensors, path, metadata=metadata)
+    canonicalize_header(path)
     # Round-trip check.
     back = load_file(path)
     assert set(back) == set(tensors), name
@@ -162,6 +166,23 @@ def save(name: str, tensors: dict, metadata: dict):
         assert back[k].shape == v.shape and back[k].dtype == v.dtype, (name, k)
         assert torch.equal(back[k], v), (name, k)
     return path
+
+
+def canonicalize_header(path):
+    """safetensors writes `__metadata__` in hash-map order, which changes from run to run. Rewrite the
+    header with sorted metadata keys (same length, same tensor entries) so files are byte-reproducible."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8 : 8 + n].decode("utf-8"), object_pairs_hook=dict)
+    if "__metadata__" in header:
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    # Keep the writer's entry order for tensors; only the metadata object is reordered.
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    assert len(text) <= n, (path, len(text), n)
+    text = text + b" " * (n - len(text))
+    with open(path, "wb") as f:
+        f.write(raw[:8] + text + raw[8 + n :])
 
 
 def layer_config(activation, norm_first, eps, batch_first=True):
@@ -256,6 +277,22 @@ def params_of(tensors):
     return {k[len("param.") :]: v for k, v in tensors.items() if k.startswith("param.")}
 
 
+def check_against_ref(t, what, ref_fn, out_key="output.out", float_inputs=(), loss_fn=None):
+    """Re-run the from-scratch reference with autograd on copies of the stored params/inputs and
+    compare the output, every parameter gradient and every float-input gradient with PyTorch's."""
+    P = {k: v.clone().requires_grad_(True) for k, v in params_of(t).items()}
+    X = {n: t[f"input.{n}"].clone().requires_grad_(True) for n in float_inputs}
+    out = ref_fn(P, X)
+    assert_close(out, t[out_key], f"{what} {out_key}")
+    loss = loss_fn(out) if loss_fn is not None else (out * t["cotangent.out"]).sum()
+    assert_close(loss, t["output.loss"], f"{what} loss")
+    loss.backward()
+    for n, p in P.items():
+        assert_close(p.grad, t[f"grad.{n}"], f"{what} grad.{n}")
+    for n, x in X.items():
+        assert_close(x.grad, t[f"grad_input.{n}"], f"{what} grad_input.{n}")
+
+
 # --------------------------------------------------------------------------------------------
 # 1. MultiheadAttention
 # --------------------------------------------------------------------------------------------
@@ -316,8 +353,12 @@ def make_mha():
     # Cross-check against the from-scratch reference.
     P = params_of(t)
     o, w = ref_mha(P, "", t["input.query"], t["input.key"], t["input.value"], H, attn_mask, key_padding_mask)
-    assert_close(o, t["output.out"], "mha out")
     assert_close(w, t["output.attn_weights"], "mha attn_weights")
+    check_against_ref(
+        t, "mha",
+        lambda P, X: ref_mha(P, "", X["query"], X["key"], X["value"], H, attn_mask, key_padding_mask)[0],
+        float_inputs=("query", "key", "value"),
+    )
     o, w = ref_mha(P, "", self_x, self_x, self_x, H)
     assert_close(o, self_out, "mha self_out")
     assert_close(w, self_w, "mha self_attn_weights")
@@ -362,8 +403,11 @@ def make_encoder_layer(fname, seed, activation, norm_first, eps):
     t["output.loss"] = loss.detach().clone()
     t["cotangent.out"] = cot
 
-    ref = ref_encoder_layer(params_of(t), "", t["input.src"], 4, activation, norm_first, eps, src_mask, src_kpm)
-    assert_close(ref, t["output.out"], fname)
+    check_against_ref(
+        t, fname,
+        lambda P, X: ref_encoder_layer(P, "", X["src"], 4, activation, norm_first, eps, src_mask, src_kpm),
+        float_inputs=("src",),
+    )
     return save(fname, t, layer_config(activation, norm_first, eps))
 
 
@@ -413,11 +457,13 @@ def make_decoder_layer(fname, seed, activation, norm_first, eps):
     t["output.loss"] = loss.detach().clone()
     t["cotangent.out"] = cot
 
-    ref = ref_decoder_layer(
-        params_of(t), "", t["input.tgt"], t["input.memory"], 4, activation, norm_first, eps,
-        tgt_mask, memory_mask, tgt_kpm, mem_kpm,
+    check_against_ref(
+        t, fname,
+        lambda P, X: ref_decoder_layer(
+            P, "", X["tgt"], X["memory"], 4, activation, norm_first, eps, tgt_mask, memory_mask, tgt_kpm, mem_kpm
+        ),
+        float_inputs=("tgt", "memory"),
     )
-    assert_close(ref, t["output.out"], fname)
     return save(fname, t, layer_config(activation, norm_first, eps))
 
 
@@ -474,18 +520,19 @@ def make_transformer():
     t["output.loss"] = loss.detach().clone()
     t["cotangent.out"] = cot
 
-    P = params_of(t)
-    m = t["input.src"]
-    for i in range(2):
-        m = ref_encoder_layer(P, f"encoder.layers.{i}.", m, 4, "relu", False, 1e-5, src_mask, src_kpm)
-    m = ref_ln(P, "encoder.norm.", m, 1e-5)
-    x = t["input.tgt"]
-    for i in range(2):
-        x = ref_decoder_layer(
-            P, f"decoder.layers.{i}.", x, m, 4, "relu", False, 1e-5, tgt_mask, memory_mask, tgt_kpm, mem_kpm
-        )
-    x = ref_ln(P, "decoder.norm.", x, 1e-5)
-    assert_close(x, t["output.out"], "transformer")
+    def ref(P, X):
+        m = X["src"]
+        for i in range(2):
+            m = ref_encoder_layer(P, f"encoder.layers.{i}.", m, 4, "relu", False, 1e-5, src_mask, src_kpm)
+        m = ref_ln(P, "encoder.norm.", m, 1e-5)
+        x = X["tgt"]
+        for i in range(2):
+            x = ref_decoder_layer(
+                P, f"decoder.layers.{i}.", x, m, 4, "relu", False, 1e-5, tgt_mask, memory_mask, tgt_kpm, mem_kpm
+            )
+        return ref_ln(P, "decoder.norm.", x, 1e-5)
+
+    check_against_ref(t, "transformer", ref, float_inputs=("src", "tgt"))
 
     meta = layer_config("relu", False, 1e-5)
     meta.update({"num_encoder_layers": 2, "num_decoder_layers": 2})
@@ -594,15 +641,22 @@ def make_tutorial_lm():
     t["output.num_params"] = torch.tensor(float(num_params_full), dtype=torch.float64)
 
     # Cross-check (reference is batch-first, the model is seq-first).
-    P = params_of(t)
-    x = P["embedding.weight"][src] * math.sqrt(d_model) + model.pos_encoder.pe[:seq_len]
-    x = x.transpose(0, 1)
-    for i in range(nlayers):
-        x = ref_encoder_layer(P, f"transformer_encoder.layers.{i}.", x, nhead, "relu", False, 1e-5, src_mask_b)
-    ref_logits = (x @ P["linear.weight"].T + P["linear.bias"]).transpose(0, 1)
-    assert_close(ref_logits, t["output.logits"], "tutorial_lm logits")
-    ref_loss = F.cross_entropy(ref_logits.reshape(-1, ntoken), targets)
-    assert_close(ref_loss, loss.detach(), "tutorial_lm loss")
+    pe = model.pos_encoder.pe[:seq_len].detach()
+
+    def ref(P, X):
+        x = P["embedding.weight"][src] * math.sqrt(d_model) + pe
+        x = x.transpose(0, 1)
+        for i in range(nlayers):
+            x = ref_encoder_layer(P, f"transformer_encoder.layers.{i}.", x, nhead, "relu", False, 1e-5, src_mask_b)
+        return (x @ P["linear.weight"].T + P["linear.bias"]).transpose(0, 1)
+
+    def ref_loss(logits):
+        # log-softmax + NLL written out, mean over the 21 targets.
+        z = logits.reshape(-1, ntoken)
+        logp = z - torch.logsumexp(z, dim=-1, keepdim=True)
+        return -logp[torch.arange(z.shape[0]), targets].mean()
+
+    check_against_ref(t, "tutorial_lm", ref, out_key="output.logits", loss_fn=ref_loss)
 
     meta = {
         "ntoken": ntoken, "d_model": d_model, "nhead": nhead, "d_hid": d_hid, "nlayers": nlayers,

@@ -45,28 +45,49 @@ fn multi_head_attention_with_padding_and_attn_mask() -> Result<()> {
     for dtype in DTYPES {
         let fx = Fixture::load("mha.safetensors", dtype);
         let pb = builder(dtype);
-        let mha = MultiHeadAttention::new(&pb, fx.meta_usize("d_model"), fx.meta_usize("nhead"), 0.0, true)?;
+        let mha = MultiHeadAttention::new(
+            &pb,
+            fx.meta_usize("d_model"),
+            fx.meta_usize("nhead"),
+            0.0,
+            true,
+        )?;
         let params = pb.params();
         params.assign(&fx.group("param"))?;
 
         let (q, k, v) = (fx.input("query"), fx.input("key"), fx.input("value"));
-        let mask = fx.attn_mask("attn_mask").and(&fx.padding_mask("key_padding_mask"))?;
+        let mask = fx
+            .attn_mask("attn_mask")
+            .and(&fx.padding_mask("key_padding_mask"))?;
         let (out, weights) = mha.forward(&q, &k, &v, Some(&mask), Mode::Eval)?;
         assert_close("mha out", &out, &fx.t("output.out"), dtype);
         assert_close("mha weights", &weights, &fx.t("output.attn_weights"), dtype);
-        check_gradients(&fx, &out, &params, &[("query", &q), ("key", &k), ("value", &v)])?;
+        check_gradients(
+            &fx,
+            &out,
+            &params,
+            &[("query", &q), ("key", &k), ("value", &v)],
+        )?;
 
         let x = fx.t("input.self_x");
         let (out, weights) = mha.forward(&x, &x, &x, None, Mode::Eval)?;
         assert_close("self-attention out", &out, &fx.t("output.self_out"), dtype);
-        assert_close("self-attention weights", &weights, &fx.t("output.self_attn_weights"), dtype);
+        assert_close(
+            "self-attention weights",
+            &weights,
+            &fx.t("output.self_attn_weights"),
+            dtype,
+        );
     }
     Ok(())
 }
 
 #[test]
 fn encoder_layers_post_norm_relu_and_pre_norm_gelu() -> Result<()> {
-    for file in ["encoder_layer_post_relu.safetensors", "encoder_layer_pre_gelu.safetensors"] {
+    for file in [
+        "encoder_layer_post_relu.safetensors",
+        "encoder_layer_pre_gelu.safetensors",
+    ] {
         for dtype in DTYPES {
             let fx = Fixture::load(file, dtype);
             let pb = builder(dtype);
@@ -74,7 +95,9 @@ fn encoder_layers_post_norm_relu_and_pre_norm_gelu() -> Result<()> {
             let params = pb.params();
             params.assign(&fx.group("param"))?;
             let src = fx.input("src");
-            let mask = fx.attn_mask("src_mask").and(&fx.padding_mask("src_key_padding_mask"))?;
+            let mask = fx
+                .attn_mask("src_mask")
+                .and(&fx.padding_mask("src_key_padding_mask"))?;
             let (out, _) = layer.forward(&src, Some(&mask), Mode::Eval)?;
             assert_close(&format!("{file} out"), &out, &fx.t("output.out"), dtype);
             check_gradients(&fx, &out, &params, &[("src", &src)])?;
@@ -85,7 +108,10 @@ fn encoder_layers_post_norm_relu_and_pre_norm_gelu() -> Result<()> {
 
 #[test]
 fn decoder_layers_post_norm_relu_and_pre_norm_gelu() -> Result<()> {
-    for file in ["decoder_layer_post_relu.safetensors", "decoder_layer_pre_gelu.safetensors"] {
+    for file in [
+        "decoder_layer_post_relu.safetensors",
+        "decoder_layer_pre_gelu.safetensors",
+    ] {
         for dtype in DTYPES {
             let fx = Fixture::load(file, dtype);
             let pb = builder(dtype);
@@ -93,11 +119,19 @@ fn decoder_layers_post_norm_relu_and_pre_norm_gelu() -> Result<()> {
             let params = pb.params();
             params.assign(&fx.group("param"))?;
             let (tgt, memory) = (fx.input("tgt"), fx.input("memory"));
-            let self_mask = fx.attn_mask("tgt_mask").and(&fx.padding_mask("tgt_key_padding_mask"))?;
+            let self_mask = fx
+                .attn_mask("tgt_mask")
+                .and(&fx.padding_mask("tgt_key_padding_mask"))?;
             let memory_mask = fx
                 .attn_mask("memory_mask")
                 .and(&fx.padding_mask("memory_key_padding_mask"))?;
-            let (out, _) = layer.forward(&tgt, &memory, Some(&self_mask), Some(&memory_mask), Mode::Eval)?;
+            let (out, _) = layer.forward(
+                &tgt,
+                &memory,
+                Some(&self_mask),
+                Some(&memory_mask),
+                Mode::Eval,
+            )?;
             assert_close(&format!("{file} out"), &out, &fx.t("output.out"), dtype);
             check_gradients(&fx, &out, &params, &[("tgt", &tgt), ("memory", &memory)])?;
         }
@@ -123,12 +157,23 @@ fn whole_transformer_with_all_masks() -> Result<()> {
         let params = pb.params();
         params.assign(&fx.group("param"))?;
         let (src, tgt) = (fx.input("src"), fx.input("tgt"));
-        let src_mask = fx.attn_mask("src_mask").and(&fx.padding_mask("src_key_padding_mask"))?;
-        let tgt_mask: Mask = fx.attn_mask("tgt_mask").and(&fx.padding_mask("tgt_key_padding_mask"))?;
+        let src_mask = fx
+            .attn_mask("src_mask")
+            .and(&fx.padding_mask("src_key_padding_mask"))?;
+        let tgt_mask: Mask = fx
+            .attn_mask("tgt_mask")
+            .and(&fx.padding_mask("tgt_key_padding_mask"))?;
         let memory_mask = fx
             .attn_mask("memory_mask")
             .and(&fx.padding_mask("memory_key_padding_mask"))?;
-        let out = model.forward(&src, &tgt, Some(&src_mask), Some(&tgt_mask), Some(&memory_mask), Mode::Eval)?;
+        let out = model.forward(
+            &src,
+            &tgt,
+            Some(&src_mask),
+            Some(&tgt_mask),
+            Some(&memory_mask),
+            Mode::Eval,
+        )?;
         assert_close("transformer out", &out, &fx.t("output.out"), dtype);
         check_gradients(&fx, &out, &params, &[("src", &src), ("tgt", &tgt)])?;
     }

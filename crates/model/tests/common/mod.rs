@@ -30,11 +30,20 @@ impl Fixture {
             .unwrap()
             .into_iter()
             .map(|(k, t)| {
-                let t = if t.dtype().is_float() { t.to_dtype(dtype).unwrap() } else { t };
+                let t = if t.dtype().is_float() {
+                    t.to_dtype(dtype).unwrap()
+                } else {
+                    t
+                };
                 (k, t)
             })
             .collect();
-        Self { name: name.to_string(), tensors, meta, dtype }
+        Self {
+            name: name.to_string(),
+            tensors,
+            meta,
+            dtype,
+        }
     }
 
     pub fn t(&self, key: &str) -> Tensor {
@@ -94,14 +103,25 @@ pub fn max_rel_diff(got: &Tensor, want: &Tensor) -> f64 {
     assert_eq!(got.dims(), want.dims(), "shapes differ");
     let got = got.to_dtype(DType::F64).unwrap();
     let want = want.to_dtype(DType::F64).unwrap();
-    let diff = (&got - &want).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+    let diff = (&got - &want)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap();
     let scale = want.abs().unwrap().flatten_all().unwrap().max(0).unwrap();
     diff.to_scalar::<f64>().unwrap() / scale.to_scalar::<f64>().unwrap().max(1.0)
 }
 
 pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, dtype: DType) {
     let d = max_rel_diff(got, want);
-    assert!(d <= tol(dtype), "{what} ({dtype:?}): relative difference {d:e} > {:e}", tol(dtype));
+    assert!(
+        d <= tol(dtype),
+        "{what} ({dtype:?}): relative difference {d:e} > {:e}",
+        tol(dtype)
+    );
 }
 
 /// Backpropagates `sum(out * cotangent)` and checks every parameter's and input's gradient.
@@ -120,7 +140,12 @@ pub fn check_gradients(
         let g = grads
             .get(var.as_tensor())
             .unwrap_or_else(|| panic!("{}: no gradient for {name}", fx.name));
-        assert_close(&format!("{}: grad {name}", fx.name), g, &want[name], fx.dtype);
+        assert_close(
+            &format!("{}: grad {name}", fx.name),
+            g,
+            &want[name],
+            fx.dtype,
+        );
     }
     for (name, var) in inputs {
         let g = grads.get(var.as_tensor()).expect("input gradient");

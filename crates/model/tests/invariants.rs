@@ -1,0 +1,211 @@
+//! Properties every Transformer must have, checked on small random models.
+
+use candle_core::{DType, Device, Result, Tensor};
+use transformer_model::seq2seq::Seq2SeqMasks;
+use transformer_model::{
+    LmConfig, Mode, ParamBuilder, Params, Rng, Seq2Seq, TransformerConfig, TransformerLm,
+};
+
+fn tiny_lm(seed: u64) -> Result<(TransformerLm, Params)> {
+    let pb = ParamBuilder::new(DType::F64, &Device::Cpu, seed);
+    let cfg = LmConfig {
+        ntoken: 30,
+        d_model: 16,
+        nhead: 2,
+        d_hid: 24,
+        nlayers: 2,
+        dropout: 0.1,
+        ..LmConfig::default()
+    };
+    Ok((TransformerLm::new(&pb, &cfg)?, pb.params()))
+}
+
+fn tiny_seq2seq(seed: u64) -> Result<(Seq2Seq, Params)> {
+    let pb = ParamBuilder::new(DType::F64, &Device::Cpu, seed);
+    let cfg = TransformerConfig {
+        dropout: 0.1,
+        ..TransformerConfig::tiny()
+    };
+    Ok((Seq2Seq::new(&pb, &cfg, 20, 25)?, pb.params()))
+}
+
+fn ids(v: &[&[u32]]) -> Result<Tensor> {
+    let rows: Vec<Vec<u32>> = v.iter().map(|r| r.to_vec()).collect();
+    Tensor::new(rows, &Device::Cpu)
+}
+
+/// max |a - b| per position along dim 1 of (B, T, V) tensors.
+fn per_position_diff(a: &Tensor, b: &Tensor) -> Result<Vec<f64>> {
+    (a - b)?.abs()?.max(2)?.max(0)?.to_vec1::<f64>()
+}
+
+#[test]
+fn lm_has_no_causal_leakage() -> Result<()> {
+    let (lm, _) = tiny_lm(1)?;
+    let a = ids(&[&[3, 7, 1, 9, 4, 4, 2, 8]])?;
+    let b = ids(&[&[3, 7, 1, 9, 4, 11, 2, 8]])?; // position 5 changed
+    let d = per_position_diff(&lm.forward(&a, Mode::Eval)?, &lm.forward(&b, Mode::Eval)?)?;
+    for (t, diff) in d.iter().enumerate() {
+        if t < 5 {
+            assert_eq!(
+                *diff, 0.0,
+                "logits at position {t} changed when token 5 changed: leak"
+            );
+        } else {
+            assert!(*diff > 1e-6, "logits at position {t} did not see token 5");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn decoder_has_no_causal_leakage() -> Result<()> {
+    let (model, _) = tiny_seq2seq(2)?;
+    let src = ids(&[&[1, 5, 6, 7, 8]])?;
+    let t1 = ids(&[&[1, 4, 4, 9, 3, 2]])?;
+    let t2 = ids(&[&[1, 4, 4, 9, 17, 2]])?; // position 4 changed
+    let run = |tgt: &Tensor| -> Result<Tensor> {
+        model.forward(&src, tgt, &Seq2SeqMasks::new(&src, tgt, 0)?, Mode::Eval)
+    };
+    let d = per_position_diff(&run(&t1)?, &run(&t2)?)?;
+    assert!(
+        d[..4].iter().all(|&x| x == 0.0),
+        "decoder leaks the future: {d:?}"
+    );
+    assert!(d[4..].iter().all(|&x| x > 1e-6), "{d:?}");
+    Ok(())
+}
+
+#[test]
+fn padding_does_not_change_results() -> Result<()> {
+    let (model, _) = tiny_seq2seq(3)?;
+    // The same sentence pair alone and padded (pad id 0) inside a batch with a longer one.
+    let src_alone = ids(&[&[1, 5, 6, 7]])?;
+    let tgt_alone = ids(&[&[1, 8, 9]])?;
+    let src_batch = ids(&[&[1, 5, 6, 7, 0, 0], &[1, 2, 3, 4, 5, 6]])?;
+    let tgt_batch = ids(&[&[1, 8, 9, 0, 0], &[1, 3, 3, 3, 3]])?;
+    let alone = model.forward(
+        &src_alone,
+        &tgt_alone,
+        &Seq2SeqMasks::new(&src_alone, &tgt_alone, 0)?,
+        Mode::Eval,
+    )?;
+    let batch = model.forward(
+        &src_batch,
+        &tgt_batch,
+        &Seq2SeqMasks::new(&src_batch, &tgt_batch, 0)?,
+        Mode::Eval,
+    )?;
+    let padded = batch.get(0)?.narrow(0, 0, 3)?.unsqueeze(0)?;
+    let diff = (alone - padded)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f64>()?;
+    assert!(diff < 1e-12, "padding changed the logits by {diff}");
+    Ok(())
+}
+
+fn assert_every_parameter_has_gradient(loss: &Tensor, params: &Params) -> Result<()> {
+    let grads = loss.backward()?;
+    for (name, var) in params.iter() {
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{name} got no gradient"));
+        let norm = g.abs()?.sum_all()?.to_scalar::<f64>()?;
+        assert!(norm > 0.0, "{name} got an all-zero gradient");
+    }
+    Ok(())
+}
+
+#[test]
+fn every_parameter_receives_a_gradient() -> Result<()> {
+    let rng = Rng::new(9);
+    let (lm, params) = tiny_lm(4)?;
+    let x = ids(&[&[3, 7, 1, 9, 4, 4, 2, 8], &[1, 2, 3, 4, 5, 6, 7, 29]])?;
+    let logits = lm.forward(&x, Mode::Train(&rng))?;
+    // A loss that touches every output logit, so the output bias of unseen words is covered.
+    assert_every_parameter_has_gradient(&logits.sqr()?.mean_all()?, &params)?;
+    assert_eq!(params.len(), 2 * 16 + 3);
+
+    let (model, params) = tiny_seq2seq(5)?;
+    let src = ids(&[&[1, 5, 6, 7, 0], &[1, 2, 3, 4, 5]])?;
+    let tgt = ids(&[&[1, 8, 9, 0], &[1, 3, 3, 3]])?;
+    let logits = model.forward(
+        &src,
+        &tgt,
+        &Seq2SeqMasks::new(&src, &tgt, 0)?,
+        Mode::Train(&rng),
+    )?;
+    assert_every_parameter_has_gradient(&logits.sqr()?.mean_all()?, &params)
+}
+
+#[test]
+fn training_mode_is_stochastic_but_reproducible() -> Result<()> {
+    let (lm, _) = tiny_lm(6)?;
+    let x = ids(&[&[3, 7, 1, 9]])?;
+    let eval1 = lm.forward(&x, Mode::Eval)?;
+    let eval2 = lm.forward(&x, Mode::Eval)?;
+    let same = |a: &Tensor, b: &Tensor| -> Result<bool> {
+        Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f64>()? == 0.0)
+    };
+    assert!(same(&eval1, &eval2)?);
+    let train1 = lm.forward(&x, Mode::Train(&Rng::new(1)))?;
+    let train2 = lm.forward(&x, Mode::Train(&Rng::new(1)))?;
+    let train3 = lm.forward(&x, Mode::Train(&Rng::new(2)))?;
+    assert!(
+        !same(&eval1, &train1)?,
+        "dropout had no effect in training mode"
+    );
+    assert!(
+        same(&train1, &train2)?,
+        "the same RNG state must give the same masks"
+    );
+    assert!(!same(&train1, &train3)?);
+    Ok(())
+}
+
+#[test]
+fn same_seed_same_weights() -> Result<()> {
+    let (_, a) = tiny_lm(7)?;
+    let (_, b) = tiny_lm(7)?;
+    let (_, c) = tiny_lm(8)?;
+    let w = |p: &Params| {
+        p.get("linear.weight")
+            .unwrap()
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap()
+    };
+    assert_eq!(w(&a), w(&b));
+    assert_ne!(w(&a), w(&c));
+    Ok(())
+}
+
+#[test]
+fn positions_past_max_len_are_a_clear_error() -> Result<()> {
+    let pb = ParamBuilder::new(DType::F32, &Device::Cpu, 0);
+    let cfg = LmConfig {
+        ntoken: 10,
+        d_model: 8,
+        nhead: 2,
+        d_hid: 8,
+        nlayers: 1,
+        max_len: 4,
+        ..LmConfig::default()
+    };
+    let lm = TransformerLm::new(&pb, &cfg)?;
+    let err = lm
+        .forward(&ids(&[&[1, 2, 3, 4, 5]])?, Mode::Eval)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("max_len 4"), "{err}");
+    let err = lm
+        .forward(&ids(&[&[1, 12]])?, Mode::Eval)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("token id 12 is out of range"), "{err}");
+    Ok(())
+}

@@ -38,6 +38,7 @@ pub mod encoder;
 pub mod error;
 pub mod feed_forward;
 pub mod import;
+pub mod kernels;
 pub mod layer_norm;
 pub mod linear;
 pub mod lm;

@@ -95,7 +95,7 @@ impl Fixture {
 pub fn tol(dtype: DType) -> f64 {
     match dtype {
         DType::F64 => 1e-10,
-        _ => 2e-5,
+        _ => 1e-5,
     }
 }
 

@@ -11,6 +11,8 @@ use transformer_model::{
 };
 use transformer_train::copy_task::{self, CopyTaskConfig};
 
+mod lm;
+
 #[derive(Parser)]
 #[command(
     name = "transformer",
@@ -32,6 +34,9 @@ enum Command {
     /// decode held-out sequences greedily.
     #[command(after_help = "Example:\n  transformer copy-task --steps 800 --seed 1")]
     CopyTask(CopyArgs),
+    /// The PyTorch tutorial's language model on WikiText-2: train, eval, generate, import.
+    #[command(subcommand)]
+    Lm(lm::LmCommand),
     /// Print a model configuration and its parameter count (checks the configuration).
     #[command(
         after_help = "Examples:\n  transformer info --preset base\n  transformer info --preset lm --json\n  transformer info --preset base --nhead 6   # an error that says what to change"
@@ -112,6 +117,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::CopyTask(args) => copy(args),
         Command::Info(args) => info(args),
+        Command::Lm(cmd) => lm::run(cmd),
     }
 }
 

@@ -61,3 +61,125 @@ pub fn greedy(
     }
     Ok(out)
 }
+
+/// How to pick each next token when generating.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// Divides the logits; 0 means greedy (always the most likely token).
+    pub temperature: f64,
+    /// Sample only among the `k` most likely tokens.
+    pub top_k: Option<usize>,
+}
+
+/// Picks a token from one row of logits; `u` is a uniform number in [0, 1).
+pub fn sample(logits: &[f32], s: Sampling, u: f64) -> u32 {
+    let argmax = || {
+        logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+                if x > best.1 {
+                    (i, x)
+                } else {
+                    best
+                }
+            })
+            .0 as u32
+    };
+    if s.temperature <= 0.0 || s.top_k == Some(1) {
+        return argmax();
+    }
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    if let Some(k) = s.top_k.filter(|&k| k < logits.len()) {
+        idx.select_nth_unstable_by(k, |&a, &b| logits[b].total_cmp(&logits[a]));
+        idx.truncate(k);
+    }
+    let max = idx
+        .iter()
+        .map(|&i| logits[i])
+        .fold(f32::NEG_INFINITY, f32::max) as f64;
+    let weights: Vec<f64> = idx
+        .iter()
+        .map(|&i| ((logits[i] as f64 - max) / s.temperature).exp())
+        .collect();
+    let mut target = u * weights.iter().sum::<f64>();
+    for (&i, w) in idx.iter().zip(&weights) {
+        if target < *w {
+            return i as u32;
+        }
+        target -= w;
+    }
+    *idx.last().unwrap_or(&0) as u32
+}
+
+/// Continues `prompt` by `max_tokens` tokens with a key/value cache: the prompt is run once,
+/// then each step feeds only the new token.
+pub fn generate_lm(
+    model: &transformer_model::TransformerLm,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: Sampling,
+    rng: &transformer_model::Rng,
+    device: &candle_core::Device,
+) -> Result<Vec<u32>> {
+    if prompt.is_empty() {
+        candle_core::bail!("the prompt has no tokens");
+    }
+    let mut cache = model.new_cache();
+    let mut out = Vec::with_capacity(max_tokens);
+    let mut input = Tensor::new(prompt, device)?.unsqueeze(0)?;
+    for _ in 0..max_tokens {
+        let logits = model.forward_step(&input, &mut cache, Mode::Eval)?;
+        let t = logits.dim(1)?;
+        let last = logits
+            .get(0)?
+            .get(t - 1)?
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec1::<f32>()?;
+        let next = sample(&last, sampling, rng.uniform());
+        out.push(next);
+        input = Tensor::new(&[next], device)?.unsqueeze(0)?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_respects_temperature_and_top_k() {
+        let logits = [0.0f32, 3.0, 1.0, 2.9];
+        let greedy = Sampling {
+            temperature: 0.0,
+            top_k: None,
+        };
+        assert_eq!(sample(&logits, greedy, 0.7), 1);
+        let top2 = Sampling {
+            temperature: 1.0,
+            top_k: Some(2),
+        };
+        for i in 0..100 {
+            let t = sample(&logits, top2, i as f64 / 100.0);
+            assert!(t == 1 || t == 3, "top-2 sampled {t}");
+        }
+        // A very low temperature is nearly greedy.
+        let cold = Sampling {
+            temperature: 0.01,
+            top_k: None,
+        };
+        assert_eq!(sample(&logits, cold, 0.4), 1);
+        // Frequencies follow the softmax.
+        let warm = Sampling {
+            temperature: 1.0,
+            top_k: None,
+        };
+        let n = 10_000;
+        let ones = (0..n)
+            .filter(|i| sample(&logits, warm, (*i as f64 + 0.5) / n as f64) == 1)
+            .count();
+        let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
+        let p1 = 3f64.exp() / z;
+        assert!(((ones as f64 / n as f64) - p1).abs() < 0.01);
+    }
+}

@@ -7,7 +7,7 @@ use crate::dropout::{Dropout, Mode};
 use crate::feed_forward::FeedForward;
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
-use crate::multi_head::MultiHeadAttention;
+use crate::multi_head::{KvCache, MultiHeadAttention};
 use crate::params::ParamBuilder;
 use crate::Result;
 use candle_core::Tensor;
@@ -94,9 +94,24 @@ impl EncoderLayer {
     /// # Shapes
     /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C), weights (B, H, S, S)
     pub fn forward(&self, x: &Tensor, mask: Option<&Mask>, mode: Mode) -> Result<(Tensor, Tensor)> {
+        self.forward_cached(x, mask, None, mode)
+    }
+
+    /// As [`EncoderLayer::forward`], attending also over (and extending) `cache` when given;
+    /// the mask then covers all keys, `(T, S + T)`.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        mask: Option<&Mask>,
+        cache: Option<&mut KvCache>,
+        mode: Mode,
+    ) -> Result<(Tensor, Tensor)> {
         let mut weights = None;
         let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
-            let (out, w) = self.self_attn.forward(h, h, h, mask, mode)?;
+            let (out, w) = match cache {
+                Some(cache) => self.self_attn.forward_cached(h, cache, mask, mode)?,
+                None => self.self_attn.forward(h, h, h, mask, mode)?,
+            };
             weights = Some(w);
             Ok(out)
         })?;
@@ -151,10 +166,43 @@ impl Encoder {
         mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<(Tensor, Vec<Tensor>)> {
+        self.run(x, mask, None, mode)
+    }
+
+    /// Runs new positions over `caches` (one per layer, extended in place); the mask covers
+    /// all keys, `(T, S + T)`.
+    ///
+    /// # Shapes
+    /// x (B, T, C) -> (B, T, C)
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        mask: Option<&Mask>,
+        caches: &mut [KvCache],
+        mode: Mode,
+    ) -> Result<Tensor> {
+        if caches.len() != self.layers.len() {
+            candle_core::bail!("{} caches for {} layers", caches.len(), self.layers.len());
+        }
+        Ok(self.run(x, mask, Some(caches), mode)?.0)
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn run(
+        &self,
+        x: &Tensor,
+        mask: Option<&Mask>,
+        mut caches: Option<&mut [KvCache]>,
+        mode: Mode,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
         let mut x = x.clone();
         let mut weights = Vec::with_capacity(self.layers.len());
-        for layer in &self.layers {
-            let (y, w) = layer.forward(&x, mask, mode)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let (y, w) = layer.forward_cached(&x, mask, cache, mode)?;
             x = y;
             weights.push(w);
         }

@@ -62,7 +62,7 @@ pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use lm::TransformerLm;
 pub use mask::Mask;
-pub use multi_head::MultiHeadAttention;
+pub use multi_head::{KvCache, MultiHeadAttention};
 pub use params::{Init, ParamBuilder, Params};
 pub use positional::PositionalEncoding;
 pub use rng::Rng;

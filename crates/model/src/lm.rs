@@ -10,6 +10,7 @@ use crate::embedding::Embedding;
 use crate::encoder::{Encoder, LayerSpec};
 use crate::linear::Linear;
 use crate::mask::Mask;
+use crate::multi_head::KvCache;
 use crate::params::{Init, ParamBuilder};
 use crate::positional::PositionalEncoding;
 use crate::Result;
@@ -89,6 +90,34 @@ impl TransformerLm {
     /// ids (B, T) u32 -> (B, T, V)
     pub fn forward(&self, ids: &Tensor, mode: Mode) -> Result<Tensor> {
         self.linear.forward(&self.hidden(ids, mode)?)
+    }
+
+    /// An empty cache for incremental decoding with [`TransformerLm::forward_step`].
+    pub fn new_cache(&self) -> Vec<KvCache> {
+        vec![KvCache::new(); self.transformer_encoder.num_layers()]
+    }
+
+    /// Logits for new tokens that continue the sequence held in `cache` (empty for the
+    /// prompt); the cache is extended with them. Gives the same logits as [`Self::forward`]
+    /// over the whole sequence, computing only the new positions.
+    ///
+    /// # Shapes
+    /// ids (B, T) u32 -> (B, T, V)
+    pub fn forward_step(&self, ids: &Tensor, cache: &mut [KvCache], mode: Mode) -> Result<Tensor> {
+        let (_b, t) = ids.dims2()?;
+        let offset = cache.first().map_or(0, |c| c.len());
+        let x = (self.embedding.forward(ids)? * (self.d_model as f64).sqrt())?;
+        let x = self.pos_encoder.forward(&x, offset, mode)?;
+        // A single new token may attend to everything cached: no mask needed.
+        let mask = if t > 1 {
+            Some(Mask::causal_with_offset(t, offset, ids.device())?)
+        } else {
+            None
+        };
+        let h = self
+            .transformer_encoder
+            .forward_cached(&x, mask.as_ref(), cache, mode)?;
+        self.linear.forward(&h)
     }
 
     /// The output layer, for losses that fuse it with the softmax.

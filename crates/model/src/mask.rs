@@ -39,10 +39,20 @@ impl Mask {
     /// # Shapes
     /// -> (1, 1, T, T)
     pub fn causal(t: usize, device: &Device) -> Result<Self> {
+        Self::causal_with_offset(t, 0, device)
+    }
+
+    /// The causal mask for `t` new queries at positions `offset .. offset + t` over all
+    /// `offset + t` keys seen so far (incremental decoding with a cache).
+    ///
+    /// # Shapes
+    /// -> (1, 1, T, offset + T)
+    pub fn causal_with_offset(t: usize, offset: usize, device: &Device) -> Result<Self> {
+        let s = offset + t;
         let keep: Vec<u8> = (0..t)
-            .flat_map(|i| (0..t).map(move |j| u8::from(j <= i)))
+            .flat_map(|i| (0..s).map(move |j| u8::from(j <= offset + i)))
             .collect();
-        Self::from_keep(&Tensor::from_vec(keep, (t, t), device)?)
+        Self::from_keep(&Tensor::from_vec(keep, (t, s), device)?)
     }
 
     /// A key-padding mask from a `(B, S)` tensor that is 1 at real tokens, 0 at padding.

@@ -15,6 +15,43 @@ use crate::params::{Init, ParamBuilder};
 use crate::Result;
 use candle_core::Tensor;
 
+/// The projected keys and values of every position a self-attention layer has seen, so each
+/// decoding step projects only its new tokens. Passed explicitly (`&mut`) to the forward that
+/// uses it; a module never holds one.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    /// (B, H, S, D) each, `None` before the first step.
+    kv: Option<(Tensor, Tensor)>,
+}
+
+impl KvCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Positions cached so far.
+    pub fn len(&self) -> usize {
+        self.kv.as_ref().map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends new keys and values and returns all of them.
+    ///
+    /// # Shapes
+    /// (B, H, T, D) each -> (B, H, S + T, D) each
+    pub fn append(&mut self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        let kv = match self.kv.take() {
+            None => (k, v),
+            Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
+        };
+        self.kv = Some(kv.clone());
+        Ok(kv)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct MultiHeadAttention {
     q_proj: Linear,
@@ -111,6 +148,24 @@ impl MultiHeadAttention {
         // (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
         let out = out.transpose(1, 2)?.contiguous()?.reshape((b, t, h * d))?;
         Ok((self.out_proj.forward(&out)?, weights))
+    }
+
+    /// Self-attention of new positions over themselves and everything in `cache`, which is
+    /// extended with their keys and values. `mask` covers all keys: (T, S + T).
+    ///
+    /// # Shapes
+    /// x (B, T, C) -> out (B, T, C), weights (B, H, T, S + T)
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        cache: &mut KvCache,
+        mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Tensor)> {
+        let q = self.project_q(x)?;
+        let (k, v) = self.project_kv(x, x)?;
+        let (k, v) = cache.append(k, v)?;
+        self.attend(&q, &k, &v, mask, mode)
     }
 
     /// Full multi-head attention of `query` over `key`/`value`.

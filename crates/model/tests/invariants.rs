@@ -209,3 +209,32 @@ fn positions_past_max_len_are_a_clear_error() -> Result<()> {
     assert!(err.contains("token id 12 is out of range"), "{err}");
     Ok(())
 }
+
+#[test]
+fn cached_decoding_equals_the_full_forward() -> Result<()> {
+    let (lm, _) = tiny_lm(10)?;
+    let seq = ids(&[
+        &[3, 7, 1, 9, 4, 4, 2, 8, 5, 6],
+        &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+    ])?;
+    let full = lm.forward(&seq, Mode::Eval)?;
+    let mut cache = lm.new_cache();
+    // A 4-token prompt, then one token at a time, then a 2-token chunk.
+    let mut parts = vec![lm.forward_step(&seq.narrow(1, 0, 4)?, &mut cache, Mode::Eval)?];
+    for t in 4..8 {
+        parts.push(lm.forward_step(&seq.narrow(1, t, 1)?, &mut cache, Mode::Eval)?);
+    }
+    parts.push(lm.forward_step(&seq.narrow(1, 8, 2)?, &mut cache, Mode::Eval)?);
+    assert_eq!(cache[0].len(), 10);
+    let stepped = Tensor::cat(&parts, 1)?;
+    let diff = (full - stepped)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f64>()?;
+    assert!(
+        diff < 1e-12,
+        "cached logits differ from the full forward by {diff}"
+    );
+    Ok(())
+}

@@ -1,11 +1,17 @@
-//! Training: losses, optimizers, learning-rate schedules, gradient clipping, and the
-//! copy task (the Annotated Transformer's end-to-end smoke test).
+//! Training: losses, optimizers, learning-rate schedules, gradient clipping, checkpoints,
+//! metrics, the tutorial's WikiText-2 language model loop, and the copy task (the Annotated
+//! Transformer's end-to-end smoke test).
 
+pub mod checkpoint;
 pub mod clip;
 pub mod copy_task;
+pub mod error;
+pub mod lm;
 pub mod loss;
+pub mod metrics;
 pub mod optim;
 
 pub use clip::clip_grad_norm;
+pub use error::{Error, Result};
 pub use loss::cross_entropy;
 pub use optim::{Adam, NoamSchedule, Sgd};

@@ -1,0 +1,320 @@
+//! `transformer lm ...`: the PyTorch tutorial's WikiText-2 language model.
+
+use anyhow::{Context, Result};
+use candle_core::Device;
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use transformer_decode::Sampling;
+use transformer_model::Rng;
+use transformer_text::basic_english;
+use transformer_train::lm::{self, LmTrainConfig, Progress, TrainOptions};
+
+#[derive(Subcommand)]
+pub enum LmCommand {
+    /// Train the tutorial's language model (defaults: the tutorial's settings on WikiText-2).
+    #[command(
+        after_help = "Examples:\n  transformer lm train --out runs/lm\n  transformer lm train --out runs/lm --resume          # continue after an interruption\n  transformer lm train --config lm.toml --epochs 6    # flags override the file\n  transformer lm train --out runs/quick --max-batches 100 --epochs 1"
+    )]
+    Train(TrainArgs),
+    /// Loss and perplexity of a text file under a trained model (the tutorial's evaluate).
+    #[command(
+        after_help = "Example:\n  transformer lm eval --run runs/lm --text ../shared/data/wikitext-2/test.txt --json"
+    )]
+    Eval(EvalArgs),
+    /// Generate text from a prompt with a key/value cache.
+    #[command(
+        after_help = "Example:\n  transformer lm generate --run runs/lm --prompt \"the game\" --max-tokens 40 --temperature 0.8 --top-k 40"
+    )]
+    Generate(GenerateArgs),
+    /// Import the tutorial's PyTorch model (`safetensors.torch.save_file(model.state_dict(), FILE)`).
+    #[command(
+        after_help = "Example:\n  transformer lm import-torch --state-dict model.safetensors --vocab vocab.txt --nhead 2 --out runs/torch"
+    )]
+    ImportTorch(ImportArgs),
+}
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// Folder with train.txt, valid.txt and test.txt [default: ../shared/data/wikitext-2]
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Run directory for config, vocabulary, checkpoints, metrics and the loss plot.
+    #[arg(long, default_value = "runs/lm")]
+    out: PathBuf,
+    /// Continue the run in --out from its last checkpoint, exactly where it stopped.
+    #[arg(long)]
+    resume: bool,
+    /// TOML file with any of the settings below (keys as the flags, with underscores).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Stop after this many steps in this invocation (continue later with --resume).
+    #[arg(long)]
+    max_steps: Option<usize>,
+    /// Embedding size [default: 200]
+    #[arg(long)]
+    emsize: Option<usize>,
+    /// Feed-forward width [default: 200]
+    #[arg(long)]
+    nhid: Option<usize>,
+    /// Encoder layers [default: 2]
+    #[arg(long)]
+    nlayers: Option<usize>,
+    /// Attention heads [default: 2]
+    #[arg(long)]
+    nhead: Option<usize>,
+    /// Dropout probability [default: 0.2]
+    #[arg(long)]
+    dropout: Option<f64>,
+    /// SGD learning rate [default: 5.0]
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Learning-rate decay per epoch (StepLR) [default: 0.95]
+    #[arg(long)]
+    gamma: Option<f64>,
+    /// Gradient-norm clipping threshold [default: 0.5]
+    #[arg(long)]
+    clip: Option<f64>,
+    /// Epochs [default: 3]
+    #[arg(long)]
+    epochs: Option<usize>,
+    /// Training batch columns [default: 20]
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Evaluation batch columns [default: 10]
+    #[arg(long)]
+    eval_batch_size: Option<usize>,
+    /// Window length [default: 35]
+    #[arg(long)]
+    bptt: Option<usize>,
+    /// Log every N batches [default: 200]
+    #[arg(long)]
+    log_interval: Option<usize>,
+    /// Checkpoint every N batches, 0 = only at epoch ends [default: 500]
+    #[arg(long)]
+    checkpoint_interval: Option<usize>,
+    /// Batches per epoch, for quick runs [default: all]
+    #[arg(long)]
+    max_batches: Option<usize>,
+    /// Seed for initialisation and dropout [default: 42]
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl TrainArgs {
+    fn resolve(&self) -> Result<LmTrainConfig> {
+        let mut c = match &self.config {
+            Some(p) => LmTrainConfig::from_toml_file(p)?,
+            None => LmTrainConfig::default(),
+        };
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f { c.$f = v; } )* };
+        }
+        set!(
+            emsize,
+            nhid,
+            nlayers,
+            nhead,
+            dropout,
+            lr,
+            gamma,
+            clip,
+            epochs,
+            batch_size,
+            eval_batch_size,
+            bptt,
+            log_interval,
+            checkpoint_interval,
+            seed
+        );
+        if self.max_batches.is_some() {
+            c.max_batches = self.max_batches;
+        }
+        if self.data.is_some() {
+            c.data = self.data.clone();
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// Run directory (from `lm train` or `lm import-torch`).
+    #[arg(long)]
+    run: PathBuf,
+    /// Text file to evaluate, tokenized like the training data.
+    #[arg(long)]
+    text: PathBuf,
+    /// Print one JSON object: {"loss", "ppl", "tokens"}.
+    #[arg(long)]
+    json: bool,
+    /// Evaluation batch columns (the tutorial's 10).
+    #[arg(long, default_value_t = 10)]
+    batch_size: usize,
+    /// Window length (the tutorial's 35).
+    #[arg(long, default_value_t = 35)]
+    bptt: usize,
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[arg(long)]
+    run: PathBuf,
+    /// Text to continue (tokenized like the training data; unknown words become <unk>).
+    #[arg(long)]
+    prompt: String,
+    #[arg(long, default_value_t = 50)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Sample among the K most likely tokens only.
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args)]
+pub struct ImportArgs {
+    /// safetensors file of the tutorial model's state_dict.
+    #[arg(long)]
+    state_dict: PathBuf,
+    /// Vocabulary, one token per line in index order.
+    #[arg(long)]
+    vocab: PathBuf,
+    /// Attention heads (PyTorch does not store it).
+    #[arg(long)]
+    nhead: usize,
+    /// Run directory to create.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Log lines to stdout; a progress bar with ETA on stderr when it is a terminal.
+struct Console {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress for Console {
+    fn line(&mut self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| println!("{line}")),
+            None => println!("{line}"),
+        }
+    }
+
+    fn batch(&mut self, epoch: usize, done: usize, total: usize) {
+        if let Some(bar) = &self.bar {
+            if bar.length() != Some(total as u64) {
+                bar.set_length(total as u64);
+            }
+            bar.set_message(format!("epoch {epoch}"));
+            bar.set_position(done as u64);
+        }
+    }
+}
+
+pub fn run(cmd: LmCommand) -> Result<()> {
+    let device = Device::Cpu;
+    match cmd {
+        LmCommand::Train(args) => {
+            let config = args.resolve()?;
+            let bar = std::io::stderr().is_terminal().then(|| {
+                let bar = ProgressBar::new(0);
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{msg} [{bar:40}] {pos}/{len} batches, {per_sec}, eta {eta}",
+                    )
+                    .expect("valid template")
+                    .progress_chars("=> "),
+                );
+                bar
+            });
+            let opts = TrainOptions {
+                config,
+                out: args.out.clone(),
+                resume: args.resume,
+                stop_after_steps: args.max_steps,
+                device,
+            };
+            let mut console = Console { bar };
+            let summary = lm::train(&opts, &mut console)?;
+            if let Some(bar) = &console.bar {
+                bar.finish_and_clear();
+            }
+            if summary.test_loss.is_none() {
+                println!(
+                    "stopped after {} steps; continue with: transformer lm train --out {} --resume",
+                    summary.step_losses.len(),
+                    args.out.display()
+                );
+            }
+            println!("run directory: {}", args.out.display());
+        }
+        LmCommand::Eval(args) => {
+            let loaded = lm::load_run(&args.run, &device)?;
+            let r = lm::evaluate_file(&loaded, &args.text, args.batch_size, args.bptt, &device)?;
+            if args.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "{}: loss {:.4} | ppl {:.2} | {} tokens",
+                    args.text.display(),
+                    r.loss,
+                    r.ppl,
+                    r.tokens
+                );
+            }
+        }
+        LmCommand::Generate(args) => {
+            let loaded = lm::load_run(&args.run, &device)?;
+            let prompt: Vec<u32> = loaded.vocab.encode(basic_english(&args.prompt));
+            anyhow::ensure!(
+                !prompt.is_empty(),
+                "the prompt has no tokens after tokenization"
+            );
+            let max_len = loaded.config.max_len;
+            anyhow::ensure!(
+                prompt.len() + args.max_tokens <= max_len,
+                "prompt ({}) plus --max-tokens ({}) exceeds the model's {max_len} positions",
+                prompt.len(),
+                args.max_tokens
+            );
+            let sampling = Sampling {
+                temperature: args.temperature,
+                top_k: args.top_k,
+            };
+            let rng = Rng::new(args.seed);
+            let out = transformer_decode::generate_lm(
+                &loaded.model,
+                &prompt,
+                args.max_tokens,
+                sampling,
+                &rng,
+                &device,
+            )
+            .context("generating")?;
+            println!(
+                "{} {}",
+                loaded.vocab.decode(&prompt),
+                loaded.vocab.decode(&out)
+            );
+        }
+        LmCommand::ImportTorch(args) => {
+            let cfg = lm::import_torch(&args.state_dict, &args.vocab, args.nhead, &args.out)?;
+            println!(
+                "imported: vocab {}, d_model {}, nhead {}, d_hid {}, {} layers -> {}",
+                cfg.ntoken,
+                cfg.d_model,
+                cfg.nhead,
+                cfg.d_hid,
+                cfg.nlayers,
+                args.out.display()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! The `transformer` binary end to end.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn transformer(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_transformer"))
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/lm_import")
+        .join(name)
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cli-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A PyTorch model imported from its state dict evaluates to PyTorch's own perplexity
+/// (`expected.json`, written by scripts/make_lm_import_fixture.py).
+#[test]
+fn imported_torch_model_matches_pytorch_perplexity() {
+    let run = temp_dir("import");
+    let out = transformer(&[
+        "lm",
+        "import-torch",
+        "--state-dict",
+        s(&fixture("state_dict.safetensors")),
+        "--vocab",
+        s(&fixture("vocab.txt")),
+        "--nhead",
+        "4",
+        "--out",
+        s(&run),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = transformer(&[
+        "lm",
+        "eval",
+        "--run",
+        s(&run),
+        "--text",
+        s(&fixture("text.txt")),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
+    assert_eq!(got["tokens"], want["tokens"]);
+    for key in ["loss", "ppl"] {
+        let (g, w) = (
+            got[key].as_f64().unwrap(),
+            want[&format!("{key}_f64")].as_f64().unwrap(),
+        );
+        assert!(((g - w) / w).abs() < 1e-6, "{key}: ours {g}, PyTorch {w}");
+    }
+
+    let out = transformer(&[
+        "lm",
+        "generate",
+        "--run",
+        s(&run),
+        "--prompt",
+        "The history of",
+        "--max-tokens",
+        "12",
+        "--seed",
+        "1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("the history of "), "{text}");
+    assert_eq!(text.split_whitespace().count(), 3 + 12, "{text}");
+    let _ = std::fs::remove_dir_all(run);
+}
+
+#[test]
+fn bad_input_gives_errors_that_say_what_to_do() {
+    let out = transformer(&["lm", "eval", "--run", "/nonexistent/run", "--text", "x.txt"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/nonexistent/run") && err.contains("lm train"),
+        "{err}"
+    );
+
+    let out = transformer(&[
+        "lm",
+        "import-torch",
+        "--state-dict",
+        s(&fixture("state_dict.safetensors")),
+        "--vocab",
+        s(&fixture("text.txt")),
+        "--nhead",
+        "4",
+        "--out",
+        "/tmp/never",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("text.txt"), "{err}");
+
+    let out = transformer(&["info", "--preset", "base", "--nhead", "7"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("divisors of 512"));
+
+    let out = transformer(&["lm", "train", "--help"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--resume"));
+}

@@ -1,0 +1,755 @@
+//! The WikiText-2 language model of PyTorch's "Language Modeling with nn.Transformer and
+//! torchtext" tutorial: its data pipeline, training loop, evaluation and checkpoints.
+//!
+//! The loop, in the tutorial's order: for each epoch, for each `bptt` window of the
+//! batchified training stream: forward under the causal mask, cross-entropy, backward, clip
+//! the gradient norm to 0.5, SGD step; log every 200 batches; at the end of the epoch
+//! evaluate on validation, keep the best model, step the learning rate (x0.95). At the end,
+//! evaluate the best model on test.
+//!
+//! A run directory holds everything about a run:
+//!
+//! | file | what |
+//! |---|---|
+//! | `config.toml` | the resolved configuration |
+//! | `vocab.txt` | the vocabulary, one token per line in id order |
+//! | `checkpoint.safetensors` | latest resumable state: weights + position, RNG, best loss |
+//! | `best.safetensors` | the weights with the lowest validation loss so far |
+//! | `metrics.jsonl` | one JSON object per log line, validation and test result |
+//! | `loss.svg` | training and validation loss against the step |
+
+use crate::checkpoint;
+use crate::clip::clip_grad_norm;
+use crate::error::{Error, Result};
+use crate::loss::cross_entropy;
+use crate::metrics::{self, Metric};
+use crate::optim::Sgd;
+use candle_core::{DType, Device, Tensor, Var};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use transformer_model::{LmConfig, Mode, ParamBuilder, Params, Rng, TransformerLm};
+use transformer_text::batch::{batchify, Batch, Batched};
+use transformer_text::corpus::{read_split, Split};
+use transformer_text::Vocab;
+
+/// Format tag written into checkpoints and checked on load.
+pub const CHECKPOINT_FORMAT: &str = "transformer-lm-checkpoint/1";
+/// Format tag of model-only weight files (`best.safetensors`).
+pub const WEIGHTS_FORMAT: &str = "transformer-lm-weights/1";
+
+/// Everything a run is configured by; defaults are the tutorial's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LmTrainConfig {
+    /// Folder with train.txt, valid.txt, test.txt.
+    pub data: Option<PathBuf>,
+    /// Embedding dimension (`emsize`).
+    pub emsize: usize,
+    /// Feed-forward width (`d_hid`).
+    pub nhid: usize,
+    pub nlayers: usize,
+    pub nhead: usize,
+    pub dropout: f64,
+    /// SGD learning rate of the first epoch.
+    pub lr: f64,
+    /// StepLR: the learning rate is multiplied by `gamma` after every epoch.
+    pub gamma: f64,
+    /// Gradient-norm clipping threshold.
+    pub clip: f64,
+    pub epochs: usize,
+    /// Training columns of `batchify`.
+    pub batch_size: usize,
+    /// Validation and test columns of `batchify`.
+    pub eval_batch_size: usize,
+    /// Window length.
+    pub bptt: usize,
+    /// Print and record the mean training loss every this many batches.
+    pub log_interval: usize,
+    /// Write a resumable checkpoint every this many batches (and at every epoch end).
+    pub checkpoint_interval: usize,
+    /// Stop each epoch after this many batches (quick runs); all when absent.
+    pub max_batches: Option<usize>,
+    /// Seed for initialisation and dropout.
+    pub seed: u64,
+}
+
+impl Default for LmTrainConfig {
+    fn default() -> Self {
+        Self {
+            data: None,
+            emsize: 200,
+            nhid: 200,
+            nlayers: 2,
+            nhead: 2,
+            dropout: 0.2,
+            lr: 5.0,
+            gamma: 0.95,
+            clip: 0.5,
+            epochs: 3,
+            batch_size: 20,
+            eval_batch_size: 10,
+            bptt: 35,
+            log_interval: 200,
+            checkpoint_interval: 500,
+            max_batches: None,
+            seed: 42,
+        }
+    }
+}
+
+impl LmTrainConfig {
+    /// The model configuration for a vocabulary of `ntoken`.
+    pub fn model(&self, ntoken: usize) -> LmConfig {
+        LmConfig {
+            ntoken,
+            d_model: self.emsize,
+            nhead: self.nhead,
+            d_hid: self.nhid,
+            nlayers: self.nlayers,
+            dropout: self.dropout,
+            ..LmConfig::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        self.model(1).validate()?;
+        for (name, v) in [
+            ("epochs", self.epochs),
+            ("batch_size", self.batch_size),
+            ("eval_batch_size", self.eval_batch_size),
+            ("bptt", self.bptt),
+            ("log_interval", self.log_interval),
+        ] {
+            if v == 0 {
+                return Err(Error::Usage(format!("{name} must be at least 1")));
+            }
+        }
+        if !(self.lr > 0.0 && self.gamma > 0.0 && self.clip > 0.0) {
+            return Err(Error::Usage("lr, gamma and clip must be positive".into()));
+        }
+        Ok(())
+    }
+
+    /// Reads a TOML file of the same keys (any subset; the rest keep their defaults).
+    pub fn from_toml_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.into(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| Error::Config {
+            path: path.into(),
+            msg: e.to_string(),
+        })
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes")
+    }
+
+    /// The learning rate of `epoch` (1-based): StepLR(step_size 1, gamma).
+    pub fn lr_at_epoch(&self, epoch: usize) -> f64 {
+        self.lr * self.gamma.powi(epoch as i32 - 1)
+    }
+}
+
+/// The three splits, tokenized and batchified, and the vocabulary.
+pub struct LmData {
+    pub vocab: Vocab,
+    pub train: Batched,
+    pub valid: Batched,
+    pub test: Batched,
+}
+
+impl LmData {
+    /// Reads `dir`/{train,valid,test}.txt; the vocabulary is built from train unless given
+    /// (a resumed run uses the one it saved).
+    pub fn load(dir: &Path, cfg: &LmTrainConfig, vocab: Option<Vocab>) -> Result<Self> {
+        let vocab = match vocab {
+            Some(v) => v,
+            None => transformer_text::corpus::build_vocab(&dir.join(Split::Train.file_name()))?,
+        };
+        let split = |s: Split, bsz: usize| -> Result<Batched> {
+            let path = dir.join(s.file_name());
+            let ids = read_split(&path, &vocab)?;
+            batchify(&ids, bsz).map_err(|e| Error::Config {
+                path: path.clone(),
+                msg: e.to_string(),
+            })
+        };
+        Ok(Self {
+            train: split(Split::Train, cfg.batch_size)?,
+            valid: split(Split::Valid, cfg.eval_batch_size)?,
+            test: split(Split::Test, cfg.eval_batch_size)?,
+            vocab,
+        })
+    }
+}
+
+/// A `bptt` window as tensors: input `(B, T)` (batch-first) and targets `(B * T,)` in the
+/// same order. The tutorial's window is sequence-first `(T, B)`; only the layout differs.
+pub fn window_tensors(w: &Batch, device: &Device) -> Result<(Tensor, Tensor)> {
+    let shape = (w.seq_len, w.batch_size);
+    let input = Tensor::from_vec(w.input.clone(), shape, device)?
+        .t()?
+        .contiguous()?;
+    let target = Tensor::from_vec(w.target.clone(), shape, device)?
+        .t()?
+        .flatten_all()?;
+    Ok((input, target))
+}
+
+/// Mean cross-entropy of the next-token predictions for one window.
+///
+/// # Shapes
+/// input (B, T) u32, target (B * T,) u32 -> scalar
+pub fn lm_loss(
+    model: &TransformerLm,
+    input: &Tensor,
+    target: &Tensor,
+    mode: Mode,
+) -> Result<Tensor> {
+    let logits = model.forward(input, mode)?;
+    let (b, t, v) = logits.dims3()?;
+    Ok(cross_entropy(&logits.reshape((b * t, v))?, target, None)?.0)
+}
+
+/// The tutorial's `evaluate`: the mean loss per target token over all windows, each window's
+/// mean loss weighted by its length.
+pub fn evaluate(
+    model: &TransformerLm,
+    data: &Batched,
+    bptt: usize,
+    device: &Device,
+) -> Result<f64> {
+    let mut total = 0.0;
+    for w in data.windows(bptt) {
+        let (input, target) = window_tensors(&w, device)?;
+        let loss = lm_loss(model, &input, &target, Mode::Eval)?;
+        total += w.seq_len as f64 * loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    }
+    Ok(total / (data.rows - 1) as f64)
+}
+
+/// Where a run stands; saved in every checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    /// The epoch in progress (1-based); `epochs + 1` once training is over.
+    pub epoch: usize,
+    /// Index of the next window of this epoch.
+    pub next_window: usize,
+    /// Optimizer steps taken.
+    pub step: usize,
+    /// Dropout RNG `(seed, counter)`.
+    pub rng: (u64, u64),
+    pub best_val_loss: Option<f64>,
+    /// Sum of the training losses since the last log line, and how many.
+    pub log_loss_sum: f64,
+    pub log_batches: usize,
+    /// Whether the test evaluation has been done.
+    pub finished: bool,
+}
+
+/// Callbacks for the front end: log lines and per-batch progress.
+pub trait Progress {
+    /// A line of the tutorial's log (printed as is).
+    fn line(&mut self, line: &str);
+    /// Called after every training batch.
+    fn batch(&mut self, _epoch: usize, _done: usize, _total: usize) {}
+}
+
+/// Prints log lines to stdout.
+pub struct PrintProgress;
+
+impl Progress for PrintProgress {
+    fn line(&mut self, line: &str) {
+        println!("{line}");
+    }
+}
+
+/// How to run [`train`].
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    pub config: LmTrainConfig,
+    pub out: PathBuf,
+    /// Continue the run in `out` from its checkpoint (the saved config is used).
+    pub resume: bool,
+    /// Stop (as if interrupted) after this many optimizer steps in this invocation.
+    pub stop_after_steps: Option<usize>,
+    pub device: Device,
+}
+
+/// What a finished (or stopped) run reports.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub state: TrainState,
+    pub test_loss: Option<f64>,
+    /// The loss of every step taken in this invocation.
+    pub step_losses: Vec<f64>,
+}
+
+pub fn config_path(run: &Path) -> PathBuf {
+    run.join("config.toml")
+}
+pub fn vocab_path(run: &Path) -> PathBuf {
+    run.join("vocab.txt")
+}
+pub fn checkpoint_path(run: &Path) -> PathBuf {
+    run.join("checkpoint.safetensors")
+}
+pub fn best_path(run: &Path) -> PathBuf {
+    run.join("best.safetensors")
+}
+pub fn metrics_path(run: &Path) -> PathBuf {
+    run.join("metrics.jsonl")
+}
+
+/// The default data folder: `../shared/data/wikitext-2` from the working directory, if it
+/// exists.
+pub fn default_data_dir() -> Option<PathBuf> {
+    let p = PathBuf::from("../shared/data/wikitext-2");
+    p.is_dir().then_some(p)
+}
+
+fn params_tensors(params: &Params) -> Vec<(String, Tensor)> {
+    params
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
+        .collect()
+}
+
+fn save_checkpoint(
+    run: &Path,
+    params: &Params,
+    state: &TrainState,
+    cfg: &LmTrainConfig,
+) -> Result<()> {
+    let meta = HashMap::from([
+        ("format".to_string(), CHECKPOINT_FORMAT.to_string()),
+        (
+            "state".to_string(),
+            serde_json::to_string(state).expect("state serializes"),
+        ),
+        ("config".to_string(), cfg.to_toml()),
+    ]);
+    checkpoint::save(&checkpoint_path(run), &params_tensors(params), meta)
+}
+
+/// Saves model weights with the config needed to rebuild the model.
+pub fn save_weights(path: &Path, params: &Params, model: &LmConfig) -> Result<()> {
+    let meta = HashMap::from([
+        ("format".to_string(), WEIGHTS_FORMAT.to_string()),
+        (
+            "model".to_string(),
+            serde_json::to_string(model).expect("config serializes"),
+        ),
+    ]);
+    checkpoint::save(path, &params_tensors(params), meta)
+}
+
+fn check_format(path: &Path, meta: &HashMap<String, String>, want: &str) -> Result<()> {
+    match meta.get("format") {
+        Some(f) if f == want => Ok(()),
+        Some(f) => Err(Error::Checkpoint {
+            path: path.into(),
+            msg: format!("format {f:?}, expected {want:?}"),
+        }),
+        None => Err(Error::Checkpoint {
+            path: path.into(),
+            msg: format!("no format tag (expected {want:?})"),
+        }),
+    }
+}
+
+/// A trained model loaded from a run directory (its best weights, or the latest checkpoint
+/// when no best model exists yet).
+pub struct LoadedLm {
+    pub model: TransformerLm,
+    pub params: Params,
+    pub config: LmConfig,
+    pub vocab: Vocab,
+}
+
+pub fn load_run(run: &Path, device: &Device) -> Result<LoadedLm> {
+    if !run.is_dir() {
+        return Err(Error::Usage(format!(
+            "{}: no such run directory (create one with `transformer lm train --out DIR` or `transformer lm import-torch`)",
+            run.display()
+        )));
+    }
+    let vocab = Vocab::load(&vocab_path(run))?;
+    let (path, format) = if best_path(run).exists() {
+        (best_path(run), WEIGHTS_FORMAT)
+    } else {
+        (checkpoint_path(run), CHECKPOINT_FORMAT)
+    };
+    if !path.exists() {
+        return Err(Error::Usage(format!(
+            "{}: no best.safetensors or checkpoint.safetensors",
+            run.display()
+        )));
+    }
+    let (tensors, meta) = checkpoint::load(&path, device)?;
+    check_format(&path, &meta, format)?;
+    let config: LmConfig = if format == WEIGHTS_FORMAT {
+        serde_json::from_str(meta.get("model").map(String::as_str).unwrap_or("")).map_err(|e| {
+            Error::Checkpoint {
+                path: path.clone(),
+                msg: format!("model config: {e}"),
+            }
+        })?
+    } else {
+        let cfg: LmTrainConfig =
+            toml::from_str(meta.get("config").map(String::as_str).unwrap_or("")).map_err(|e| {
+                Error::Checkpoint {
+                    path: path.clone(),
+                    msg: format!("config: {e}"),
+                }
+            })?;
+        cfg.model(vocab.len())
+    };
+    if config.ntoken != vocab.len() {
+        return Err(Error::Checkpoint {
+            path,
+            msg: format!(
+                "the model has {} tokens but vocab.txt has {}",
+                config.ntoken,
+                vocab.len()
+            ),
+        });
+    }
+    let pb = ParamBuilder::new(DType::F32, device, 0);
+    let model = TransformerLm::new(&pb, &config)?;
+    let params = pb.params();
+    params.assign(&tensors)?;
+    Ok(LoadedLm {
+        model,
+        params,
+        config,
+        vocab,
+    })
+}
+
+/// Trains (or resumes) a run; see the module docs for the loop and the files.
+pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary> {
+    let run = &opts.out;
+    let dev = &opts.device;
+    let resuming = opts.resume && checkpoint_path(run).exists();
+    if opts.resume && !resuming {
+        return Err(Error::Usage(format!(
+            "{}: nothing to resume (no checkpoint.safetensors); start the run without --resume",
+            run.display()
+        )));
+    }
+    if !opts.resume && checkpoint_path(run).exists() {
+        return Err(Error::Usage(format!(
+            "{} already holds a run: pass --resume to continue it, or choose another --out",
+            run.display()
+        )));
+    }
+    std::fs::create_dir_all(run).map_err(|source| Error::Io {
+        path: run.clone(),
+        source,
+    })?;
+
+    // Configuration, vocabulary, weights and state: fresh or from the checkpoint.
+    let (cfg, vocab, saved) = if resuming {
+        let (tensors, meta) = checkpoint::load(&checkpoint_path(run), dev)?;
+        check_format(&checkpoint_path(run), &meta, CHECKPOINT_FORMAT)?;
+        let bad = |msg: String| Error::Checkpoint {
+            path: checkpoint_path(run),
+            msg,
+        };
+        let cfg: LmTrainConfig =
+            toml::from_str(meta.get("config").ok_or_else(|| bad("no config".into()))?)
+                .map_err(|e| bad(e.to_string()))?;
+        let state: TrainState =
+            serde_json::from_str(meta.get("state").ok_or_else(|| bad("no state".into()))?)
+                .map_err(|e| bad(e.to_string()))?;
+        (
+            cfg,
+            Some(Vocab::load(&vocab_path(run))?),
+            Some((tensors, state)),
+        )
+    } else {
+        (opts.config.clone(), None, None)
+    };
+    cfg.validate()?;
+    let data_dir = cfg.data.clone().or_else(default_data_dir).ok_or_else(|| {
+        Error::Usage(
+            "no data: pass --data DIR (a folder with train.txt, valid.txt and test.txt, such as WikiText-2)".into(),
+        )
+    })?;
+    let data = LmData::load(&data_dir, &cfg, vocab)?;
+    let cfg = LmTrainConfig {
+        data: Some(data_dir),
+        ..cfg
+    };
+    if !resuming {
+        checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+        data.vocab.save(&vocab_path(run))?;
+        let _ = std::fs::remove_file(metrics_path(run));
+    }
+
+    let model_cfg = cfg.model(data.vocab.len());
+    let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
+    let model = TransformerLm::new(&pb, &model_cfg)?;
+    let params = pb.params();
+    let mut state = TrainState {
+        epoch: 1,
+        next_window: 0,
+        step: 0,
+        rng: (cfg.seed.wrapping_add(1), 0),
+        best_val_loss: None,
+        log_loss_sum: 0.0,
+        log_batches: 0,
+        finished: false,
+    };
+    if let Some((tensors, saved_state)) = saved {
+        params.assign(&tensors)?;
+        state = saved_state;
+        metrics::truncate_after(&metrics_path(run), state.step)?;
+        progress.line(&format!(
+            "resuming {} at epoch {} batch {} (step {})",
+            run.display(),
+            state.epoch,
+            state.next_window,
+            state.step
+        ));
+    }
+    let rng = Rng::from_state(state.rng.0, state.rng.1);
+    let vars: Vec<Var> = params.vars();
+    let mut opt = Sgd::new(vars.clone(), cfg.lr);
+    let num_windows = data.train.num_windows(cfg.bptt);
+    let epoch_windows = cfg.max_batches.map_or(num_windows, |m| m.min(num_windows));
+    // The tutorial labels its log lines with len(train_data) // bptt.
+    let label_batches = cfg
+        .max_batches
+        .map_or(data.train.tutorial_num_batches(cfg.bptt), |_| epoch_windows);
+    let mut step_losses = Vec::new();
+    let mut steps_here = 0usize;
+
+    while state.epoch <= cfg.epochs {
+        let epoch = state.epoch;
+        opt.lr = cfg.lr_at_epoch(epoch);
+        let epoch_start = Instant::now();
+        let mut log_start = Instant::now();
+        for (batch, w) in data
+            .train
+            .windows(cfg.bptt)
+            .enumerate()
+            .skip(state.next_window)
+        {
+            if batch >= epoch_windows {
+                break;
+            }
+            if opts.stop_after_steps == Some(steps_here) {
+                return Ok(Summary {
+                    state,
+                    test_loss: None,
+                    step_losses,
+                });
+            }
+            let (input, target) = window_tensors(&w, dev)?;
+            let loss = lm_loss(&model, &input, &target, Mode::Train(&rng))?;
+            let mut grads = loss.backward()?;
+            clip_grad_norm(&mut grads, &vars, cfg.clip)?;
+            opt.step(&grads)?;
+            let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            step_losses.push(loss);
+            steps_here += 1;
+            state.step += 1;
+            state.next_window = batch + 1;
+            state.rng = rng.state();
+            state.log_loss_sum += loss;
+            state.log_batches += 1;
+            progress.batch(epoch, batch + 1, epoch_windows);
+            if batch % cfg.log_interval == 0 && batch > 0 {
+                let cur = state.log_loss_sum / cfg.log_interval as f64;
+                let ms = log_start.elapsed().as_secs_f64() * 1e3 / state.log_batches as f64;
+                progress.line(&format!(
+                    "| epoch {epoch:3} | {batch:5}/{label_batches:5} batches | lr {:02.2} | ms/batch {ms:5.2} | loss {cur:5.2} | ppl {:8.2}",
+                    opt.lr,
+                    cur.exp()
+                ));
+                metrics::append(
+                    &metrics_path(run),
+                    &Metric::Train {
+                        step: state.step,
+                        epoch,
+                        batch,
+                        batches: label_batches,
+                        lr: opt.lr,
+                        ms_per_batch: ms,
+                        loss: cur,
+                        ppl: cur.exp(),
+                    },
+                )?;
+                state.log_loss_sum = 0.0;
+                state.log_batches = 0;
+                log_start = Instant::now();
+            }
+            if cfg.checkpoint_interval > 0 && state.next_window % cfg.checkpoint_interval == 0 {
+                save_checkpoint(run, &params, &state, &cfg)?;
+            }
+        }
+        let val_loss = evaluate(&model, &data.valid, cfg.bptt, dev)?;
+        let secs = epoch_start.elapsed().as_secs_f64();
+        progress.line(&"-".repeat(89));
+        progress.line(&format!(
+            "| end of epoch {epoch:3} | time: {secs:5.2}s | valid loss {val_loss:5.2} | valid ppl {:8.2}",
+            val_loss.exp()
+        ));
+        progress.line(&"-".repeat(89));
+        metrics::append(
+            &metrics_path(run),
+            &Metric::Valid {
+                step: state.step,
+                epoch,
+                loss: val_loss,
+                ppl: val_loss.exp(),
+                epoch_seconds: secs,
+            },
+        )?;
+        if state.best_val_loss.is_none_or(|b| val_loss < b) {
+            state.best_val_loss = Some(val_loss);
+            save_weights(&best_path(run), &params, &model_cfg)?;
+        }
+        state.epoch += 1;
+        state.next_window = 0;
+        state.log_loss_sum = 0.0;
+        state.log_batches = 0;
+        save_checkpoint(run, &params, &state, &cfg)?;
+        metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
+    }
+
+    // Test the best model.
+    let best = load_run(run, dev)?;
+    let test_loss = evaluate(&best.model, &data.test, cfg.bptt, dev)?;
+    progress.line(&"=".repeat(89));
+    progress.line(&format!(
+        "| End of training | test loss {test_loss:5.2} | test ppl {:8.2}",
+        test_loss.exp()
+    ));
+    progress.line(&"=".repeat(89));
+    if !state.finished {
+        metrics::append(
+            &metrics_path(run),
+            &Metric::Test {
+                step: state.step,
+                loss: test_loss,
+                ppl: test_loss.exp(),
+            },
+        )?;
+        state.finished = true;
+        save_checkpoint(run, &params, &state, &cfg)?;
+    }
+    metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
+    Ok(Summary {
+        state,
+        test_loss: Some(test_loss),
+        step_losses,
+    })
+}
+
+/// Imports the tutorial's PyTorch `TransformerModel` saved with
+/// `safetensors.torch.save_file(model.state_dict(), FILE)` and its vocabulary (one token per
+/// line in index order) into a new run directory that `eval` and `generate` can use. Sizes
+/// are read from the tensors; the head count is not stored by PyTorch and must be given.
+pub fn import_torch(
+    state_dict: &Path,
+    vocab_file: &Path,
+    nhead: usize,
+    out: &Path,
+) -> Result<LmConfig> {
+    let dev = Device::Cpu;
+    let (tensors, _) = checkpoint::load(state_dict, &dev)?;
+    let bad = |msg: String| Error::Checkpoint {
+        path: state_dict.to_path_buf(),
+        msg,
+    };
+    let dims = |name: &str| -> Result<Vec<usize>> {
+        tensors.get(name).map(|t| t.dims().to_vec()).ok_or_else(|| {
+            bad(format!(
+                "no tensor {name:?}: expected the state dict of the tutorial's TransformerModel \
+                 (embedding, transformer_encoder.layers.N.*, linear)"
+            ))
+        })
+    };
+    let emb = dims("embedding.weight")?;
+    let (ntoken, d_model) = (emb[0], emb[1]);
+    let d_hid = dims("transformer_encoder.layers.0.linear1.weight")?[0];
+    let nlayers = (0..)
+        .take_while(|i| {
+            tensors.contains_key(&format!("transformer_encoder.layers.{i}.norm1.weight"))
+        })
+        .count();
+    let vocab = Vocab::load(vocab_file)?;
+    if vocab.len() != ntoken {
+        return Err(Error::Usage(format!(
+            "{} has {} tokens but the model's embedding has {ntoken} rows: pass the vocabulary the model was trained with",
+            vocab_file.display(),
+            vocab.len()
+        )));
+    }
+    let config = LmConfig {
+        ntoken,
+        d_model,
+        nhead,
+        d_hid,
+        nlayers,
+        ..LmConfig::default()
+    };
+    config.validate()?;
+    let pb = ParamBuilder::new(DType::F32, &dev, 0);
+    TransformerLm::new(&pb, &config)?;
+    let params = pb.params();
+    let ours = transformer_model::import::from_torch(&tensors)?;
+    params.assign(&ours).map_err(|e| bad(e.to_string()))?;
+    std::fs::create_dir_all(out).map_err(|source| Error::Io {
+        path: out.into(),
+        source,
+    })?;
+    let train_cfg = LmTrainConfig {
+        emsize: d_model,
+        nhid: d_hid,
+        nlayers,
+        nhead,
+        ..LmTrainConfig::default()
+    };
+    checkpoint::write_atomic(&config_path(out), train_cfg.to_toml().as_bytes())?;
+    vocab.save(&vocab_path(out))?;
+    save_weights(&best_path(out), &params, &config)?;
+    Ok(config)
+}
+
+/// Loss, perplexity and token count of a text file under a run's model, evaluated like the
+/// tutorial's `evaluate` (tokenized with its vocabulary, batchified into `batch_size`
+/// columns, `bptt` windows, each window's loss weighted by its length).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EvalResult {
+    pub loss: f64,
+    pub ppl: f64,
+    pub tokens: usize,
+}
+
+pub fn evaluate_file(
+    lm: &LoadedLm,
+    text: &Path,
+    batch_size: usize,
+    bptt: usize,
+    device: &Device,
+) -> Result<EvalResult> {
+    let ids = read_split(text, &lm.vocab)?;
+    let data = batchify(&ids, batch_size).map_err(|e| Error::Config {
+        path: text.into(),
+        msg: e.to_string(),
+    })?;
+    let loss = evaluate(&lm.model, &data, bptt, device)?;
+    Ok(EvalResult {
+        loss,
+        ppl: loss.exp(),
+        tokens: (data.rows - 1) * data.cols,
+    })
+}

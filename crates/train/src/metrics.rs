@@ -1,0 +1,183 @@
+//! Metrics as JSON lines, and a plot of training and validation loss as SVG.
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Metric {
+    /// Mean training loss over the last `log_interval` batches.
+    Train {
+        step: usize,
+        epoch: usize,
+        batch: usize,
+        batches: usize,
+        lr: f64,
+        ms_per_batch: f64,
+        loss: f64,
+        ppl: f64,
+    },
+    /// End-of-epoch validation.
+    Valid {
+        step: usize,
+        epoch: usize,
+        loss: f64,
+        ppl: f64,
+        epoch_seconds: f64,
+    },
+    /// Test of the best model at the end of training.
+    Test { step: usize, loss: f64, ppl: f64 },
+}
+
+impl Metric {
+    pub fn step(&self) -> usize {
+        match self {
+            Metric::Train { step, .. } | Metric::Valid { step, .. } | Metric::Test { step, .. } => {
+                *step
+            }
+        }
+    }
+}
+
+pub fn append(path: &Path, m: &Metric) -> Result<()> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    writeln!(
+        f,
+        "{}",
+        serde_json::to_string(m).expect("metrics serialize")
+    )
+    .map_err(io)
+}
+
+pub fn read(path: &Path) -> Result<Vec<Metric>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| Error::Config {
+                path: path.to_path_buf(),
+                msg: format!("line {}: {e}", i + 1),
+            })
+        })
+        .collect()
+}
+
+/// Keeps only the metrics up to `step` (what a resumed run has not yet redone).
+pub fn truncate_after(path: &Path, step: usize) -> Result<()> {
+    let kept: Vec<Metric> = read(path)?
+        .into_iter()
+        .filter(|m| m.step() <= step)
+        .collect();
+    let mut text = String::new();
+    for m in &kept {
+        text.push_str(&serde_json::to_string(m).expect("metrics serialize"));
+        text.push('\n');
+    }
+    crate::checkpoint::write_atomic(path, text.as_bytes())
+}
+
+/// Writes an SVG line chart of training loss (per log interval) and validation loss (per
+/// epoch) against the step. Hand-written: two polylines and axes do not justify a plotting
+/// crate's build time on this project's 2-core machines.
+pub fn plot_svg(metrics: &[Metric], path: &Path) -> Result<()> {
+    let train: Vec<(f64, f64)> = metrics
+        .iter()
+        .filter_map(|m| match m {
+            Metric::Train { step, loss, .. } => Some((*step as f64, *loss)),
+            _ => None,
+        })
+        .collect();
+    let valid: Vec<(f64, f64)> = metrics
+        .iter()
+        .filter_map(|m| match m {
+            Metric::Valid { step, loss, .. } => Some((*step as f64, *loss)),
+            _ => None,
+        })
+        .collect();
+    let all = train.iter().chain(&valid);
+    let (mut x1, mut y0, mut y1) = (1f64, f64::INFINITY, f64::NEG_INFINITY);
+    for &(x, y) in all {
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if !y0.is_finite() {
+        (y0, y1) = (0.0, 1.0);
+    }
+    if y1 - y0 < 1e-9 {
+        y1 = y0 + 1.0;
+    }
+    let (w, h, l, r, t, b) = (720.0, 420.0, 60.0, 20.0, 30.0, 45.0);
+    let sx = |x: f64| l + x / x1 * (w - l - r);
+    let sy = |y: f64| t + (y1 - y) / (y1 - y0) * (h - t - b);
+    let line = |pts: &[(f64, f64)]| {
+        pts.iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"18\" text-anchor=\"middle\" font-size=\"14\">Loss (cross-entropy, nats per token)</text>\n\
+         <line x1=\"{l}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <line x1=\"{l}\" y1=\"{t}\" x2=\"{l}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">training step</text>\n",
+        w / 2.0, h - b, w - r, h - b, h - b, w / 2.0, h - 8.0
+    );
+    for i in 0..=4 {
+        let y = y0 + (y1 - y0) * i as f64 / 4.0;
+        s += &format!(
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{y:.2}</text>\n",
+            l - 6.0,
+            sy(y) + 4.0
+        );
+        let x = x1 * i as f64 / 4.0;
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{x:.0}</text>\n",
+            sx(x),
+            h - b + 16.0
+        );
+    }
+    s += &format!(
+        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+        line(&train)
+    );
+    s += &format!(
+        "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"{}\"/>\n",
+        line(&valid)
+    );
+    for &(x, y) in &valid {
+        s += &format!(
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"#d62728\"/>\n",
+            sx(x),
+            sy(y)
+        );
+    }
+    s += &format!(
+        "<text x=\"{}\" y=\"{}\" fill=\"#1f77b4\">training</text>\n<text x=\"{}\" y=\"{}\" fill=\"#d62728\">validation</text>\n</svg>\n",
+        w - r - 150.0, t + 15.0, w - r - 80.0, t + 15.0
+    );
+    crate::checkpoint::write_atomic(path, s.as_bytes())
+}

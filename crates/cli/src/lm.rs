@@ -6,6 +6,8 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use transformer_decode::Sampling;
 use transformer_model::Rng;
 use transformer_text::basic_english;
@@ -217,6 +219,24 @@ impl Progress for Console {
     }
 }
 
+/// A flag set by the first Ctrl-C (training then checkpoints and stops after the current
+/// batch); a second Ctrl-C exits at once.
+fn interrupt_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    let installed = ctrlc::set_handler(move || {
+        if f.swap(true, Ordering::SeqCst) {
+            eprintln!("\ninterrupted twice: exiting without a new checkpoint");
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: saving a checkpoint after this batch (Ctrl-C again to quit now)");
+    });
+    if let Err(e) = installed {
+        eprintln!("warning: cannot catch Ctrl-C ({e}); an interrupt loses the batches since the last checkpoint");
+    }
+    flag
+}
+
 pub fn run(cmd: LmCommand) -> Result<()> {
     let device = Device::Cpu;
     match cmd {
@@ -238,6 +258,7 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 out: args.out.clone(),
                 resume: args.resume,
                 stop_after_steps: args.max_steps,
+                interrupt: Some(interrupt_flag()),
                 device,
             };
             let mut console = Console { bar };

@@ -11,6 +11,7 @@ use transformer_model::{
 };
 use transformer_train::copy_task::{self, CopyTaskConfig};
 
+mod bench;
 mod lm;
 
 #[derive(Parser)]
@@ -37,6 +38,10 @@ enum Command {
     /// The PyTorch tutorial's language model on WikiText-2: train, eval, generate, import.
     #[command(subcommand)]
     Lm(lm::LmCommand),
+    /// Benchmark our implementation at fixed shapes (compare with PyTorch:
+    /// scripts/bench_vs_pytorch.sh).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Print a model configuration and its parameter count (checks the configuration).
     #[command(
         after_help = "Examples:\n  transformer info --preset base\n  transformer info --preset lm --json\n  transformer info --preset base --nhead 6   # an error that says what to change"
@@ -118,6 +123,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::CopyTask(args) => copy(args),
         Command::Info(args) => info(args),
         Command::Lm(cmd) => lm::run(cmd),
+        Command::Bench(cmd) => bench::run(cmd),
     }
 }
 

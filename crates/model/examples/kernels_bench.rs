@@ -1,226 +1,155 @@
-// temporary exploration
-use gemm::{gemm, Parallelism};
+//! Forward + backward time of each fused kernel in `transformer_model::kernels` against its
+//! composed-of-primitives reference, at the shapes of the PyTorch tutorial language model
+//! (batch 20 x bptt 35 = 700 tokens, d_model 200, 2 heads, vocabulary 33,278), f32.
+//!
+//! ```text
+//! CARGO_TARGET_DIR=/tmp/target-kernels cargo run --release -p transformer-model --example kernels_bench
+//! ```
+//! Optional argument: repeats (default 10). `RAYON_NUM_THREADS=1` runs the kernels (and
+//! candle's matmul) on one thread.
+
+use candle_core::{DType, Device, Result, Tensor, Var};
 use std::time::Instant;
+use transformer_model::kernels;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }
 
-fn main() {
-    let (n, c, v) = (700usize, 200usize, 33278usize);
-    let h: Vec<f32> = (0..n * c)
-        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
-        .collect();
-    let w: Vec<f32> = (0..v * c)
-        .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
-        .collect();
-    let mut logits = vec![0f32; n * v];
-    let mut dw = vec![0f32; v * c];
-    let mut dh = vec![0f32; n * c];
-    let flop = 2.0 * n as f64 * c as f64 * v as f64;
-    for &par in &[Parallelism::None, Parallelism::Rayon(2)] {
-        for &vb in &[256usize, 512, 1024, 2048, 4096, v] {
-            let nb = (v + vb - 1) / vb;
-            let mut ta = vec![];
-            let mut tb = vec![];
-            let mut tc = vec![];
-            for _ in 0..5 {
-                // A: logits blocks
-                let t = Instant::now();
-                for j in 0..nb {
-                    let v0 = j * vb;
-                    let len = vb.min(v - v0);
-                    let dst = logits[n * v0..].as_mut_ptr();
-                    unsafe {
-                        gemm(
-                            n,
-                            len,
-                            c,
-                            dst,
-                            1,
-                            len as isize,
-                            false,
-                            h.as_ptr(),
-                            1,
-                            c as isize,
-                            w[v0 * c..].as_ptr(),
-                            c as isize,
-                            1,
-                            0.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            par,
-                        );
-                    }
-                }
-                ta.push(t.elapsed().as_secs_f64());
-                let t = Instant::now();
-                for j in 0..nb {
-                    let v0 = j * vb;
-                    let len = vb.min(v - v0);
-                    let p = logits[n * v0..].as_ptr();
-                    unsafe {
-                        gemm(
-                            len,
-                            c,
-                            n,
-                            dw[v0 * c..].as_mut_ptr(),
-                            1,
-                            c as isize,
-                            false,
-                            p,
-                            len as isize,
-                            1,
-                            h.as_ptr(),
-                            1,
-                            c as isize,
-                            0.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            par,
-                        );
-                    }
-                }
-                tb.push(t.elapsed().as_secs_f64());
-                let t = Instant::now();
-                for j in 0..nb {
-                    let v0 = j * vb;
-                    let len = vb.min(v - v0);
-                    let p = logits[n * v0..].as_ptr();
-                    unsafe {
-                        gemm(
-                            n,
-                            c,
-                            len,
-                            dh.as_mut_ptr(),
-                            1,
-                            c as isize,
-                            j > 0,
-                            p,
-                            1,
-                            len as isize,
-                            w[v0 * c..].as_ptr(),
-                            1,
-                            c as isize,
-                            1.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            par,
-                        );
-                    }
-                }
-                tc.push(t.elapsed().as_secs_f64());
-            }
-            let (a, b, cc) = (median(ta), median(tb), median(tc));
-            println!("{:?} vb={vb:6} A {:7.1} ms {:6.1} GF/s | B {:7.1} ms {:6.1} | C {:7.1} ms {:6.1} | total {:7.1}", par, a*1e3, flop/a/1e9, b*1e3, flop/b/1e9, cc*1e3, flop/cc/1e9, (a+b+cc)*1e3);
+fn randn(shape: &[usize], scale: f64) -> Result<Tensor> {
+    Tensor::randn(0f32, scale as f32, shape, &Device::Cpu)
+}
+
+/// Median milliseconds of (forward, forward + backward) over `reps` runs after one warm-up.
+fn time(reps: usize, inputs: &[Var], f: &dyn Fn(&[Tensor]) -> Result<Tensor>) -> Result<(f64, f64)> {
+    let ts: Vec<Tensor> = inputs.iter().map(|v| v.as_tensor().clone()).collect();
+    let (mut fwd, mut both) = (Vec::new(), Vec::new());
+    for i in 0..=reps {
+        let t0 = Instant::now();
+        let loss = f(&ts)?;
+        let _ = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let t1 = Instant::now();
+        let grads = loss.backward()?;
+        for t in &ts {
+            assert!(grads.get(t).is_some(), "an input got no gradient");
+        }
+        let t2 = Instant::now();
+        drop(grads);
+        if i > 0 {
+            fwd.push((t1 - t0).as_secs_f64() * 1e3);
+            both.push((t2 - t0).as_secs_f64() * 1e3);
         }
     }
-    // two std threads, each half the vocab, Parallelism::None
-    for &vb in &[512usize, 1024, 2048] {
-        let mut tt = vec![];
-        for _ in 0..5 {
-            let t = Instant::now();
-            let half = (v / 2 + vb - 1) / vb * vb;
-            let lptr = logits.as_mut_ptr() as usize;
-            let dwp = dw.as_mut_ptr() as usize;
-            let mut dh2 = vec![0f32; n * c];
-            std::thread::scope(|s| {
-                let hh = &h;
-                let ww = &w;
-                let work = move |lo: usize, hi: usize, dhp: usize| {
-                    let mut v0 = lo;
-                    let mut first = true;
-                    while v0 < hi {
-                        let len = vb.min(hi - v0);
-                        unsafe {
-                            let dst = (lptr as *mut f32).add(n * v0);
-                            gemm(
-                                n,
-                                len,
-                                c,
-                                dst,
-                                1,
-                                len as isize,
-                                false,
-                                hh.as_ptr(),
-                                1,
-                                c as isize,
-                                ww[v0 * c..].as_ptr(),
-                                c as isize,
-                                1,
-                                0.0,
-                                1.0,
-                                false,
-                                false,
-                                false,
-                                Parallelism::None,
-                            );
-                            gemm(
-                                len,
-                                c,
-                                n,
-                                (dwp as *mut f32).add(v0 * c),
-                                1,
-                                c as isize,
-                                false,
-                                dst,
-                                len as isize,
-                                1,
-                                hh.as_ptr(),
-                                1,
-                                c as isize,
-                                0.0,
-                                1.0,
-                                false,
-                                false,
-                                false,
-                                Parallelism::None,
-                            );
-                            gemm(
-                                n,
-                                c,
-                                len,
-                                dhp as *mut f32,
-                                1,
-                                c as isize,
-                                !first,
-                                dst,
-                                1,
-                                len as isize,
-                                ww[v0 * c..].as_ptr(),
-                                1,
-                                c as isize,
-                                1.0,
-                                1.0,
-                                false,
-                                false,
-                                false,
-                                Parallelism::None,
-                            );
-                        }
-                        first = false;
-                        v0 += len;
-                    }
-                };
-                let d1 = dh2.as_mut_ptr() as usize;
-                let jh = s.spawn(move || work(half, v, d1));
-                work(0, half, dh.as_mut_ptr() as usize);
-                jh.join().unwrap();
-            });
-            tt.push(t.elapsed().as_secs_f64());
+    Ok((median(fwd), median(both)))
+}
+
+fn row(name: &str, fused: (f64, f64), reference: (f64, f64), extra: &str) {
+    println!(
+        "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1}x | {extra} |",
+        fused.0,
+        fused.1,
+        reference.0,
+        reference.1,
+        reference.1 / fused.1
+    );
+}
+
+fn main() -> Result<()> {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    // `fused` as a second argument skips the references (for profiling).
+    let only_fused = std::env::args().nth(2).as_deref() == Some("fused");
+    let (b, t, h, c, v) = (20usize, 35usize, 2usize, 200usize, 33_278usize);
+    let n = b * t;
+    println!("median of {reps} runs, ms, f32, threads: RAYON_NUM_THREADS={:?}", std::env::var("RAYON_NUM_THREADS").ok());
+    println!();
+    println!("| op (shape) | fused fwd | fused fwd+bwd | reference fwd | reference fwd+bwd | speed-up (fwd+bwd) | |");
+    println!("|---|---|---|---|---|---|---|");
+
+    // Softmax over attention scores, contracted with a random cotangent.
+    {
+        let shape = [b, h, t, t];
+        let x = Var::from_tensor(&randn(&shape, 3.0)?)?;
+        let cot = randn(&shape, 1.0)?;
+        let fused = time(reps, &[x.clone()], &|ts| {
+            kernels::softmax_last_dim(&ts[0])?.mul(&cot)?.sum_all()
+        })?;
+        let reference = time(reps, &[x], &|ts| {
+            kernels::softmax_last_dim_reference(&ts[0])?.mul(&cot)?.sum_all()
+        })?;
+        row(&format!("softmax_last_dim {shape:?}"), fused, reference, "incl. mul + sum_all by the cotangent");
+    }
+
+    // Layer norm over the (700, 200) activations.
+    {
+        let x = Var::from_tensor(&randn(&[n, c], 1.0)?)?;
+        let w = Var::from_tensor(&randn(&[c], 1.0)?)?;
+        let bb = Var::from_tensor(&randn(&[c], 1.0)?)?;
+        let cot = randn(&[n, c], 1.0)?;
+        let ins = [x, w, bb];
+        let fused = time(reps, &ins, &|ts| {
+            kernels::layer_norm(&ts[0], &ts[1], &ts[2], 1e-5)?.mul(&cot)?.sum_all()
+        })?;
+        let reference = time(reps, &ins, &|ts| {
+            kernels::layer_norm_reference(&ts[0], &ts[1], &ts[2], 1e-5)?.mul(&cot)?.sum_all()
+        })?;
+        row(&format!("layer_norm [{n}, {c}]"), fused, reference, "incl. mul + sum_all by the cotangent");
+    }
+
+    // The output layer + cross-entropy.
+    {
+        let hid = Var::from_tensor(&randn(&[n, c], 1.0)?)?;
+        let w = Var::from_tensor(&randn(&[v, c], 0.1)?)?;
+        let bias = Var::from_tensor(&randn(&[v], 0.1)?)?;
+        let targets: Vec<u32> = (0..n).map(|i| ((i * 7919) % v) as u32).collect();
+        let targets = Tensor::from_vec(targets, n, &Device::Cpu)?;
+        let ins = [hid, w, bias];
+        let fused = time(reps, &ins, &|ts| {
+            kernels::linear_cross_entropy(&ts[0], &ts[1], &ts[2], &targets, None)
+        })?;
+        let reference = if only_fused {
+            (f64::NAN, f64::NAN)
+        } else {
+            time(reps.min(5), &ins, &|ts| {
+                kernels::linear_cross_entropy_reference(&ts[0], &ts[1], &ts[2], &targets, None)
+            })?
+        };
+        let gflop = 3.0 * 2.0 * (n * c * v) as f64 / 1e9;
+        row(
+            &format!("linear_cross_entropy N={n} C={c} V={v}"),
+            fused,
+            reference,
+            &format!(
+                "fused: {:.0} GFLOP/s counting 3 products of 2NCV = {gflop:.2} GFLOP",
+                gflop / fused.1 * 1e3
+            ),
+        );
+        // Evaluation: no input tracks gradients, only logits + log-sum-exp.
+        let plain: Vec<Tensor> = ins.iter().map(|x| x.as_tensor().detach()).collect();
+        let mut eval = Vec::new();
+        let mut eval_ref = Vec::new();
+        for i in 0..=reps {
+            let t0 = Instant::now();
+            let l = kernels::linear_cross_entropy(&plain[0], &plain[1], &plain[2], &targets, None)?;
+            let _ = l.to_scalar::<f32>()?;
+            let t1 = Instant::now();
+            let l = kernels::linear_cross_entropy_reference(&plain[0], &plain[1], &plain[2], &targets, None)?;
+            let _ = l.to_scalar::<f32>()?;
+            let t2 = Instant::now();
+            if i > 0 {
+                eval.push((t1 - t0).as_secs_f64() * 1e3);
+                eval_ref.push((t2 - t1).as_secs_f64() * 1e3);
+            }
         }
-        let m = median(tt);
+        let (e, er) = (median(eval), median(eval_ref));
         println!(
-            "2 threads fused vb={vb}: {:.1} ms, {:.1} GF/s (3 matmuls)",
-            m * 1e3,
-            3.0 * flop / m / 1e9
+            "| linear_cross_entropy, no gradient (eval) | {e:.2} | - | {er:.2} | - | {:.1}x (fwd) | 1 product: {:.0} GFLOP/s |",
+            er / e,
+            gflop / 3.0 / e * 1e3
         );
     }
+    Ok(())
 }

@@ -53,9 +53,14 @@ pub fn scaled_dot_product_attention(
         None => softmax_last_dim(&scores)?,
         Some(mask) => {
             let scores = scores.broadcast_add(&mask.additive(scores.dtype())?)?;
-            // Multiplying by the keep-mask zeroes rows whose keys are all masked (their
-            // softmax would otherwise be uniform); elsewhere masked weights are already 0.
-            softmax_last_dim(&scores)?.broadcast_mul(&mask.keep().to_dtype(scores.dtype())?)?
+            let weights = softmax_last_dim(&scores)?;
+            if mask.may_mask_whole_rows() {
+                // Multiplying by the keep-mask zeroes rows whose keys are all masked (their
+                // softmax would otherwise be uniform); elsewhere masked weights are already 0.
+                weights.broadcast_mul(&mask.keep().to_dtype(scores.dtype())?)?
+            } else {
+                weights
+            }
         }
     };
     let dropped = dropout.forward(&weights, mode)?;

@@ -13,6 +13,9 @@ use candle_core::{DType, Device, Tensor};
 pub struct Mask {
     /// u8, (B | 1, 1, T | 1, S), 1 = may attend
     keep: Tensor,
+    /// False when every query is known to keep at least one key (a causal mask always keeps
+    /// the diagonal), so attention can skip zeroing fully masked rows.
+    may_mask_whole_rows: bool,
 }
 
 impl Mask {
@@ -25,7 +28,10 @@ impl Mask {
             4 => keep,
             r => candle_core::bail!("a mask must have 2 to 4 dimensions, got {r}"),
         };
-        Ok(Self { keep })
+        Ok(Self {
+            keep,
+            may_mask_whole_rows: true,
+        })
     }
 
     /// Converts a PyTorch boolean `attn_mask` (True/1 = not allowed) of shape `(T, S)`.
@@ -52,7 +58,10 @@ impl Mask {
         let keep: Vec<u8> = (0..t)
             .flat_map(|i| (0..s).map(move |j| u8::from(j <= offset + i)))
             .collect();
-        Self::from_keep(&Tensor::from_vec(keep, (t, s), device)?)
+        Ok(Self {
+            may_mask_whole_rows: false,
+            ..Self::from_keep(&Tensor::from_vec(keep, (t, s), device)?)?
+        })
     }
 
     /// A key-padding mask from a `(B, S)` tensor that is 1 at real tokens, 0 at padding.
@@ -63,6 +72,7 @@ impl Mask {
         let (b, s) = valid.dims2()?;
         Ok(Self {
             keep: valid.to_dtype(DType::U8)?.reshape((b, 1, 1, s))?,
+            may_mask_whole_rows: true,
         })
     }
 
@@ -83,6 +93,7 @@ impl Mask {
     pub fn and(&self, other: &Mask) -> Result<Mask> {
         Ok(Self {
             keep: self.keep.broadcast_mul(&other.keep)?,
+            may_mask_whole_rows: self.may_mask_whole_rows || other.may_mask_whole_rows,
         })
     }
 
@@ -93,6 +104,11 @@ impl Mask {
             (Some(m), None) | (None, Some(m)) => Some(m.clone()),
             (None, None) => None,
         })
+    }
+
+    /// Whether some query may have every key masked (then its weights must be zeroed).
+    pub fn may_mask_whole_rows(&self) -> bool {
+        self.may_mask_whole_rows
     }
 
     /// The u8 keep-tensor, 4-D.

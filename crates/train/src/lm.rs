@@ -28,6 +28,8 @@ use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 use transformer_model::{LmConfig, Mode, ParamBuilder, Params, Rng, TransformerLm};
 use transformer_text::batch::{batchify, Batch, Batched};
@@ -277,6 +279,9 @@ pub struct TrainOptions {
     pub resume: bool,
     /// Stop (as if interrupted) after this many optimizer steps in this invocation.
     pub stop_after_steps: Option<usize>,
+    /// When set (by a Ctrl-C handler, say), save a checkpoint after the current batch and
+    /// return; `--resume` continues from there.
+    pub interrupt: Option<Arc<AtomicBool>>,
     pub device: Device,
 }
 
@@ -545,6 +550,22 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                 break;
             }
             if opts.stop_after_steps == Some(steps_here) {
+                return Ok(Summary {
+                    state,
+                    test_loss: None,
+                    step_losses,
+                });
+            }
+            if opts
+                .interrupt
+                .as_ref()
+                .is_some_and(|f| f.load(Ordering::SeqCst))
+            {
+                save_checkpoint(run, &params, &state, &cfg)?;
+                progress.line(&format!(
+                    "interrupted: checkpoint saved after step {}",
+                    state.step
+                ));
                 return Ok(Summary {
                     state,
                     test_loss: None,

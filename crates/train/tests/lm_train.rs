@@ -87,6 +87,7 @@ fn resumed_run_matches_uninterrupted_run() {
         out,
         resume,
         stop_after_steps: stop,
+        interrupt: None,
         device: Device::Cpu,
     };
 
@@ -214,6 +215,7 @@ fn clear_errors_for_bad_data() {
         out: out.clone(),
         resume: false,
         stop_after_steps: None,
+        interrupt: None,
         device: Device::Cpu,
     };
     let err = lm::train(&opts, &mut Quiet).unwrap_err().to_string();
@@ -228,6 +230,7 @@ fn clear_errors_for_bad_data() {
         out: out.clone(),
         resume: false,
         stop_after_steps: None,
+        interrupt: None,
         device: Device::Cpu,
     };
     let err = lm::train(&opts, &mut Quiet).unwrap_err().to_string();
@@ -240,4 +243,58 @@ fn clear_errors_for_bad_data() {
     let err = lm::train(&opts, &mut Quiet).unwrap_err().to_string();
     assert!(err.contains("nothing to resume"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Raises the interrupt flag after a given batch, as a Ctrl-C handler would.
+struct InterruptAt {
+    batch: usize,
+    flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+impl Progress for InterruptAt {
+    fn line(&mut self, _: &str) {}
+    fn batch(&mut self, _epoch: usize, done: usize, _total: usize) {
+        if done == self.batch {
+            self.flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+#[test]
+fn interrupt_checkpoints_the_exact_step() {
+    let data = temp_dir("data-int");
+    write_corpus(&data);
+    let cfg = LmTrainConfig {
+        epochs: 1,
+        ..small_config(&data)
+    };
+    let opts = |out: PathBuf, resume: bool, flag| TrainOptions {
+        config: cfg.clone(),
+        out,
+        resume,
+        stop_after_steps: None,
+        interrupt: flag,
+        device: Device::Cpu,
+    };
+    let straight = temp_dir("straight-int");
+    let a = lm::train(&opts(straight.clone(), false, None), &mut Quiet).unwrap();
+
+    let run = temp_dir("int");
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut p = InterruptAt {
+        batch: 6,
+        flag: flag.clone(),
+    };
+    let b1 = lm::train(&opts(run.clone(), false, Some(flag)), &mut p).unwrap();
+    assert_eq!(
+        b1.step_losses.len(),
+        6,
+        "stops right after the batch in progress"
+    );
+    assert!(b1.test_loss.is_none());
+    let b2 = lm::train(&opts(run.clone(), true, None), &mut Quiet).unwrap();
+    assert_eq!(b2.step_losses[..], a.step_losses[6..]);
+    assert_eq!(b2.test_loss, a.test_loss);
+    for d in [data, straight, run] {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }

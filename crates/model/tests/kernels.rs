@@ -1,0 +1,457 @@
+//! The fused kernels of `transformer_model::kernels` against their composed references
+//! (forward and every gradient through candle's backprop) and against central finite
+//! differences.
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use transformer_model::kernels::{
+    layer_norm, layer_norm_reference, linear_cross_entropy, linear_cross_entropy_reference,
+    softmax_last_dim, softmax_last_dim_reference,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// Deterministic values in roughly [-scale, scale] (an LCG; no global RNG state).
+fn values(n: usize, seed: u64, scale: f64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn tensor(shape: &[usize], seed: u64, scale: f64, dtype: DType) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_vec(values(n, seed, scale), shape, &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+fn to_f64(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+}
+
+/// Max abs difference relative to the largest magnitude of `want`.
+fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
+    assert_eq!(got.dims(), want.dims(), "shapes differ");
+    let (g, w) = (to_f64(got), to_f64(want));
+    let scale = w.iter().fold(0f64, |a, x| a.max(x.abs())).max(1e-300);
+    g.iter()
+        .zip(&w)
+        .map(|(a, b)| {
+            if a.is_nan() && b.is_nan() {
+                0.0
+            } else {
+                (a - b).abs()
+            }
+        })
+        .fold(0f64, f64::max)
+        / scale
+}
+
+fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
+    let e = rel_err(got, want);
+    assert!(e <= tol, "{what}: relative error {e:e} > {tol:e}");
+}
+
+fn tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-12,
+        _ => 1e-5,
+    }
+}
+
+/// Output and gradients of `f(inputs)` contracted with `cot` (`sum(out * cot)`), via candle's
+/// backprop.
+fn run_with_grads(
+    inputs: &[Tensor],
+    cot: &Tensor,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) -> (Tensor, Vec<Tensor>) {
+    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let out = f(&ts).unwrap();
+    let loss = out.broadcast_mul(cot).unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    let gs = ts
+        .iter()
+        .map(|t| grads.get(t).expect("no gradient").clone())
+        .collect();
+    (out, gs)
+}
+
+/// Fused against reference: forward and the gradient of every input.
+fn compare(
+    name: &str,
+    inputs: &[Tensor],
+    cot: &Tensor,
+    fused: impl Fn(&[Tensor]) -> Result<Tensor>,
+    reference: impl Fn(&[Tensor]) -> Result<Tensor>,
+) {
+    let dtype = inputs[0].dtype();
+    let (out_f, grads_f) = run_with_grads(inputs, cot, fused);
+    let (out_r, grads_r) = run_with_grads(inputs, cot, reference);
+    assert_eq!(out_f.dtype(), dtype);
+    assert_close(&format!("{name} forward"), &out_f, &out_r, tol(dtype));
+    for (i, (gf, gr)) in grads_f.iter().zip(&grads_r).enumerate() {
+        assert_close(&format!("{name} grad of input {i}"), gf, gr, tol(dtype));
+    }
+}
+
+/// Central differences (eps 1e-6, f64) of `f(inputs) . cot` against the backprop gradients.
+fn finite_difference_check(
+    name: &str,
+    inputs: &[Tensor],
+    cot: &Tensor,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) {
+    let eps = 1e-6;
+    let (_, grads) = run_with_grads(inputs, cot, &f);
+    let objective = |ts: &[Tensor]| -> f64 {
+        f(ts)
+            .unwrap()
+            .broadcast_mul(cot)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    };
+    for (i, input) in inputs.iter().enumerate() {
+        let base = to_f64(input);
+        let mut numeric = Vec::with_capacity(base.len());
+        for j in 0..base.len() {
+            let mut probe = |delta: f64| {
+                let mut v = base.clone();
+                v[j] += delta;
+                let mut ts = inputs.to_vec();
+                ts[i] = Tensor::from_vec(v, input.shape(), &Device::Cpu).unwrap();
+                objective(&ts)
+            };
+            numeric.push((probe(eps) - probe(-eps)) / (2.0 * eps));
+        }
+        let numeric = Tensor::from_vec(numeric, input.shape(), &Device::Cpu).unwrap();
+        let e = rel_err(&grads[i], &numeric);
+        assert!(e < 1e-6, "{name}: input {i}: analytic vs finite differences {e:e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn softmax_matches_reference() {
+    for dtype in [DType::F64, DType::F32] {
+        // Widths around the 32-lane chunks, large values to exercise the max subtraction.
+        for (k, shape) in [
+            vec![3, 5, 7],
+            vec![2, 37],
+            vec![4, 1],
+            vec![5, 70],
+            vec![2, 2, 35, 35],
+            vec![3, 64],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let x = tensor(&shape, 10 + k as u64, 30.0, dtype);
+            let cot = tensor(&shape, 100 + k as u64, 1.0, dtype);
+            compare(
+                &format!("softmax {shape:?} {dtype:?}"),
+                &[x],
+                &cot,
+                |t| softmax_last_dim(&t[0]),
+                |t| softmax_last_dim_reference(&t[0]),
+            );
+        }
+    }
+}
+
+/// Large enough (over 2 x 2^17 elements) for the rows to be split over threads.
+#[test]
+fn softmax_matches_reference_multithreaded() {
+    let shape = [600, 500];
+    let x = tensor(&shape, 1, 5.0, DType::F64);
+    let cot = tensor(&shape, 2, 1.0, DType::F64);
+    compare(
+        "softmax 600x500",
+        &[x],
+        &cot,
+        |t| softmax_last_dim(&t[0]),
+        |t| softmax_last_dim_reference(&t[0]),
+    );
+}
+
+#[test]
+fn softmax_non_contiguous_and_masked() {
+    for dtype in [DType::F64, DType::F32] {
+        // A transposed view, and -inf entries as an additive attention mask leaves them.
+        let x = tensor(&[6, 4, 9], 3, 3.0, dtype);
+        let mask: Vec<f64> = (0..4 * 9)
+            .map(|i| if i % 9 > i / 9 + 4 { f64::NEG_INFINITY } else { 0.0 })
+            .collect();
+        let mask = Tensor::from_vec(mask, (4, 9), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let cot = tensor(&[4, 6, 9], 4, 1.0, dtype);
+        let prep = |t: &Tensor| t.transpose(0, 1)?.broadcast_add(&mask.unsqueeze(1)?);
+        compare(
+            &format!("softmax masked {dtype:?}"),
+            &[x],
+            &cot,
+            |t| softmax_last_dim(&prep(&t[0])?),
+            |t| softmax_last_dim_reference(&prep(&t[0])?),
+        );
+        let y = to_f64(&softmax_last_dim(&prep(&tensor(&[6, 4, 9], 3, 3.0, dtype)).unwrap()).unwrap());
+        let m = to_f64(&mask.unsqueeze(1).unwrap().broadcast_as((4, 6, 9)).unwrap());
+        for (a, b) in y.iter().zip(&m) {
+            if b.is_infinite() {
+                assert_eq!(*a, 0.0, "masked weight must be exactly zero");
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_finite_differences() {
+    let x = tensor(&[2, 3, 5], 5, 2.0, DType::F64);
+    let cot = tensor(&[2, 3, 5], 6, 1.0, DType::F64);
+    finite_difference_check("softmax", &[x], &cot, |t| softmax_last_dim(&t[0]));
+}
+
+#[test]
+fn softmax_other_dtypes_fall_back_to_reference() {
+    let x = tensor(&[3, 7], 7, 2.0, DType::BF16);
+    let a = softmax_last_dim(&x).unwrap();
+    let b = softmax_last_dim_reference(&x).unwrap();
+    assert_eq!(a.dtype(), DType::BF16);
+    assert_eq!(to_f64(&a), to_f64(&b));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layer norm
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn layer_norm_matches_reference() {
+    for dtype in [DType::F64, DType::F32] {
+        for (k, shape) in [vec![7, 5], vec![3, 4, 37], vec![2, 1], vec![700, 200]]
+            .into_iter()
+            .enumerate()
+        {
+            let k = k as u64;
+            let c = *shape.last().unwrap();
+            // An offset mean, to test the two-pass variance.
+            let x = (tensor(&shape, 20 + k, 2.0, dtype) + 3.0).unwrap();
+            let w = tensor(&[c], 30 + k, 1.0, dtype);
+            let b = tensor(&[c], 40 + k, 1.0, dtype);
+            let cot = tensor(&shape, 50 + k, 1.0, dtype);
+            compare(
+                &format!("layer_norm {shape:?} {dtype:?}"),
+                &[x, w, b],
+                &cot,
+                |t| layer_norm(&t[0], &t[1], &t[2], 1e-5),
+                |t| layer_norm_reference(&t[0], &t[1], &t[2], 1e-5),
+            );
+        }
+    }
+}
+
+/// Over 2 x 2^17 elements: rows split over threads, per-thread weight/bias gradients summed.
+#[test]
+fn layer_norm_matches_reference_multithreaded() {
+    let shape = [2001, 200];
+    let x = tensor(&shape, 21, 2.0, DType::F64);
+    let w = tensor(&[200], 31, 1.0, DType::F64);
+    let b = tensor(&[200], 41, 1.0, DType::F64);
+    let cot = tensor(&shape, 51, 1.0, DType::F64);
+    compare(
+        "layer_norm 2001x200",
+        &[x, w, b],
+        &cot,
+        |t| layer_norm(&t[0], &t[1], &t[2], 1e-5),
+        |t| layer_norm_reference(&t[0], &t[1], &t[2], 1e-5),
+    );
+}
+
+#[test]
+fn layer_norm_finite_differences() {
+    let x = tensor(&[3, 5], 22, 2.0, DType::F64);
+    let w = tensor(&[5], 32, 1.0, DType::F64);
+    let b = tensor(&[5], 42, 1.0, DType::F64);
+    let cot = tensor(&[3, 5], 52, 1.0, DType::F64);
+    finite_difference_check("layer_norm", &[x, w, b], &cot, |t| {
+        layer_norm(&t[0], &t[1], &t[2], 1e-5)
+    });
+}
+
+#[test]
+fn layer_norm_rejects_bad_shapes() {
+    let x = tensor(&[3, 5], 1, 1.0, DType::F32);
+    let w = tensor(&[4], 1, 1.0, DType::F32);
+    assert!(layer_norm(&x, &w, &w, 1e-5).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear + cross-entropy
+// ---------------------------------------------------------------------------------------------
+
+fn targets(n: usize, v: usize, seed: u64, ignore: Option<(u32, usize)>) -> Tensor {
+    let t: Vec<u32> = values(n, seed, 1.0)
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| match ignore {
+            // Every `every`-th row ignored.
+            Some((id, every)) if i % every == 1 => id,
+            _ => (((x + 1.0) / 2.0 * v as f64) as usize).min(v - 1) as u32,
+        })
+        .collect();
+    Tensor::from_vec(t, n, &Device::Cpu).unwrap()
+}
+
+fn lce_inputs(n: usize, c: usize, v: usize, seed: u64, dtype: DType) -> Vec<Tensor> {
+    vec![
+        tensor(&[n, c], seed, 1.0, dtype),
+        tensor(&[v, c], seed + 1, 0.5, dtype),
+        tensor(&[v], seed + 2, 0.5, dtype),
+    ]
+}
+
+#[test]
+fn linear_cross_entropy_matches_reference() {
+    for dtype in [DType::F64, DType::F32] {
+        // (N, C, V, ignore): tiny; V over several blocks of 512 with a partial last block;
+        // large enough (N C V >= 2^22) to split the vocabulary over threads; ignore_index
+        // inside and outside 0..V.
+        for (k, (n, c, v, ignore)) in [
+            (7, 5, 13, Some((3u32, 3usize))),
+            (7, 5, 13, None),
+            (9, 6, 1100, Some((u32::MAX, 4))),
+            (37, 200, 1100, Some((0, 5))),
+            (50, 64, 2000, None),
+            (1, 3, 2, None),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let k = k as u64 * 10;
+            let inputs = lce_inputs(n, c, v, 60 + k, dtype);
+            let t = targets(n, v, 70 + k, ignore);
+            let ig = ignore.map(|(id, _)| id);
+            let cot = Tensor::new(1.75f64, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            compare(
+                &format!("linear_cross_entropy N={n} C={c} V={v} {ignore:?} {dtype:?}"),
+                &inputs,
+                &cot,
+                |x| linear_cross_entropy(&x[0], &x[1], &x[2], &t, ig),
+                |x| linear_cross_entropy_reference(&x[0], &x[1], &x[2], &t, ig),
+            );
+        }
+    }
+}
+
+/// Hidden states as (B, T, C) with targets (B, T), and a plain `loss.backward()` (incoming
+/// gradient exactly 1, the path that hands the stored gradients out unscaled).
+#[test]
+fn linear_cross_entropy_batched_shapes_and_unit_gradient() {
+    let dtype = DType::F32;
+    let (b, t, c, v) = (4, 5, 8, 600);
+    let h = Var::from_tensor(&tensor(&[b, t, c], 80, 1.0, dtype)).unwrap();
+    let w = Var::from_tensor(&tensor(&[v, c], 81, 0.5, dtype)).unwrap();
+    let bias = Var::from_tensor(&tensor(&[v], 82, 0.5, dtype)).unwrap();
+    let tg = targets(b * t, v, 83, Some((7, 3))).reshape((b, t)).unwrap();
+    let grads_of = |loss: Tensor| {
+        let g = loss.backward().unwrap();
+        [&h, &w, &bias].map(|x| g.get(x.as_tensor()).unwrap().clone())
+    };
+    let fused = linear_cross_entropy(&h, &w, &bias, &tg, Some(7)).unwrap();
+    let reference = linear_cross_entropy_reference(&h, &w, &bias, &tg, Some(7)).unwrap();
+    assert_eq!(fused.dims(), &[] as &[usize]);
+    assert_close("loss", &fused, &reference, 1e-5);
+    let (gf, gr) = (grads_of(fused), grads_of(reference));
+    assert_eq!(gf[0].dims(), &[b, t, c]);
+    for i in 0..3 {
+        assert_close(&format!("grad {i}"), &gf[i], &gr[i], 1e-5);
+    }
+}
+
+/// A second backward on the same graph finds the stored gradients consumed and recomputes
+/// them.
+#[test]
+fn linear_cross_entropy_backward_twice() {
+    let inputs = lce_inputs(11, 7, 30, 90, DType::F64);
+    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let tg = targets(11, 30, 91, Some((2, 4)));
+    let loss = linear_cross_entropy(&vars[0], &vars[1], &vars[2], &tg, Some(2)).unwrap();
+    let g1 = loss.backward().unwrap();
+    let g2 = (&loss * 3.0).unwrap().backward().unwrap();
+    for v in &vars {
+        let a = g1.get(v.as_tensor()).unwrap();
+        let b = (g2.get(v.as_tensor()).unwrap() / 3.0).unwrap();
+        assert_close("second backward", &b, a, 1e-13);
+    }
+}
+
+#[test]
+fn linear_cross_entropy_finite_differences() {
+    let inputs = lce_inputs(4, 3, 6, 95, DType::F64);
+    let tg = targets(4, 6, 96, Some((5, 3)));
+    let cot = Tensor::new(1.0f64, &Device::Cpu).unwrap();
+    finite_difference_check("linear_cross_entropy", &inputs, &cot, |x| {
+        linear_cross_entropy(&x[0], &x[1], &x[2], &tg, Some(5))
+    });
+}
+
+/// No input tracks gradients (evaluation): only the loss is computed, and it is the same.
+#[test]
+fn linear_cross_entropy_without_grad() {
+    for (n, c, v) in [(7, 5, 13), (37, 200, 1100)] {
+        let x = lce_inputs(n, c, v, 97, DType::F32);
+        let tg = targets(n, v, 98, Some((1, 3)));
+        let a = linear_cross_entropy(&x[0], &x[1], &x[2], &tg, Some(1)).unwrap();
+        let b = linear_cross_entropy_reference(&x[0], &x[1], &x[2], &tg, Some(1)).unwrap();
+        assert_close("eval loss", &a, &b, 1e-5);
+    }
+}
+
+/// PyTorch: mean over zero rows is NaN, and the gradients are zero.
+#[test]
+fn linear_cross_entropy_all_ignored() {
+    let inputs = lce_inputs(3, 4, 5, 99, DType::F64);
+    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let tg = Tensor::new(&[2u32, 2, 2], &Device::Cpu).unwrap();
+    let loss = linear_cross_entropy(&vars[0], &vars[1], &vars[2], &tg, Some(2)).unwrap();
+    assert!(loss.to_scalar::<f64>().unwrap().is_nan());
+    let g = loss.backward().unwrap();
+    for v in &vars {
+        let s = to_f64(g.get(v.as_tensor()).unwrap());
+        assert!(s.iter().all(|&x| x == 0.0), "{s:?}");
+    }
+}
+
+#[test]
+fn linear_cross_entropy_rejects_bad_targets() {
+    let x = lce_inputs(3, 4, 5, 1, DType::F32);
+    let bad = Tensor::new(&[0u32, 5, 1], &Device::Cpu).unwrap();
+    assert!(linear_cross_entropy(&x[0], &x[1], &x[2], &bad, None).is_err());
+    // 5 is fine when it is the ignore index.
+    assert!(linear_cross_entropy(&x[0], &x[1], &x[2], &bad, Some(5)).is_ok());
+    let short = Tensor::new(&[0u32, 1], &Device::Cpu).unwrap();
+    assert!(linear_cross_entropy(&x[0], &x[1], &x[2], &short, None).is_err());
+}

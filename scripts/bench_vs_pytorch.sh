@@ -22,6 +22,17 @@ WARMUP="${WARMUP:-2}"
 
 say() { echo "[bench] $*" >&2; }
 
+# Percent of all CPU time that was busy during one second (other work on the machine).
+busy_pct() {
+    local a b
+    read -r -a a < <(grep '^cpu ' /proc/stat)
+    sleep 1
+    read -r -a b < <(grep '^cpu ' /proc/stat)
+    local idle=$(( (b[4] + b[5]) - (a[4] + a[5]) )) total=0 i
+    for i in 1 2 3 4 5 6 7 8; do total=$(( total + b[i] - a[i] )); done
+    echo $(( total > 0 ? 100 * (total - idle) / total : 0 ))
+}
+
 # ---- our binary ----------------------------------------------------------------------------
 say "building: cargo build --release -p transformer-cli"
 cargo build --release -p transformer-cli >&2
@@ -54,12 +65,12 @@ fi
 # ---- run both sides ------------------------------------------------------------------------
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
-LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
+BUSY_BEFORE="$(busy_pct)"
 say "ours: $BIN bench lm --json --warmup $WARMUP --repeats $REPEATS $*"
 "$BIN" bench lm --json --warmup "$WARMUP" --repeats "$REPEATS" "$@" > "$TMP/ours.json"
 say "PyTorch: $PY scripts/bench_lm_torch.py --json --warmup $WARMUP --repeats $REPEATS $*"
 "$PY" scripts/bench_lm_torch.py --json --warmup "$WARMUP" --repeats "$REPEATS" "$@" > "$TMP/torch.json"
-LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
+BUSY_AFTER="$(busy_pct)"
 
 CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)"
 CORES="$(nproc)"
@@ -67,21 +78,25 @@ CORES="$(nproc)"
 # ---- table ---------------------------------------------------------------------------------
 # Any python3 reads the JSONs (the one with torch is used; no jq needed).
 "$PY" - "$TMP/ours.json" "$TMP/torch.json" "${CPU_MODEL:-unknown}" "$CORES" \
-    "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" "$LOAD_BEFORE" "$LOAD_AFTER" <<'EOF'
+    "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" "$BUSY_BEFORE" "$BUSY_AFTER" <<'EOF'
 import json, sys
 
-ours_path, torch_path, cpu, cores, date, load_before, load_after = sys.argv[1:8]
+ours_path, torch_path, cpu, cores, date, busy_before, busy_after = sys.argv[1:8]
 o = json.load(open(ours_path))
 t = json.load(open(torch_path))
 if o["shapes"] != t["shapes"]:
     print(f"WARNING: shapes differ: ours {o['shapes']} vs PyTorch {t['shapes']}")
 s = o["shapes"]
 
-print(f"machine: {cpu}, {cores} cores; {date}; load average {load_before} before, {load_after} after")
+print(f"machine: {cpu}, {cores} cores; {date}; CPU busy with other work: {busy_before}% just before, {busy_after}% just after")
 print(f"ours: {o['impl']}, {o['threads']} threads | {t['impl']}, {t['threads']} threads")
 print(f"model: vocab {s['vocab']}, emsize {s['emsize']}, nhid {s['nhid']}, {s['nlayers']} layers, "
       f"{s['nhead']} heads, dropout {s['dropout']}; {o['parameters']:,} parameters "
       f"(PyTorch {t['parameters']:,}); {s['warmup']} warm-up + {s['repeats']} timed repetitions")
+busy = max(int(busy_before), int(busy_after))
+if busy > 20:
+    print(f"WARNING: other work was using {busy}% of the CPU around this run: these timings are "
+          "unreliable (PyTorch's OpenMP threads especially); rerun on an idle machine.")
 print()
 
 # ratio: how many times better ours is (>1: ours faster / smaller / more tokens per second).

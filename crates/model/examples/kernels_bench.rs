@@ -22,7 +22,11 @@ fn randn(shape: &[usize], scale: f64) -> Result<Tensor> {
 }
 
 /// Median milliseconds of (forward, forward + backward) over `reps` runs after one warm-up.
-fn time(reps: usize, inputs: &[Var], f: &dyn Fn(&[Tensor]) -> Result<Tensor>) -> Result<(f64, f64)> {
+fn time(
+    reps: usize,
+    inputs: &[Var],
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) -> Result<(f64, f64)> {
     let ts: Vec<Tensor> = inputs.iter().map(|v| v.as_tensor().clone()).collect();
     let (mut fwd, mut both) = (Vec::new(), Vec::new());
     for i in 0..=reps {
@@ -62,9 +66,27 @@ fn main() -> Result<()> {
         .unwrap_or(10);
     // `fused` as a second argument skips the references (for profiling).
     let only_fused = std::env::args().nth(2).as_deref() == Some("fused");
+    // `lce` as a second argument: only the fused linear_cross_entropy, forward + backward
+    // `reps` times, no output (for `perf stat`).
+    if std::env::args().nth(2).as_deref() == Some("lce") {
+        let (n, c, v) = (700, 200, 33_278);
+        let hid = Var::from_tensor(&randn(&[n, c], 1.0)?)?;
+        let w = Var::from_tensor(&randn(&[v, c], 0.1)?)?;
+        let bias = Var::from_tensor(&randn(&[v], 0.1)?)?;
+        let targets: Vec<u32> = (0..n).map(|i| ((i * 7919) % v) as u32).collect();
+        let targets = Tensor::from_vec(targets, n, &Device::Cpu)?;
+        for _ in 0..reps {
+            let loss = kernels::linear_cross_entropy(&hid, &w, &bias, &targets, None)?;
+            let _ = loss.backward()?;
+        }
+        return Ok(());
+    }
     let (b, t, h, c, v) = (20usize, 35usize, 2usize, 200usize, 33_278usize);
     let n = b * t;
-    println!("median of {reps} runs, ms, f32, threads: RAYON_NUM_THREADS={:?}", std::env::var("RAYON_NUM_THREADS").ok());
+    println!(
+        "median of {reps} runs, ms, f32, threads: RAYON_NUM_THREADS={:?}",
+        std::env::var("RAYON_NUM_THREADS").ok()
+    );
     println!();
     println!("| op (shape) | fused fwd | fused fwd+bwd | reference fwd | reference fwd+bwd | speed-up (fwd+bwd) | |");
     println!("|---|---|---|---|---|---|---|");
@@ -78,9 +100,16 @@ fn main() -> Result<()> {
             kernels::softmax_last_dim(&ts[0])?.mul(&cot)?.sum_all()
         })?;
         let reference = time(reps, &[x], &|ts| {
-            kernels::softmax_last_dim_reference(&ts[0])?.mul(&cot)?.sum_all()
+            kernels::softmax_last_dim_reference(&ts[0])?
+                .mul(&cot)?
+                .sum_all()
         })?;
-        row(&format!("softmax_last_dim {shape:?}"), fused, reference, "incl. mul + sum_all by the cotangent");
+        row(
+            &format!("softmax_last_dim {shape:?}"),
+            fused,
+            reference,
+            "incl. mul + sum_all by the cotangent",
+        );
     }
 
     // Layer norm over the (700, 200) activations.
@@ -91,12 +120,21 @@ fn main() -> Result<()> {
         let cot = randn(&[n, c], 1.0)?;
         let ins = [x, w, bb];
         let fused = time(reps, &ins, &|ts| {
-            kernels::layer_norm(&ts[0], &ts[1], &ts[2], 1e-5)?.mul(&cot)?.sum_all()
+            kernels::layer_norm(&ts[0], &ts[1], &ts[2], 1e-5)?
+                .mul(&cot)?
+                .sum_all()
         })?;
         let reference = time(reps, &ins, &|ts| {
-            kernels::layer_norm_reference(&ts[0], &ts[1], &ts[2], 1e-5)?.mul(&cot)?.sum_all()
+            kernels::layer_norm_reference(&ts[0], &ts[1], &ts[2], 1e-5)?
+                .mul(&cot)?
+                .sum_all()
         })?;
-        row(&format!("layer_norm [{n}, {c}]"), fused, reference, "incl. mul + sum_all by the cotangent");
+        row(
+            &format!("layer_norm [{n}, {c}]"),
+            fused,
+            reference,
+            "incl. mul + sum_all by the cotangent",
+        );
     }
 
     // The output layer + cross-entropy.
@@ -136,7 +174,9 @@ fn main() -> Result<()> {
             let l = kernels::linear_cross_entropy(&plain[0], &plain[1], &plain[2], &targets, None)?;
             let _ = l.to_scalar::<f32>()?;
             let t1 = Instant::now();
-            let l = kernels::linear_cross_entropy_reference(&plain[0], &plain[1], &plain[2], &targets, None)?;
+            let l = kernels::linear_cross_entropy_reference(
+                &plain[0], &plain[1], &plain[2], &targets, None,
+            )?;
             let _ = l.to_scalar::<f32>()?;
             let t2 = Instant::now();
             if i > 0 {

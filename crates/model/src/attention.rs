@@ -4,16 +4,12 @@
 use crate::dropout::{Dropout, Mode};
 use crate::mask::Mask;
 use crate::Result;
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 
-/// Softmax over the last dimension, composed of primitives so it has a backward pass.
-///
-/// The row maximum is subtracted first (detached: softmax is shift-invariant, so no gradient
-/// flows through it) so `exp` never overflows.
+/// Softmax over the last dimension, with a backward pass: the fused kernel on CPU f32/f64,
+/// the composition of primitives elsewhere (max-subtracted, the max detached).
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+    crate::kernels::softmax_last_dim(x)
 }
 
 /// Attention of queries over keys and values; returns `(output, weights)`.
@@ -72,7 +68,7 @@ pub fn scaled_dot_product_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Device};
+    use candle_core::{DType, Device, D};
 
     #[test]
     fn fully_masked_rows_are_zero_not_nan() -> Result<()> {

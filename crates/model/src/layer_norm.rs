@@ -3,11 +3,12 @@
 //! `y = (x - mean) / sqrt(var + eps) * weight + bias` over the last dimension, with the
 //! biased variance and `eps` inside the square root, exactly as PyTorch's `nn.LayerNorm`
 //! (some implementations add eps to the standard deviation instead; that differs).
-//! Composed of candle primitives so that the backward pass exists.
+//! Runs the fused kernel with a hand-written backward ([`crate::kernels::layer_norm`]), or
+//! its composition from candle primitives where the kernel does not apply.
 
 use crate::params::{Init, ParamBuilder};
 use crate::Result;
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
@@ -30,13 +31,7 @@ impl LayerNorm {
     /// # Shapes
     /// (..., C) -> (..., C)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centered = x.broadcast_sub(&mean)?;
-        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
-        let inv_std = (var + self.eps)?.sqrt()?.recip()?;
-        centered
-            .broadcast_mul(&inv_std)?
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)
+        // The fused kernel on CPU f32/f64; the composed primitives elsewhere.
+        crate::kernels::layer_norm(x, &self.weight, &self.bias, self.eps)
     }
 }

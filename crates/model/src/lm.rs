@@ -120,6 +120,20 @@ impl TransformerLm {
         self.linear.forward(&h)
     }
 
+    /// Mean cross-entropy of `targets` given `ids`, without materialising the logits
+    /// (the output layer is fused with the log-softmax, [`crate::kernels::linear_cross_entropy`]).
+    ///
+    /// # Shapes
+    /// ids (B, T) u32, targets (B, T) or (B * T,) u32 -> scalar
+    pub fn loss(&self, ids: &Tensor, targets: &Tensor, mode: Mode) -> Result<Tensor> {
+        let h = self.hidden(ids, mode)?;
+        let bias = self
+            .linear
+            .bias()
+            .expect("the language model's output layer has a bias");
+        crate::kernels::linear_cross_entropy(&h, self.linear.weight(), bias, targets, None)
+    }
+
     /// The output layer, for losses that fuse it with the softmax.
     pub fn output_layer(&self) -> &Linear {
         &self.linear

@@ -14,7 +14,9 @@ use transformer_model::kernels::{
 
 /// Deterministic values in roughly [-scale, scale] (an LCG; no global RNG state).
 fn values(n: usize, seed: u64, scale: f64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             s = s
@@ -79,7 +81,10 @@ fn run_with_grads(
     cot: &Tensor,
     f: impl Fn(&[Tensor]) -> Result<Tensor>,
 ) -> (Tensor, Vec<Tensor>) {
-    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
     let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
     let out = f(&ts).unwrap();
     let loss = out.broadcast_mul(cot).unwrap().sum_all().unwrap();
@@ -143,7 +148,10 @@ fn finite_difference_check(
         }
         let numeric = Tensor::from_vec(numeric, input.shape(), &Device::Cpu).unwrap();
         let e = rel_err(&grads[i], &numeric);
-        assert!(e < 1e-6, "{name}: input {i}: analytic vs finite differences {e:e}");
+        assert!(
+            e < 1e-6,
+            "{name}: input {i}: analytic vs finite differences {e:e}"
+        );
     }
 }
 
@@ -200,7 +208,13 @@ fn softmax_non_contiguous_and_masked() {
         // A transposed view, and -inf entries as an additive attention mask leaves them.
         let x = tensor(&[6, 4, 9], 3, 3.0, dtype);
         let mask: Vec<f64> = (0..4 * 9)
-            .map(|i| if i % 9 > i / 9 + 4 { f64::NEG_INFINITY } else { 0.0 })
+            .map(|i| {
+                if i % 9 > i / 9 + 4 {
+                    f64::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
             .collect();
         let mask = Tensor::from_vec(mask, (4, 9), &Device::Cpu)
             .unwrap()
@@ -215,7 +229,8 @@ fn softmax_non_contiguous_and_masked() {
             |t| softmax_last_dim(&prep(&t[0])?),
             |t| softmax_last_dim_reference(&prep(&t[0])?),
         );
-        let y = to_f64(&softmax_last_dim(&prep(&tensor(&[6, 4, 9], 3, 3.0, dtype)).unwrap()).unwrap());
+        let y =
+            to_f64(&softmax_last_dim(&prep(&tensor(&[6, 4, 9], 3, 3.0, dtype)).unwrap()).unwrap());
         let m = to_f64(&mask.unsqueeze(1).unwrap().broadcast_as((4, 6, 9)).unwrap());
         for (a, b) in y.iter().zip(&m) {
             if b.is_infinite() {
@@ -396,7 +411,10 @@ fn linear_cross_entropy_batched_shapes_and_unit_gradient() {
 #[test]
 fn linear_cross_entropy_backward_twice() {
     let inputs = lce_inputs(11, 7, 30, 90, DType::F64);
-    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
     let tg = targets(11, 30, 91, Some((2, 4)));
     let loss = linear_cross_entropy(&vars[0], &vars[1], &vars[2], &tg, Some(2)).unwrap();
     let g1 = loss.backward().unwrap();
@@ -434,7 +452,10 @@ fn linear_cross_entropy_without_grad() {
 #[test]
 fn linear_cross_entropy_all_ignored() {
     let inputs = lce_inputs(3, 4, 5, 99, DType::F64);
-    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
     let tg = Tensor::new(&[2u32, 2, 2], &Device::Cpu).unwrap();
     let loss = linear_cross_entropy(&vars[0], &vars[1], &vars[2], &tg, Some(2)).unwrap();
     assert!(loss.to_scalar::<f64>().unwrap().is_nan());

@@ -21,7 +21,6 @@
 use crate::checkpoint;
 use crate::clip::clip_grad_norm;
 use crate::error::{Error, Result};
-use crate::loss::cross_entropy;
 use crate::metrics::{self, Metric};
 use crate::optim::Sgd;
 use candle_core::{DType, Device, Tensor, Var};
@@ -212,9 +211,7 @@ pub fn lm_loss(
     target: &Tensor,
     mode: Mode,
 ) -> Result<Tensor> {
-    let logits = model.forward(input, mode)?;
-    let (b, t, v) = logits.dims3()?;
-    Ok(cross_entropy(&logits.reshape((b * t, v))?, target, None)?.0)
+    Ok(model.loss(input, target, mode)?)
 }
 
 /// The tutorial's `evaluate`: the mean loss per target token over all windows, each window's

@@ -50,6 +50,16 @@ fn tutorial_lm_logits_loss_and_gradients_match_pytorch() -> Result<()> {
         assert_eq!(n, t * b);
         assert_close("loss", &loss, &fx.t("output.loss"), dtype);
 
+        // The fused path used in training (output layer + log-softmax + NLL in one kernel)
+        // gives the same loss and gradients.
+        let fused = model.loss(
+            &src.t()?.contiguous()?,
+            &targets.reshape((t, b))?.t()?.contiguous()?,
+            Mode::Eval,
+        )?;
+        assert_close("fused loss", &fused, &fx.t("output.loss"), dtype);
+        let fused_grads = fused.backward()?;
+
         let grads = loss.backward()?;
         let want = fx.group("grad");
         assert_eq!(want.len(), params.len());
@@ -58,6 +68,10 @@ fn tutorial_lm_logits_loss_and_gradients_match_pytorch() -> Result<()> {
                 .get(var.as_tensor())
                 .unwrap_or_else(|| panic!("no gradient for {name}"));
             assert_close(&format!("grad {name}"), g, &want[name], dtype);
+            let g = fused_grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("no fused gradient for {name}"));
+            assert_close(&format!("fused grad {name}"), g, &want[name], dtype);
         }
     }
     Ok(())

@@ -271,7 +271,10 @@ fn finish<T: Float>(
     if g != T::ONE {
         for x in [&mut dh, &mut dw, &mut db] {
             super::par_rows(x, 1, 1 << 20, |_, part| {
-                simd(#[inline(always)] || float::scale_inplace(part, g))
+                simd(
+                    #[inline(always)]
+                    || float::scale_inplace(part, g),
+                )
             });
         }
     }
@@ -359,67 +362,92 @@ fn give_back_scratch<T: Pooled>(v: Vec<T>) {
     }
 }
 
-/// Per-row state of the online log-sum-exp over one thread's blocks.
+/// A strided matrix view for [`gemm`]: element `(i, j)` is `data[i * rs + j * cs]`.
+struct Mat<P> {
+    ptr: P,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a, T> Mat<&'a [T]> {
+    fn new(data: &'a [T], rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
+        check_extent(data.len(), rows, cols, rs, cs);
+        Mat { ptr: data, rows, cols, rs, cs }
+    }
+}
+
+impl<'a, T> Mat<&'a mut [T]> {
+    fn new_mut(data: &'a mut [T], rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
+        check_extent(data.len(), rows, cols, rs, cs);
+        Mat { ptr: data, rows, cols, rs, cs }
+    }
+}
+
+fn check_extent(len: usize, rows: usize, cols: usize, rs: usize, cs: usize) {
+    if rows > 0 && cols > 0 {
+        assert!(
+            (rows - 1) * rs + (cols - 1) * cs < len,
+            "matrix view {rows}x{cols} (strides {rs}, {cs}) outside a slice of {len}"
+        );
+    }
+}
+
+/// `dst (+)= lhs @ rhs` through the `gemm` crate, single-threaded: the kernel already runs
+/// one gemm per thread. The extents are checked when the views are built, and `dst` is a
+/// `&mut` borrow, so it cannot overlap the inputs.
+fn gemm<T: Float>(dst: Mat<&mut [T]>, accumulate: bool, lhs: Mat<&[T]>, rhs: Mat<&[T]>) {
+    let (m, n, k) = (dst.rows, dst.cols, lhs.cols);
+    assert!(lhs.rows == m && rhs.rows == k && rhs.cols == n, "gemm shapes disagree");
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: every element addressed by the sizes and strides lies inside the slices
+    // (check_extent), dst is exclusively borrowed, and T is f32 or f64, which gemm supports.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.ptr.as_mut_ptr(),
+            dst.cs as isize,
+            dst.rs as isize,
+            accumulate,
+            lhs.ptr.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.ptr.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// Per-row state of one thread's pass 1 over its blocks.
 struct Partial<T> {
+    /// Running max and sum of `exp(z - max)` over the thread's columns, per row.
     max: Vec<T>,
     sum: Vec<T>,
     /// The target's logit where this thread's blocks hold it, else 0.
     target_logit: Vec<T>,
+    /// Per block and row, the block's max (what the stored exponentials are relative to).
+    block_max: Vec<T>,
 }
 
-/// `dst (m x n, row stride dst_rs) [= dst +] lhs (m x k) @ rhs (k x n)`, strides in elements,
-/// single-threaded (the kernels run one gemm per thread).
-///
-/// # Safety
-/// Every element addressed by the sizes and strides must lie inside the given pointers'
-/// allocations, and `dst` must not overlap the inputs.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm<T: 'static>(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut T,
-    dst_rs: usize,
-    accumulate: bool,
-    lhs: *const T,
-    lhs_rs: usize,
-    lhs_cs: usize,
-    rhs: *const T,
-    rhs_rs: usize,
-    rhs_cs: usize,
-    one: T,
-) where
-    T: Copy,
-{
-    gemm::gemm(
-        m,
-        n,
-        k,
-        dst,
-        1,
-        dst_rs as isize,
-        accumulate,
-        lhs,
-        lhs_cs as isize,
-        lhs_rs as isize,
-        rhs,
-        rhs_cs as isize,
-        rhs_rs as isize,
-        one,
-        one,
-        false,
-        false,
-        false,
-        gemm::Parallelism::None,
-    )
-}
-
-/// The column range `[v0, v1)` of blocks `blocks`.
+/// The columns `[v0, v1)` of blocks `blocks`.
 fn cols(blocks: &Range<usize>, v: usize) -> Range<usize> {
     (blocks.start * BLOCK).min(v)..(blocks.end * BLOCK).min(v)
 }
 
-/// Loss (as f64) and, if `want_grad`, the gradients `(dh, dw, db)` for an incoming gradient of 1.
+/// Loss (as f64) and, if `want_grad`, the gradients `(dh, dw, db)` for an incoming gradient
+/// of 1.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 fn compute<T: Pooled>(
     h: &[T],
@@ -433,6 +461,11 @@ fn compute<T: Pooled>(
 ) -> (f64, Option<(Vec<T>, Vec<T>, Vec<T>)>) {
     assert!(h.len() == n * c && w.len() == v * c && b.len() == v && targets.len() == n);
     let count = targets.iter().filter(|t| t.is_some()).count();
+    if n == 0 || v == 0 {
+        let grads =
+            want_grad.then(|| (vec![T::ZERO; n * c], vec![T::ZERO; v * c], vec![T::ZERO; v]));
+        return (f64::NAN, grads);
+    }
     let blocks = v.div_ceil(BLOCK);
     let threads = if n * c * v < MIN_PARALLEL_MACS {
         1
@@ -442,47 +475,36 @@ fn compute<T: Pooled>(
     let ranges: Vec<Range<usize>> = (0..threads)
         .map(|t| t * blocks / threads..(t + 1) * blocks / threads)
         .collect();
-    if n == 0 || v == 0 {
-        let grads =
-            want_grad.then(|| (vec![T::ZERO; n * c], vec![T::ZERO; v * c], vec![T::ZERO; v]));
-        return (f64::NAN, grads);
+
+    // Exponentiated logits: all of them (block after block, each transposed, `len x n`) when
+    // pass 2 needs them, else one block per thread.
+    let per_thread = |r: &Range<usize>| {
+        if want_grad {
+            n * cols(r, v).len()
+        } else {
+            n * BLOCK.min(v)
+        }
+    };
+    let mut buf = take_scratch::<T>(ranges.iter().map(per_thread).sum());
+    let mut regions: Vec<&mut [T]> = Vec::with_capacity(threads);
+    let mut rest = &mut buf[..];
+    for r in &ranges {
+        let (mine, tail) = rest.split_at_mut(per_thread(r));
+        regions.push(mine);
+        rest = tail;
     }
 
-    // Logits: all of them (block-major) when pass 2 needs them, else one block per thread.
-    let mut buf = take_scratch::<T>(if want_grad {
-        n * v
-    } else {
-        threads * n * BLOCK.min(v)
-    });
-    let regions: Vec<&mut [T]> = {
-        let mut rest = &mut buf[..];
-        let mut out = Vec::with_capacity(threads);
-        for r in &ranges {
-            let len = if want_grad {
-                n * cols(r, v).len()
-            } else {
-                n * BLOCK.min(v)
-            };
-            let (mine, tail) = rest.split_at_mut(len);
-            out.push(mine);
-            rest = tail;
-        }
-        out
-    };
-
-    let dbg_t0 = std::time::Instant::now();
-    // Pass 1: logits, online log-sum-exp, target logits.
-    let items: Vec<(Range<usize>, &mut [T])> = ranges.iter().cloned().zip(regions).collect();
+    // Pass 1: logits, exponentials, per-row log-sum-exp state, target logits.
+    let items: Vec<_> = ranges.iter().cloned().zip(regions).collect();
     let (partials, regions): (Vec<Partial<T>>, Vec<&mut [T]>) =
         run_parallel(items, |(r, region)| {
-            let p = pass1(h, w, b, n, c, v, targets, cols(&r, v), region, want_grad);
+            let p = pass1(h, w, b, n, c, targets, cols(&r, v), region, want_grad);
             (p, region)
         })
         .into_iter()
         .unzip();
 
-    let dbg_t1 = std::time::Instant::now();
-    // Merge the threads' partial log-sum-exps.
+    // Merge the threads' partial log-sum-exps; the loss.
     let mut lse = vec![T::ZERO; n];
     let mut loss = 0f64;
     for (row, l) in lse.iter_mut().enumerate() {
@@ -507,7 +529,7 @@ fn compute<T: Pooled>(
         return (loss, None);
     }
 
-    // Pass 2: P = (softmax - onehot) / count in place; dbias, dW (per block), dH (summed).
+    // Pass 2: P = (softmax - onehot) / count; dbias, dW (per block), dH (per thread, summed).
     let scale: Vec<T> = targets
         .iter()
         .map(|t| match t {
@@ -517,37 +539,42 @@ fn compute<T: Pooled>(
         .collect();
     let mut dw = vec![T::ZERO; v * c];
     let mut db = vec![T::ZERO; v];
-    let items: Vec<_> = {
-        let mut dw_rest = &mut dw[..];
-        let mut db_rest = &mut db[..];
-        let mut out = Vec::with_capacity(threads);
-        for (r, region) in ranges.iter().zip(regions) {
-            let len = cols(r, v).len();
-            let (dw_mine, dw_tail) = dw_rest.split_at_mut(len * c);
-            let (db_mine, db_tail) = db_rest.split_at_mut(len);
-            dw_rest = dw_tail;
-            db_rest = db_tail;
-            out.push((cols(r, v), region, dw_mine, db_mine));
-        }
-        out
-    };
-    let dhs = run_parallel(items, |(cols, region, dw, db)| {
-        pass2(h, w, n, c, targets, &lse, &scale, cols, region, dw, db)
+    let mut items = Vec::with_capacity(threads);
+    let (mut dw_rest, mut db_rest) = (&mut dw[..], &mut db[..]);
+    for ((r, region), p) in ranges.iter().zip(regions).zip(&partials) {
+        let cols = cols(r, v);
+        let (dw_mine, dw_tail) = dw_rest.split_at_mut(cols.len() * c);
+        let (db_mine, db_tail) = db_rest.split_at_mut(cols.len());
+        (dw_rest, db_rest) = (dw_tail, db_tail);
+        items.push((cols, region, &p.block_max[..], dw_mine, db_mine));
+    }
+    let dh_t = run_parallel(items, |(cols, region, block_max, dw, db)| {
+        pass2(h, w, n, c, targets, &lse, &scale, cols, region, block_max, dw, db)
     });
-    let dbg_t2 = std::time::Instant::now();
-    if std::env::var_os("KDBG").is_some() { eprintln!("threads {threads} pass1 {:?} merge+alloc {:?} pass2 {:?}", dbg_t1-dbg_t0, dbg_t2-dbg_t1, dbg_t2.elapsed()); }
-    let mut dhs = dhs.into_iter();
-    let mut dh = dhs.next().expect("at least one thread");
-    for other in dhs {
-        simd(#[inline(always)] || float::add_inplace(&mut dh, &other));
+    // Sum the threads' dH^T (C x N) and transpose to dH (N x C).
+    let mut dh_t = dh_t.into_iter();
+    let mut total = dh_t.next().expect("at least one thread");
+    for other in dh_t {
+        simd(
+            #[inline(always)]
+            || float::add_inplace(&mut total, &other),
+        );
+    }
+    let mut dh = vec![T::ZERO; n * c];
+    for (ci, col) in total.chunks_exact(n).enumerate() {
+        for (row, &x) in col.iter().enumerate() {
+            dh[row * c + ci] = x;
+        }
     }
     give_back_scratch(buf);
     (loss, Some((dh, dw, db)))
 }
 
-/// Pass 1 over the columns `cols`: returns the per-row (max, sum of exp, target logit) of
-/// these columns. With `store`, block `j` of the logits is left in `region` at
-/// `n * (v0_j - cols.start)`, `n x len_j` row-major; else `region` holds one block at a time.
+/// Pass 1 over the columns `cols`, block by block: `Z_j^T = W_j H^T + b_j` (`len x n`, so that
+/// the per-row reductions run along contiguous memory), the block max per row, `exp(z - max)`
+/// in place and its sum per row, folded into the running (max, sum) per row. With `store`,
+/// block `j` is left in `region` at `n * (v0_j - cols.start)`; else `region` holds one block
+/// at a time.
 #[allow(clippy::too_many_arguments)]
 fn pass1<T: Float>(
     h: &[T],
@@ -555,7 +582,6 @@ fn pass1<T: Float>(
     b: &[T],
     n: usize,
     c: usize,
-    v: usize,
     targets: &[Option<usize>],
     cols: Range<usize>,
     region: &mut [T],
@@ -565,61 +591,73 @@ fn pass1<T: Float>(
         max: vec![T::NEG_INFINITY; n],
         sum: vec![T::ZERO; n],
         target_logit: vec![T::ZERO; n],
+        block_max: vec![T::NEG_INFINITY; n * cols.len().div_ceil(BLOCK)],
     };
+    let mut block_sum = vec![T::ZERO; n];
     let mut v0 = cols.start;
+    let mut j = 0;
     while v0 < cols.end {
-        let len = BLOCK.min(cols.end - v0).min(v - v0);
+        let len = BLOCK.min(cols.end - v0);
         let off = if store { n * (v0 - cols.start) } else { 0 };
         let z = &mut region[off..off + n * len];
-        // z (n x len) = h (n x c) @ w[v0..v0+len]^T (c x len): the weight rows are read
-        // in place as the columns of the right-hand side.
-        // SAFETY: z has n * len elements (row stride len); h has n * c (row stride c);
-        // w[v0 * c..] holds len rows of c.
-        unsafe {
-            gemm(
-                n,
-                len,
-                c,
-                z.as_mut_ptr(),
-                len,
-                false,
-                h.as_ptr(),
-                c,
-                1,
-                w[v0 * c..(v0 + len) * c].as_ptr(),
-                1,
-                c,
-                T::ONE,
-            );
-        }
+        // Z^T (len x n, row stride n) = W_j (len x c) @ H^T (c x n): both read in place.
+        gemm(
+            Mat::new_mut(&mut *z, len, n, n, 1),
+            false,
+            Mat::new(&w[v0 * c..(v0 + len) * c], len, c, c, 1),
+            Mat::new(h, c, n, 1, c),
+        );
         let bias = &b[v0..v0 + len];
-        simd(#[inline(always)] || {
-            for (row, zr) in z.chunks_exact_mut(len).enumerate() {
-                float::add_inplace(zr, bias);
-                let bm = float::row_max(zr);
-                let bs = float::exp_sub_sum(zr, bm);
-                let (m, s) = (p.max[row], p.sum[row]);
-                if bm > m {
-                    p.sum[row] = s * (m - bm).exp() + bs;
-                    p.max[row] = bm;
-                } else {
-                    p.sum[row] = s + bs * (bm - m).exp();
-                }
-                if let Some(t) = targets[row] {
-                    if (v0..v0 + len).contains(&t) {
-                        p.target_logit[row] = zr[t - v0];
+        let bmax = &mut p.block_max[j * n..(j + 1) * n];
+        simd(
+            #[inline(always)]
+            || {
+                // Bias and the running max over the block, one pass.
+                for (zr, &bv) in z.chunks_exact_mut(n).zip(bias) {
+                    for (x, m) in zr.iter_mut().zip(bmax.iter_mut()) {
+                        *x += bv;
+                        *m = if *x > *m { *x } else { *m };
                     }
                 }
-            }
-        });
+                for (row, t) in targets.iter().enumerate() {
+                    if let Some(t) = *t {
+                        if (v0..v0 + len).contains(&t) {
+                            p.target_logit[row] = z[(t - v0) * n + row];
+                        }
+                    }
+                }
+                // exp(z - block max), stored for pass 2, summed per row.
+                block_sum.fill(T::ZERO);
+                for zr in z.chunks_exact_mut(n) {
+                    for ((x, &m), s) in zr.iter_mut().zip(bmax.iter()).zip(block_sum.iter_mut()) {
+                        let e = (*x - m).exp();
+                        *x = e;
+                        *s += e;
+                    }
+                }
+                // Online log-sum-exp: fold the block into the running state.
+                for row in 0..n {
+                    let (m, s, bm, bs) = (p.max[row], p.sum[row], bmax[row], block_sum[row]);
+                    if bm > m {
+                        p.sum[row] = s * (m - bm).exp() + bs;
+                        p.max[row] = bm;
+                    } else {
+                        p.sum[row] = s + bs * (bm - m).exp();
+                    }
+                }
+            },
+        );
         v0 += len;
+        j += 1;
     }
     p
 }
 
-/// Pass 2 over the columns `cols` (their logits in `region`, as left by [`pass1`]): turns
-/// them into `P = (softmax - onehot) * scale`, writes `dw` (rows `cols` of dW) and `db`
-/// (entries `cols` of dbias) and returns this thread's `dH = sum_j P_j W_j`.
+/// Pass 2 over the columns `cols`, whose exponentials pass 1 left in `region`: turns block
+/// `j` into `P_j^T = (softmax - onehot)^T * scale` in place (`exp(z - block max)` times the
+/// per-row factor `exp(block max - lse) * scale`; no second exponential per element), writes
+/// `db` (entries `cols` of dbias) and `dw` (rows `cols` of dW, each block written once) and
+/// returns this thread's `dH^T = sum_j (P_j W_j)^T` (C x N).
 #[allow(clippy::too_many_arguments)]
 fn pass2<T: Float>(
     h: &[T],
@@ -631,71 +669,59 @@ fn pass2<T: Float>(
     scale: &[T],
     cols: Range<usize>,
     region: &mut [T],
+    block_max: &[T],
     dw: &mut [T],
     db: &mut [T],
 ) -> Vec<T> {
-    let mut dh = vec![T::ZERO; n * c];
+    let mut dh_t = vec![T::ZERO; c * n];
+    let mut factor = vec![T::ZERO; n];
     let mut v0 = cols.start;
-    let mut first = true;
+    let mut j = 0;
     while v0 < cols.end {
         let len = BLOCK.min(cols.end - v0);
         let local = v0 - cols.start;
         let p = &mut region[n * local..n * (local + len)];
         let db = &mut db[local..local + len];
-        simd(#[inline(always)] || {
-            for (row, pr) in p.chunks_exact_mut(len).enumerate() {
-                let s = scale[row];
-                if s == T::ZERO {
-                    pr.fill(T::ZERO);
-                    continue;
+        let bmax = &block_max[j * n..(j + 1) * n];
+        simd(
+            #[inline(always)]
+            || {
+                for (((f, &m), &l), &s) in factor.iter_mut().zip(bmax).zip(lse).zip(scale) {
+                    *f = if s == T::ZERO { T::ZERO } else { (m - l).exp() * s };
                 }
-                float::exp_sub_scale_inplace(pr, lse[row], s);
-                if let Some(t) = targets[row] {
-                    if (v0..v0 + len).contains(&t) {
-                        pr[t - v0] -= s;
+                for (pr, d) in p.chunks_exact_mut(n).zip(db.iter_mut()) {
+                    for (x, &f) in pr.iter_mut().zip(factor.iter()) {
+                        *x *= f;
+                    }
+                    *d = float::row_sum(pr);
+                }
+                for (row, (t, &s)) in targets.iter().zip(scale).enumerate() {
+                    if let Some(t) = *t {
+                        if (v0..v0 + len).contains(&t) {
+                            p[(t - v0) * n + row] -= s;
+                            db[t - v0] -= s;
+                        }
                     }
                 }
-                float::add_inplace(db, pr);
-            }
-        });
-        // SAFETY (both products): p is n x len (row stride len); h is n x c; dw[local * c..]
-        // has len rows of c; w[v0 * c..] has len rows of c; dh is n x c.
-        unsafe {
-            // dW_j (len x c) = P_j^T (len x n) @ h (n x c); P_j^T read through strides.
-            gemm(
-                len,
-                c,
-                n,
-                dw[local * c..(local + len) * c].as_mut_ptr(),
-                c,
-                false,
-                p.as_ptr(),
-                1,
-                len,
-                h.as_ptr(),
-                c,
-                1,
-                T::ONE,
-            );
-            // dH (n x c) += P_j (n x len) @ W_j (len x c).
-            gemm(
-                n,
-                c,
-                len,
-                dh.as_mut_ptr(),
-                c,
-                !first,
-                p.as_ptr(),
-                len,
-                1,
-                w[v0 * c..(v0 + len) * c].as_ptr(),
-                c,
-                1,
-                T::ONE,
-            );
-        }
-        first = false;
+            },
+        );
+        let p = &*p;
+        // dW_j (len x c) = P_j^T (len x n) @ H (n x c).
+        gemm(
+            Mat::new_mut(&mut dw[local * c..(local + len) * c], len, c, c, 1),
+            false,
+            Mat::new(p, len, n, n, 1),
+            Mat::new(h, n, c, c, 1),
+        );
+        // dH^T (n x c, stored column-major) += P_j (n x len) @ W_j (len x c).
+        gemm(
+            Mat::new_mut(&mut dh_t, n, c, 1, n),
+            j > 0,
+            Mat::new(p, n, len, 1, n),
+            Mat::new(&w[v0 * c..(v0 + len) * c], len, c, c, 1),
+        );
         v0 += len;
+        j += 1;
     }
-    dh
+    dh_t
 }

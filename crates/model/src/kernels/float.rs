@@ -321,7 +321,10 @@ mod tests {
         let mut x = -110.0f32;
         while x < 90.0 {
             let want = (x as f64).exp();
-            let got = simd(#[inline(always)] || exp_f32(x)) as f64;
+            let got = simd(
+                #[inline(always)]
+                || exp_f32(x),
+            ) as f64;
             if want > f32::MIN_POSITIVE as f64 && want < f32::MAX as f64 {
                 worst = worst.max(((got - want) / want).abs());
             } else if want < 1e-46 {
@@ -344,10 +347,30 @@ mod tests {
     fn reductions() {
         let x: Vec<f32> = (0..77).map(|i| (i as f32 * 0.37).sin()).collect();
         let s: f32 = x.iter().sum();
-        assert!((simd(#[inline(always)] || row_sum(&x)) - s).abs() < 1e-5);
+        assert!(
+            (simd(
+                #[inline(always)]
+                || row_sum(&x)
+            ) - s)
+                .abs()
+                < 1e-5
+        );
         let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        assert_eq!(simd(#[inline(always)] || row_max(&x)), m);
+        assert_eq!(
+            simd(
+                #[inline(always)]
+                || row_max(&x)
+            ),
+            m
+        );
         let d: f32 = x.iter().map(|v| v * v).sum();
-        assert!((simd(#[inline(always)] || dot(&x, &x)) - d).abs() < 1e-5);
+        assert!(
+            (simd(
+                #[inline(always)]
+                || dot(&x, &x)
+            ) - d)
+                .abs()
+                < 1e-5
+        );
     }
 }

@@ -126,17 +126,20 @@ fn forward<T: Float>(
     let mut y = vec![T::ZERO; x.len()];
     if c > 0 {
         par_rows(&mut y, c, MIN_PARALLEL_ELEMS, |r0, ys| {
-            simd(#[inline(always)] || {
-                for (i, yr) in ys.chunks_exact_mut(c).enumerate() {
-                    let xr = &x[(r0 + i) * c..][..c];
-                    let mean = float::row_sum(xr) * inv_c;
-                    let var = float::sum_sq_dev(xr, mean) * inv_c;
-                    let rstd = T::ONE / (var + eps).sqrt();
-                    for (((o, &xv), &wv), &bv) in yr.iter_mut().zip(xr).zip(w).zip(b) {
-                        *o = (xv - mean) * rstd * wv + bv;
+            simd(
+                #[inline(always)]
+                || {
+                    for (i, yr) in ys.chunks_exact_mut(c).enumerate() {
+                        let xr = &x[(r0 + i) * c..][..c];
+                        let mean = float::row_sum(xr) * inv_c;
+                        let var = float::sum_sq_dev(xr, mean) * inv_c;
+                        let rstd = T::ONE / (var + eps).sqrt();
+                        for (((o, &xv), &wv), &bv) in yr.iter_mut().zip(xr).zip(w).zip(b) {
+                            *o = (xv - mean) * rstd * wv + bv;
+                        }
                     }
-                }
-            })
+                },
+            )
         });
     }
     Ok(T::to_cpu_storage_owned(y))
@@ -164,36 +167,39 @@ fn backward<T: Float>(
                     Vec::new()
                 } else {
                     par_rows(&mut dx, c, MIN_PARALLEL_ELEMS, |r0, dxs| {
-                        simd(#[inline(always)] || {
-                            let mut dw = vec![T::ZERO; c];
-                            let mut db = vec![T::ZERO; c];
-                            let mut xhat = vec![T::ZERO; c];
-                            let mut g = vec![T::ZERO; c];
-                            for (i, dxr) in dxs.chunks_exact_mut(c).enumerate() {
-                                let xr = &xs[(r0 + i) * c..][..c];
-                                let dyr = &dys[(r0 + i) * c..][..c];
-                                let mean = float::row_sum(xr) * inv_c;
-                                let var = float::sum_sq_dev(xr, mean) * inv_c;
-                                let rstd = T::ONE / (var + eps).sqrt();
-                                // Equal lengths let LLVM drop the bounds checks.
-                                let (w, dyr) = (&w[..c], &dyr[..c]);
-                                let (xhat, g) = (&mut xhat[..c], &mut g[..c]);
-                                let (dw, db, dxr) = (&mut dw[..c], &mut db[..c], &mut dxr[..c]);
-                                for j in 0..c {
-                                    let xh = (xr[j] - mean) * rstd;
-                                    xhat[j] = xh;
-                                    g[j] = dyr[j] * w[j];
-                                    dw[j] += dyr[j] * xh;
-                                    db[j] += dyr[j];
+                        simd(
+                            #[inline(always)]
+                            || {
+                                let mut dw = vec![T::ZERO; c];
+                                let mut db = vec![T::ZERO; c];
+                                let mut xhat = vec![T::ZERO; c];
+                                let mut g = vec![T::ZERO; c];
+                                for (i, dxr) in dxs.chunks_exact_mut(c).enumerate() {
+                                    let xr = &xs[(r0 + i) * c..][..c];
+                                    let dyr = &dys[(r0 + i) * c..][..c];
+                                    let mean = float::row_sum(xr) * inv_c;
+                                    let var = float::sum_sq_dev(xr, mean) * inv_c;
+                                    let rstd = T::ONE / (var + eps).sqrt();
+                                    // Equal lengths let LLVM drop the bounds checks.
+                                    let (w, dyr) = (&w[..c], &dyr[..c]);
+                                    let (xhat, g) = (&mut xhat[..c], &mut g[..c]);
+                                    let (dw, db, dxr) = (&mut dw[..c], &mut db[..c], &mut dxr[..c]);
+                                    for j in 0..c {
+                                        let xh = (xr[j] - mean) * rstd;
+                                        xhat[j] = xh;
+                                        g[j] = dyr[j] * w[j];
+                                        dw[j] += dyr[j] * xh;
+                                        db[j] += dyr[j];
+                                    }
+                                    let mean_g = float::row_sum(g) * inv_c;
+                                    let mean_gx = float::dot(g, xhat) * inv_c;
+                                    for j in 0..c {
+                                        dxr[j] = rstd * (g[j] - mean_g - xhat[j] * mean_gx);
+                                    }
                                 }
-                                let mean_g = float::row_sum(g) * inv_c;
-                                let mean_gx = float::dot(g, xhat) * inv_c;
-                                for j in 0..c {
-                                    dxr[j] = rstd * (g[j] - mean_g - xhat[j] * mean_gx);
-                                }
-                            }
-                            (dw, db)
-                        })
+                                (dw, db)
+                            },
+                        )
                     })
                 };
                 let mut parts = partials.into_iter();

@@ -68,14 +68,17 @@ fn forward<T: Float>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> 
     let mut y = vec![T::ZERO; x.len()];
     if width > 0 {
         par_rows(&mut y, width, MIN_PARALLEL_ELEMS, |r0, ys| {
-            simd(#[inline(always)] || {
-                for (i, yr) in ys.chunks_exact_mut(width).enumerate() {
-                    let xr = &x[(r0 + i) * width..][..width];
-                    let m = float::row_max(xr);
-                    let sum = float::exp_sub_store_sum(xr, m, yr);
-                    float::scale_inplace(yr, T::ONE / sum);
-                }
-            })
+            simd(
+                #[inline(always)]
+                || {
+                    for (i, yr) in ys.chunks_exact_mut(width).enumerate() {
+                        let xr = &x[(r0 + i) * width..][..width];
+                        let m = float::row_max(xr);
+                        let sum = float::exp_sub_store_sum(xr, m, yr);
+                        float::scale_inplace(yr, T::ONE / sum);
+                    }
+                },
+            )
         });
     }
     Ok((T::to_cpu_storage_owned(y), l.shape().clone()))
@@ -95,16 +98,19 @@ fn backward<T: Float>(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
             let mut dx = vec![T::ZERO; ys.len()];
             if width > 0 {
                 par_rows(&mut dx, width, MIN_PARALLEL_ELEMS, |r0, dxs| {
-                    simd(#[inline(always)] || {
-                        for (i, dxr) in dxs.chunks_exact_mut(width).enumerate() {
-                            let yr = &ys[(r0 + i) * width..][..width];
-                            let dyr = &dys[(r0 + i) * width..][..width];
-                            let d = float::dot(yr, dyr);
-                            for ((o, &a), &g) in dxr.iter_mut().zip(yr).zip(dyr) {
-                                *o = a * (g - d);
+                    simd(
+                        #[inline(always)]
+                        || {
+                            for (i, dxr) in dxs.chunks_exact_mut(width).enumerate() {
+                                let yr = &ys[(r0 + i) * width..][..width];
+                                let dyr = &dys[(r0 + i) * width..][..width];
+                                let d = float::dot(yr, dyr);
+                                for ((o, &a), &g) in dxr.iter_mut().zip(yr).zip(dyr) {
+                                    *o = a * (g - d);
+                                }
                             }
-                        }
-                    })
+                        },
+                    )
                 });
             }
             Tensor::from_vec(dx, y.shape(), y.device())

@@ -1,0 +1,53 @@
+//! Times the phases of the tutorial LM's evaluation forward and training step.
+//! `cargo run --release -p transformer-train --example profile_lm`
+
+use candle_core::{DType, Device, Tensor};
+use std::time::Instant;
+use transformer_model::{LmConfig, Mode, ParamBuilder, Rng, TransformerLm};
+
+fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
+    f();
+    let mut v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    println!("{label:<40} min {:8.2} ms  median {:8.2} ms", v[0], v[v.len() / 2]);
+}
+
+fn main() -> candle_core::Result<()> {
+    let dev = Device::Cpu;
+    let pb = ParamBuilder::new(DType::F32, &dev, 0);
+    let cfg = LmConfig { ntoken: 28782, ..LmConfig::default() };
+    let model = TransformerLm::new(&pb, &cfg)?;
+    let params = pb.params();
+    let rng = Rng::new(1);
+    for (b, t) in [(10usize, 35usize), (20, 35)] {
+        let ids = Tensor::from_vec(
+            (0..b * t).map(|i| (i * 7919 % 28782) as u32).collect::<Vec<_>>(),
+            (b, t),
+            &dev,
+        )?;
+        let targets = ids.clone();
+        println!("batch {b} x {t}");
+        time("  hidden (eval)", 5, || model.hidden(&ids, Mode::Eval).unwrap());
+        time("  loss (eval, fused)", 5, || model.loss(&ids, &targets, Mode::Eval).unwrap());
+        time("  logits (eval, unfused)", 5, || model.forward(&ids, Mode::Eval).unwrap());
+        time("  loss (train) forward", 5, || model.loss(&ids, &targets, Mode::Train(&rng)).unwrap());
+        time("  loss (train) forward+backward", 5, || {
+            model.loss(&ids, &targets, Mode::Train(&rng)).unwrap().backward().unwrap()
+        });
+        let vars = params.vars();
+        time("  full step (fwd+bwd+clip+sgd)", 5, || {
+            let loss = model.loss(&ids, &targets, Mode::Train(&rng)).unwrap();
+            let mut g = loss.backward().unwrap();
+            transformer_train::clip_grad_norm(&mut g, &vars, 0.5).unwrap();
+            let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);
+            sgd.step(&g).unwrap();
+        });
+    }
+    Ok(())
+}

@@ -3,10 +3,18 @@
 //! (batch 20 x bptt 35 = 700 tokens, d_model 200, 2 heads, vocabulary 33,278), f32.
 //!
 //! ```text
-//! CARGO_TARGET_DIR=/tmp/target-kernels cargo run --release -p transformer-model --example kernels_bench
+//! CARGO_TARGET_DIR=/tmp/target-kernels cargo run --release -p transformer-model --example kernels_bench [REPEATS] [fused|lce]
 //! ```
-//! Optional argument: repeats (default 10). `RAYON_NUM_THREADS=1` runs the kernels (and
-//! candle's matmul) on one thread.
+//! - REPEATS: timed runs of the loss (default 10; the median is printed) after one warm-up
+//!   run; the small ops run 5 x REPEATS (at least 20), the composed loss at most 5.
+//! - `fused`: skip the slow composed linear_cross_entropy (its column prints NaN).
+//! - `lce`: only run the fused linear_cross_entropy forward + backward REPEATS times, silently
+//!   (for `perf stat` / `perf record`).
+//!
+//! `RAYON_NUM_THREADS=1` runs the kernels (and candle's own ops) on one thread. Every
+//! "fwd+bwd" time includes candle's backprop bookkeeping (e.g. the `zeros_like` + `add` it
+//! does to accumulate each returned gradient); the softmax, layer-norm and attention rows also
+//! include a multiplication by a random cotangent and a `sum_all`, identical on both sides.
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use std::time::Instant;
@@ -59,100 +67,145 @@ fn row(name: &str, fused: (f64, f64), reference: (f64, f64), extra: &str) {
     );
 }
 
+struct Lce {
+    ins: [Var; 3],
+    targets: Tensor,
+}
+
+fn lce_inputs(n: usize, c: usize, v: usize) -> Result<Lce> {
+    let targets: Vec<u32> = (0..n).map(|i| ((i * 7919) % v) as u32).collect();
+    Ok(Lce {
+        ins: [
+            Var::from_tensor(&randn(&[n, c], 1.0)?)?,
+            Var::from_tensor(&randn(&[v, c], 0.1)?)?,
+            Var::from_tensor(&randn(&[v], 0.1)?)?,
+        ],
+        targets: Tensor::from_vec(targets, n, &Device::Cpu)?,
+    })
+}
+
 fn main() -> Result<()> {
-    let reps: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
-    // `fused` as a second argument skips the references (for profiling).
-    let only_fused = std::env::args().nth(2).as_deref() == Some("fused");
-    // `lce` as a second argument: only the fused linear_cross_entropy, forward + backward
-    // `reps` times, no output (for `perf stat`).
-    if std::env::args().nth(2).as_deref() == Some("lce") {
-        let (n, c, v) = (700, 200, 33_278);
-        let hid = Var::from_tensor(&randn(&[n, c], 1.0)?)?;
-        let w = Var::from_tensor(&randn(&[v, c], 0.1)?)?;
-        let bias = Var::from_tensor(&randn(&[v], 0.1)?)?;
-        let targets: Vec<u32> = (0..n).map(|i| ((i * 7919) % v) as u32).collect();
-        let targets = Tensor::from_vec(targets, n, &Device::Cpu)?;
+    let args: Vec<String> = std::env::args().collect();
+    let reps: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let mode = args.get(2).map(String::as_str).unwrap_or("");
+    let (b, h, t, c, v) = (20usize, 2usize, 35usize, 200usize, 33_278usize);
+    let n = b * t;
+
+    if mode == "lce" {
+        let x = lce_inputs(n, c, v)?;
+        let [hid, w, bias] = &x.ins;
         for _ in 0..reps {
-            let loss = kernels::linear_cross_entropy(&hid, &w, &bias, &targets, None)?;
+            let loss = kernels::linear_cross_entropy(hid, w, bias, &x.targets, None)?;
             let _ = loss.backward()?;
         }
         return Ok(());
     }
-    let (b, t, h, c, v) = (20usize, 35usize, 2usize, 200usize, 33_278usize);
-    let n = b * t;
+
+    // The small ops take a millisecond or less: more runs for a stable median.
+    let small_reps = (reps * 5).max(20);
     println!(
-        "median of {reps} runs, ms, f32, threads: RAYON_NUM_THREADS={:?}",
+        "median of {small_reps} runs (softmax, layer norm, attention) or {reps} runs (the \
+         loss; the composed loss {} runs), ms, f32, RAYON_NUM_THREADS={:?}",
+        reps.min(5),
         std::env::var("RAYON_NUM_THREADS").ok()
     );
     println!();
-    println!("| op (shape) | fused fwd | fused fwd+bwd | reference fwd | reference fwd+bwd | speed-up (fwd+bwd) | |");
+    println!("| op (shape) | fused fwd | fused fwd+bwd | reference fwd | reference fwd+bwd | speed-up (fwd+bwd) | notes |");
     println!("|---|---|---|---|---|---|---|");
 
-    // Softmax over attention scores, contracted with a random cotangent.
+    // Softmax over attention scores.
     {
         let shape = [b, h, t, t];
         let x = Var::from_tensor(&randn(&shape, 3.0)?)?;
         let cot = randn(&shape, 1.0)?;
-        let fused = time(reps, &[x.clone()], &|ts| {
+        let fused = time(small_reps, std::slice::from_ref(&x), &|ts| {
             kernels::softmax_last_dim(&ts[0])?.mul(&cot)?.sum_all()
         })?;
-        let reference = time(reps, &[x], &|ts| {
+        let reference = time(small_reps, &[x], &|ts| {
             kernels::softmax_last_dim_reference(&ts[0])?
                 .mul(&cot)?
                 .sum_all()
         })?;
-        row(
-            &format!("softmax_last_dim {shape:?}"),
-            fused,
-            reference,
-            "incl. mul + sum_all by the cotangent",
-        );
+        row(&format!("softmax_last_dim {shape:?}"), fused, reference, "");
     }
 
     // Layer norm over the (700, 200) activations.
     {
-        let x = Var::from_tensor(&randn(&[n, c], 1.0)?)?;
-        let w = Var::from_tensor(&randn(&[c], 1.0)?)?;
-        let bb = Var::from_tensor(&randn(&[c], 1.0)?)?;
+        let ins = [
+            Var::from_tensor(&randn(&[n, c], 1.0)?)?,
+            Var::from_tensor(&randn(&[c], 1.0)?)?,
+            Var::from_tensor(&randn(&[c], 1.0)?)?,
+        ];
         let cot = randn(&[n, c], 1.0)?;
-        let ins = [x, w, bb];
-        let fused = time(reps, &ins, &|ts| {
+        let fused = time(small_reps, &ins, &|ts| {
             kernels::layer_norm(&ts[0], &ts[1], &ts[2], 1e-5)?
                 .mul(&cot)?
                 .sum_all()
         })?;
-        let reference = time(reps, &ins, &|ts| {
+        let reference = time(small_reps, &ins, &|ts| {
             kernels::layer_norm_reference(&ts[0], &ts[1], &ts[2], 1e-5)?
                 .mul(&cot)?
                 .sum_all()
         })?;
+        row(&format!("layer_norm [{n}, {c}]"), fused, reference, "");
+    }
+
+    // Attention of one layer: causal mask, dropout multiplier, heads of 100.
+    {
+        let d = c / h;
+        let ins = [
+            Var::from_tensor(&randn(&[b, h, t, d], 1.0)?)?,
+            Var::from_tensor(&randn(&[b, h, t, d], 1.0)?)?,
+            Var::from_tensor(&randn(&[b, h, t, d], 1.0)?)?,
+        ];
+        let cot = randn(&[b, h, t, d], 1.0)?;
+        let keep: Vec<u8> = (0..t * t).map(|i| u8::from(i % t <= i / t)).collect();
+        let keep = Tensor::from_vec(keep, (1, 1, t, t), &Device::Cpu)?;
+        let drop = (Tensor::rand(0f32, 1.0, (b, h, t, t), &Device::Cpu)?
+            .ge(0.2)?
+            .to_dtype(DType::F32)?
+            / 0.8)?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let fused = time(small_reps, &ins, &|ts| {
+            kernels::attention(&ts[0], &ts[1], &ts[2], Some(&keep), Some(&drop), scale)?
+                .mul(&cot)?
+                .sum_all()
+        })?;
+        let reference = time(small_reps, &ins, &|ts| {
+            kernels::attention_reference(&ts[0], &ts[1], &ts[2], Some(&keep), Some(&drop), scale)?
+                .mul(&cot)?
+                .sum_all()
+        })?;
+        let composed_fused_softmax = time(small_reps, &ins, &|ts| {
+            let scores = (&ts[0] * scale)?.matmul(&ts[1].t()?)?;
+            let additive = keep.to_dtype(DType::F32)?.affine(1e30, -1e30)?;
+            let w = kernels::softmax_last_dim(&scores.broadcast_add(&additive)?)?
+                .broadcast_mul(&keep.to_dtype(DType::F32)?)?;
+            w.broadcast_mul(&drop)?.matmul(&ts[2])?.mul(&cot)?.sum_all()
+        })?;
         row(
-            &format!("layer_norm [{n}, {c}]"),
+            &format!("attention [{b}, {h}, {t}, {d}], causal + dropout"),
             fused,
             reference,
-            "incl. mul + sum_all by the cotangent",
+            &format!(
+                "composed with the fused softmax: {:.2} / {:.2}",
+                composed_fused_softmax.0, composed_fused_softmax.1
+            ),
         );
     }
 
     // The output layer + cross-entropy.
     {
-        let hid = Var::from_tensor(&randn(&[n, c], 1.0)?)?;
-        let w = Var::from_tensor(&randn(&[v, c], 0.1)?)?;
-        let bias = Var::from_tensor(&randn(&[v], 0.1)?)?;
-        let targets: Vec<u32> = (0..n).map(|i| ((i * 7919) % v) as u32).collect();
-        let targets = Tensor::from_vec(targets, n, &Device::Cpu)?;
-        let ins = [hid, w, bias];
-        let fused = time(reps, &ins, &|ts| {
-            kernels::linear_cross_entropy(&ts[0], &ts[1], &ts[2], &targets, None)
+        let x = lce_inputs(n, c, v)?;
+        let tg = &x.targets;
+        let fused = time(reps, &x.ins, &|ts| {
+            kernels::linear_cross_entropy(&ts[0], &ts[1], &ts[2], tg, None)
         })?;
-        let reference = if only_fused {
+        let reference = if mode == "fused" {
             (f64::NAN, f64::NAN)
         } else {
-            time(reps.min(5), &ins, &|ts| {
-                kernels::linear_cross_entropy_reference(&ts[0], &ts[1], &ts[2], &targets, None)
+            time(reps.min(5), &x.ins, &|ts| {
+                kernels::linear_cross_entropy_reference(&ts[0], &ts[1], &ts[2], tg, None)
             })?
         };
         let gflop = 3.0 * 2.0 * (n * c * v) as f64 / 1e9;
@@ -161,32 +214,40 @@ fn main() -> Result<()> {
             fused,
             reference,
             &format!(
-                "fused: {:.0} GFLOP/s counting 3 products of 2NCV = {gflop:.2} GFLOP",
+                "fused fwd+bwd: {:.0} GFLOP/s counting 3 products of 2NCV ({gflop:.2} GFLOP)",
                 gflop / fused.1 * 1e3
             ),
         );
         // Evaluation: no input tracks gradients, only logits + log-sum-exp.
-        let plain: Vec<Tensor> = ins.iter().map(|x| x.as_tensor().detach()).collect();
-        let mut eval = Vec::new();
-        let mut eval_ref = Vec::new();
+        let plain: Vec<Tensor> = x.ins.iter().map(|x| x.as_tensor().detach()).collect();
+        let (mut eval, mut eval_ref) = (Vec::new(), Vec::new());
         for i in 0..=reps {
             let t0 = Instant::now();
-            let l = kernels::linear_cross_entropy(&plain[0], &plain[1], &plain[2], &targets, None)?;
+            let l = kernels::linear_cross_entropy(&plain[0], &plain[1], &plain[2], tg, None)?;
             let _ = l.to_scalar::<f32>()?;
             let t1 = Instant::now();
-            let l = kernels::linear_cross_entropy_reference(
-                &plain[0], &plain[1], &plain[2], &targets, None,
-            )?;
-            let _ = l.to_scalar::<f32>()?;
+            if mode != "fused" && i <= 5 {
+                let l = kernels::linear_cross_entropy_reference(
+                    &plain[0], &plain[1], &plain[2], tg, None,
+                )?;
+                let _ = l.to_scalar::<f32>()?;
+            }
             let t2 = Instant::now();
             if i > 0 {
                 eval.push((t1 - t0).as_secs_f64() * 1e3);
-                eval_ref.push((t2 - t1).as_secs_f64() * 1e3);
+                if mode != "fused" && i <= 5 {
+                    eval_ref.push((t2 - t1).as_secs_f64() * 1e3);
+                }
             }
         }
-        let (e, er) = (median(eval), median(eval_ref));
+        let e = median(eval);
+        let er = if eval_ref.is_empty() {
+            f64::NAN
+        } else {
+            median(eval_ref)
+        };
         println!(
-            "| linear_cross_entropy, no gradient (eval) | {e:.2} | - | {er:.2} | - | {:.1}x (fwd) | 1 product: {:.0} GFLOP/s |",
+            "| linear_cross_entropy, no input needs a gradient (eval) | {e:.2} | - | {er:.2} | - | {:.1}x (fwd) | fused: {:.0} GFLOP/s (1 product) |",
             er / e,
             gflop / 3.0 / e * 1e3
         );

@@ -15,30 +15,51 @@ fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
         })
         .collect();
     v.sort_by(f64::total_cmp);
-    println!("{label:<40} min {:8.2} ms  median {:8.2} ms", v[0], v[v.len() / 2]);
+    println!(
+        "{label:<40} min {:8.2} ms  median {:8.2} ms",
+        v[0],
+        v[v.len() / 2]
+    );
 }
 
 fn main() -> candle_core::Result<()> {
     let dev = Device::Cpu;
     let pb = ParamBuilder::new(DType::F32, &dev, 0);
-    let cfg = LmConfig { ntoken: 28782, ..LmConfig::default() };
+    let cfg = LmConfig {
+        ntoken: 28782,
+        ..LmConfig::default()
+    };
     let model = TransformerLm::new(&pb, &cfg)?;
     let params = pb.params();
     let rng = Rng::new(1);
     for (b, t) in [(10usize, 35usize), (20, 35)] {
         let ids = Tensor::from_vec(
-            (0..b * t).map(|i| (i * 7919 % 28782) as u32).collect::<Vec<_>>(),
+            (0..b * t)
+                .map(|i| (i * 7919 % 28782) as u32)
+                .collect::<Vec<_>>(),
             (b, t),
             &dev,
         )?;
         let targets = ids.clone();
         println!("batch {b} x {t}");
-        time("  hidden (eval)", 5, || model.hidden(&ids, Mode::Eval).unwrap());
-        time("  loss (eval, fused)", 5, || model.loss(&ids, &targets, Mode::Eval).unwrap());
-        time("  logits (eval, unfused)", 5, || model.forward(&ids, Mode::Eval).unwrap());
-        time("  loss (train) forward", 5, || model.loss(&ids, &targets, Mode::Train(&rng)).unwrap());
+        time("  hidden (eval)", 5, || {
+            model.hidden(&ids, Mode::Eval).unwrap()
+        });
+        time("  loss (eval, fused)", 5, || {
+            model.loss(&ids, &targets, Mode::Eval).unwrap()
+        });
+        time("  logits (eval, unfused)", 5, || {
+            model.forward(&ids, Mode::Eval).unwrap()
+        });
+        time("  loss (train) forward", 5, || {
+            model.loss(&ids, &targets, Mode::Train(&rng)).unwrap()
+        });
         time("  loss (train) forward+backward", 5, || {
-            model.loss(&ids, &targets, Mode::Train(&rng)).unwrap().backward().unwrap()
+            model
+                .loss(&ids, &targets, Mode::Train(&rng))
+                .unwrap()
+                .backward()
+                .unwrap()
         });
         let vars = params.vars();
         time("  full step (fwd+bwd+clip+sgd)", 5, || {

@@ -7,33 +7,49 @@
 //! Composed of candle primitives it also makes a dozen passes over the 93 MB `(N, V)` logits
 //! (NOTES.md measured 290 ms for the bias gradient's `sum_keepdim(0)` alone and 171 ms for a
 //! scalar multiply), plus transposed copies of the weight and fresh allocations that fault in
-//! page by page. Measured numbers are in `examples/kernels_bench.rs` and the report in
-//! [`crate::kernels`].
+//! page by page: 1.24 s forward + backward on one thread here, against 0.25 s fused (4.9x;
+//! `examples/kernels_bench.rs`). On both cores of an otherwise idle machine the fused loss
+//! took 139 ms forward + backward, 202 GFLOP/s over its 3 products (the 2048^3 ceiling of
+//! candle's gemm here is 122-153), and 46 ms forward alone.
 //!
 //! # Design
-//! - **Gradients are computed in the forward pass** when any input tracks gradients (the
-//!   training case), and handed out by `bwd`, scaled by the incoming gradient. The loss is a
-//!   scalar, so `d loss / d inputs` is all the backward pass ever needs; computing it while
-//!   the logits are at hand costs exactly 3 matrix products (logits, `dH = P W`,
-//!   `dW = P^T H`) and no recomputation. With no input tracking gradients (evaluation) only
-//!   the logits product and the log-sum-exp run. If `bwd` runs a second time on the same
-//!   graph, the gradients are recomputed from the inputs.
-//! - **Vocabulary blocks of [`BLOCK`] columns.** Pass 1, per block: `z_j = H W_j^T` (gemm),
-//!   add the bias, fold the block into a running (max, sum of exp) per row (online
-//!   log-sum-exp) and pick the target logits. Pass 2, once the log-sum-exp of every row is
-//!   known, per block: `P_j = softmax - onehot` scaled by `1/count` in place, its column sums
-//!   are `dbias_j`, then `dW_j = P_j^T H` (written once, never accumulated) and
-//!   `dH += P_j W_j`. All three products read the weight and the logits in place through
-//!   strides: no transposed copies.
-//! - **The logits are stored** (block-major, `N x V`, 93 MB at the tutorial's shapes) between
-//!   the two passes in a buffer reused across calls, rather than recomputed in pass 2
-//!   (a 4th product of 9.3 GFLOP, about 70 ms here, against about 15 ms of memory traffic).
-//!   The buffer is kept for the next call (no page faults); [`release_scratch`] frees it.
+//! - **Forward = pass 1 (1 product), backward = pass 2 (2 products).** The forward pass
+//!   computes the logits block by block, their log-sum-exp and the loss; when some input
+//!   tracks gradients it keeps the exponentiated logits for the backward pass, which turns
+//!   them into `P = softmax - onehot` and runs the two gradient products. So evaluation (no
+//!   backward) costs one product even with parameters that are `Var`s, training costs exactly
+//!   3 (nothing recomputed), and the incoming gradient folds into the per-row scale of `P`
+//!   (no extra pass over the 26 MB weight gradient). If the kept state is gone (a second
+//!   backward on the same graph), pass 1 reruns from the inputs.
+//! - **Vocabulary blocks of [`BLOCK`] columns, stored transposed.** Pass 1, per block `j`:
+//!   `Z_j^T = W_j H^T + b_j` (`len x N`, gemm reading `W` and `H` in place), the block max of
+//!   each row, `exp(z - block max)` stored in place of the logits, its sum folded into a
+//!   running (max, sum) per row (online log-sum-exp), the target logits picked out. The
+//!   transposed layout puts the per-row reductions along contiguous memory (16 rows per
+//!   AVX-512 instruction) and makes every product below read its operands with unit strides.
+//!   Pass 2, once every row's log-sum-exp is known, per block:
+//!   `P_j = (softmax - onehot) / count` in place as the stored exponentials times one factor
+//!   per row, `exp(block max - lse) / count` (no second exponential per element), its row
+//!   sums are `dbias_j`; then `dW_j = P_j^T H` (each block of dW written once, never
+//!   accumulated) and `dH^T += (P_j W_j)^T`.
+//! - **The exponentiated logits are kept** from the forward to the backward pass (`N x V`,
+//!   93 MB in f32 at the tutorial's shapes) in a buffer that goes back to a pool when the
+//!   backward pass is done or the graph is dropped, and is reused by the next call (no page
+//!   faults after the first; [`release_scratch`] frees it). Recomputing them in the backward
+//!   pass instead would be a 4th product of 9.3 GFLOP: 67 ms of one core here, against one
+//!   read of the buffer. With no input tracking gradients nothing is kept and one block per
+//!   thread suffices.
 //! - **Threads:** the vocabulary is split into one contiguous range of blocks per thread
-//!   (`std::thread::scope`, 2 threads here), each running single-threaded gemm calls on its
-//!   own blocks; the partial log-sum-exps are merged between the passes and the per-thread
-//!   `dH` summed at the end. Measured faster than one thread driving gemm's own rayon
-//!   parallelism per call (221 vs 236 ms for the three products; rayon is not used).
+//!   (as many as candle's CPU pool has; scoped threads, see `run_threads`), each running
+//!   single-threaded gemm calls on its own blocks
+//!   (gemm's own `Parallelism::Rayon(2)` per call measured slower: 236 vs 221 ms for the three
+//!   products; rayon is not used). The partial log-sum-exps are merged between the passes and
+//!   the per-thread `dH` summed at the end.
+//!
+//! Products, one core, CPU time over the 65 blocks (gemm 0.19 `x86-v4`): logits 67 ms
+//! (140 GFLOP/s), `dW` 73 ms (127), `dH` 70 ms (133); the transposed layout saved 14 ms of
+//! that against row-major logits. Everything else (exponentials, bias, reductions, page faults,
+//! candle's gradient accumulation) is about a quarter of the CPU time.
 //!
 //! # Loss semantics
 //! Identical to PyTorch's `CrossEntropyLoss(reduction="mean", ignore_index=i)` on the logits
@@ -43,15 +59,17 @@
 //! zero (as PyTorch's). A target outside `0..V` that is not `ignore_index` is an error.
 
 use super::float::{self, simd, Float};
-use super::{cpu_slice, fused_applies, num_threads, run_parallel, with_slice};
-use candle_core::{bail, CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, D};
+use super::matmul::{gemm, Mat};
+use super::{cpu_slice, fused_applies, num_threads, run_threads, with_slice};
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use std::ops::Range;
 use std::sync::Mutex;
 
 /// Vocabulary columns per block. A block of logits for the 700 rows is 1.4 MB (f32), which
-/// stays in this CPU's 2 MB L2 between the product that writes it and the pass that reads it.
-/// Measured for the three products at the tutorial's shapes (2 threads): 256: 250 ms,
-/// 512: 221 ms, 1024: 232 ms, 2048: 247 ms.
+/// stays in this CPU's 2 MB L2 between the product that writes it and the passes that read
+/// it. Measured for the three products at the tutorial's shapes (2 threads, row-major
+/// logits): 256: 250 ms, 512: 221 ms, 1024: 232 ms, 2048: 247 ms; with the final transposed
+/// layout 256 to 2048 were within the noise of a shared machine.
 pub const BLOCK: usize = 512;
 
 /// Products smaller than this many multiply-adds (`N * C * V`) stay on one thread.
@@ -64,6 +82,11 @@ const MIN_PARALLEL_MACS: usize = 1 << 22;
 /// `hidden`, `weight` and `bias`. See the module docs for the exact semantics (PyTorch's).
 /// CPU f32/f64 run the fused kernel; other devices and dtypes run
 /// [`linear_cross_entropy_reference`].
+///
+/// Memory: when an input tracks gradients, the returned loss holds the exponentiated logits
+/// (`N x V`, 93 MB at the tutorial's shapes in f32) until its backward pass runs or the loss
+/// is dropped; keep the scalar (`to_scalar`), not the tensor, for logging. Inputs that track
+/// nothing (e.g. detached parameters in evaluation) keep nothing.
 ///
 /// # Shapes
 /// - hidden: (..., C), flattened to (N, C); weight: (V, C); bias: (V,)
@@ -135,7 +158,7 @@ fn check_shapes(
     targets: &Tensor,
 ) -> Result<(usize, usize, usize)> {
     let c = hidden.dim(D::Minus1)?;
-    let n = if c == 0 { 0 } else { hidden.elem_count() / c };
+    let n = hidden.elem_count().checked_div(c).unwrap_or(0);
     let (v, wc) = weight.dims2()?;
     if wc != c || bias.dims() != [v] || targets.elem_count() != n {
         bail!(
@@ -176,17 +199,17 @@ fn prepare_targets(
         .collect()
 }
 
-/// Gradients with respect to (hidden, weight, bias) of the mean loss, for an incoming gradient
-/// of 1.
-enum Grads {
-    F32(Vec<f32>, Vec<f32>, Vec<f32>),
-    F64(Vec<f64>, Vec<f64>, Vec<f64>),
+/// What the backward pass needs from the forward pass, for one element type.
+enum SavedAny {
+    F32(Saved<f32>),
+    F64(Saved<f64>),
 }
 
 struct LinearCrossEntropy {
     targets: Vec<Option<usize>>,
+    /// Some input tracks gradients: keep the exponentials for the backward pass.
     want_grad: bool,
-    saved: Mutex<Option<Grads>>,
+    saved: Mutex<Option<SavedAny>>,
 }
 
 impl CustomOp3 for LinearCrossEntropy {
@@ -211,18 +234,14 @@ impl CustomOp3 for LinearCrossEntropy {
         let storage = match s1 {
             CpuStorage::F32(_) => {
                 let (h, w, b) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?);
-                let (loss, grads) = compute::<f32>(h, w, b, n, c, v, &self.targets, self.want_grad);
-                if let Some((dh, dw, db)) = grads {
-                    *self.saved.lock().unwrap() = Some(Grads::F32(dh, dw, db));
-                }
+                let (loss, saved) = forward::<f32>(h, w, b, n, c, v, &self.targets, self.want_grad);
+                *self.saved.lock().unwrap() = saved.map(SavedAny::F32);
                 CpuStorage::F32(vec![loss as f32])
             }
             CpuStorage::F64(_) => {
                 let (h, w, b) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?);
-                let (loss, grads) = compute::<f64>(h, w, b, n, c, v, &self.targets, self.want_grad);
-                if let Some((dh, dw, db)) = grads {
-                    *self.saved.lock().unwrap() = Some(Grads::F64(dh, dw, db));
-                }
+                let (loss, saved) = forward::<f64>(h, w, b, n, c, v, &self.targets, self.want_grad);
+                *self.saved.lock().unwrap() = saved.map(SavedAny::F64);
                 CpuStorage::F64(vec![loss])
             }
             _ => bail!("kernels-linear-cross-entropy: only f32 and f64"),
@@ -240,88 +259,57 @@ impl CustomOp3 for LinearCrossEntropy {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let saved = self.saved.lock().unwrap().take();
-        let saved = match saved {
-            Some(s) => s,
-            // Backward a second time (or the forward ran with no input tracking gradients):
-            // recompute from the inputs.
-            None => recompute(hidden, weight, bias, &self.targets)?,
-        };
-        let dev = hidden.device();
-        let (dh, dw, db) = match saved {
-            Grads::F32(dh, dw, db) => finish(dh, dw, db, g as f32, hidden, weight, bias, dev)?,
-            Grads::F64(dh, dw, db) => finish(dh, dw, db, g, hidden, weight, bias, dev)?,
+        let (dh, dw, db) = match hidden.dtype() {
+            DType::F32 => {
+                let saved = match saved {
+                    Some(SavedAny::F32(s)) => Some(s),
+                    _ => None,
+                };
+                backward_op::<f32>(hidden, weight, bias, &self.targets, saved, g)?
+            }
+            DType::F64 => {
+                let saved = match saved {
+                    Some(SavedAny::F64(s)) => Some(s),
+                    _ => None,
+                };
+                backward_op::<f64>(hidden, weight, bias, &self.targets, saved, g)?
+            }
+            dt => bail!("kernels-linear-cross-entropy: unsupported dtype {dt:?}"),
         };
         Ok((Some(dh), Some(dw), Some(db)))
     }
 }
 
-/// Scales the gradients by the incoming gradient (skipped when it is 1, the usual case of
-/// `loss.backward()`) and wraps them without copying.
-#[allow(clippy::too_many_arguments)]
-fn finish<T: Float>(
-    mut dh: Vec<T>,
-    mut dw: Vec<T>,
-    mut db: Vec<T>,
-    g: T,
+/// The backward pass on the op's inputs: pass 2 on what the forward pass kept or, when that
+/// is gone (a second backward on the same graph), on a fresh pass 1.
+fn backward_op<T: Pooled>(
     hidden: &Tensor,
     weight: &Tensor,
     bias: &Tensor,
-    dev: &Device,
+    targets: &[Option<usize>],
+    saved: Option<Saved<T>>,
+    g: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    if g != T::ONE {
-        for x in [&mut dh, &mut dw, &mut db] {
-            super::par_rows(x, 1, 1 << 20, |_, part| {
-                simd(
-                    #[inline(always)]
-                    || float::scale_inplace(part, g),
-                )
-            });
-        }
-    }
+    let (n, c) = hidden.dims2()?;
+    let v = weight.dim(0)?;
+    let (dh, dw, db) = with_slice::<T, _>(hidden, |h| {
+        with_slice::<T, _>(weight, |w| {
+            let saved = match saved {
+                Some(s) => s,
+                None => with_slice::<T, _>(bias, |b| {
+                    let (_, s) = forward::<T>(h, w, b, n, c, v, targets, true);
+                    Ok(s.expect("the forward pass keeps its state when asked to"))
+                })?,
+            };
+            Ok(backward::<T>(saved, h, w, targets, T::from_f64(g)))
+        })
+    })?;
+    let dev = hidden.device();
     Ok((
         Tensor::from_vec(dh, hidden.shape(), dev)?,
         Tensor::from_vec(dw, weight.shape(), dev)?,
         Tensor::from_vec(db, bias.shape(), dev)?,
     ))
-}
-
-fn recompute(
-    hidden: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    targets: &[Option<usize>],
-) -> Result<Grads> {
-    let (n, c) = hidden.dims2()?;
-    let v = weight.dim(0)?;
-    fn go<T: Pooled>(
-        hidden: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
-        n: usize,
-        c: usize,
-        v: usize,
-        targets: &[Option<usize>],
-    ) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
-        with_slice::<T, _>(hidden, |h| {
-            with_slice::<T, _>(weight, |w| {
-                with_slice::<T, _>(bias, |b| {
-                    let (_, grads) = compute::<T>(h, w, b, n, c, v, targets, true);
-                    Ok(grads.expect("gradients were requested"))
-                })
-            })
-        })
-    }
-    Ok(match hidden.dtype() {
-        DType::F32 => {
-            let (a, b, c) = go::<f32>(hidden, weight, bias, n, c, v, targets)?;
-            Grads::F32(a, b, c)
-        }
-        DType::F64 => {
-            let (a, b, c) = go::<f64>(hidden, weight, bias, n, c, v, targets)?;
-            Grads::F64(a, b, c)
-        }
-        dt => bail!("kernels-linear-cross-entropy: unsupported dtype {dt:?}"),
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -362,74 +350,6 @@ fn give_back_scratch<T: Pooled>(v: Vec<T>) {
     }
 }
 
-/// A strided matrix view for [`gemm`]: element `(i, j)` is `data[i * rs + j * cs]`.
-struct Mat<P> {
-    ptr: P,
-    rows: usize,
-    cols: usize,
-    rs: usize,
-    cs: usize,
-}
-
-impl<'a, T> Mat<&'a [T]> {
-    fn new(data: &'a [T], rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
-        check_extent(data.len(), rows, cols, rs, cs);
-        Mat { ptr: data, rows, cols, rs, cs }
-    }
-}
-
-impl<'a, T> Mat<&'a mut [T]> {
-    fn new_mut(data: &'a mut [T], rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
-        check_extent(data.len(), rows, cols, rs, cs);
-        Mat { ptr: data, rows, cols, rs, cs }
-    }
-}
-
-fn check_extent(len: usize, rows: usize, cols: usize, rs: usize, cs: usize) {
-    if rows > 0 && cols > 0 {
-        assert!(
-            (rows - 1) * rs + (cols - 1) * cs < len,
-            "matrix view {rows}x{cols} (strides {rs}, {cs}) outside a slice of {len}"
-        );
-    }
-}
-
-/// `dst (+)= lhs @ rhs` through the `gemm` crate, single-threaded: the kernel already runs
-/// one gemm per thread. The extents are checked when the views are built, and `dst` is a
-/// `&mut` borrow, so it cannot overlap the inputs.
-fn gemm<T: Float>(dst: Mat<&mut [T]>, accumulate: bool, lhs: Mat<&[T]>, rhs: Mat<&[T]>) {
-    let (m, n, k) = (dst.rows, dst.cols, lhs.cols);
-    assert!(lhs.rows == m && rhs.rows == k && rhs.cols == n, "gemm shapes disagree");
-    if m == 0 || n == 0 {
-        return;
-    }
-    // SAFETY: every element addressed by the sizes and strides lies inside the slices
-    // (check_extent), dst is exclusively borrowed, and T is f32 or f64, which gemm supports.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.ptr.as_mut_ptr(),
-            dst.cs as isize,
-            dst.rs as isize,
-            accumulate,
-            lhs.ptr.as_ptr(),
-            lhs.cs as isize,
-            lhs.rs as isize,
-            rhs.ptr.as_ptr(),
-            rhs.cs as isize,
-            rhs.rs as isize,
-            T::ONE,
-            T::ONE,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
-}
-
 /// Per-row state of one thread's pass 1 over its blocks.
 struct Partial<T> {
     /// Running max and sum of `exp(z - max)` over the thread's columns, per row.
@@ -446,10 +366,65 @@ fn cols(blocks: &Range<usize>, v: usize) -> Range<usize> {
     (blocks.start * BLOCK).min(v)..(blocks.end * BLOCK).min(v)
 }
 
-/// Loss (as f64) and, if `want_grad`, the gradients `(dh, dw, db)` for an incoming gradient
-/// of 1.
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-fn compute<T: Pooled>(
+/// The state pass 2 needs: the exponentials (`buf`, one region per thread range), each
+/// block's max per row, every row's log-sum-exp. Dropping it returns `buf` to the pool.
+struct Saved<T: Pooled> {
+    buf: Vec<T>,
+    ranges: Vec<Range<usize>>,
+    block_max: Vec<Vec<T>>,
+    lse: Vec<T>,
+    count: usize,
+    n: usize,
+    c: usize,
+    v: usize,
+}
+
+impl<T: Pooled> Drop for Saved<T> {
+    fn drop(&mut self) {
+        give_back_scratch(std::mem::take(&mut self.buf));
+    }
+}
+
+/// Splits `0..blocks` into one contiguous range per thread.
+fn thread_ranges(n: usize, c: usize, v: usize) -> Vec<Range<usize>> {
+    let blocks = v.div_ceil(BLOCK);
+    let threads = if n * c * v < MIN_PARALLEL_MACS {
+        1
+    } else {
+        num_threads().min(blocks).max(1)
+    };
+    (0..threads)
+        .map(|t| t * blocks / threads..(t + 1) * blocks / threads)
+        .collect()
+}
+
+/// Splits `buf` into the threads' regions: all their columns' exponentials with `store`,
+/// else room for one block each.
+fn regions<'a, T>(
+    buf: &'a mut [T],
+    ranges: &[Range<usize>],
+    n: usize,
+    v: usize,
+    store: bool,
+) -> Vec<&'a mut [T]> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut rest = buf;
+    for r in ranges {
+        let len = if store {
+            n * cols(r, v).len()
+        } else {
+            n * BLOCK.min(v)
+        };
+        let (mine, tail) = rest.split_at_mut(len);
+        out.push(mine);
+        rest = tail;
+    }
+    out
+}
+
+/// Pass 1 on every thread: the loss (as f64) and, with `store`, the state for [`backward`].
+#[allow(clippy::too_many_arguments)]
+fn forward<T: Pooled>(
     h: &[T],
     w: &[T],
     b: &[T],
@@ -457,52 +432,22 @@ fn compute<T: Pooled>(
     c: usize,
     v: usize,
     targets: &[Option<usize>],
-    want_grad: bool,
-) -> (f64, Option<(Vec<T>, Vec<T>, Vec<T>)>) {
+    store: bool,
+) -> (f64, Option<Saved<T>>) {
     assert!(h.len() == n * c && w.len() == v * c && b.len() == v && targets.len() == n);
     let count = targets.iter().filter(|t| t.is_some()).count();
-    if n == 0 || v == 0 {
-        let grads =
-            want_grad.then(|| (vec![T::ZERO; n * c], vec![T::ZERO; v * c], vec![T::ZERO; v]));
-        return (f64::NAN, grads);
-    }
-    let blocks = v.div_ceil(BLOCK);
-    let threads = if n * c * v < MIN_PARALLEL_MACS {
-        1
+    let ranges = thread_ranges(n, c, v);
+    let per_thread = if store {
+        n * v
     } else {
-        num_threads().min(blocks).max(1)
+        ranges.len() * n * BLOCK.min(v)
     };
-    let ranges: Vec<Range<usize>> = (0..threads)
-        .map(|t| t * blocks / threads..(t + 1) * blocks / threads)
-        .collect();
-
-    // Exponentiated logits: all of them (block after block, each transposed, `len x n`) when
-    // pass 2 needs them, else one block per thread.
-    let per_thread = |r: &Range<usize>| {
-        if want_grad {
-            n * cols(r, v).len()
-        } else {
-            n * BLOCK.min(v)
-        }
-    };
-    let mut buf = take_scratch::<T>(ranges.iter().map(per_thread).sum());
-    let mut regions: Vec<&mut [T]> = Vec::with_capacity(threads);
-    let mut rest = &mut buf[..];
-    for r in &ranges {
-        let (mine, tail) = rest.split_at_mut(per_thread(r));
-        regions.push(mine);
-        rest = tail;
-    }
-
-    // Pass 1: logits, exponentials, per-row log-sum-exp state, target logits.
-    let items: Vec<_> = ranges.iter().cloned().zip(regions).collect();
-    let (partials, regions): (Vec<Partial<T>>, Vec<&mut [T]>) =
-        run_parallel(items, |(r, region)| {
-            let p = pass1(h, w, b, n, c, targets, cols(&r, v), region, want_grad);
-            (p, region)
-        })
-        .into_iter()
-        .unzip();
+    let mut buf = take_scratch::<T>(per_thread);
+    let regs = regions(&mut buf, &ranges, n, v, store);
+    let items: Vec<_> = ranges.iter().cloned().zip(regs).collect();
+    let partials: Vec<Partial<T>> = run_threads(items, |(r, region)| {
+        pass1(h, w, b, n, c, targets, cols(&r, v), region, store)
+    });
 
     // Merge the threads' partial log-sum-exps; the loss.
     let mut lse = vec![T::ZERO; n];
@@ -524,32 +469,56 @@ fn compute<T: Pooled>(
         }
     }
     let loss = loss / count as f64;
-    if !want_grad {
-        give_back_scratch(buf);
-        return (loss, None);
-    }
+    let saved = Saved {
+        buf,
+        ranges,
+        block_max: partials.into_iter().map(|p| p.block_max).collect(),
+        lse,
+        count,
+        n,
+        c,
+        v,
+    };
+    // Without `store`, dropping `saved` here gives the buffer back.
+    (loss, store.then_some(saved))
+}
 
-    // Pass 2: P = (softmax - onehot) / count; dbias, dW (per block), dH (per thread, summed).
+/// Pass 2 on every thread: the gradients `(dh, dw, db)` for an incoming gradient `g`.
+fn backward<T: Pooled>(
+    mut saved: Saved<T>,
+    h: &[T],
+    w: &[T],
+    targets: &[Option<usize>],
+    g: T,
+) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let (n, c, v) = (saved.n, saved.c, saved.v);
+    assert!(h.len() == n * c && w.len() == v * c && targets.len() == n);
+    // P = (softmax - onehot) * g / count on rows that count, 0 on ignored rows.
     let scale: Vec<T> = targets
         .iter()
         .map(|t| match t {
-            Some(_) => T::ONE / T::from_f64(count as f64),
+            Some(_) => g / T::from_f64(saved.count as f64),
             None => T::ZERO,
         })
         .collect();
     let mut dw = vec![T::ZERO; v * c];
     let mut db = vec![T::ZERO; v];
-    let mut items = Vec::with_capacity(threads);
+    let ranges = saved.ranges.clone();
+    let regs = regions(&mut saved.buf, &ranges, n, v, true);
+    let mut items = Vec::with_capacity(ranges.len());
     let (mut dw_rest, mut db_rest) = (&mut dw[..], &mut db[..]);
-    for ((r, region), p) in ranges.iter().zip(regions).zip(&partials) {
+    for ((r, region), bmax) in ranges.iter().zip(regs).zip(&saved.block_max) {
         let cols = cols(r, v);
         let (dw_mine, dw_tail) = dw_rest.split_at_mut(cols.len() * c);
         let (db_mine, db_tail) = db_rest.split_at_mut(cols.len());
         (dw_rest, db_rest) = (dw_tail, db_tail);
-        items.push((cols, region, &p.block_max[..], dw_mine, db_mine));
+        items.push((cols, region, &bmax[..], dw_mine, db_mine));
     }
-    let dh_t = run_parallel(items, |(cols, region, block_max, dw, db)| {
-        pass2(h, w, n, c, targets, &lse, &scale, cols, region, block_max, dw, db)
+    let lse = &saved.lse;
+    let dh_t = run_threads(items, |(cols, region, block_max, dw, db)| {
+        pass2(
+            h, w, n, c, targets, lse, &scale, cols, region, block_max, dw, db,
+        )
     });
     // Sum the threads' dH^T (C x N) and transpose to dH (N x C).
     let mut dh_t = dh_t.into_iter();
@@ -561,13 +530,12 @@ fn compute<T: Pooled>(
         );
     }
     let mut dh = vec![T::ZERO; n * c];
-    for (ci, col) in total.chunks_exact(n).enumerate() {
+    for (ci, col) in total.chunks_exact(n.max(1)).enumerate() {
         for (row, &x) in col.iter().enumerate() {
             dh[row * c + ci] = x;
         }
     }
-    give_back_scratch(buf);
-    (loss, Some((dh, dw, db)))
+    (dh, dw, db)
 }
 
 /// Pass 1 over the columns `cols`, block by block: `Z_j^T = W_j H^T + b_j` (`len x n`, so that
@@ -606,6 +574,7 @@ fn pass1<T: Float>(
             false,
             Mat::new(&w[v0 * c..(v0 + len) * c], len, c, c, 1),
             Mat::new(h, c, n, 1, c),
+            T::ONE,
         );
         let bias = &b[v0..v0 + len];
         let bmax = &mut p.block_max[j * n..(j + 1) * n];
@@ -687,7 +656,11 @@ fn pass2<T: Float>(
             #[inline(always)]
             || {
                 for (((f, &m), &l), &s) in factor.iter_mut().zip(bmax).zip(lse).zip(scale) {
-                    *f = if s == T::ZERO { T::ZERO } else { (m - l).exp() * s };
+                    *f = if s == T::ZERO {
+                        T::ZERO
+                    } else {
+                        (m - l).exp() * s
+                    };
                 }
                 for (pr, d) in p.chunks_exact_mut(n).zip(db.iter_mut()) {
                     for (x, &f) in pr.iter_mut().zip(factor.iter()) {
@@ -712,6 +685,7 @@ fn pass2<T: Float>(
             false,
             Mat::new(p, len, n, n, 1),
             Mat::new(h, n, c, c, 1),
+            T::ONE,
         );
         // dH^T (n x c, stored column-major) += P_j (n x len) @ W_j (len x c).
         gemm(
@@ -719,6 +693,7 @@ fn pass2<T: Float>(
             j > 0,
             Mat::new(p, n, len, 1, n),
             Mat::new(&w[v0 * c..(v0 + len) * c], len, c, c, 1),
+            T::ONE,
         );
         v0 += len;
         j += 1;

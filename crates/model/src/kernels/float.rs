@@ -24,6 +24,47 @@ pub(crate) trait Float: WithDType + Send + Sync {
     fn exp(self) -> Self;
     fn ln(self) -> Self;
     fn sqrt(self) -> Self;
+
+    // Row primitives (see the free functions of the same names). The defaults are the
+    // portable versions; f32 overrides them with AVX-512 code where the CPU has it.
+    #[inline(always)]
+    fn row_max(x: &[Self]) -> Self {
+        generic_row_max(x)
+    }
+    #[inline(always)]
+    fn row_sum(x: &[Self]) -> Self {
+        generic_row_sum(x)
+    }
+    #[inline(always)]
+    fn dot(a: &[Self], b: &[Self]) -> Self {
+        generic_dot(a, b)
+    }
+    #[inline(always)]
+    fn sum_sq_dev(x: &[Self], c: Self) -> Self {
+        generic_sum_sq_dev(x, c)
+    }
+    #[inline(always)]
+    fn exp_sub_inplace_sum(x: &mut [Self], m: Self) -> Self {
+        generic_exp_sub_inplace_sum(x, m)
+    }
+    #[inline(always)]
+    fn exp_sub_store_sum(x: &[Self], m: Self, out: &mut [Self]) -> Self {
+        generic_exp_sub_store_sum(x, m, out)
+    }
+}
+
+/// Calls the AVX-512 version of a row primitive when the CPU has it.
+macro_rules! avx512_or {
+    ($fast:expr, $portable:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            if level() == Level::Avx512 {
+                // SAFETY: `level` checked that the CPU supports AVX-512 F/VL/DQ/BW.
+                return unsafe { $fast };
+            }
+        }
+        $portable
+    }};
 }
 
 impl Float for f32 {
@@ -41,6 +82,37 @@ impl Float for f32 {
     #[inline(always)]
     fn sqrt(self) -> Self {
         f32::sqrt(self)
+    }
+    #[inline(always)]
+    fn row_max(x: &[Self]) -> Self {
+        avx512_or!(avx512::row_max(x), generic_row_max(x))
+    }
+    #[inline(always)]
+    fn row_sum(x: &[Self]) -> Self {
+        avx512_or!(avx512::row_sum(x), generic_row_sum(x))
+    }
+    #[inline(always)]
+    fn dot(a: &[Self], b: &[Self]) -> Self {
+        avx512_or!(avx512::dot(a, b), generic_dot(a, b))
+    }
+    #[inline(always)]
+    fn sum_sq_dev(x: &[Self], c: Self) -> Self {
+        avx512_or!(avx512::sum_sq_dev(x, c), generic_sum_sq_dev(x, c))
+    }
+    #[inline(always)]
+    fn exp_sub_inplace_sum(x: &mut [Self], m: Self) -> Self {
+        avx512_or!(
+            avx512::exp_sub_store_sum(x.as_ptr(), x.len(), m, x.as_mut_ptr()),
+            generic_exp_sub_inplace_sum(x, m)
+        )
+    }
+    #[inline(always)]
+    fn exp_sub_store_sum(x: &[Self], m: Self, out: &mut [Self]) -> Self {
+        let n = x.len().min(out.len());
+        avx512_or!(
+            avx512::exp_sub_store_sum(x.as_ptr(), n, m, out.as_mut_ptr()),
+            generic_exp_sub_store_sum(x, m, out)
+        )
     }
 }
 
@@ -87,7 +159,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let p = p * (r * r) + r + 1.0;
     let half = ni >> 1;
     let a = f32::from_bits(((half + 127) as u32) << 23);
@@ -109,125 +181,204 @@ fn fold_lanes<T: Float>(acc: &[T; LANES]) -> T {
     s
 }
 
+/// Runs `body` on `x` in chunks of [`LANES`], the last one padded with `pad` in a stack
+/// buffer so that it runs the same vector code (rows of 35 or 200 would otherwise spend much
+/// of their time in a scalar remainder loop).
+#[inline(always)]
+fn chunks<T: Float>(x: &[T], pad: T, mut body: impl FnMut(&[T; LANES])) {
+    let mut it = x.chunks_exact(LANES);
+    for ch in &mut it {
+        body(ch.try_into().expect("a full chunk"));
+    }
+    let r = it.remainder();
+    if !r.is_empty() {
+        let mut buf = [pad; LANES];
+        buf[..r.len()].copy_from_slice(r);
+        body(&buf);
+    }
+}
+
+/// [`chunks`] for two slices of equal length.
+#[inline(always)]
+fn chunks2<T: Float>(x: &[T], y: &[T], pad: T, mut body: impl FnMut(&[T; LANES], &[T; LANES])) {
+    let n = x.len().min(y.len());
+    let (mut ix, mut iy) = (x[..n].chunks_exact(LANES), y[..n].chunks_exact(LANES));
+    for (a, b) in (&mut ix).zip(&mut iy) {
+        body(
+            a.try_into().expect("a full chunk"),
+            b.try_into().expect("a full chunk"),
+        );
+    }
+    let (ra, rb) = (ix.remainder(), iy.remainder());
+    if !ra.is_empty() {
+        let (mut ba, mut bb) = ([pad; LANES], [pad; LANES]);
+        ba[..ra.len()].copy_from_slice(ra);
+        bb[..rb.len()].copy_from_slice(rb);
+        body(&ba, &bb);
+    }
+}
+
+/// [`chunks`] in place: `body` may rewrite each chunk.
+#[inline(always)]
+fn chunks_mut<T: Float>(x: &mut [T], pad: T, mut body: impl FnMut(&mut [T; LANES])) {
+    let mut it = x.chunks_exact_mut(LANES);
+    for ch in &mut it {
+        body(ch.try_into().expect("a full chunk"));
+    }
+    let r = it.into_remainder();
+    if !r.is_empty() {
+        let mut buf = [pad; LANES];
+        buf[..r.len()].copy_from_slice(r);
+        body(&mut buf);
+        let n = r.len();
+        r.copy_from_slice(&buf[..n]);
+    }
+}
+
 /// Largest element (`-inf` for an empty row). NaN elements are skipped here; they still
 /// poison the row through the exponentials that follow.
 #[inline(always)]
-pub(crate) fn row_max<T: Float>(x: &[T]) -> T {
+fn generic_row_max<T: Float>(x: &[T]) -> T {
     let mut acc = [T::NEG_INFINITY; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for ch in &mut chunks {
-        for i in 0..LANES {
-            acc[i] = if ch[i] > acc[i] { ch[i] } else { acc[i] };
-        }
-    }
+    chunks(
+        x,
+        T::NEG_INFINITY,
+        #[inline(always)]
+        |ch| {
+            for i in 0..LANES {
+                acc[i] = if ch[i] > acc[i] { ch[i] } else { acc[i] };
+            }
+        },
+    );
     let mut m = T::NEG_INFINITY;
-    for &a in acc.iter().chain(chunks.remainder()) {
+    for a in acc {
         m = if a > m { a } else { m };
     }
     m
 }
 
 #[inline(always)]
-pub(crate) fn row_sum<T: Float>(x: &[T]) -> T {
+fn generic_row_sum<T: Float>(x: &[T]) -> T {
     let mut acc = [T::ZERO; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for ch in &mut chunks {
-        for i in 0..LANES {
-            acc[i] += ch[i];
-        }
-    }
-    let mut s = fold_lanes(&acc);
-    for &r in chunks.remainder() {
-        s += r;
-    }
-    s
+    chunks(
+        x,
+        T::ZERO,
+        #[inline(always)]
+        |ch| {
+            for i in 0..LANES {
+                acc[i] += ch[i];
+            }
+        },
+    );
+    fold_lanes(&acc)
+}
+
+#[inline(always)]
+fn generic_dot<T: Float>(a: &[T], b: &[T]) -> T {
+    let mut acc = [T::ZERO; LANES];
+    chunks2(
+        a,
+        b,
+        T::ZERO,
+        #[inline(always)]
+        |x, y| {
+            for i in 0..LANES {
+                acc[i] += x[i] * y[i];
+            }
+        },
+    );
+    fold_lanes(&acc)
+}
+
+/// `sum((x - c)^2)`.
+#[inline(always)]
+fn generic_sum_sq_dev<T: Float>(x: &[T], c: T) -> T {
+    let mut acc = [T::ZERO; LANES];
+    chunks(
+        x,
+        c,
+        #[inline(always)]
+        |ch| {
+            for i in 0..LANES {
+                let d = ch[i] - c;
+                acc[i] += d * d;
+            }
+        },
+    );
+    fold_lanes(&acc)
+}
+
+/// `out = exp(x - m)`; returns `sum(out)`.
+#[inline(always)]
+fn generic_exp_sub_store_sum<T: Float>(x: &[T], m: T, out: &mut [T]) -> T {
+    let n = x.len().min(out.len());
+    out[..n].copy_from_slice(&x[..n]);
+    generic_exp_sub_inplace_sum(&mut out[..n], m)
+}
+
+/// `x = exp(x - m)` in place; returns `sum(x)`.
+#[inline(always)]
+fn generic_exp_sub_inplace_sum<T: Float>(x: &mut [T], m: T) -> T {
+    let mut acc = [T::ZERO; LANES];
+    chunks_mut(
+        x,
+        T::NEG_INFINITY,
+        #[inline(always)]
+        |ch| {
+            for i in 0..LANES {
+                let e = (ch[i] - m).exp();
+                ch[i] = e;
+                acc[i] += e;
+            }
+        },
+    );
+    fold_lanes(&acc)
+}
+
+/// Largest element (`-inf` for an empty row).
+#[inline(always)]
+pub(crate) fn row_max<T: Float>(x: &[T]) -> T {
+    T::row_max(x)
+}
+
+#[inline(always)]
+pub(crate) fn row_sum<T: Float>(x: &[T]) -> T {
+    T::row_sum(x)
 }
 
 #[inline(always)]
 pub(crate) fn dot<T: Float>(a: &[T], b: &[T]) -> T {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [T::ZERO; LANES];
-    let mut ca = a.chunks_exact(LANES);
-    let mut cb = b.chunks_exact(LANES);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for i in 0..LANES {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = fold_lanes(&acc);
-    for (&x, &y) in ca.remainder().iter().zip(cb.remainder()) {
-        s += x * y;
-    }
-    s
+    T::dot(a, b)
 }
 
 /// `sum((x - c)^2)`.
 #[inline(always)]
 pub(crate) fn sum_sq_dev<T: Float>(x: &[T], c: T) -> T {
-    let mut acc = [T::ZERO; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for ch in &mut chunks {
-        for i in 0..LANES {
-            let d = ch[i] - c;
-            acc[i] += d * d;
-        }
-    }
-    let mut s = fold_lanes(&acc);
-    for &r in chunks.remainder() {
-        let d = r - c;
-        s += d * d;
-    }
-    s
+    T::sum_sq_dev(x, c)
 }
 
-/// `sum(exp(x - m))` without storing anything.
+/// `x = exp(x - m)` in place; returns `sum(x)`.
 #[inline(always)]
-pub(crate) fn exp_sub_sum<T: Float>(x: &[T], m: T) -> T {
-    let mut acc = [T::ZERO; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for ch in &mut chunks {
-        for i in 0..LANES {
-            acc[i] += (ch[i] - m).exp();
-        }
-    }
-    let mut s = fold_lanes(&acc);
-    for &r in chunks.remainder() {
-        s += (r - m).exp();
-    }
-    s
+pub(crate) fn exp_sub_inplace_sum<T: Float>(x: &mut [T], m: T) -> T {
+    T::exp_sub_inplace_sum(x, m)
 }
 
 /// `out = exp(x - m)`; returns `sum(out)`.
 #[inline(always)]
 pub(crate) fn exp_sub_store_sum<T: Float>(x: &[T], m: T, out: &mut [T]) -> T {
-    let n = x.len().min(out.len());
-    let (x, out) = (&x[..n], &mut out[..n]);
-    let mut acc = [T::ZERO; LANES];
-    let mut cx = x.chunks_exact(LANES);
-    let mut co = out.chunks_exact_mut(LANES);
-    for (a, o) in (&mut cx).zip(&mut co) {
-        for i in 0..LANES {
-            let e = (a[i] - m).exp();
-            o[i] = e;
-            acc[i] += e;
-        }
-    }
-    let mut s = fold_lanes(&acc);
-    for (&a, o) in cx.remainder().iter().zip(co.into_remainder()) {
-        let e = (a - m).exp();
-        *o = e;
-        s += e;
-    }
-    s
+    T::exp_sub_store_sum(x, m, out)
 }
 
-/// `x = exp(x - m) * s`, in place.
-#[inline(always)]
-pub(crate) fn exp_sub_scale_inplace<T: Float>(x: &mut [T], m: T, s: T) {
-    for v in x.iter_mut() {
-        *v = (*v - m).exp() * s;
-    }
+/// `x *= y` elementwise (SIMD-dispatched itself: called from plain code).
+pub(crate) fn mul_inplace<T: Float>(x: &mut [T], y: &[T]) {
+    simd(
+        #[inline(always)]
+        || {
+            for (a, &b) in x.iter_mut().zip(y) {
+                *a *= b;
+            }
+        },
+    )
 }
 
 /// `x *= s`.
@@ -243,6 +394,182 @@ pub(crate) fn scale_inplace<T: Float>(x: &mut [T], s: T) {
 pub(crate) fn add_inplace<T: Float>(x: &mut [T], y: &[T]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
+    }
+}
+
+/// f32 row primitives in AVX-512 intrinsics: 32 lanes in two registers, and the ragged end
+/// of a row (rows of 35 in attention, 200 in layer norm) handled by masked loads instead of a
+/// scalar loop. Written by hand because the auto-vectorised versions above keep their
+/// accumulators on the stack and pay store-forwarding stalls on the padded tail (the fused
+/// softmax over 20 x 2 x 35 x 35 took 0.5 ms with them).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Lanes `0..r` (all 16 when `r >= 16`).
+    #[inline(always)]
+    fn mask(r: usize) -> __mmask16 {
+        if r >= 16 {
+            0xffff
+        } else {
+            ((1u32 << r) - 1) as __mmask16
+        }
+    }
+
+    /// [`super::exp_f32`] on 16 lanes, with FMA and `vscalefps` for the `2^n`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn exp(x: __m512) -> __m512 {
+        // max/min return their second operand when either is NaN: x, so NaN stays NaN.
+        let x = _mm512_max_ps(_mm512_set1_ps(-104.0), x);
+        let x = _mm512_min_ps(_mm512_set1_ps(89.0), x);
+        let magic = _mm512_set1_ps(12_582_912.0);
+        let t = _mm512_fmadd_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E), magic);
+        let n = _mm512_sub_ps(t, magic);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.398_199_9e-3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+        let p = _mm512_fmadd_ps(
+            p,
+            _mm512_mul_ps(r, r),
+            _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+        );
+        _mm512_scalef_ps(p, n)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn row_max(x: &[f32]) -> f32 {
+        let (n, p) = (x.len(), x.as_ptr());
+        let mut a0 = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut a1 = a0;
+        let mut i = 0;
+        while i + 32 <= n {
+            a0 = _mm512_max_ps(a0, _mm512_loadu_ps(p.add(i)));
+            a1 = _mm512_max_ps(a1, _mm512_loadu_ps(p.add(i + 16)));
+            i += 32;
+        }
+        while i < n {
+            let k = mask(n - i);
+            a0 = _mm512_mask_max_ps(a0, k, a0, _mm512_maskz_loadu_ps(k, p.add(i)));
+            i += 16;
+        }
+        _mm512_reduce_max_ps(_mm512_max_ps(a0, a1))
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn row_sum(x: &[f32]) -> f32 {
+        let (n, p) = (x.len(), x.as_ptr());
+        let mut a0 = _mm512_setzero_ps();
+        let mut a1 = a0;
+        let mut i = 0;
+        while i + 32 <= n {
+            a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p.add(i)));
+            a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p.add(i + 16)));
+            i += 32;
+        }
+        while i < n {
+            a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(mask(n - i), p.add(i)));
+            i += 16;
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let (n, pa, pb) = (a.len().min(b.len()), a.as_ptr(), b.as_ptr());
+        let mut a0 = _mm512_setzero_ps();
+        let mut a1 = a0;
+        let mut i = 0;
+        while i + 32 <= n {
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), a0);
+            a1 = _mm512_fmadd_ps(
+                _mm512_loadu_ps(pa.add(i + 16)),
+                _mm512_loadu_ps(pb.add(i + 16)),
+                a1,
+            );
+            i += 32;
+        }
+        while i < n {
+            let k = mask(n - i);
+            a0 = _mm512_fmadd_ps(
+                _mm512_maskz_loadu_ps(k, pa.add(i)),
+                _mm512_maskz_loadu_ps(k, pb.add(i)),
+                a0,
+            );
+            i += 16;
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+    }
+
+    /// `sum((x - c)^2)`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn sum_sq_dev(x: &[f32], c: f32) -> f32 {
+        let (n, p) = (x.len(), x.as_ptr());
+        let cv = _mm512_set1_ps(c);
+        let mut a0 = _mm512_setzero_ps();
+        let mut a1 = a0;
+        let mut i = 0;
+        while i + 32 <= n {
+            let d0 = _mm512_sub_ps(_mm512_loadu_ps(p.add(i)), cv);
+            let d1 = _mm512_sub_ps(_mm512_loadu_ps(p.add(i + 16)), cv);
+            a0 = _mm512_fmadd_ps(d0, d0, a0);
+            a1 = _mm512_fmadd_ps(d1, d1, a1);
+            i += 32;
+        }
+        while i < n {
+            let k = mask(n - i);
+            let d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, p.add(i)), cv);
+            a0 = _mm512_fmadd_ps(d, d, a0);
+            i += 16;
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+    }
+
+    /// `out[i] = exp(x[i] - m)` for `i < n`; returns the sum. `x` and `out` may be the same
+    /// memory (each block is loaded before it is stored).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F; `x` and `out` must be valid for `n` elements.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp_sub_store_sum(x: *const f32, n: usize, m: f32, out: *mut f32) -> f32 {
+        let mv = _mm512_set1_ps(m);
+        let mut a0 = _mm512_setzero_ps();
+        let mut a1 = a0;
+        let mut i = 0;
+        while i + 32 <= n {
+            let e0 = exp(_mm512_sub_ps(_mm512_loadu_ps(x.add(i)), mv));
+            let e1 = exp(_mm512_sub_ps(_mm512_loadu_ps(x.add(i + 16)), mv));
+            _mm512_storeu_ps(out.add(i), e0);
+            _mm512_storeu_ps(out.add(i + 16), e1);
+            a0 = _mm512_add_ps(a0, e0);
+            a1 = _mm512_add_ps(a1, e1);
+            i += 32;
+        }
+        while i < n {
+            let k = mask(n - i);
+            let e = _mm512_maskz_mov_ps(
+                k,
+                exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x.add(i)), mv)),
+            );
+            _mm512_mask_storeu_ps(out.add(i), k, e);
+            a0 = _mm512_add_ps(a0, e);
+            i += 16;
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
     }
 }
 
@@ -341,6 +668,59 @@ mod tests {
         assert_eq!(exp_f32(100.0), f32::INFINITY);
         assert!(exp_f32(f32::NAN).is_nan());
         assert_eq!(exp_f32(0.0), 1.0);
+    }
+
+    #[test]
+    fn avx512_primitives_match_portable() {
+        for n in [0usize, 1, 3, 15, 16, 17, 31, 32, 35, 64, 200, 701] {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+            let y: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+            let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+            assert_eq!(f32::row_max(&x), generic_row_max(&x), "n={n}");
+            assert!(close(f32::row_sum(&x), generic_row_sum(&x)), "n={n}");
+            assert!(close(f32::dot(&x, &y), generic_dot(&x, &y)), "n={n}");
+            assert!(
+                close(f32::sum_sq_dev(&x, 0.3), generic_sum_sq_dev(&x, 0.3)),
+                "n={n}"
+            );
+            let (mut a, mut b) = (x.clone(), vec![0f32; n]);
+            let s1 = f32::exp_sub_inplace_sum(&mut a, 1.0);
+            let s2 = f32::exp_sub_store_sum(&x, 1.0, &mut b);
+            let want: Vec<f32> = x.iter().map(|v| ((v - 1.0) as f64).exp() as f32).collect();
+            let s: f32 = want.iter().sum();
+            assert!(close(s1, s) && close(s2, s), "n={n}: {s1} {s2} {s}");
+            for i in 0..n {
+                assert!(close(a[i], want[i]) && a[i] == b[i], "n={n} i={i}");
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if level() == Level::Avx512 {
+            use std::arch::x86_64::*;
+            let xs = [
+                -110.0f32, -104.0, -87.5, -20.0, -1.0, 0.0, 0.5, 10.0, 88.5, 89.0, 100.0,
+            ];
+            for x in xs {
+                let got = unsafe {
+                    _mm512_reduce_add_ps(_mm512_maskz_mov_ps(1, avx512::exp(_mm512_set1_ps(x))))
+                };
+                let want = (x as f64).exp();
+                if want > f32::MIN_POSITIVE as f64 && want < f32::MAX as f64 {
+                    assert!(
+                        ((got as f64 - want) / want).abs() < 3e-7,
+                        "exp({x}) = {got}"
+                    );
+                } else if want < 1e-46 || want > f32::MAX as f64 {
+                    assert!(got == 0.0 || got.is_infinite(), "exp({x}) = {got}");
+                }
+            }
+            let nan = unsafe {
+                _mm512_reduce_add_ps(_mm512_maskz_mov_ps(
+                    1,
+                    avx512::exp(_mm512_set1_ps(f32::NAN)),
+                ))
+            };
+            assert!(nan.is_nan());
+        }
     }
 
     #[test]

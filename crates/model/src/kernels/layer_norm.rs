@@ -5,7 +5,9 @@
 //! Composed of primitives this is 10 candle ops forward and about 25 backward, each one a fresh
 //! tensor; the fused op reads `x` once forward and twice backward (the row statistics are
 //! recomputed there rather than stored, which keeps the op stateless and costs one pass over a
-//! row that is already in cache). Numbers in `examples/kernels_bench.rs`.
+//! row that is already in cache). On (700, 200): 2.1 vs 5.8 ms forward + backward including a
+//! cotangent product and candle's gradient bookkeeping, 0.36 vs 0.96 ms forward (one thread,
+//! `examples/kernels_bench.rs`); the kernel's own backward is about 0.3 ms of that.
 //!
 //! Backward, per row with `xhat = (x - mean) * rstd` and `g = dy * weight`:
 //! `dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`, `dweight = sum_rows(dy * xhat)`,

@@ -3,8 +3,9 @@
 //!
 //! Composed of primitives, candle runs 5 ops forward (max, sub, exp, sum, div) and about 10
 //! backward, each allocating and walking a full tensor; on the attention weights of the
-//! tutorial model (20 x 2 x 35 x 35) the fused op is several times faster (numbers in
-//! `examples/kernels_bench.rs` and the module docs of [`crate::kernels`]).
+//! tutorial model (20 x 2 x 35 x 35) the fused op is 5x faster forward + backward (0.23 vs
+//! 1.20 ms including a cotangent product; forward alone 0.06 vs 0.20 ms; one thread,
+//! `examples/kernels_bench.rs`).
 
 use super::float::{self, simd, Float};
 use super::{cpu_slice, fused_applies, par_rows, with_slice};
@@ -34,7 +35,7 @@ pub fn softmax_last_dim_reference(x: &Tensor) -> Result<Tensor> {
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
-/// Rows per thread below which the kernel stays on the calling thread (elements).
+/// Elements per thread below which the kernel stays on the calling thread.
 const MIN_PARALLEL_ELEMS: usize = 1 << 17;
 
 struct SoftmaxLastDim;

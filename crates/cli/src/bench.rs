@@ -7,8 +7,9 @@ use clap::{Args, Subcommand};
 use std::time::Instant;
 use transformer_decode::{generate_lm, Sampling};
 use transformer_model::{LmConfig, Mode, ParamBuilder, Rng, TransformerLm};
+use transformer_train::clip::clip_coefficient;
 use transformer_train::lm::lm_loss;
-use transformer_train::{clip_grad_norm, Sgd};
+use transformer_train::Sgd;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -183,9 +184,9 @@ fn lm(a: LmBenchArgs) -> Result<()> {
     let mut last_loss = f64::NAN;
     let train = time(a.warmup, a.repeats, || {
         let loss = lm_loss(&model, &input, &target, Mode::Train(&dropout_rng))?;
-        let mut grads = loss.backward()?;
-        clip_grad_norm(&mut grads, &vars, a.clip)?;
-        opt.step(&grads)?;
+        let grads = loss.backward()?;
+        let (_, coef) = clip_coefficient(&grads, &vars, a.clip)?;
+        opt.step_scaled(&grads, coef)?;
         last_loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         Ok(())
     })?;

@@ -62,12 +62,22 @@ fn main() -> candle_core::Result<()> {
                 .unwrap()
         });
         let vars = params.vars();
+        let grads = model
+            .loss(&ids, &targets, Mode::Train(&rng))
+            .unwrap()
+            .backward()
+            .unwrap();
+        time("  clip + sgd (in place)", 5, || {
+            let (_, coef) = transformer_train::clip::clip_coefficient(&grads, &vars, 0.5).unwrap();
+            let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);
+            sgd.step_scaled(&grads, coef).unwrap();
+        });
         time("  full step (fwd+bwd+clip+sgd)", 5, || {
             let loss = model.loss(&ids, &targets, Mode::Train(&rng)).unwrap();
-            let mut g = loss.backward().unwrap();
-            transformer_train::clip_grad_norm(&mut g, &vars, 0.5).unwrap();
+            let g = loss.backward().unwrap();
+            let (_, coef) = transformer_train::clip::clip_coefficient(&g, &vars, 0.5).unwrap();
             let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);
-            sgd.step(&g).unwrap();
+            sgd.step_scaled(&g, coef).unwrap();
         });
     }
     Ok(())

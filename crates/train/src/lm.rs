@@ -19,7 +19,7 @@
 //! | `loss.svg` | training and validation loss against the step |
 
 use crate::checkpoint;
-use crate::clip::clip_grad_norm;
+use crate::clip::clip_coefficient;
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metric};
 use crate::optim::Sgd;
@@ -571,9 +571,10 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
             }
             let (input, target) = window_tensors(&w, dev)?;
             let loss = lm_loss(&model, &input, &target, Mode::Train(&rng))?;
-            let mut grads = loss.backward()?;
-            clip_grad_norm(&mut grads, &vars, cfg.clip)?;
-            opt.step(&grads)?;
+            let grads = loss.backward()?;
+            // Clipping as PyTorch's clip_grad_norm_, applied as a factor on the step.
+            let (_, coef) = clip_coefficient(&grads, &vars, cfg.clip)?;
+            opt.step_scaled(&grads, coef)?;
             let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             step_losses.push(loss);
             steps_here += 1;

@@ -1,7 +1,9 @@
 //! Optimizers that update parameters in place, with state that can be saved and restored,
 //! and the paper's learning-rate schedule.
 
-use candle_core::{backprop::GradStore, Result, Tensor, Var};
+use candle_core::{
+    backprop::GradStore, CpuStorage, DType, InplaceOp2, Layout, Result, Tensor, Var,
+};
 
 /// Plain stochastic gradient descent, `p -= lr * g` (the PyTorch tutorial's optimizer).
 #[derive(Debug, Clone)]
@@ -16,10 +18,73 @@ impl Sgd {
     }
 
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.step_scaled(grads, 1.0)
+    }
+
+    /// `p -= lr * scale * g`: the step after scaling the gradients by `scale` (the clipping
+    /// coefficient), without materialising the scaled gradients.
+    pub fn step_scaled(&mut self, grads: &GradStore, scale: f64) -> Result<()> {
         for v in &self.vars {
             if let Some(g) = grads.get(v.as_tensor()) {
-                v.set(&(v.as_tensor() - (g * self.lr)?)?)?;
+                axpy_in_place(v, g, -self.lr * scale)?;
             }
+        }
+        Ok(())
+    }
+}
+
+/// `p += alpha * g`, in place where the parameter and gradient are contiguous CPU f32/f64
+/// (one pass, no allocation: for the tutorial LM the allocating form cost about 25 ms a step,
+/// about a tenth of it); through `Var::set` elsewhere.
+fn axpy_in_place(p: &Var, g: &Tensor, alpha: f64) -> Result<()> {
+    let fast = p.device().is_cpu()
+        && matches!(p.dtype(), DType::F32 | DType::F64)
+        && g.dtype() == p.dtype()
+        && g.dims() == p.dims()
+        && p.is_contiguous()
+        && g.is_contiguous();
+    if fast {
+        p.as_tensor().inplace_op2(g, &Axpy { alpha })
+    } else {
+        p.set(&(p.as_tensor() + (g * alpha)?)?)
+    }
+}
+
+struct Axpy {
+    alpha: f64,
+}
+
+impl InplaceOp2 for Axpy {
+    fn name(&self) -> &'static str {
+        "axpy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        src: &CpuStorage,
+        sl: &Layout,
+    ) -> Result<()> {
+        let (Some((d0, d1)), Some((s0, s1))) = (dl.contiguous_offsets(), sl.contiguous_offsets())
+        else {
+            candle_core::bail!("axpy: expected contiguous tensors");
+        };
+        match (dst, src) {
+            (CpuStorage::F32(d), CpuStorage::F32(s)) => {
+                let a = self.alpha as f32;
+                d[d0..d1]
+                    .iter_mut()
+                    .zip(&s[s0..s1])
+                    .for_each(|(x, g)| *x += a * g);
+            }
+            (CpuStorage::F64(d), CpuStorage::F64(s)) => {
+                d[d0..d1]
+                    .iter_mut()
+                    .zip(&s[s0..s1])
+                    .for_each(|(x, g)| *x += self.alpha * g);
+            }
+            _ => candle_core::bail!("axpy: expected f32 or f64 tensors of one dtype"),
         }
         Ok(())
     }
@@ -109,6 +174,25 @@ mod tests {
         };
         assert!(s.lr(4000) > s.lr(3999) && s.lr(4000) > s.lr(4001));
         assert!((s.lr(4000) - 512f64.powf(-0.5) * 4000f64.powf(-0.5)).abs() < 1e-15);
+    }
+
+    #[test]
+    fn in_place_sgd_matches_the_plain_update() -> Result<()> {
+        for dtype in [DType::F32, DType::F64] {
+            let x = Var::from_tensor(
+                &Tensor::new(&[1.0f64, -2.0, 3.0], &Device::Cpu)?.to_dtype(dtype)?,
+            )?;
+            let view = x.as_tensor().clone(); // a module's clone sees the update
+            let loss = (x.as_tensor().sqr()? * 0.5)?.sum_all()?; // gradient = x
+            let mut sgd = Sgd::new(vec![x.clone()], 0.1);
+            sgd.step_scaled(&loss.backward()?, 0.5)?;
+            let got = view.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+            let want = [0.95, -1.9, 2.85];
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-6, "{got:?}");
+            }
+        }
+        Ok(())
     }
 
     #[test]

@@ -194,14 +194,7 @@ fn with_view<T: Float, R>(t: &Tensor, f: impl FnOnce(View4<'_, T>) -> Result<R>)
 
 /// Splits `0..pairs` over threads when the work is large enough.
 fn pair_ranges(pairs: usize, macs: usize) -> Vec<std::ops::Range<usize>> {
-    let threads = if macs < MIN_PARALLEL_MACS {
-        1
-    } else {
-        num_threads().min(pairs).max(1)
-    };
-    (0..threads)
-        .map(|i| i * pairs / threads..(i + 1) * pairs / threads)
-        .collect()
+    super::split_ranges(pairs, macs, MIN_PARALLEL_MACS)
 }
 
 /// Splits `data` into consecutive chunks of `per * range.len()` elements.

@@ -387,15 +387,7 @@ impl<T: Pooled> Drop for Saved<T> {
 
 /// Splits `0..blocks` into one contiguous range per thread.
 fn thread_ranges(n: usize, c: usize, v: usize) -> Vec<Range<usize>> {
-    let blocks = v.div_ceil(BLOCK);
-    let threads = if n * c * v < MIN_PARALLEL_MACS {
-        1
-    } else {
-        num_threads().min(blocks).max(1)
-    };
-    (0..threads)
-        .map(|t| t * blocks / threads..(t + 1) * blocks / threads)
-        .collect()
+    super::split_ranges(v.div_ceil(BLOCK), n * c * v, MIN_PARALLEL_MACS)
 }
 
 /// Splits `buf` into the threads' regions: all their columns' exponentials with `store`,

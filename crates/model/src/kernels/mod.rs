@@ -131,6 +131,20 @@ fn run_threads<A: Send, R: Send>(items: Vec<A>, f: impl Fn(A) -> R + Sync) -> Ve
     })
 }
 
+/// Splits `0..items` into one contiguous range per thread ([`num_threads`], at most one per
+/// item), or a single range when `work` is below `min_work` (spawning costs tens of
+/// microseconds).
+fn split_ranges(items: usize, work: usize, min_work: usize) -> Vec<std::ops::Range<usize>> {
+    let threads = if work < min_work {
+        1
+    } else {
+        num_threads().min(items).max(1)
+    };
+    (0..threads)
+        .map(|i| i * items / threads..(i + 1) * items / threads)
+        .collect()
+}
+
 /// Splits `data` (rows of `width` elements) into at most [`num_threads`] contiguous groups of
 /// rows and runs `f(first_row, group)` on each in parallel. Inputs under `min_elems` elements
 /// per thread stay on the calling thread: waking the pool costs microseconds.

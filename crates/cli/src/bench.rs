@@ -6,6 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use clap::{Args, Subcommand};
 use std::time::Instant;
 use transformer_decode::{generate_lm, Sampling};
+use transformer_model::kernels::{amx, Precision};
 use transformer_model::{LmConfig, Mode, ParamBuilder, Rng, TransformerLm};
 use transformer_train::clip::clip_coefficient;
 use transformer_train::lm::lm_loss;
@@ -182,20 +183,40 @@ fn lm(a: LmBenchArgs) -> Result<()> {
     let (input, target) = random_window(&data_rng, a.batch, a.bptt, a.vocab, &dev)?;
     let mut opt = Sgd::new(vars.clone(), a.lr);
     let mut last_loss = f64::NAN;
-    let train = time(a.warmup, a.repeats, || {
-        let loss = lm_loss(&model, &input, &target, Mode::Train(&dropout_rng))?;
+    let mut step = |precision: Precision| -> Result<()> {
+        let loss = lm_loss(
+            &model,
+            &input,
+            &target,
+            Mode::Train(&dropout_rng),
+            precision,
+        )?;
         let grads = loss.backward()?;
         let (_, coef) = clip_coefficient(&grads, &vars, a.clip)?;
         opt.step_scaled(&grads, coef)?;
         last_loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         Ok(())
-    })?;
+    };
+    let train = time(a.warmup, a.repeats, || step(Precision::F32))?;
     let peak_rss = peak_rss_mb();
+    // The same step with the output layer's products in bf16 on the AMX units (mixed
+    // precision), where the CPU has them.
+    let train_bf16 = if amx::available() {
+        Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?)
+    } else {
+        None
+    };
 
     // b. Evaluation forward on the tutorial's evaluate batch.
     let (eval_input, eval_target) = random_window(&data_rng, a.eval_batch, a.bptt, a.vocab, &dev)?;
     let eval = time(a.warmup, a.repeats, || {
-        let loss = lm_loss(&model, &eval_input, &eval_target, Mode::Eval)?;
+        let loss = lm_loss(
+            &model,
+            &eval_input,
+            &eval_target,
+            Mode::Eval,
+            Precision::F32,
+        )?;
         loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         Ok(())
     })?;
@@ -233,6 +254,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
     if a.json {
         let out = serde_json::json!({
             "impl": "transformer (candle-core 0.11, fp32)",
+            "train_step_bf16_ms": train_bf16.as_ref().map(|t| t.json()),
             "train_step_ms": train.json(),
             "eval_ms": eval.json(),
             "gen_ms": gen.json(),
@@ -261,6 +283,13 @@ fn lm(a: LmBenchArgs) -> Result<()> {
             train.min,
             train.median
         );
+        match &train_bf16 {
+            Some(t) => println!(
+                "{:<44} {:>10.1} {:>10.1}",
+                "training step ms, bf16 output layer (AMX)", t.min, t.median
+            ),
+            None => println!("training step, bf16: no AMX on this CPU"),
+        }
         println!(
             "{:<44} {:>10.1} {:>10.1}",
             format!("evaluation forward ms ({} x {})", a.eval_batch, a.bptt),

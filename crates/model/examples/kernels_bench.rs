@@ -9,7 +9,7 @@
 //!   run; the small ops run 5 x REPEATS (at least 20), the composed loss at most 5.
 //! - `fused`: skip the slow composed linear_cross_entropy (its column prints NaN).
 //! - `lce`: only run the fused linear_cross_entropy forward + backward REPEATS times, silently
-//!   (for `perf stat` / `perf record`).
+//!   (for `perf stat` / `perf record`); `lce-bf16` the same with bf16 products on AMX.
 //!
 //! `RAYON_NUM_THREADS=1` runs the kernels (and candle's own ops) on one thread. Every
 //! "fwd+bwd" time includes candle's backprop bookkeeping (e.g. the `zeros_like` + `add` it
@@ -91,11 +91,17 @@ fn main() -> Result<()> {
     let (b, h, t, c, v) = (20usize, 2usize, 35usize, 200usize, 33_278usize);
     let n = b * t;
 
-    if mode == "lce" {
+    if mode == "lce" || mode == "lce-bf16" {
         let x = lce_inputs(n, c, v)?;
         let [hid, w, bias] = &x.ins;
+        let precision = if mode == "lce-bf16" {
+            kernels::Precision::Bf16
+        } else {
+            kernels::Precision::F32
+        };
         for _ in 0..reps {
-            let loss = kernels::linear_cross_entropy(hid, w, bias, &x.targets, None)?;
+            let loss =
+                kernels::linear_cross_entropy_with(hid, w, bias, &x.targets, None, precision)?;
             let _ = loss.backward()?;
         }
         return Ok(());
@@ -218,6 +224,32 @@ fn main() -> Result<()> {
                 gflop / fused.1 * 1e3
             ),
         );
+        // The same with bf16 products on the AMX units (mixed precision).
+        if kernels::amx::available() {
+            let bf16 = time(reps, &x.ins, &|ts| {
+                kernels::linear_cross_entropy_with(
+                    &ts[0],
+                    &ts[1],
+                    &ts[2],
+                    tg,
+                    None,
+                    kernels::Precision::Bf16,
+                )
+            })?;
+            row(
+                "linear_cross_entropy, bf16 products on AMX (reference column: fp32 fused)",
+                bf16,
+                fused,
+                &format!(
+                    "fwd+bwd: {:.0} GFLOP/s counting 3 products of 2NCV",
+                    gflop / bf16.1 * 1e3
+                ),
+            );
+        } else {
+            println!(
+                "| linear_cross_entropy, bf16 on AMX | - | - | - | - | - | no AMX on this CPU |"
+            );
+        }
         // Evaluation: no input tracks gradients, only logits + log-sum-exp.
         let plain: Vec<Tensor> = x.ins.iter().map(|x| x.as_tensor().detach()).collect();
         let (mut eval, mut eval_ref) = (Vec::new(), Vec::new());

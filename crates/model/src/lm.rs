@@ -8,6 +8,7 @@ use crate::config::{Activation, LmConfig};
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
 use crate::encoder::{Encoder, LayerSpec};
+use crate::kernels::Precision;
 use crate::linear::Linear;
 use crate::mask::Mask;
 use crate::multi_head::KvCache;
@@ -126,12 +127,26 @@ impl TransformerLm {
     /// # Shapes
     /// ids (B, T) u32, targets (B, T) or (B * T,) u32 -> scalar
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, mode: Mode) -> Result<Tensor> {
+        self.loss_with(ids, targets, mode, Precision::F32)
+    }
+
+    /// [`Self::loss`] with the output layer's products in `precision` (bf16 on the AMX
+    /// units where the CPU has them: mixed precision, see
+    /// [`crate::kernels::linear_cross_entropy_with`]).
+    pub fn loss_with(
+        &self,
+        ids: &Tensor,
+        targets: &Tensor,
+        mode: Mode,
+        precision: Precision,
+    ) -> Result<Tensor> {
         let h = self.hidden(ids, mode)?;
         let bias = self
             .linear
             .bias()
             .expect("the language model's output layer has a bias");
-        crate::kernels::linear_cross_entropy(&h, self.linear.weight(), bias, targets, None)
+        let w = self.linear.weight();
+        crate::kernels::linear_cross_entropy_with(&h, w, bias, targets, None, precision)
     }
 
     /// The output layer, for losses that fuse it with the softmax.

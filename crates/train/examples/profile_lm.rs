@@ -1,5 +1,6 @@
 //! Times the phases of the tutorial LM's evaluation forward and training step.
 //! `cargo run --release -p transformer-train --example profile_lm`
+//! (`PRECISION=bf16`: the loss's products on AMX; `STEPS=N`: only N untimed training steps.)
 
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
@@ -23,6 +24,11 @@ fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
 }
 
 fn main() -> candle_core::Result<()> {
+    // PRECISION=bf16: the training loss's products in bf16 on AMX.
+    let precision: transformer_model::kernels::Precision = std::env::var("PRECISION")
+        .unwrap_or_else(|_| "f32".into())
+        .parse()
+        .expect("PRECISION is f32 or bf16");
     let dev = Device::Cpu;
     let pb = ParamBuilder::new(DType::F32, &dev, 0);
     let cfg = LmConfig {
@@ -32,6 +38,28 @@ fn main() -> candle_core::Result<()> {
     let model = TransformerLm::new(&pb, &cfg)?;
     let params = pb.params();
     let rng = Rng::new(1);
+    // STEPS=N: only N full training steps at 20 x 35, untimed (for `perf record`).
+    if let Some(steps) = std::env::var("STEPS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+    {
+        let ids = Tensor::from_vec(
+            (0..700)
+                .map(|i| (i * 7919 % 28782) as u32)
+                .collect::<Vec<_>>(),
+            (20, 35),
+            &dev,
+        )?;
+        let vars = params.vars();
+        let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);
+        for _ in 0..steps {
+            let loss = model.loss_with(&ids, &ids, Mode::Train(&rng), precision)?;
+            let g = loss.backward()?;
+            let (_, coef) = transformer_train::clip::clip_coefficient(&g, &vars, 0.5).unwrap();
+            sgd.step_scaled(&g, coef).unwrap();
+        }
+        return Ok(());
+    }
     for (b, t) in [(10usize, 35usize), (20, 35)] {
         let ids = Tensor::from_vec(
             (0..b * t)
@@ -52,18 +80,20 @@ fn main() -> candle_core::Result<()> {
             model.forward(&ids, Mode::Eval).unwrap()
         });
         time("  loss (train) forward", 5, || {
-            model.loss(&ids, &targets, Mode::Train(&rng)).unwrap()
+            model
+                .loss_with(&ids, &targets, Mode::Train(&rng), precision)
+                .unwrap()
         });
         time("  loss (train) forward+backward", 5, || {
             model
-                .loss(&ids, &targets, Mode::Train(&rng))
+                .loss_with(&ids, &targets, Mode::Train(&rng), precision)
                 .unwrap()
                 .backward()
                 .unwrap()
         });
         let vars = params.vars();
         let grads = model
-            .loss(&ids, &targets, Mode::Train(&rng))
+            .loss_with(&ids, &targets, Mode::Train(&rng), precision)
             .unwrap()
             .backward()
             .unwrap();
@@ -73,7 +103,9 @@ fn main() -> candle_core::Result<()> {
             sgd.step_scaled(&grads, coef).unwrap();
         });
         time("  full step (fwd+bwd+clip+sgd)", 5, || {
-            let loss = model.loss(&ids, &targets, Mode::Train(&rng)).unwrap();
+            let loss = model
+                .loss_with(&ids, &targets, Mode::Train(&rng), precision)
+                .unwrap();
             let g = loss.backward().unwrap();
             let (_, coef) = transformer_train::clip::clip_coefficient(&g, &vars, 0.5).unwrap();
             let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);

@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+use transformer_model::kernels::Precision;
 use transformer_model::{LmConfig, Mode, ParamBuilder, Params, Rng, TransformerLm};
 use transformer_text::batch::{batchify, Batch, Batched};
 use transformer_text::corpus::{read_split, Split};
@@ -74,6 +75,10 @@ pub struct LmTrainConfig {
     pub max_batches: Option<usize>,
     /// Seed for initialisation and dropout.
     pub seed: u64,
+    /// Arithmetic of the output layer's products in training: `f32` (the tutorial's) or
+    /// `bf16` (mixed precision on the AMX units; f32 where the CPU has none). Validation and
+    /// test perplexities are always computed in f32.
+    pub precision: Precision,
 }
 
 impl Default for LmTrainConfig {
@@ -96,6 +101,7 @@ impl Default for LmTrainConfig {
             checkpoint_interval: 500,
             max_batches: None,
             seed: 42,
+            precision: Precision::F32,
         }
     }
 }
@@ -210,8 +216,9 @@ pub fn lm_loss(
     input: &Tensor,
     target: &Tensor,
     mode: Mode,
+    precision: Precision,
 ) -> Result<Tensor> {
-    Ok(model.loss(input, target, mode)?)
+    Ok(model.loss_with(input, target, mode, precision)?)
 }
 
 /// The tutorial's `evaluate`: the mean loss per target token over all windows, each window's
@@ -225,7 +232,7 @@ pub fn evaluate(
     let mut total = 0.0;
     for w in data.windows(bptt) {
         let (input, target) = window_tensors(&w, device)?;
-        let loss = lm_loss(model, &input, &target, Mode::Eval)?;
+        let loss = lm_loss(model, &input, &target, Mode::Eval, Precision::F32)?;
         total += w.seq_len as f64 * loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     }
     Ok(total / (data.rows - 1) as f64)
@@ -570,7 +577,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                 });
             }
             let (input, target) = window_tensors(&w, dev)?;
-            let loss = lm_loss(&model, &input, &target, Mode::Train(&rng))?;
+            let loss = lm_loss(&model, &input, &target, Mode::Train(&rng), cfg.precision)?;
             let grads = loss.backward()?;
             // Clipping as PyTorch's clip_grad_norm_, applied as a factor on the step.
             let (_, coef) = clip_coefficient(&grads, &vars, cfg.clip)?;

@@ -21,7 +21,7 @@
 use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
 use super::softmax::softmax_last_dim_reference;
-use super::{fused_applies, num_threads, run_parallel, with_slice};
+use super::{fused_applies, run_parallel, with_slice};
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 
 /// Fused scaled dot-product attention with a hand-written backward pass (gradients of `q`,

@@ -58,9 +58,10 @@
 //! gradient. If every row is ignored the loss is NaN (0/0, as PyTorch) and the gradients are
 //! zero (as PyTorch's). A target outside `0..V` that is not `ignore_index` is an error.
 
+use super::amx::{self, pad32};
 use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
-use super::{cpu_slice, fused_applies, num_threads, run_threads, with_slice};
+use super::{cpu_slice, fused_applies, run_threads, with_slice, Precision};
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use std::ops::Range;
 use std::sync::Mutex;
@@ -71,6 +72,9 @@ use std::sync::Mutex;
 /// logits): 256: 250 ms, 512: 221 ms, 1024: 232 ms, 2048: 247 ms; with the final transposed
 /// layout 256 to 2048 were within the noise of a shared machine.
 pub const BLOCK: usize = 512;
+
+/// Vocabulary rows per bf16 product in pass 1 (a 360 KB scratch of logits at N = 700).
+const AMX_ROWS: usize = 128;
 
 /// Products smaller than this many multiply-adds (`N * C * V`) stay on one thread.
 const MIN_PARALLEL_MACS: usize = 1 << 22;
@@ -99,6 +103,25 @@ pub fn linear_cross_entropy(
     targets: &Tensor,
     ignore_index: Option<u32>,
 ) -> Result<Tensor> {
+    linear_cross_entropy_with(hidden, weight, bias, targets, ignore_index, Precision::F32)
+}
+
+/// [`linear_cross_entropy`] with a choice of arithmetic for its three products.
+///
+/// [`Precision::Bf16`] runs them on the AMX units with bf16 operands and fp32 accumulation
+/// when the inputs are f32 on the CPU and [`amx::available`]; otherwise (f64, other
+/// devices, no AMX) this is exactly [`linear_cross_entropy`]. Everything but the products
+/// (bias, log-sum-exp, softmax, the gradient scaling and the bias gradient) stays fp32.
+/// Measured error against the fp32 kernel at the tutorial's shapes: see
+/// `tests/kernels.rs` (`bf16_loss_is_close_to_f32`).
+pub fn linear_cross_entropy_with(
+    hidden: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    targets: &Tensor,
+    ignore_index: Option<u32>,
+    precision: Precision,
+) -> Result<Tensor> {
     let (n, c, v) = check_shapes(hidden, weight, bias, targets)?;
     if !fused_applies(&[hidden, weight, bias]) {
         return linear_cross_entropy_reference(hidden, weight, bias, targets, ignore_index);
@@ -109,6 +132,7 @@ pub fn linear_cross_entropy(
     let op = LinearCrossEntropy {
         targets,
         want_grad,
+        amx: precision == Precision::Bf16 && hidden.dtype() == DType::F32 && amx::available(),
         saved: Mutex::new(None),
     };
     h.apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
@@ -209,6 +233,8 @@ struct LinearCrossEntropy {
     targets: Vec<Option<usize>>,
     /// Some input tracks gradients: keep the exponentials for the backward pass.
     want_grad: bool,
+    /// Run the products in bf16 on the AMX units (f32 inputs only).
+    amx: bool,
     saved: Mutex<Option<SavedAny>>,
 }
 
@@ -234,13 +260,15 @@ impl CustomOp3 for LinearCrossEntropy {
         let storage = match s1 {
             CpuStorage::F32(_) => {
                 let (h, w, b) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?);
-                let (loss, saved) = forward::<f32>(h, w, b, n, c, v, &self.targets, self.want_grad);
+                let (loss, saved) =
+                    forward::<f32>(h, w, b, n, c, v, &self.targets, self.want_grad, self.amx);
                 *self.saved.lock().unwrap() = saved.map(SavedAny::F32);
                 CpuStorage::F32(vec![loss as f32])
             }
             CpuStorage::F64(_) => {
                 let (h, w, b) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?);
-                let (loss, saved) = forward::<f64>(h, w, b, n, c, v, &self.targets, self.want_grad);
+                let (loss, saved) =
+                    forward::<f64>(h, w, b, n, c, v, &self.targets, self.want_grad, false);
                 *self.saved.lock().unwrap() = saved.map(SavedAny::F64);
                 CpuStorage::F64(vec![loss])
             }
@@ -265,14 +293,14 @@ impl CustomOp3 for LinearCrossEntropy {
                     Some(SavedAny::F32(s)) => Some(s),
                     _ => None,
                 };
-                backward_op::<f32>(hidden, weight, bias, &self.targets, saved, g)?
+                backward_op::<f32>(hidden, weight, bias, &self.targets, saved, g, self.amx)?
             }
             DType::F64 => {
                 let saved = match saved {
                     Some(SavedAny::F64(s)) => Some(s),
                     _ => None,
                 };
-                backward_op::<f64>(hidden, weight, bias, &self.targets, saved, g)?
+                backward_op::<f64>(hidden, weight, bias, &self.targets, saved, g, false)?
             }
             dt => bail!("kernels-linear-cross-entropy: unsupported dtype {dt:?}"),
         };
@@ -289,6 +317,7 @@ fn backward_op<T: Pooled>(
     targets: &[Option<usize>],
     saved: Option<Saved<T>>,
     g: f64,
+    amx: bool,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (n, c) = hidden.dims2()?;
     let v = weight.dim(0)?;
@@ -297,11 +326,11 @@ fn backward_op<T: Pooled>(
             let saved = match saved {
                 Some(s) => s,
                 None => with_slice::<T, _>(bias, |b| {
-                    let (_, s) = forward::<T>(h, w, b, n, c, v, targets, true);
+                    let (_, s) = forward::<T>(h, w, b, n, c, v, targets, true, amx);
                     Ok(s.expect("the forward pass keeps its state when asked to"))
                 })?,
             };
-            Ok(backward::<T>(saved, h, w, targets, T::from_f64(g)))
+            Ok(backward::<T>(saved, h, w, targets, T::from_f64(g), amx))
         })
     })?;
     let dev = hidden.device();
@@ -317,19 +346,34 @@ fn backward_op<T: Pooled>(
 // ---------------------------------------------------------------------------------------------
 
 /// A reusable buffer per element type for the logits (see the module docs).
+/// Also the f32 view the bf16 products need (`None` for f64, which never takes that path).
 trait Pooled: Float {
     fn pool() -> &'static Mutex<Vec<Self>>;
+    fn as_f32(x: &[Self]) -> Option<&[f32]>;
+    fn as_f32_mut(x: &mut [Self]) -> Option<&mut [f32]>;
 }
 impl Pooled for f32 {
     fn pool() -> &'static Mutex<Vec<f32>> {
         static P: Mutex<Vec<f32>> = Mutex::new(Vec::new());
         &P
     }
+    fn as_f32(x: &[f32]) -> Option<&[f32]> {
+        Some(x)
+    }
+    fn as_f32_mut(x: &mut [f32]) -> Option<&mut [f32]> {
+        Some(x)
+    }
 }
 impl Pooled for f64 {
     fn pool() -> &'static Mutex<Vec<f64>> {
         static P: Mutex<Vec<f64>> = Mutex::new(Vec::new());
         &P
+    }
+    fn as_f32(_: &[f64]) -> Option<&[f32]> {
+        None
+    }
+    fn as_f32_mut(_: &mut [f64]) -> Option<&mut [f32]> {
+        None
     }
 }
 
@@ -425,6 +469,7 @@ fn forward<T: Pooled>(
     v: usize,
     targets: &[Option<usize>],
     store: bool,
+    amx: bool,
 ) -> (f64, Option<Saved<T>>) {
     assert!(h.len() == n * c && w.len() == v * c && b.len() == v && targets.len() == n);
     let count = targets.iter().filter(|t| t.is_some()).count();
@@ -437,8 +482,25 @@ fn forward<T: Pooled>(
     let mut buf = take_scratch::<T>(per_thread);
     let regs = regions(&mut buf, &ranges, n, v, store);
     let items: Vec<_> = ranges.iter().cloned().zip(regs).collect();
+    // bf16 products: H^T as the right operand of every block's Z^T = W_j H^T, packed once.
+    let h_t = T::as_f32(h).filter(|_| amx).map(|h| {
+        let mut packed = Vec::new();
+        amx::pack_pairs_of_cols(h, n, c, c, &mut packed);
+        packed
+    });
     let partials: Vec<Partial<T>> = run_threads(items, |(r, region)| {
-        pass1(h, w, b, n, c, targets, cols(&r, v), region, store)
+        pass1(
+            h,
+            w,
+            b,
+            n,
+            c,
+            targets,
+            cols(&r, v),
+            region,
+            store,
+            h_t.as_deref(),
+        )
     });
 
     // Merge the threads' partial log-sum-exps; the loss.
@@ -482,6 +544,7 @@ fn backward<T: Pooled>(
     w: &[T],
     targets: &[Option<usize>],
     g: T,
+    amx: bool,
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
     let (n, c, v) = (saved.n, saved.c, saved.v);
     assert!(h.len() == n * c && w.len() == v * c && targets.len() == n);
@@ -507,9 +570,27 @@ fn backward<T: Pooled>(
         items.push((cols, region, &bmax[..], dw_mine, db_mine));
     }
     let lse = &saved.lse;
+    // bf16 products: H as the right operand of every block's dW_j = P_j^T H, packed once.
+    let h_pairs = T::as_f32(h).filter(|_| amx).map(|h| {
+        let mut packed = Vec::new();
+        amx::pack_pairs_of_rows(h, n, c, c, &mut packed);
+        packed
+    });
     let dh_t = run_threads(items, |(cols, region, block_max, dw, db)| {
         pass2(
-            h, w, n, c, targets, lse, &scale, cols, region, block_max, dw, db,
+            h,
+            w,
+            n,
+            c,
+            targets,
+            lse,
+            &scale,
+            cols,
+            region,
+            block_max,
+            dw,
+            db,
+            h_pairs.as_deref(),
         )
     });
     // Sum the threads' dH^T (C x N) and transpose to dH (N x C).
@@ -536,7 +617,7 @@ fn backward<T: Pooled>(
 /// block `j` is left in `region` at `n * (v0_j - cols.start)`; else `region` holds one block
 /// at a time.
 #[allow(clippy::too_many_arguments)]
-fn pass1<T: Float>(
+fn pass1<T: Pooled>(
     h: &[T],
     w: &[T],
     b: &[T],
@@ -546,6 +627,7 @@ fn pass1<T: Float>(
     cols: Range<usize>,
     region: &mut [T],
     store: bool,
+    h_t: Option<&[u32]>,
 ) -> Partial<T> {
     let mut p = Partial {
         max: vec![T::NEG_INFINITY; n],
@@ -554,32 +636,77 @@ fn pass1<T: Float>(
         block_max: vec![T::NEG_INFINITY; n * cols.len().div_ceil(BLOCK)],
     };
     let mut block_sum = vec![T::ZERO; n];
+    let (mut w_j, mut z_scratch) = (Vec::new(), Vec::new());
     let mut v0 = cols.start;
     let mut j = 0;
     while v0 < cols.end {
         let len = BLOCK.min(cols.end - v0);
         let off = if store { n * (v0 - cols.start) } else { 0 };
         let z = &mut region[off..off + n * len];
-        // Z^T (len x n, row stride n) = W_j (len x c) @ H^T (c x n): both read in place.
-        gemm(
-            Mat::new_mut(&mut *z, len, n, n, 1),
-            false,
-            Mat::new(&w[v0 * c..(v0 + len) * c], len, c, c, 1),
-            Mat::new(h, c, n, 1, c),
-            T::ONE,
-        );
+        let w_rows = &w[v0 * c..(v0 + len) * c];
         let bias = &b[v0..v0 + len];
         let bmax = &mut p.block_max[j * n..(j + 1) * n];
+        // Z^T (len x n, row stride n) = W_j (len x c) @ H^T (c x n), plus the bias, and the
+        // block's max per row.
+        let amx_args = (
+            h_t,
+            T::as_f32_mut(&mut *z),
+            T::as_f32(w_rows),
+            T::as_f32(bias),
+            T::as_f32_mut(&mut *bmax),
+        );
+        match amx_args {
+            (Some(h_t), Some(z), Some(w_rows), Some(bias), Some(bmax)) => {
+                // In slices of AMX_ROWS rows through a 64-byte-aligned scratch that stays in
+                // L2 (tile stores straight into the uncached, unaligned region were slow),
+                // copied out with the bias added and the max taken on the way.
+                let np = pad32(n);
+                let zs = amx::aligned(&mut z_scratch, AMX_ROWS * np);
+                for s0 in (0..len).step_by(AMX_ROWS) {
+                    let rows = AMX_ROWS.min(len - s0);
+                    amx::pack_rows(&w_rows[s0 * c..(s0 + rows) * c], rows, c, c, &mut w_j);
+                    amx::gemm_bf16(zs, np, rows, n, &w_j, pad32(c), h_t, np, false);
+                    let dst = &mut z[s0 * n..(s0 + rows) * n];
+                    let bias = &bias[s0..s0 + rows];
+                    simd(
+                        #[inline(always)]
+                        || {
+                            let rows = dst.chunks_exact_mut(n).zip(zs.chunks_exact(np));
+                            for ((zr, sr), &bv) in rows.zip(bias) {
+                                for ((x, &s), m) in zr.iter_mut().zip(sr).zip(bmax.iter_mut()) {
+                                    *x = s + bv;
+                                    *m = if *x > *m { *x } else { *m };
+                                }
+                            }
+                        },
+                    );
+                }
+            }
+            _ => {
+                // fp32, both operands read in place.
+                gemm(
+                    Mat::new_mut(&mut *z, len, n, n, 1),
+                    false,
+                    Mat::new(w_rows, len, c, c, 1),
+                    Mat::new(h, c, n, 1, c),
+                    T::ONE,
+                );
+                simd(
+                    #[inline(always)]
+                    || {
+                        for (zr, &bv) in z.chunks_exact_mut(n).zip(bias) {
+                            for (x, m) in zr.iter_mut().zip(bmax.iter_mut()) {
+                                *x += bv;
+                                *m = if *x > *m { *x } else { *m };
+                            }
+                        }
+                    },
+                );
+            }
+        }
         simd(
             #[inline(always)]
             || {
-                // Bias and the running max over the block, one pass.
-                for (zr, &bv) in z.chunks_exact_mut(n).zip(bias) {
-                    for (x, m) in zr.iter_mut().zip(bmax.iter_mut()) {
-                        *x += bv;
-                        *m = if *x > *m { *x } else { *m };
-                    }
-                }
                 for (row, t) in targets.iter().enumerate() {
                     if let Some(t) = *t {
                         if (v0..v0 + len).contains(&t) {
@@ -620,7 +747,7 @@ fn pass1<T: Float>(
 /// `db` (entries `cols` of dbias) and `dw` (rows `cols` of dW, each block written once) and
 /// returns this thread's `dH^T = sum_j (P_j W_j)^T` (C x N).
 #[allow(clippy::too_many_arguments)]
-fn pass2<T: Float>(
+fn pass2<T: Pooled>(
     h: &[T],
     w: &[T],
     n: usize,
@@ -633,8 +760,18 @@ fn pass2<T: Float>(
     block_max: &[T],
     dw: &mut [T],
     db: &mut [T],
+    h_pairs: Option<&[u32]>,
 ) -> Vec<T> {
     let mut dh_t = vec![T::ZERO; c * n];
+    let (mut p_rows, mut p_pairs, mut w_t) = (Vec::new(), Vec::new(), Vec::new());
+    // bf16 products write through 64-byte-aligned scratch with padded rows (see pass 1):
+    // dW_j's rows, and dH^T accumulated over all blocks, copied out at the end.
+    let (mut dw_buf, mut dh_buf) = (Vec::new(), Vec::new());
+    let (np, cp) = (pad32(n), pad32(c));
+    let dh_pad = match h_pairs {
+        Some(_) => amx::aligned(&mut dh_buf, c * np),
+        None => &mut [][..],
+    };
     let mut factor = vec![T::ZERO; n];
     let mut v0 = cols.start;
     let mut j = 0;
@@ -654,41 +791,161 @@ fn pass2<T: Float>(
                         (m - l).exp() * s
                     };
                 }
-                for (pr, d) in p.chunks_exact_mut(n).zip(db.iter_mut()) {
-                    for (x, &f) in pr.iter_mut().zip(factor.iter()) {
-                        *x *= f;
-                    }
-                    *d = float::row_sum(pr);
-                }
-                for (row, (t, &s)) in targets.iter().zip(scale).enumerate() {
-                    if let Some(t) = *t {
-                        if (v0..v0 + len).contains(&t) {
-                            p[(t - v0) * n + row] -= s;
-                            db[t - v0] -= s;
-                        }
-                    }
-                }
             },
         );
-        let p = &*p;
-        // dW_j (len x c) = P_j^T (len x n) @ H (n x c).
-        gemm(
-            Mat::new_mut(&mut dw[local * c..(local + len) * c], len, c, c, 1),
-            false,
-            Mat::new(p, len, n, n, 1),
-            Mat::new(h, n, c, c, 1),
-            T::ONE,
+        let w_rows = &w[v0 * c..(v0 + len) * c];
+        let dw_j = &mut dw[local * c..(local + len) * c];
+        let amx_args = (
+            h_pairs,
+            T::as_f32(p),
+            T::as_f32(w_rows),
+            T::as_f32_mut(dw_j),
+            T::as_f32_mut(&mut *db),
+            T::as_f32(&factor),
+            T::as_f32(scale),
         );
-        // dH^T (n x c, stored column-major) += P_j (n x len) @ W_j (len x c).
-        gemm(
-            Mat::new_mut(&mut dh_t, n, c, 1, n),
-            j > 0,
-            Mat::new(p, n, len, 1, n),
-            Mat::new(&w[v0 * c..(v0 + len) * c], len, c, c, 1),
-            T::ONE,
-        );
+        match amx_args {
+            (Some(h_pairs), Some(p), Some(w_rows), Some(dw_j), Some(db), Some(f), Some(sc)) => {
+                // P_j^T straight into the two bf16 layouts the products read, its row sums
+                // into db: one pass over the stored exponentials, no f32 P written back.
+                pack_p(p, len, n, f, sc, targets, v0, db, &mut p_rows, &mut p_pairs);
+                // dW_j (len x c) = P_j^T (len x n) @ H (n x c).
+                let dw_pad = amx::aligned(&mut dw_buf, len * cp);
+                amx::gemm_bf16(dw_pad, cp, len, c, &p_rows, np, h_pairs, cp, false);
+                for (dst, src) in dw_j.chunks_exact_mut(c).zip(dw_pad.chunks_exact(cp)) {
+                    dst.copy_from_slice(&src[..c]);
+                }
+                // dH^T (c x n) += W_j^T (c x len) @ P_j^T (len x n).
+                amx::pack_rows_transposed(w_rows, len, c, c, &mut w_t);
+                amx::gemm_bf16(dh_pad, np, c, n, &w_t, pad32(len), &p_pairs, np, j > 0);
+            }
+            _ => {
+                simd(
+                    #[inline(always)]
+                    || {
+                        for (pr, d) in p.chunks_exact_mut(n).zip(db.iter_mut()) {
+                            for (x, &f) in pr.iter_mut().zip(factor.iter()) {
+                                *x *= f;
+                            }
+                            *d = float::row_sum(pr);
+                        }
+                        for (row, (t, &s)) in targets.iter().zip(scale).enumerate() {
+                            if let Some(t) = *t {
+                                if (v0..v0 + len).contains(&t) {
+                                    p[(t - v0) * n + row] -= s;
+                                    db[t - v0] -= s;
+                                }
+                            }
+                        }
+                    },
+                );
+                let p = &*p;
+                // dW_j (len x c) = P_j^T (len x n) @ H (n x c).
+                gemm(
+                    Mat::new_mut(dw_j, len, c, c, 1),
+                    false,
+                    Mat::new(p, len, n, n, 1),
+                    Mat::new(h, n, c, c, 1),
+                    T::ONE,
+                );
+                // dH^T (n x c, stored column-major) += P_j (n x len) @ W_j (len x c).
+                gemm(
+                    Mat::new_mut(&mut dh_t, n, c, 1, n),
+                    j > 0,
+                    Mat::new(p, n, len, 1, n),
+                    Mat::new(w_rows, len, c, c, 1),
+                    T::ONE,
+                );
+            }
+        }
         v0 += len;
         j += 1;
     }
+    if let (Some(dh_t), false) = (T::as_f32_mut(&mut dh_t), dh_pad.is_empty()) {
+        for (dst, src) in dh_t.chunks_exact_mut(n).zip(dh_pad.chunks_exact(np)) {
+            dst.copy_from_slice(&src[..n]);
+        }
+    }
     dh_t
+}
+
+/// The bf16 operands of pass 2 from one block's stored exponentials `e` (`len x n`): row `r`
+/// of `P_j^T` is `e[r] * factor - scale * onehot` (the target's `scale` subtracted where row
+/// `v0 + r` is a row's target), written as bf16 rows into `rows` (`pad32(len) x pad32(n)`,
+/// [`amx::pack_rows`]'s layout) and as pairs of rows into `pairs`
+/// ([`amx::pack_pairs_of_rows`]'s); `db[r]` gets its sum (in f32).
+#[allow(clippy::too_many_arguments)]
+fn pack_p(
+    e: &[f32],
+    len: usize,
+    n: usize,
+    factor: &[f32],
+    scale: &[f32],
+    targets: &[Option<usize>],
+    v0: usize,
+    db: &mut [f32],
+    rows: &mut Vec<u16>,
+    pairs: &mut Vec<u32>,
+) {
+    let (lp, np) = (pad32(len), pad32(n));
+    // Sized once with zeros (the padding columns are never written, so stay zero); padding
+    // rows of a short last block are cleared.
+    if rows.len() < lp * np {
+        rows.resize(pad32(BLOCK).max(lp) * np, 0);
+        pairs.resize(pad32(BLOCK).max(lp) / 2 * np, 0);
+    }
+    rows[len * np..lp * np].fill(0);
+    pairs[len.div_ceil(2) * np..lp / 2 * np].fill(0);
+    // (row of P_j^T, column, amount) of the one-hot terms in this block, in row order.
+    let mut hits: Vec<(usize, usize, f32)> = targets
+        .iter()
+        .zip(scale)
+        .enumerate()
+        .filter_map(|(col, (t, &s))| match *t {
+            Some(t) if (v0..v0 + len).contains(&t) => Some((t - v0, col, s)),
+            _ => None,
+        })
+        .collect();
+    hits.sort_unstable_by_key(|h| (h.0, h.1));
+    let (mut lo, mut hi) = (vec![0f32; n], vec![0f32; n]);
+    simd(
+        #[inline(always)]
+        || {
+            let mut hits = hits.iter().peekable();
+            let mut row = |r: usize, out: &mut [f32], db: &mut [f32]| {
+                if r >= len {
+                    out.fill(0.0);
+                    return;
+                }
+                for ((o, &x), &f) in out.iter_mut().zip(&e[r * n..(r + 1) * n]).zip(factor) {
+                    *o = x * f;
+                }
+                while let Some(&&(hr, col, s)) = hits.peek() {
+                    if hr != r {
+                        break;
+                    }
+                    out[col] -= s;
+                    hits.next();
+                }
+                db[r] = float::row_sum(out);
+            };
+            for r in (0..len).step_by(2) {
+                row(r, &mut lo, db);
+                row(r + 1, &mut hi, db);
+                for (o, &x) in rows[r * np..r * np + n].iter_mut().zip(&lo) {
+                    *o = amx::bf16_bits(x);
+                }
+                if r + 1 < len {
+                    let dst = &mut rows[(r + 1) * np..(r + 1) * np + n];
+                    for (o, &x) in dst.iter_mut().zip(&hi) {
+                        *o = amx::bf16_bits(x);
+                    }
+                }
+                let dst = &mut pairs[r / 2 * np..r / 2 * np + n];
+                for ((o, &a), &b) in dst.iter_mut().zip(&lo).zip(&hi) {
+                    *o = amx::bf16_bits(a) as u32 | (amx::bf16_bits(b) as u32) << 16;
+                }
+            }
+        },
+    );
 }

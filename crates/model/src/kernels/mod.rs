@@ -29,6 +29,7 @@
 //!
 //! The module docs of each kernel give its design and more numbers.
 
+pub mod amx;
 mod attention;
 mod cross_entropy;
 mod float;
@@ -37,11 +38,47 @@ mod matmul;
 mod softmax;
 
 pub use attention::{attention, attention_reference};
-pub use cross_entropy::{linear_cross_entropy, linear_cross_entropy_reference, release_scratch};
+pub use cross_entropy::{
+    linear_cross_entropy, linear_cross_entropy_reference, linear_cross_entropy_with,
+    release_scratch,
+};
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use softmax::{softmax_last_dim, softmax_last_dim_reference};
 
 use candle_core::{bail, DType, Layout, Result, Storage, Tensor, WithDType};
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        })
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" | "fp32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            _ => Err(format!("unknown precision {s:?}: use f32 or bf16")),
+        }
+    }
+}
+
+/// The arithmetic of a kernel's large matrix products. Written `f32` / `bf16` in configs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// fp32 (or the inputs' own f64): the reference arithmetic.
+    #[default]
+    F32,
+    /// bf16 operands with fp32 accumulation on the AMX units ([`amx`]) where the CPU has
+    /// them and the inputs are f32; the fp32 path elsewhere. Mixed precision: everything
+    /// outside the products stays fp32.
+    Bf16,
+}
 
 /// True when the fused CPU path applies: every tensor on the CPU with `dtype` f32 or f64.
 fn fused_applies(ts: &[&Tensor]) -> bool {

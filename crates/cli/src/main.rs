@@ -112,6 +112,8 @@ struct InfoArgs {
 }
 
 fn main() {
+    // Large per-step buffers are reused instead of faulted in afresh (see the module docs).
+    transformer_train::memory::keep_freed_memory();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

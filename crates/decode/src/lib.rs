@@ -129,11 +129,9 @@ pub fn generate_lm(
     let mut out = Vec::with_capacity(max_tokens);
     let mut input = Tensor::new(prompt, device)?.unsqueeze(0)?;
     for _ in 0..max_tokens {
-        let logits = model.forward_step(&input, &mut cache, Mode::Eval)?;
-        let t = logits.dim(1)?;
-        let last = logits
+        let last = model
+            .next_logits(&input, &mut cache, Mode::Eval)?
             .get(0)?
-            .get(t - 1)?
             .to_dtype(candle_core::DType::F32)?
             .to_vec1::<f32>()?;
         let next = sample(&last, sampling, rng.uniform());

@@ -200,6 +200,32 @@ fn main() -> Result<()> {
         );
     }
 
+    // The output layer for one decoding step: 1 row against the vocabulary, no gradients.
+    {
+        let x = randn(&[1, c], 1.0)?;
+        let w = randn(&[v, c], 0.1)?;
+        let bias = randn(&[v], 0.1)?;
+        let reps = small_reps * 5;
+        let (mut fused, mut reference) = (Vec::new(), Vec::new());
+        for i in 0..=reps {
+            let t0 = Instant::now();
+            kernels::linear_few_rows(&x, &w, &bias)?;
+            let t1 = Instant::now();
+            kernels::linear_few_rows_reference(&x, &w, &bias)?;
+            let t2 = Instant::now();
+            if i > 0 {
+                fused.push((t1 - t0).as_secs_f64() * 1e3);
+                reference.push((t2 - t1).as_secs_f64() * 1e3);
+            }
+        }
+        let (f, r) = (median(fused), median(reference));
+        println!(
+            "| linear_few_rows N=1 C={c} V={v} (decoding, forward only) | {f:.3} | - | {r:.3} | - | {:.1}x (fwd) | fused reads W at {:.1} GB/s |",
+            r / f,
+            (v * c * 4) as f64 / f / 1e6
+        );
+    }
+
     // The output layer + cross-entropy.
     {
         let x = lce_inputs(n, c, v)?;

@@ -148,6 +148,10 @@ pub struct LmConfig {
     pub layer_norm_eps: f64,
     /// Longest sequence the positional encoding covers (the tutorial's `max_len=5000`).
     pub max_len: usize,
+    /// Share one matrix between the embedding and the output layer (Press & Wolf 2017;
+    /// Inan et al. 2017): `linear.weight` is `embedding.weight`, about 5.8M fewer
+    /// parameters at the tutorial's sizes. The tutorial does not (false).
+    pub tie_weights: bool,
 }
 
 impl Default for LmConfig {
@@ -161,6 +165,7 @@ impl Default for LmConfig {
             dropout: 0.2,
             layer_norm_eps: 1e-5,
             max_len: 5000,
+            tie_weights: false,
         }
     }
 }

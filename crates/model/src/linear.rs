@@ -35,6 +35,12 @@ impl Linear {
         Ok(Self { weight, bias })
     }
 
+    /// A layer on existing tensors (e.g. a weight shared with an embedding): `weight` is
+    /// (out, in), `bias` (out,).
+    pub fn from_parts(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self { weight, bias }
+    }
+
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }

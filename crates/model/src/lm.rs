@@ -28,7 +28,8 @@ pub struct TransformerLm {
 
 impl TransformerLm {
     /// The tutorial's initialisation: embedding and output weights U(-0.1, 0.1), output bias
-    /// zero, encoder layers with PyTorch's defaults.
+    /// zero, encoder layers with PyTorch's defaults. With `cfg.tie_weights` the output layer
+    /// uses the embedding's matrix (no `linear.weight` parameter).
     pub fn new(pb: &ParamBuilder, cfg: &LmConfig) -> Result<Self> {
         cfg.validate()
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
@@ -50,13 +51,19 @@ impl TransformerLm {
             cfg.d_model,
             Init::Uniform(0.1),
         )?;
-        let linear = Linear::with_init(
-            &pb.pp("linear"),
-            cfg.d_model,
-            cfg.ntoken,
-            Init::Uniform(0.1),
-            Some(Init::Zeros),
-        )?;
+        let linear = if cfg.tie_weights {
+            // The embedding's matrix, (ntoken, d_model), is already the (out, in) layout.
+            let bias = pb.pp("linear").var("bias", cfg.ntoken, Init::Zeros)?;
+            Linear::from_parts(embedding.weight().clone(), Some(bias))
+        } else {
+            Linear::with_init(
+                &pb.pp("linear"),
+                cfg.d_model,
+                cfg.ntoken,
+                Init::Uniform(0.1),
+                Some(Init::Zeros),
+            )?
+        };
         let pos_encoder = PositionalEncoding::new(
             cfg.d_model,
             cfg.max_len,
@@ -105,6 +112,30 @@ impl TransformerLm {
     /// # Shapes
     /// ids (B, T) u32 -> (B, T, V)
     pub fn forward_step(&self, ids: &Tensor, cache: &mut [KvCache], mode: Mode) -> Result<Tensor> {
+        let h = self.step_hidden(ids, cache, mode)?;
+        self.linear.forward(&h)
+    }
+
+    /// Logits for the token after the last of `ids` only, extending `cache` with all of them:
+    /// what a decoding loop needs. Equals the last position of [`Self::forward_step`], without
+    /// the output layer's work at the other positions (a prompt of T tokens would otherwise
+    /// cost T vocabulary-sized products).
+    ///
+    /// # Shapes
+    /// ids (B, T) u32 -> (B, V)
+    pub fn next_logits(&self, ids: &Tensor, cache: &mut [KvCache], mode: Mode) -> Result<Tensor> {
+        let h = self.step_hidden(ids, cache, mode)?;
+        let last = h.narrow(1, h.dim(1)? - 1, 1)?.squeeze(1)?;
+        let bias = self
+            .linear
+            .bias()
+            .expect("the language model's output layer has a bias");
+        // A few rows against the whole vocabulary: a kernel that reads W once, in place.
+        crate::kernels::linear_few_rows(&last, self.linear.weight(), bias)
+    }
+
+    /// The last layer's hidden states for new tokens continuing `cache` (extended with them).
+    fn step_hidden(&self, ids: &Tensor, cache: &mut [KvCache], mode: Mode) -> Result<Tensor> {
         let (_b, t) = ids.dims2()?;
         let offset = cache.first().map_or(0, |c| c.len());
         let x = (self.embedding.forward(ids)? * (self.d_model as f64).sqrt())?;
@@ -115,10 +146,8 @@ impl TransformerLm {
         } else {
             None
         };
-        let h = self
-            .transformer_encoder
-            .forward_cached(&x, mask.as_ref(), cache, mode)?;
-        self.linear.forward(&h)
+        self.transformer_encoder
+            .forward_cached(&x, mask.as_ref(), cache, mode)
     }
 
     /// Mean cross-entropy of `targets` given `ids`, without materialising the logits

@@ -227,7 +227,7 @@ fn cached_decoding_equals_the_full_forward() -> Result<()> {
     parts.push(lm.forward_step(&seq.narrow(1, 8, 2)?, &mut cache, Mode::Eval)?);
     assert_eq!(cache[0].len(), 10);
     let stepped = Tensor::cat(&parts, 1)?;
-    let diff = (full - stepped)?
+    let diff = (&full - stepped)?
         .abs()?
         .flatten_all()?
         .max(0)?
@@ -235,6 +235,65 @@ fn cached_decoding_equals_the_full_forward() -> Result<()> {
     assert!(
         diff < 1e-12,
         "cached logits differ from the full forward by {diff}"
+    );
+
+    // next_logits: only the last position's logits, the cache extended the same way.
+    let mut cache = lm.new_cache();
+    let first = lm.next_logits(&seq.narrow(1, 0, 4)?, &mut cache, Mode::Eval)?;
+    let second = lm.next_logits(&seq.narrow(1, 4, 1)?, &mut cache, Mode::Eval)?;
+    assert_eq!(first.dims(), &[2, 30]);
+    assert_eq!(cache[0].len(), 5);
+    for (got, t) in [(first, 3), (second, 4)] {
+        let want = full.narrow(1, t, 1)?.squeeze(1)?;
+        let diff = (got - want)?.abs()?.max_all()?.to_scalar::<f64>()?;
+        assert!(diff < 1e-12, "next_logits at {t} differs by {diff}");
+    }
+    Ok(())
+}
+
+/// Weight tying: the output layer is the embedding's matrix (one parameter fewer, V x C fewer
+/// numbers), its logits are `h E^T + b`, and the shared matrix's gradient is the sum of both
+/// uses: rows of words absent from the input still get one, through the output layer.
+#[test]
+fn tied_lm_shares_the_embedding_with_the_output_layer() -> Result<()> {
+    let (_, untied) = tiny_lm(4)?;
+    let pb = ParamBuilder::new(DType::F64, &Device::Cpu, 4);
+    let cfg = LmConfig {
+        ntoken: 30,
+        d_model: 16,
+        nhead: 2,
+        d_hid: 24,
+        nlayers: 2,
+        dropout: 0.0,
+        tie_weights: true,
+        ..LmConfig::default()
+    };
+    let lm = TransformerLm::new(&pb, &cfg)?;
+    let params = pb.params();
+    assert_eq!(params.len(), untied.len() - 1);
+    assert!(params.get("linear.weight").is_none());
+    assert_eq!(params.num_elements(), untied.num_elements() - 30 * 16);
+    let emb = params.get("embedding.weight").unwrap().as_tensor();
+    assert_eq!(
+        lm.output_layer().weight().id(),
+        emb.id(),
+        "one tensor, not a copy"
+    );
+
+    let x = ids(&[&[3, 7, 1, 9]])?;
+    let h = lm.hidden(&x, Mode::Eval)?;
+    let bias = params.get("linear.bias").unwrap().as_tensor();
+    let want = h.squeeze(0)?.matmul(&emb.t()?)?.broadcast_add(bias)?;
+    let got = lm.forward(&x, Mode::Eval)?.squeeze(0)?;
+    assert!((got - want)?.abs()?.max_all()?.to_scalar::<f64>()? < 1e-12);
+
+    let logits = lm.forward(&x, Mode::Eval)?;
+    let grads = logits.sqr()?.mean_all()?.backward()?;
+    let g = grads.get(emb).expect("the shared matrix gets a gradient");
+    let absent_row = g.get(20)?.abs()?.sum_all()?.to_scalar::<f64>()?;
+    assert!(
+        absent_row > 0.0,
+        "word 20 is not in the input: only the output layer reaches it"
     );
     Ok(())
 }

@@ -5,8 +5,8 @@
 use candle_core::{DType, Device, Result, Tensor, Var};
 use transformer_model::kernels::{
     amx, attention, attention_reference, layer_norm, layer_norm_reference, linear_cross_entropy,
-    linear_cross_entropy_reference, linear_cross_entropy_with, softmax_last_dim,
-    softmax_last_dim_reference, Precision,
+    linear_cross_entropy_reference, linear_cross_entropy_with, linear_few_rows,
+    linear_few_rows_reference, softmax_last_dim, softmax_last_dim_reference, Precision,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -692,6 +692,39 @@ fn bf16_loss_is_close_to_f32() {
             assert!(
                 e <= 1.5e-2,
                 "{name}: grad of input {i}: relative error {e:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn linear_few_rows_matches_reference() {
+    for dtype in [DType::F64, DType::F32] {
+        // Rows 1 to the kernel's maximum and one past it (the reference path), a vocabulary
+        // that is not a multiple of the kernel's chunk.
+        for (k, (n, c, v)) in [
+            (1, 5, 3),
+            (1, 200, 1000),
+            (3, 16, 300),
+            (8, 7, 129),
+            (9, 4, 50),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let k = k as u64 * 10;
+            let inputs = vec![
+                tensor(&[n, c], 200 + k, 1.0, dtype),
+                tensor(&[v, c], 201 + k, 0.5, dtype),
+                tensor(&[v], 202 + k, 0.5, dtype),
+            ];
+            let cot = tensor(&[n, v], 203 + k, 1.0, dtype);
+            compare(
+                &format!("linear_few_rows N={n} C={c} V={v} {dtype:?}"),
+                &inputs,
+                &cot,
+                |x| linear_few_rows(&x[0], &x[1], &x[2]),
+                |x| linear_few_rows_reference(&x[0], &x[1], &x[2]),
             );
         }
     }

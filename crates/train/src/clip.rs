@@ -20,12 +20,13 @@ fn sum_of_squares(g: &Tensor) -> Result<f64> {
         if let (Storage::Cpu(s), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
             match g.dtype() {
                 DType::F32 => {
-                    return Ok(s.as_slice::<f32>()?[a..b]
-                        .iter()
-                        .map(|&x| (x as f64) * (x as f64))
-                        .sum())
+                    let x = &s.as_slice::<f32>()?[a..b];
+                    return Ok(crate::par::map(x, crate::par::sum_sq_f32).iter().sum());
                 }
-                DType::F64 => return Ok(s.as_slice::<f64>()?[a..b].iter().map(|&x| x * x).sum()),
+                DType::F64 => {
+                    let x = &s.as_slice::<f64>()?[a..b];
+                    return Ok(crate::par::map(x, crate::par::sum_sq_f64).iter().sum());
+                }
                 _ => {}
             }
         }

@@ -79,6 +79,9 @@ pub struct LmTrainConfig {
     /// `bf16` (mixed precision on the AMX units; f32 where the CPU has none). Validation and
     /// test perplexities are always computed in f32.
     pub precision: Precision,
+    /// Share the embedding matrix with the output layer (not the tutorial's model; see
+    /// [`LmConfig::tie_weights`]).
+    pub tie_weights: bool,
 }
 
 impl Default for LmTrainConfig {
@@ -102,6 +105,7 @@ impl Default for LmTrainConfig {
             max_batches: None,
             seed: 42,
             precision: Precision::F32,
+            tie_weights: false,
         }
     }
 }
@@ -116,6 +120,7 @@ impl LmTrainConfig {
             d_hid: self.nhid,
             nlayers: self.nlayers,
             dropout: self.dropout,
+            tie_weights: self.tie_weights,
             ..LmConfig::default()
         }
     }
@@ -526,6 +531,14 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
             state.next_window,
             state.step
         ));
+    }
+    if cfg.precision == Precision::Bf16 {
+        progress.line(if transformer_model::kernels::amx::available() {
+            "precision: bf16 mixed precision (the output layer's products on the AMX units); \
+             validation and test in f32"
+        } else {
+            "precision: bf16 asked for, but this CPU has no AMX: training in f32"
+        });
     }
     let rng = Rng::from_state(state.rng.0, state.rng.1);
     let vars: Vec<Var> = params.vars();

@@ -73,16 +73,15 @@ impl InplaceOp2 for Axpy {
         match (dst, src) {
             (CpuStorage::F32(d), CpuStorage::F32(s)) => {
                 let a = self.alpha as f32;
-                d[d0..d1]
-                    .iter_mut()
-                    .zip(&s[s0..s1])
-                    .for_each(|(x, g)| *x += a * g);
+                crate::par::zip_mut(&mut d[d0..d1], &s[s0..s1], |d, s| {
+                    d.iter_mut().zip(s).for_each(|(x, g)| *x += a * g)
+                });
             }
             (CpuStorage::F64(d), CpuStorage::F64(s)) => {
-                d[d0..d1]
-                    .iter_mut()
-                    .zip(&s[s0..s1])
-                    .for_each(|(x, g)| *x += self.alpha * g);
+                let a = self.alpha;
+                crate::par::zip_mut(&mut d[d0..d1], &s[s0..s1], |d, s| {
+                    d.iter_mut().zip(s).for_each(|(x, g)| *x += a * g)
+                });
             }
             _ => candle_core::bail!("axpy: expected f32 or f64 tensors of one dtype"),
         }

@@ -13,10 +13,10 @@
 //! the product of `A`, 16 rows by 32 bf16 values of K, and `B`, 16 pairs of K rows by 16
 //! columns stored "VNNI" style: the two bf16 values of K rows `2p` and `2p + 1` of one column
 //! sit next to each other in one 32-bit word. So:
-//! - left operands are row-major bf16 ([`pack_rows`], [`pack_rows_transposed`]), rows padded
+//! - left operands are row-major bf16 (`pack_rows`, `pack_rows_transposed`), rows padded
 //!   to a multiple of 32 and K to a multiple of 32 with zeros;
 //! - right operands are `u32` words, one per (pair of K rows, column)
-//!   ([`pack_pairs_of_rows`], [`pack_pairs_of_cols`]), K padded to a multiple of 32 and the
+//!   (`pack_pairs_of_rows`, `pack_pairs_of_cols`), K padded to a multiple of 32 and the
 //!   columns to a multiple of 32 with zeros.
 //!
 //! The micro-kernel computes a 32 x 32 block of C with 4 accumulator tiles, 2 tiles of A

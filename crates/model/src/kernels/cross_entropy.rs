@@ -51,6 +51,17 @@
 //! that against row-major logits. Everything else (exponentials, bias, reductions, page faults,
 //! candle's gradient accumulation) is about a quarter of the CPU time.
 //!
+//! # bf16 products ([`linear_cross_entropy_with`], [`Precision::Bf16`])
+//! The three products run on the AMX units ([`super::amx`]) with bf16 operands and fp32
+//! accumulation; everything else above stays fp32 (bias, maxima, exponentials, log-sum-exp,
+//! the scaling of `P`, the bias gradient). Operands are packed per block: `W_j` as bf16 rows
+//! (and `W_j^T` for `dH`), `H^T` and `H` once per call, and `P_j^T` straight from the stored
+//! exponentials into both layouts in one pass that also applies the per-row factor and the
+//! one-hot term and sums `dbias` (so no scaled f32 `P` is written back). Products write into
+//! 64-byte-aligned scratch that stays in L2 (tile stores into the uncached region were the
+//! slowest part) and are copied out, adding the bias on the way. At the tutorial's shapes this
+//! took the loss from 141-191 ms to 78-122 ms forward + backward (same runs, noisy machine).
+//!
 //! # Loss semantics
 //! Identical to PyTorch's `CrossEntropyLoss(reduction="mean", ignore_index=i)` on the logits
 //! `h W^T + b`: the mean over rows whose target is not `ignore_index` of

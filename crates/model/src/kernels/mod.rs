@@ -32,6 +32,7 @@
 pub mod amx;
 mod attention;
 mod cross_entropy;
+mod few_rows;
 mod float;
 mod layer_norm;
 mod matmul;
@@ -42,6 +43,7 @@ pub use cross_entropy::{
     linear_cross_entropy, linear_cross_entropy_reference, linear_cross_entropy_with,
     release_scratch,
 };
+pub use few_rows::{linear_few_rows, linear_few_rows_reference};
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use softmax::{softmax_last_dim, softmax_last_dim_reference};
 

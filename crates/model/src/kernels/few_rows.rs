@@ -1,0 +1,135 @@
+//! A linear layer `x W^T + b` for a few rows of `x`: the language model's output layer while
+//! decoding, one token per sequence against the whole vocabulary.
+//!
+//! # Why
+//! With one row the product is a matrix-vector product that reads all of `W` (23 MB for the
+//! tutorial's 28,782 x 200) once per token; it is bound by memory bandwidth, not arithmetic.
+//! candle sends it through gemm's general path, which packs blocks of `W^T` before using them.
+//! Here each vocabulary row of `W` is read in place, once, by one AVX-512 dot product per row
+//! of `x`, the vocabulary split between candle's pool threads. Measured on the tutorial model:
+//! see `examples/kernels_bench.rs` (`linear_few_rows`).
+//!
+//! The backward pass is the usual one, composed of candle matmuls (decoding never takes it,
+//! but the op must not drop gradients).
+
+use super::float::{simd, Float};
+use super::{cpu_slice, fused_applies, run_parallel};
+use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+
+/// Rows up to which [`linear_few_rows`] runs its own kernel (above, candle's matmul).
+pub(crate) const MAX_ROWS: usize = 8;
+
+/// Vocabulary rows per work item (about 100 KB of `W` at C = 200).
+const CHUNK: usize = 128;
+
+/// `x W^T + b` with `x` (N, C), `W` (V, C), `b` (V,) -> (N, V). For N up to 8 on
+/// CPU f32/f64 a dedicated kernel, otherwise candle's matmul; the same values either way up
+/// to the order of additions.
+pub fn linear_few_rows(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (n, c) = x.dims2()?;
+    let (v, wc) = w.dims2()?;
+    if wc != c || b.dims() != [v] {
+        bail!(
+            "linear_few_rows: x {:?} (N, C), w {:?} (V, C), b {:?} (V,) disagree",
+            x.dims(),
+            w.dims(),
+            b.dims()
+        );
+    }
+    if n > MAX_ROWS || !fused_applies(&[x, w, b]) {
+        return linear_few_rows_reference(x, w, b);
+    }
+    x.contiguous()?
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, FewRows)
+}
+
+/// The same with candle primitives: `x.matmul(w.t()) + b`.
+pub fn linear_few_rows_reference(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    x.matmul(&w.t()?)?.broadcast_add(b)
+}
+
+struct FewRows;
+
+impl CustomOp3 for FewRows {
+    fn name(&self) -> &'static str {
+        "kernels-linear-few-rows"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (n, c) = (l1.dims()[0], l1.dims()[1]);
+        let v = l2.dims()[0];
+        let storage = match s1 {
+            CpuStorage::F32(_) => CpuStorage::F32(forward::<f32>(
+                cpu_slice(s1, l1)?,
+                cpu_slice(s2, l2)?,
+                cpu_slice(s3, l3)?,
+                n,
+                c,
+                v,
+            )),
+            CpuStorage::F64(_) => CpuStorage::F64(forward::<f64>(
+                cpu_slice(s1, l1)?,
+                cpu_slice(s2, l2)?,
+                cpu_slice(s3, l3)?,
+                n,
+                c,
+                v,
+            )),
+            _ => bail!("kernels-linear-few-rows: only f32 and f64"),
+        };
+        Ok((storage, Shape::from((n, v))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        Ok((
+            Some(grad.matmul(w)?),
+            Some(grad.t()?.matmul(x)?),
+            Some(grad.sum(0)?),
+        ))
+    }
+}
+
+fn forward<T: Float>(x: &[T], w: &[T], b: &[T], n: usize, c: usize, v: usize) -> Vec<T> {
+    let chunks: Vec<usize> = (0..v.div_ceil(CHUNK)).collect();
+    // Each item: its vocabulary rows' outputs, (rows of the chunk) x N.
+    let parts = run_parallel(chunks, |k| {
+        let rows = k * CHUNK..((k + 1) * CHUNK).min(v);
+        let mut out = Vec::with_capacity(rows.len() * n);
+        simd(
+            #[inline(always)]
+            || {
+                for r in rows {
+                    let wr = &w[r * c..(r + 1) * c];
+                    for xr in x.chunks_exact(c.max(1)).take(n) {
+                        out.push(T::dot(xr, wr) + b[r]);
+                    }
+                }
+            },
+        );
+        out
+    });
+    let mut y = vec![T::ZERO; n * v];
+    for (k, part) in parts.iter().enumerate() {
+        for (i, vals) in part.chunks_exact(n.max(1)).enumerate() {
+            for (row, &val) in vals.iter().enumerate() {
+                y[row * v + k * CHUNK + i] = val;
+            }
+        }
+    }
+    y
+}

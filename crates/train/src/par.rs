@@ -1,0 +1,111 @@
+//! Splitting one pass over a large parameter or gradient between threads.
+//!
+//! The optimizer step and the gradient norm each walk all 12-14 M numbers of the tutorial
+//! model once; one thread does not saturate memory bandwidth, so tensors above [`MIN_LEN`]
+//! elements are cut into one contiguous piece per thread of candle's CPU pool (scoped threads;
+//! the split depends only on the length and the thread count, so results are reproducible).
+
+/// Elements below which a pass stays on the calling thread (spawning costs tens of µs).
+pub const MIN_LEN: usize = 1 << 18;
+
+/// How many pieces a pass over `len` elements is cut into.
+fn pieces(len: usize) -> usize {
+    if len < MIN_LEN {
+        1
+    } else {
+        (candle_core::utils::barrier_pool().n_workers() + 1).clamp(1, 8)
+    }
+}
+
+/// `f` on each piece of `x`, in parallel; the results in order.
+pub fn map<T: Sync, R: Send>(x: &[T], f: impl Fn(&[T]) -> R + Sync) -> Vec<R> {
+    let n = pieces(x.len());
+    let per = x.len().div_ceil(n).max(1);
+    if n == 1 {
+        return vec![f(x)];
+    }
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = x.chunks(per).map(|c| s.spawn(move || f(c))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("worker thread panicked"))
+            .collect()
+    })
+}
+
+/// `f` on matching pieces of `dst` and `src` (same length), in parallel.
+pub fn zip_mut<T: Send + Sync>(dst: &mut [T], src: &[T], f: impl Fn(&mut [T], &[T]) + Sync) {
+    assert_eq!(dst.len(), src.len());
+    let n = pieces(dst.len());
+    let per = dst.len().div_ceil(n).max(1);
+    if n == 1 {
+        return f(dst, src);
+    }
+    std::thread::scope(|s| {
+        let f = &f;
+        for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
+            s.spawn(move || f(d, c));
+        }
+    });
+}
+
+/// Sum of squares in f64, with independent lanes so that it vectorises.
+pub fn sum_sq_f32(x: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            acc[i] += c[i] as f64 * c[i] as f64;
+        }
+    }
+    let tail: f64 = chunks
+        .remainder()
+        .iter()
+        .map(|&v| v as f64 * v as f64)
+        .sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+/// Sum of squares with independent lanes so that it vectorises.
+pub fn sum_sq_f64(x: &[f64]) -> f64 {
+    let mut acc = [0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            acc[i] += c[i] * c[i];
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&v| v * v).sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_everything_once() {
+        for len in [0, 1, 7, MIN_LEN - 1, MIN_LEN, MIN_LEN * 3 + 5] {
+            let x: Vec<f32> = (0..len).map(|i| (i % 13) as f32 - 6.0).collect();
+            let want: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+            let got: f64 = map(&x, sum_sq_f32).iter().sum();
+            assert!(
+                (got - want).abs() <= 1e-12 * want.max(1.0),
+                "{len}: {got} vs {want}"
+            );
+            let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            let got: f64 = map(&x64, sum_sq_f64).iter().sum();
+            assert!(
+                (got - want).abs() <= 1e-12 * want.max(1.0),
+                "{len}: {got} vs {want}"
+            );
+
+            let mut d = vec![1f32; len];
+            zip_mut(&mut d, &x, |d, s| {
+                d.iter_mut().zip(s).for_each(|(a, b)| *a += 2.0 * b)
+            });
+            assert!(d.iter().zip(&x).all(|(a, b)| *a == 1.0 + 2.0 * b), "{len}");
+        }
+    }
+}

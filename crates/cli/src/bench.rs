@@ -209,14 +209,9 @@ fn lm(a: LmBenchArgs) -> Result<()> {
 
     // b. Evaluation forward on the tutorial's evaluate batch.
     let (eval_input, eval_target) = random_window(&data_rng, a.eval_batch, a.bptt, a.vocab, &dev)?;
+    // As transformer_train::lm::evaluate takes it (PyTorch's side runs under no_grad).
     let eval = time(a.warmup, a.repeats, || {
-        let loss = lm_loss(
-            &model,
-            &eval_input,
-            &eval_target,
-            Mode::Eval,
-            Precision::F32,
-        )?;
+        let loss = model.loss_no_grad(&eval_input, &eval_target)?;
         loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         Ok(())
     })?;

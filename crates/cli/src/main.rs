@@ -112,8 +112,8 @@ struct InfoArgs {
 }
 
 fn main() {
-    // Large per-step buffers are reused instead of faulted in afresh (see the module docs).
-    transformer_train::memory::keep_freed_memory();
+    // Reuse freed step buffers; a shorter spin for candle's pool (see the module docs).
+    transformer_train::runtime::configure();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -178,6 +178,23 @@ impl TransformerLm {
         crate::kernels::linear_cross_entropy_with(&h, w, bias, targets, None, precision)
     }
 
+    /// [`Self::loss`] in evaluation mode for evaluation only, like PyTorch under
+    /// `torch.no_grad()`: the result tracks no gradient, which lets the fused loss skip
+    /// keeping its exponentiated logits for a backward pass (one block per thread in cache
+    /// instead of all `N x V` of them written to memory).
+    ///
+    /// # Shapes
+    /// ids (B, T) u32, targets (B, T) or (B * T,) u32 -> scalar
+    pub fn loss_no_grad(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let h = self.hidden(ids, Mode::Eval)?.detach();
+        let bias = self
+            .linear
+            .bias()
+            .expect("the language model's output layer has a bias");
+        let w = self.linear.weight().detach();
+        crate::kernels::linear_cross_entropy(&h, &w, &bias.detach(), targets, None)
+    }
+
     /// The output layer, for losses that fuse it with the softmax.
     pub fn output_layer(&self) -> &Linear {
         &self.linear

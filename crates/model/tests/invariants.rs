@@ -6,9 +6,8 @@ use transformer_model::{
     LmConfig, Mode, ParamBuilder, Params, Rng, Seq2Seq, TransformerConfig, TransformerLm,
 };
 
-fn tiny_lm(seed: u64) -> Result<(TransformerLm, Params)> {
-    let pb = ParamBuilder::new(DType::F64, &Device::Cpu, seed);
-    let cfg = LmConfig {
+fn tiny_lm_config() -> LmConfig {
+    LmConfig {
         ntoken: 30,
         d_model: 16,
         nhead: 2,
@@ -16,8 +15,12 @@ fn tiny_lm(seed: u64) -> Result<(TransformerLm, Params)> {
         nlayers: 2,
         dropout: 0.1,
         ..LmConfig::default()
-    };
-    Ok((TransformerLm::new(&pb, &cfg)?, pb.params()))
+    }
+}
+
+fn tiny_lm(seed: u64) -> Result<(TransformerLm, Params)> {
+    let pb = ParamBuilder::new(DType::F64, &Device::Cpu, seed);
+    Ok((TransformerLm::new(&pb, &tiny_lm_config())?, pb.params()))
 }
 
 fn tiny_seq2seq(seed: u64) -> Result<(Seq2Seq, Params)> {
@@ -259,14 +262,8 @@ fn tied_lm_shares_the_embedding_with_the_output_layer() -> Result<()> {
     let (_, untied) = tiny_lm(4)?;
     let pb = ParamBuilder::new(DType::F64, &Device::Cpu, 4);
     let cfg = LmConfig {
-        ntoken: 30,
-        d_model: 16,
-        nhead: 2,
-        d_hid: 24,
-        nlayers: 2,
-        dropout: 0.0,
         tie_weights: true,
-        ..LmConfig::default()
+        ..tiny_lm_config()
     };
     let lm = TransformerLm::new(&pb, &cfg)?;
     let params = pb.params();
@@ -295,5 +292,19 @@ fn tied_lm_shares_the_embedding_with_the_output_layer() -> Result<()> {
         absent_row > 0.0,
         "word 20 is not in the input: only the output layer reaches it"
     );
+    Ok(())
+}
+
+/// The evaluation-only loss is the evaluation-mode loss, and tracks no gradient.
+#[test]
+fn loss_no_grad_equals_the_eval_loss() -> Result<()> {
+    let (lm, _) = tiny_lm(12)?;
+    let x = ids(&[&[3, 7, 1, 9, 4], &[1, 2, 3, 4, 5]])?;
+    let t = ids(&[&[7, 1, 9, 4, 4], &[2, 3, 4, 5, 29]])?;
+    let with_graph = lm.loss(&x, &t, Mode::Eval)?;
+    let plain = lm.loss_no_grad(&x, &t)?;
+    assert!(with_graph.track_op() && !plain.track_op());
+    let diff = (with_graph.to_scalar::<f64>()? - plain.to_scalar::<f64>()?).abs();
+    assert!(diff < 1e-12, "differs by {diff}");
     Ok(())
 }

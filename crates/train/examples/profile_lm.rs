@@ -24,6 +24,8 @@ fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
 }
 
 fn main() -> candle_core::Result<()> {
+    // The process settings of the `transformer` command.
+    transformer_train::runtime::configure();
     // PRECISION=bf16: the training loss's products in bf16 on AMX.
     let precision: transformer_model::kernels::Precision = std::env::var("PRECISION")
         .unwrap_or_else(|_| "f32".into())

@@ -8,10 +8,10 @@ pub mod copy_task;
 pub mod error;
 pub mod lm;
 pub mod loss;
-pub mod memory;
 pub mod metrics;
 pub mod optim;
 mod par;
+pub mod runtime;
 
 pub use clip::clip_grad_norm;
 pub use error::{Error, Result};

@@ -237,7 +237,8 @@ pub fn evaluate(
     let mut total = 0.0;
     for w in data.windows(bptt) {
         let (input, target) = window_tensors(&w, device)?;
-        let loss = lm_loss(model, &input, &target, Mode::Eval, Precision::F32)?;
+        // No backward follows (the tutorial evaluates under torch.no_grad()).
+        let loss = model.loss_no_grad(&input, &target)?;
         total += w.seq_len as f64 * loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     }
     Ok(total / (data.rows - 1) as f64)

@@ -4,9 +4,10 @@
 //! # Why by hand
 //! Neither the `gemm` crate nor candle's CPU backend uses AMX, and Rust's AMX intrinsics
 //! (`_tile_*`, target feature `amx-tile`) are unstable on Rust 1.95. Inline assembly is
-//! stable, so the micro-kernel is ten instructions of it. On this 2-core machine it runs a
-//! bf16 product at 340-430 GFLOP/s per core, against 120-150 for gemm's fp32 AVX-512 kernels
-//! (`../shared/NOTES.md`, `examples/kernels_bench.rs`).
+//! stable, so the micro-kernel is ten instructions of it. On this 2-core machine it runs the
+//! language-model loss's block products at 440-480 GFLOP/s on one core with the operands in
+//! cache (250-300 per core with both busy), against 120-150 for gemm's fp32 AVX-512 kernels
+//! (`../shared/NOTES.md`; the `speed` test below).
 //!
 //! # Layouts
 //! One tile holds 16 rows of 64 bytes. `tdpbf16ps C, A, B` adds to the 16 x 16 fp32 tile `C`

@@ -6,8 +6,9 @@
 //! tutorial's 28,782 x 200) once per token; it is bound by memory bandwidth, not arithmetic.
 //! candle sends it through gemm's general path, which packs blocks of `W^T` before using them.
 //! Here each vocabulary row of `W` is read in place, once, by one AVX-512 dot product per row
-//! of `x`, the vocabulary split between candle's pool threads. Measured on the tutorial model:
-//! see `examples/kernels_bench.rs` (`linear_few_rows`).
+//! of `x`, the vocabulary split between candle's pool threads. At one row, C 200, V 33,278:
+//! 0.84 ms against 1.39 ms for candle's matmul + bias (`W` read at 32 GB/s;
+//! `examples/kernels_bench.rs`).
 //!
 //! The backward pass is the usual one, composed of candle matmuls (decoding never takes it,
 //! but the op must not drop gradients).

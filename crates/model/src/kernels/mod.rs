@@ -27,6 +27,10 @@
 //! otherwise idle, the loss took 139 ms forward + backward (202 GFLOP/s over its 3 products of
 //! 9.3 GFLOP each) and 46 ms forward alone.
 //!
+//! With bf16 products on the AMX units ([`amx`], [`Precision::Bf16`]) the loss takes 72 ms
+//! forward + backward on both cores, against 144 ms in fp32 (same run). For decoding,
+//! [`linear_few_rows`] computes the output layer for one token in 0.84 ms against 1.39 ms.
+//!
 //! The module docs of each kernel give its design and more numbers.
 
 pub mod amx;

@@ -298,3 +298,51 @@ fn interrupt_checkpoints_the_exact_step() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// `--precision bf16 --tie-weights`: the run resumes bit-identically too, records both
+/// settings in its config, starts from the same loss as fp32 (bf16 changes the products'
+/// rounding only) and keeps one shared matrix in its checkpoints.
+#[test]
+fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
+    use transformer_model::kernels::Precision;
+    let data = temp_dir("data-bf16");
+    write_corpus(&data);
+    let cfg = LmTrainConfig {
+        precision: Precision::Bf16,
+        tie_weights: true,
+        ..small_config(&data)
+    };
+    let opts = |cfg: &LmTrainConfig, out: PathBuf, resume: bool, stop: Option<usize>| {
+        TrainOptions {
+            config: cfg.clone(),
+            out,
+            resume,
+            stop_after_steps: stop,
+            interrupt: None,
+            device: Device::Cpu,
+        }
+    };
+    let straight = temp_dir("bf16-straight");
+    let a = lm::train(&opts(&cfg, straight.clone(), false, None), &mut Quiet).unwrap();
+    let split = temp_dir("bf16-split");
+    lm::train(&opts(&cfg, split.clone(), false, Some(7)), &mut Quiet).unwrap();
+    let b = lm::train(&opts(&cfg, split.clone(), true, None), &mut Quiet).unwrap();
+    assert_eq!(b.step_losses[..], a.step_losses[4..]);
+    assert_eq!(b.test_loss, a.test_loss);
+
+    let toml = std::fs::read_to_string(split.join("config.toml")).unwrap();
+    assert!(toml.contains("precision = \"bf16\""), "{toml}");
+    assert!(toml.contains("tie_weights = true"), "{toml}");
+    let (tensors, _) =
+        transformer_train::checkpoint::load(&split.join("checkpoint.safetensors"), &Device::Cpu)
+            .unwrap();
+    assert!(tensors.contains_key("embedding.weight") && !tensors.contains_key("linear.weight"));
+
+    let f32_cfg = LmTrainConfig {
+        precision: Precision::F32,
+        ..cfg.clone()
+    };
+    let c = lm::train(&opts(&f32_cfg, temp_dir("f32-tied"), false, Some(1)), &mut Quiet).unwrap();
+    let (l16, l32) = (a.step_losses[0], c.step_losses[0]);
+    assert!((l16 - l32).abs() < 1e-2 * l32, "first loss bf16 {l16} vs f32 {l32}");
+}

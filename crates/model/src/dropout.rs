@@ -1,8 +1,8 @@
 //! Dropout (section 5.4, "Residual Dropout") and the explicit train/eval [`Mode`].
 
-use crate::rng::{uniform_at, Rng};
+use crate::rng::Rng;
 use crate::Result;
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 /// Whether a forward pass trains (dropout active, drawing from the given RNG) or evaluates.
 ///
@@ -37,45 +37,27 @@ impl Dropout {
         self.p
     }
 
+    /// Each call in training draws one fresh RNG stream; element `i` is kept where
+    /// `uniform_at(seed, stream, i) >= p` ([`crate::kernels::dropout`], which regenerates the
+    /// mask in the backward pass instead of storing it).
+    ///
     /// # Shapes
     /// any shape -> the same shape
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         match mode {
-            Mode::Train(rng) if self.p > 0.0 => x.mul(&self.mask(x, rng)?),
+            Mode::Train(rng) if self.p > 0.0 => {
+                let (seed, _) = rng.state();
+                crate::kernels::dropout(x, self.p, seed, rng.next_stream())
+            }
             _ => Ok(x.clone()),
         }
-    }
-
-    /// The scaled keep-mask (0 or 1/(1-p)) for `x`, drawn from one fresh RNG stream.
-    fn mask(&self, x: &Tensor, rng: &Rng) -> Result<Tensor> {
-        let (seed, _) = rng.state();
-        let stream = rng.next_stream();
-        let n = x.elem_count();
-        let scale = 1.0 / (1.0 - self.p);
-        let keep = |i: usize| uniform_at(seed, stream, i as u64) >= self.p;
-        let mask = match x.dtype() {
-            DType::F64 => Tensor::from_vec(
-                (0..n).map(|i| if keep(i) { scale } else { 0.0 }).collect(),
-                x.shape(),
-                x.device(),
-            )?,
-            dtype => Tensor::from_vec(
-                (0..n)
-                    .map(|i| if keep(i) { scale as f32 } else { 0.0 })
-                    .collect(),
-                x.shape(),
-                x.device(),
-            )?
-            .to_dtype(dtype)?,
-        };
-        Ok(mask)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use candle_core::{DType, Device};
 
     #[test]
     fn eval_is_identity_and_train_scales() -> Result<()> {

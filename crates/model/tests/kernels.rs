@@ -4,9 +4,10 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use transformer_model::kernels::{
-    amx, attention, attention_reference, layer_norm, layer_norm_reference, linear_cross_entropy,
-    linear_cross_entropy_reference, linear_cross_entropy_with, linear_few_rows,
-    linear_few_rows_reference, softmax_last_dim, softmax_last_dim_reference, Precision,
+    amx, attention, attention_reference, dropout, dropout_reference, layer_norm,
+    layer_norm_reference, linear_cross_entropy, linear_cross_entropy_reference,
+    linear_cross_entropy_with, linear_few_rows, linear_few_rows_reference, softmax_last_dim,
+    softmax_last_dim_reference, Precision,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -726,6 +727,55 @@ fn linear_few_rows_matches_reference() {
                 |x| linear_few_rows(&x[0], &x[1], &x[2]),
                 |x| linear_few_rows_reference(&x[0], &x[1], &x[2]),
             );
+        }
+    }
+}
+
+/// Dropout with the mask regenerated: exactly the composed version, forward and gradient,
+/// and exactly the rule `uniform_at(seed, stream, i) >= p` (the kernel compares integers).
+#[test]
+fn dropout_matches_reference_and_the_rng_rule() {
+    use transformer_model::rng::uniform_at;
+    for dtype in [DType::F64, DType::F32] {
+        for (k, (shape, p)) in [
+            (vec![3usize, 5], 0.2),
+            (vec![20, 2, 35, 35], 0.1),
+            (vec![700, 200], 0.5),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (seed, stream) = (11 + k as u64, 3 * k as u64);
+            let x = tensor(&shape, 300 + k as u64, 1.0, dtype);
+            let cot = tensor(&shape, 310 + k as u64, 1.0, dtype);
+            let (out_f, grads_f) = run_with_grads(std::slice::from_ref(&x), &cot, |t| {
+                dropout(&t[0], p, seed, stream)
+            });
+            let (out_r, grads_r) = run_with_grads(std::slice::from_ref(&x), &cot, |t| {
+                dropout_reference(&t[0], p, seed, stream)
+            });
+            assert_eq!(
+                to_f64(&out_f),
+                to_f64(&out_r),
+                "{shape:?} {dtype:?} forward"
+            );
+            assert_eq!(
+                to_f64(&grads_f[0]),
+                to_f64(&grads_r[0]),
+                "{shape:?} {dtype:?} grad"
+            );
+            let kept: Vec<bool> = to_f64(&out_f)
+                .iter()
+                .zip(to_f64(&x))
+                .map(|(y, x)| *y != 0.0 || x == 0.0)
+                .collect();
+            for (i, &kept) in kept.iter().enumerate() {
+                assert_eq!(
+                    kept,
+                    uniform_at(seed, stream, i as u64) >= p,
+                    "{shape:?} element {i}"
+                );
+            }
         }
     }
 }

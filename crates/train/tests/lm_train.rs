@@ -312,16 +312,15 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
         tie_weights: true,
         ..small_config(&data)
     };
-    let opts = |cfg: &LmTrainConfig, out: PathBuf, resume: bool, stop: Option<usize>| {
-        TrainOptions {
+    let opts =
+        |cfg: &LmTrainConfig, out: PathBuf, resume: bool, stop: Option<usize>| TrainOptions {
             config: cfg.clone(),
             out,
             resume,
             stop_after_steps: stop,
             interrupt: None,
             device: Device::Cpu,
-        }
-    };
+        };
     let straight = temp_dir("bf16-straight");
     let a = lm::train(&opts(&cfg, straight.clone(), false, None), &mut Quiet).unwrap();
     let split = temp_dir("bf16-split");
@@ -342,7 +341,14 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
         precision: Precision::F32,
         ..cfg.clone()
     };
-    let c = lm::train(&opts(&f32_cfg, temp_dir("f32-tied"), false, Some(1)), &mut Quiet).unwrap();
+    let c = lm::train(
+        &opts(&f32_cfg, temp_dir("f32-tied"), false, Some(1)),
+        &mut Quiet,
+    )
+    .unwrap();
     let (l16, l32) = (a.step_losses[0], c.step_losses[0]);
-    assert!((l16 - l32).abs() < 1e-2 * l32, "first loss bf16 {l16} vs f32 {l32}");
+    assert!(
+        (l16 - l32).abs() < 1e-2 * l32,
+        "first loss bf16 {l16} vs f32 {l32}"
+    );
 }

@@ -36,6 +36,7 @@
 pub mod amx;
 mod attention;
 mod cross_entropy;
+mod dropout;
 mod few_rows;
 mod float;
 mod layer_norm;
@@ -47,6 +48,7 @@ pub use cross_entropy::{
     linear_cross_entropy, linear_cross_entropy_reference, linear_cross_entropy_with,
     release_scratch,
 };
+pub use dropout::{dropout, dropout_reference};
 pub use few_rows::{linear_few_rows, linear_few_rows_reference};
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use softmax::{softmax_last_dim, softmax_last_dim_reference};

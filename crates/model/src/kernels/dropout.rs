@@ -1,0 +1,121 @@
+//! Inverted dropout with the mask regenerated from the RNG instead of stored:
+//! `y = x * keep / (1 - p)`, `keep[i] = uniform(seed, stream, i) >= p`.
+//!
+//! Composed, dropout builds its mask as a `Vec`, makes a tensor of it, and multiplies (one
+//! more tensor, and a stored mask for the backward pass). The mask is a pure function of
+//! `(seed, stream, index)` ([`crate::rng::uniform_at`]), so this op computes it on the fly in
+//! one pass, and its backward pass is the same op on the incoming gradient (dropout is
+//! linear in `x`): nothing is kept. The masks are bit for bit those of the composed version.
+
+use super::float::{simd, Float};
+use super::{cpu_slice, fused_applies, par_rows};
+use crate::rng::mix64;
+use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+
+/// Elements per thread below which the kernel stays on the calling thread.
+const MIN_PARALLEL_ELEMS: usize = 1 << 16;
+
+/// Dropout of `x` with probability `p` (in [0, 1)) and the mask of stream `stream` under
+/// `seed`: element `i` (in row-major order) is kept, and scaled by `1 / (1 - p)`, where
+/// `uniform_at(seed, stream, i) >= p`. CPU f32/f64 run the fused kernel; elsewhere the mask
+/// is built as a tensor and multiplied ([`dropout_reference`]).
+///
+/// # Shapes
+/// any shape -> the same shape
+pub fn dropout(x: &Tensor, p: f64, seed: u64, stream: u64) -> Result<Tensor> {
+    if !(0.0..1.0).contains(&p) {
+        bail!("dropout: p = {p} must lie in [0, 1)");
+    }
+    if !fused_applies(&[x]) {
+        return dropout_reference(x, p, seed, stream);
+    }
+    x.contiguous()?
+        .apply_op1(Dropout(MaskSpec::new(p, seed, stream)))
+}
+
+/// The same dropout composed: the scaled keep-mask as a tensor, times `x`.
+pub fn dropout_reference(x: &Tensor, p: f64, seed: u64, stream: u64) -> Result<Tensor> {
+    let spec = MaskSpec::new(p, seed, stream);
+    let scale = 1.0 / (1.0 - p);
+    let keep = (0..x.elem_count()).map(|i| spec.keep(i as u64));
+    let mask = match x.dtype() {
+        candle_core::DType::F64 => {
+            let m: Vec<f64> = keep.map(|k| if k { scale } else { 0.0 }).collect();
+            Tensor::from_vec(m, x.shape(), x.device())?
+        }
+        dtype => {
+            let m: Vec<f32> = keep.map(|k| if k { scale as f32 } else { 0.0 }).collect();
+            Tensor::from_vec(m, x.shape(), x.device())?.to_dtype(dtype)?
+        }
+    };
+    x.mul(&mask)
+}
+
+/// Which elements a mask keeps: `uniform_at(seed, stream, i) >= p`, i.e. the top 53 bits of
+/// `mix64(key + i * GOLDEN)` at or above `p * 2^53` (an exact integer comparison: both sides
+/// are whole numbers below 2^53).
+#[derive(Debug, Clone, Copy)]
+struct MaskSpec {
+    p: f64,
+    key: u64,
+    threshold: u64,
+}
+
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl MaskSpec {
+    fn new(p: f64, seed: u64, stream: u64) -> Self {
+        Self {
+            p,
+            key: mix64(seed ^ mix64(stream.wrapping_add(GOLDEN))),
+            threshold: (p * (1u64 << 53) as f64).ceil() as u64,
+        }
+    }
+
+    #[inline(always)]
+    fn keep(&self, i: u64) -> bool {
+        mix64(self.key.wrapping_add(i.wrapping_mul(GOLDEN))) >> 11 >= self.threshold
+    }
+}
+
+struct Dropout(MaskSpec);
+
+impl CustomOp1 for Dropout {
+    fn name(&self) -> &'static str {
+        "kernels-dropout"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let storage = match s {
+            CpuStorage::F32(_) => CpuStorage::F32(apply::<f32>(cpu_slice(s, l)?, self.0)),
+            CpuStorage::F64(_) => CpuStorage::F64(apply::<f64>(cpu_slice(s, l)?, self.0)),
+            _ => bail!("kernels-dropout: only f32 and f64"),
+        };
+        Ok((storage, l.shape().clone()))
+    }
+
+    /// Linear in `x`: the gradient goes through the same mask.
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(dy.contiguous()?.apply_op1(Dropout(self.0))?))
+    }
+}
+
+fn apply<T: Float>(x: &[T], spec: MaskSpec) -> Vec<T> {
+    let scale = T::from_f64(1.0 / (1.0 - spec.p));
+    let mut y = vec![T::ZERO; x.len()];
+    // Rows of 1024 elements, only to hand out contiguous pieces.
+    let width = 1024.min(x.len()).max(1);
+    par_rows(&mut y, width, MIN_PARALLEL_ELEMS, |r0, ys| {
+        simd(
+            #[inline(always)]
+            || {
+                let start = r0 * width;
+                for (j, (o, &v)) in ys.iter_mut().zip(&x[start..]).enumerate() {
+                    let keep = spec.keep((start + j) as u64);
+                    *o = if keep { v * scale } else { T::ZERO };
+                }
+            },
+        )
+    });
+    y
+}

@@ -65,6 +65,35 @@ pub fn scaled_dot_product_attention(
     Ok((out, weights))
 }
 
+/// The output of [`scaled_dot_product_attention`] without its weights, as one fused op with a
+/// hand-written backward on CPU f32/f64 ([`crate::kernels::attention`]: 2x the composed op's
+/// forward + backward at the tutorial's sizes, because nothing of the (B, H, T, S) weights is
+/// kept). Same masking (rows with no key get zeros) and the same dropout mask, drawn from the
+/// same RNG stream.
+///
+/// # Shapes
+/// as [`scaled_dot_product_attention`] -> output (B, H, T, Dv)
+pub fn attention_output(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Mask>,
+    dropout: Dropout,
+    mode: Mode,
+) -> Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    let s = k.dim(2)?;
+    let drop = dropout.multiplier((b, h, t, s), q.dtype(), q.device(), mode)?;
+    crate::kernels::attention(
+        q,
+        k,
+        v,
+        mask.map(|m| m.keep()),
+        drop.as_ref(),
+        1.0 / (d as f64).sqrt(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,6 +52,25 @@ impl Dropout {
             _ => Ok(x.clone()),
         }
     }
+
+    /// The multiplier [`Self::forward`] would apply to a tensor of `shape` (0 or `1 / (1 - p)`
+    /// per element, drawing the same RNG stream), for ops that take dropout as an argument;
+    /// `None` where dropout is the identity (evaluation, or p = 0).
+    pub fn multiplier(
+        &self,
+        shape: impl Into<candle_core::Shape>,
+        dtype: candle_core::DType,
+        device: &candle_core::Device,
+        mode: Mode,
+    ) -> Result<Option<Tensor>> {
+        match mode {
+            Mode::Train(_) if self.p > 0.0 => {
+                let ones = Tensor::ones(shape, dtype, device)?;
+                Ok(Some(self.forward(&ones, mode)?))
+            }
+            _ => Ok(None),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -106,8 +106,25 @@ impl EncoderLayer {
         cache: Option<&mut KvCache>,
         mode: Mode,
     ) -> Result<(Tensor, Tensor)> {
+        let (x, weights) = self.run(x, mask, cache, mode, true)?;
+        Ok((x, weights.expect("weights were asked for")))
+    }
+
+    /// The layer; the attention weights only with `need_weights` (without them, attention
+    /// runs as one fused op that keeps nothing of them).
+    fn run(
+        &self,
+        x: &Tensor,
+        mask: Option<&Mask>,
+        cache: Option<&mut KvCache>,
+        mode: Mode,
+        need_weights: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let mut weights = None;
         let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
+            if !need_weights {
+                return self.self_attn.self_attention_output(h, cache, mask, mode);
+            }
             let (out, w) = match cache {
                 Some(cache) => self.self_attn.forward_cached(h, cache, mask, mode)?,
                 None => self.self_attn.forward(h, h, h, mask, mode)?,
@@ -118,7 +135,7 @@ impl EncoderLayer {
         let x = residual(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
             self.ff.forward(h, mode)
         })?;
-        Ok((x, weights.expect("self-attention ran")))
+        Ok((x, weights))
     }
 }
 
@@ -156,7 +173,7 @@ impl Encoder {
     /// # Shapes
     /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
     pub fn forward(&self, x: &Tensor, mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
-        Ok(self.forward_with_weights(x, mask, mode)?.0)
+        Ok(self.run(x, mask, None, mode, false)?.0)
     }
 
     /// Also returns each layer's self-attention weights, (B, H, S, S) each.
@@ -166,7 +183,7 @@ impl Encoder {
         mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        self.run(x, mask, None, mode)
+        self.run(x, mask, None, mode, true)
     }
 
     /// Runs new positions over `caches` (one per layer, extended in place); the mask covers
@@ -184,27 +201,29 @@ impl Encoder {
         if caches.len() != self.layers.len() {
             candle_core::bail!("{} caches for {} layers", caches.len(), self.layers.len());
         }
-        Ok(self.run(x, mask, Some(caches), mode)?.0)
+        Ok(self.run(x, mask, Some(caches), mode, false)?.0)
     }
 
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }
 
+    /// The stack; each layer's attention weights only with `need_weights` (else empty).
     fn run(
         &self,
         x: &Tensor,
         mask: Option<&Mask>,
         mut caches: Option<&mut [KvCache]>,
         mode: Mode,
+        need_weights: bool,
     ) -> Result<(Tensor, Vec<Tensor>)> {
         let mut x = x.clone();
         let mut weights = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let (y, w) = layer.forward_cached(&x, mask, cache, mode)?;
+            let (y, w) = layer.run(&x, mask, cache, mode, need_weights)?;
             x = y;
-            weights.push(w);
+            weights.extend(w);
         }
         if let Some(norm) = &self.norm {
             x = norm.forward(&x)?;

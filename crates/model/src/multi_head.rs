@@ -7,7 +7,7 @@
 //! cross-attention can project the encoder memory once per source sentence and decoding can
 //! append to cached keys and values.
 
-use crate::attention::scaled_dot_product_attention;
+use crate::attention::{attention_output, scaled_dot_product_attention};
 use crate::dropout::{Dropout, Mode};
 use crate::linear::Linear;
 use crate::mask::Mask;
@@ -144,10 +144,39 @@ impl MultiHeadAttention {
         mode: Mode,
     ) -> Result<(Tensor, Tensor)> {
         let (out, weights) = scaled_dot_product_attention(q, k, v, mask, self.dropout, mode)?;
+        Ok((self.merge_heads_and_project(&out)?, weights))
+    }
+
+    /// Self-attention of `x` over itself (and over `cache` when given, which is extended with
+    /// `x`'s keys and values), without the attention weights: the fused attention op
+    /// ([`attention_output`]), for stacks whose caller does not ask for weights.
+    ///
+    /// # Shapes
+    /// x (B, T, C) -> (B, T, C)
+    pub fn self_attention_output(
+        &self,
+        x: &Tensor,
+        cache: Option<&mut KvCache>,
+        mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let q = self.project_q(x)?;
+        let (k, v) = self.project_kv(x, x)?;
+        let (k, v) = match cache {
+            Some(cache) => cache.append(k, v)?,
+            None => (k, v),
+        };
+        let out = attention_output(&q, &k, &v, mask, self.dropout, mode)?;
+        self.merge_heads_and_project(&out)
+    }
+
+    /// # Shapes
+    /// (B, H, T, D) -> (B, T, C)
+    fn merge_heads_and_project(&self, out: &Tensor) -> Result<Tensor> {
         let (b, h, t, d) = out.dims4()?;
         // (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
         let out = out.transpose(1, 2)?.contiguous()?.reshape((b, t, h * d))?;
-        Ok((self.out_proj.forward(&out)?, weights))
+        self.out_proj.forward(&out)
     }
 
     /// Self-attention of new positions over themselves and everything in `cache`, which is

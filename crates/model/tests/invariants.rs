@@ -308,3 +308,50 @@ fn loss_no_grad_equals_the_eval_loss() -> Result<()> {
     assert!(diff < 1e-12, "differs by {diff}");
     Ok(())
 }
+
+/// An encoder stack asked for no weights runs attention as one fused op; with the same RNG
+/// state it gives what the composed path (asked for weights) gives, dropout masks included.
+#[test]
+fn encoder_without_weights_equals_the_composed_path() -> Result<()> {
+    use transformer_model::encoder::{Encoder, LayerSpec};
+    use transformer_model::{Activation, Mask};
+    for norm_first in [false, true] {
+        let pb = ParamBuilder::new(DType::F64, &Device::Cpu, 21);
+        let spec = LayerSpec {
+            d_model: 16,
+            nhead: 4,
+            dim_feedforward: 24,
+            dropout: 0.3,
+            activation: Activation::Gelu,
+            layer_norm_eps: 1e-5,
+            norm_first,
+        };
+        let enc = Encoder::new(&pb, &spec, 2, true)?;
+        let x = Tensor::randn(0f64, 1.0, (3, 7, 16), &Device::Cpu)?;
+        let mask = Mask::causal(7, &Device::Cpu)?;
+        for mode_seed in [None, Some(5u64)] {
+            let (r1, r2) = (
+                Rng::new(mode_seed.unwrap_or(0)),
+                Rng::new(mode_seed.unwrap_or(0)),
+            );
+            let (m1, m2) = match mode_seed {
+                Some(_) => (Mode::Train(&r1), Mode::Train(&r2)),
+                None => (Mode::Eval, Mode::Eval),
+            };
+            let fused = enc.forward(&x, Some(&mask), m1)?;
+            let (composed, weights) = enc.forward_with_weights(&x, Some(&mask), m2)?;
+            assert_eq!(weights.len(), 2);
+            let diff = (fused - composed)?.abs()?.max_all()?.to_scalar::<f64>()?;
+            assert!(
+                diff < 1e-12,
+                "norm_first {norm_first} {mode_seed:?}: differs by {diff}"
+            );
+            assert_eq!(
+                r1.state(),
+                r2.state(),
+                "both paths draw the same RNG streams"
+            );
+        }
+    }
+    Ok(())
+}

@@ -283,7 +283,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
                 "{:<44} {:>10.1} {:>10.1}",
                 "training step ms, bf16 output layer (AMX)", t.min, t.median
             ),
-            None => println!("training step, bf16: no AMX on this CPU"),
+            None => println!("training step, bf16: AMX not available (CPU, or TRANSFORMER_NO_AMX)"),
         }
         println!(
             "{:<44} {:>10.1} {:>10.1}",

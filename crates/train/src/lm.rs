@@ -538,7 +538,8 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
             "precision: bf16 mixed precision (the output layer's products on the AMX units); \
              validation and test in f32"
         } else {
-            "precision: bf16 asked for, but this CPU has no AMX: training in f32"
+            "precision: bf16 asked for, but AMX is not available (no AMX on this CPU, or \
+             TRANSFORMER_NO_AMX is set): training in f32"
         });
     }
     let rng = Rng::from_state(state.rng.0, state.rng.1);

@@ -47,7 +47,6 @@ pub(crate) fn bf16_bits(x: f32) -> u16 {
 }
 
 /// The f32 value of bf16 bits.
-#[cfg(test)]
 #[inline(always)]
 pub(crate) fn bf16_value(b: u16) -> f32 {
     f32::from_bits((b as u32) << 16)

@@ -653,9 +653,11 @@ fn backward<T: Pooled>(
 
 /// Pass 1 over the columns `cols`, block by block: `Z_j^T = W_j H^T + b_j` (`len x n`, so that
 /// the per-row reductions run along contiguous memory), the block max per row, `exp(z - max)`
-/// in place and its sum per row, folded into the running (max, sum) per row. With `store`,
-/// block `j` is left in `region` at `n * (v0_j - cols.start)`; else `region` holds one block
-/// at a time.
+/// in place and its sum per row, folded into the running (max, sum) per row. `store` says
+/// what stays in `region` for pass 2: with `Full`, block `j` at `n * (v0_j - cols.start)`;
+/// with `Bf16`, the same rounded to bf16 in the region's slots read as `u16`
+/// ([`as_bf16_slots`]; the block itself is computed in a scratch); with `None`, `region` holds
+/// one block at a time.
 #[allow(clippy::too_many_arguments)]
 fn pass1<T: Pooled>(
     h: &[T],
@@ -807,8 +809,9 @@ fn pass1<T: Pooled>(
 }
 
 /// Pass 2 over the columns `cols`, whose exponentials pass 1 left in `region`: turns block
-/// `j` into `P_j^T = (softmax - onehot)^T * scale` in place (`exp(z - block max)` times the
-/// per-row factor `exp(block max - lse) * scale`; no second exponential per element), writes
+/// `j` into `P_j^T = (softmax - onehot)^T * scale` (`exp(z - block max)` times the per-row
+/// factor `exp(block max - lse) * scale`; no second exponential per element), in place on the
+/// fp32 path, straight into the packed bf16 operands on the AMX path ([`pack_p`]), writes
 /// `db` (entries `cols` of dbias) and `dw` (rows `cols` of dW, each block written once) and
 /// returns this thread's `dH^T = sum_j (P_j W_j)^T` (C x N).
 #[allow(clippy::too_many_arguments)]

@@ -7,10 +7,8 @@ use clap::{Args, Subcommand};
 use std::time::Instant;
 use transformer_decode::{generate_lm, Sampling};
 use transformer_model::kernels::{amx, Precision};
-use transformer_model::{LmConfig, Mode, ParamBuilder, Rng, TransformerLm};
-use transformer_train::clip::clip_coefficient;
-use transformer_train::lm::lm_loss;
-use transformer_train::Sgd;
+use transformer_model::{LmConfig, ParamBuilder, Rng, TransformerLm};
+use transformer_train::lm::LmStep;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -181,20 +179,10 @@ fn lm(a: LmBenchArgs) -> Result<()> {
 
     // a. Training step, as the loop in transformer_train::lm::train takes it.
     let (input, target) = random_window(&data_rng, a.batch, a.bptt, a.vocab, &dev)?;
-    let mut opt = Sgd::new(vars.clone(), a.lr);
+    let mut lm_step = LmStep::new(vars, a.lr, a.clip);
     let mut last_loss = f64::NAN;
     let mut step = |precision: Precision| -> Result<()> {
-        let loss = lm_loss(
-            &model,
-            &input,
-            &target,
-            Mode::Train(&dropout_rng),
-            precision,
-        )?;
-        let grads = loss.backward()?;
-        let (_, coef) = clip_coefficient(&grads, &vars, a.clip)?;
-        opt.step_scaled(&grads, coef)?;
-        last_loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        last_loss = lm_step.run(&model, &input, &target, &dropout_rng, precision)?;
         Ok(())
     };
     let train = time(a.warmup, a.repeats, || step(Precision::F32))?;

@@ -8,6 +8,7 @@ use crate::config::{Activation, LmConfig};
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
 use crate::encoder::{Encoder, LayerSpec};
+use crate::grads::DirectGrads;
 use crate::kernels::Precision;
 use crate::linear::Linear;
 use crate::mask::Mask;
@@ -85,8 +86,22 @@ impl TransformerLm {
     /// # Shapes
     /// ids (B, T) u32 -> (B, T, C)
     pub fn hidden(&self, ids: &Tensor, mode: Mode) -> Result<Tensor> {
+        self.hidden_with(ids, mode, None)
+    }
+
+    /// [`Self::hidden`], the embedding's gradient going to `direct` when given.
+    fn hidden_with(
+        &self,
+        ids: &Tensor,
+        mode: Mode,
+        direct: Option<&DirectGrads>,
+    ) -> Result<Tensor> {
         let (_b, t) = ids.dims2()?;
-        let x = (self.embedding.forward(ids)? * (self.d_model as f64).sqrt())?;
+        let e = match direct {
+            Some(d) => self.embedding.forward_direct(ids, d)?,
+            None => self.embedding.forward(ids)?,
+        };
+        let x = (e * (self.d_model as f64).sqrt())?;
         let x = self.pos_encoder.forward(&x, 0, mode)?;
         let causal = Mask::causal(t, ids.device())?;
         self.transformer_encoder.forward(&x, Some(&causal), mode)
@@ -176,6 +191,32 @@ impl TransformerLm {
             .expect("the language model's output layer has a bias");
         let w = self.linear.weight();
         crate::kernels::linear_cross_entropy_with(&h, w, bias, targets, None, precision)
+    }
+
+    /// [`Self::loss_with`] whose backward pass delivers the gradients of the embedding and
+    /// of the output layer (weight and bias) to `grads` instead of candle's `GradStore`: the
+    /// output layer's written once into buffers kept between steps, the embedding's as the
+    /// used rows only (see [`crate::grads`]). The encoder's parameters stay in the
+    /// `GradStore`; an optimizer reads both. Same gradients, bit for bit, without the
+    /// allocations, zeroing and adds of two dense `(V, C)` gradients per step.
+    ///
+    /// # Shapes
+    /// ids (B, T) u32, targets (B, T) or (B * T,) u32 -> scalar
+    pub fn loss_direct(
+        &self,
+        ids: &Tensor,
+        targets: &Tensor,
+        mode: Mode,
+        precision: Precision,
+        grads: &DirectGrads,
+    ) -> Result<Tensor> {
+        let h = self.hidden_with(ids, mode, Some(grads))?;
+        let bias = self
+            .linear
+            .bias()
+            .expect("the language model's output layer has a bias");
+        let w = self.linear.weight();
+        crate::kernels::linear_cross_entropy_direct(&h, w, bias, targets, None, precision, grads)
     }
 
     /// [`Self::loss`] in evaluation mode for evaluation only, like PyTorch under

@@ -5,6 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
 use transformer_model::{LmConfig, Mode, ParamBuilder, Rng, TransformerLm};
+use transformer_train::lm::LmStep;
 
 fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
     f();
@@ -52,13 +53,10 @@ fn main() -> candle_core::Result<()> {
             (20, 35),
             &dev,
         )?;
-        let vars = params.vars();
-        let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);
+        // The trainer's step at lr 0 (the weights stay put).
+        let mut step = LmStep::new(params.vars(), 0.0, 0.5);
         for _ in 0..steps {
-            let loss = model.loss_with(&ids, &ids, Mode::Train(&rng), precision)?;
-            let g = loss.backward()?;
-            let (_, coef) = transformer_train::clip::clip_coefficient(&g, &vars, 0.5).unwrap();
-            sgd.step_scaled(&g, coef).unwrap();
+            step.run(&model, &ids, &ids, &rng, precision).unwrap();
         }
         return Ok(());
     }
@@ -104,7 +102,7 @@ fn main() -> candle_core::Result<()> {
             let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);
             sgd.step_scaled(&grads, coef).unwrap();
         });
-        time("  full step (fwd+bwd+clip+sgd)", 5, || {
+        time("  full step, all gradients in GradStore", 5, || {
             let loss = model
                 .loss_with(&ids, &targets, Mode::Train(&rng), precision)
                 .unwrap();
@@ -112,6 +110,11 @@ fn main() -> candle_core::Result<()> {
             let (_, coef) = transformer_train::clip::clip_coefficient(&g, &vars, 0.5).unwrap();
             let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);
             sgd.step_scaled(&g, coef).unwrap();
+        });
+        // What `transformer lm train` runs (lr 0: the weights stay put).
+        let mut step = LmStep::new(vars.clone(), 0.0, 0.5);
+        time("  full step, trainer's (direct gradients)", 5, || {
+            step.run(&model, &ids, &targets, &rng, precision).unwrap()
         });
     }
     Ok(())

@@ -1,17 +1,37 @@
 //! Gradient-norm clipping, as `torch.nn.utils.clip_grad_norm_`.
 
 use candle_core::{backprop::GradStore, DType, Result, Storage, Tensor, Var};
+use transformer_model::grads::{DirectGrads, GradView};
 
 /// The L2 norm of all gradients together, accumulated in f64. Contiguous CPU f32/f64
 /// gradients are read in place (one pass, no temporaries); others through tensor ops.
 pub fn grad_norm(grads: &GradStore, vars: &[Var]) -> Result<f64> {
+    Ok(store_sum_sq(grads, vars)?.sqrt())
+}
+
+/// [`grad_norm`] over the gradients in `grads` and those in `direct` together (a parameter
+/// has its gradient in one or the other; see `transformer_model::grads`). Row gradients
+/// are read as the rows they are.
+pub fn grad_norm_with(grads: &GradStore, direct: &DirectGrads, vars: &[Var]) -> Result<f64> {
+    let mut sq = store_sum_sq(grads, vars)?;
+    direct.for_each(|_, g| {
+        sq += match g {
+            GradView::Dense(g) => crate::par::map(g, crate::par::sum_sq_f32).iter().sum(),
+            GradView::Rows { rows, .. } => crate::par::sum_sq_f32(rows),
+        };
+        Ok(())
+    })?;
+    Ok(sq.sqrt())
+}
+
+fn store_sum_sq(grads: &GradStore, vars: &[Var]) -> Result<f64> {
     let mut sq = 0f64;
     for v in vars {
         if let Some(g) = grads.get(v.as_tensor()) {
             sq += sum_of_squares(g)?;
         }
     }
-    Ok(sq.sqrt())
+    Ok(sq)
 }
 
 fn sum_of_squares(g: &Tensor) -> Result<f64> {
@@ -39,7 +59,22 @@ fn sum_of_squares(g: &Tensor) -> Result<f64> {
 /// gradient.
 pub fn clip_coefficient(grads: &GradStore, vars: &[Var], max_norm: f64) -> Result<(f64, f64)> {
     let total = grad_norm(grads, vars)?;
-    Ok((total, (max_norm / (total + 1e-6)).min(1.0)))
+    Ok((total, coefficient(total, max_norm)))
+}
+
+/// [`clip_coefficient`] over the gradients in `grads` and in `direct` together.
+pub fn clip_coefficient_with(
+    grads: &GradStore,
+    direct: &DirectGrads,
+    vars: &[Var],
+    max_norm: f64,
+) -> Result<(f64, f64)> {
+    let total = grad_norm_with(grads, direct, vars)?;
+    Ok((total, coefficient(total, max_norm)))
+}
+
+fn coefficient(total: f64, max_norm: f64) -> f64 {
+    (max_norm / (total + 1e-6)).min(1.0)
 }
 
 /// Scales all gradients by `max_norm / (total_norm + 1e-6)` when that is below 1, where

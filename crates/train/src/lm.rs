@@ -19,7 +19,7 @@
 //! | `loss.svg` | training and validation loss against the step |
 
 use crate::checkpoint;
-use crate::clip::clip_coefficient;
+use crate::clip::clip_coefficient_with;
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metric};
 use crate::optim::Sgd;
@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use transformer_model::kernels::Precision;
-use transformer_model::{LmConfig, Mode, ParamBuilder, Params, Rng, TransformerLm};
+use transformer_model::{DirectGrads, LmConfig, Mode, ParamBuilder, Params, Rng, TransformerLm};
 use transformer_text::batch::{batchify, Batch, Batched};
 use transformer_text::corpus::{read_split, Split};
 use transformer_text::Vocab;
@@ -212,18 +212,56 @@ pub fn window_tensors(w: &Batch, device: &Device) -> Result<(Tensor, Tensor)> {
     Ok((input, target))
 }
 
-/// Mean cross-entropy of the next-token predictions for one window.
+/// The tutorial's training step, the body of [`train`]'s loop (and what `transformer bench
+/// lm` times): forward in training mode, mean cross-entropy, backward, PyTorch's
+/// `clip_grad_norm_` coefficient, SGD scaled by it.
 ///
-/// # Shapes
-/// input (B, T) u32, target (B * T,) u32 -> scalar
-pub fn lm_loss(
-    model: &TransformerLm,
-    input: &Tensor,
-    target: &Tensor,
-    mode: Mode,
-    precision: Precision,
-) -> Result<Tensor> {
-    Ok(model.loss_with(input, target, mode, precision)?)
+/// The embedding's and the output layer's gradients bypass candle's `GradStore`
+/// ([`TransformerLm::loss_direct`], `transformer_model::grads`): the output layer's are
+/// written once into buffers kept from step to step, the embedding's are its used rows, and
+/// the norm and the update read them where they are. Same result as
+/// `loss.backward()` + [`crate::clip::clip_coefficient`] + [`Sgd::step_scaled`] over the `GradStore`
+/// (`tests/lm_train.rs` compares them).
+pub struct LmStep {
+    vars: Vec<Var>,
+    /// Its `lr` is the learning rate of the next step.
+    pub opt: Sgd,
+    clip: f64,
+    direct: DirectGrads,
+}
+
+impl LmStep {
+    /// SGD over `vars` (all the model's parameters) at `lr`, clipping the gradient norm to
+    /// `clip`.
+    pub fn new(vars: Vec<Var>, lr: f64, clip: f64) -> Self {
+        Self {
+            opt: Sgd::new(vars.clone(), lr),
+            vars,
+            clip,
+            direct: DirectGrads::new(),
+        }
+    }
+
+    /// One step on a window; returns its loss. `rng` draws the dropout masks.
+    ///
+    /// # Shapes
+    /// input (B, T) u32, target (B * T,) u32
+    pub fn run(
+        &mut self,
+        model: &TransformerLm,
+        input: &Tensor,
+        target: &Tensor,
+        rng: &Rng,
+        precision: Precision,
+    ) -> Result<f64> {
+        let loss = model.loss_direct(input, target, Mode::Train(rng), precision, &self.direct)?;
+        let grads = loss.backward()?;
+        let (_, coef) = clip_coefficient_with(&grads, &self.direct, &self.vars, self.clip)?;
+        self.opt.step_scaled(&grads, coef)?;
+        self.opt.step_direct(&self.direct, coef)?;
+        self.direct.clear();
+        Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+    }
 }
 
 /// The tutorial's `evaluate`: the mean loss per target token over all windows, each window's
@@ -543,8 +581,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         });
     }
     let rng = Rng::from_state(state.rng.0, state.rng.1);
-    let vars: Vec<Var> = params.vars();
-    let mut opt = Sgd::new(vars.clone(), cfg.lr);
+    let mut step = LmStep::new(params.vars(), cfg.lr, cfg.clip);
     let num_windows = data.train.num_windows(cfg.bptt);
     let epoch_windows = cfg.max_batches.map_or(num_windows, |m| m.min(num_windows));
     // The tutorial labels its log lines with len(train_data) // bptt.
@@ -556,7 +593,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
 
     while state.epoch <= cfg.epochs {
         let epoch = state.epoch;
-        opt.lr = cfg.lr_at_epoch(epoch);
+        step.opt.lr = cfg.lr_at_epoch(epoch);
         let epoch_start = Instant::now();
         let mut log_start = Instant::now();
         for (batch, w) in data
@@ -592,12 +629,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                 });
             }
             let (input, target) = window_tensors(&w, dev)?;
-            let loss = lm_loss(&model, &input, &target, Mode::Train(&rng), cfg.precision)?;
-            let grads = loss.backward()?;
-            // Clipping as PyTorch's clip_grad_norm_, applied as a factor on the step.
-            let (_, coef) = clip_coefficient(&grads, &vars, cfg.clip)?;
-            opt.step_scaled(&grads, coef)?;
-            let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let loss = step.run(&model, &input, &target, &rng, cfg.precision)?;
             step_losses.push(loss);
             steps_here += 1;
             state.step += 1;
@@ -611,7 +643,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                 let ms = log_start.elapsed().as_secs_f64() * 1e3 / state.log_batches as f64;
                 progress.line(&format!(
                     "| epoch {epoch:3} | {batch:5}/{label_batches:5} batches | lr {:02.2} | ms/batch {ms:5.2} | loss {cur:5.2} | ppl {:8.2}",
-                    opt.lr,
+                    step.opt.lr,
                     cur.exp()
                 ));
                 metrics::append(
@@ -621,7 +653,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                         epoch,
                         batch,
                         batches: label_batches,
-                        lr: opt.lr,
+                        lr: step.opt.lr,
                         ms_per_batch: ms,
                         loss: cur,
                         ppl: cur.exp(),

@@ -2,8 +2,9 @@
 //! and the paper's learning-rate schedule.
 
 use candle_core::{
-    backprop::GradStore, CpuStorage, DType, InplaceOp2, Layout, Result, Tensor, Var,
+    backprop::GradStore, CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Result, Tensor, Var,
 };
+use transformer_model::grads::{DirectGrads, GradView};
 
 /// Plain stochastic gradient descent, `p -= lr * g` (the PyTorch tutorial's optimizer).
 #[derive(Debug, Clone)]
@@ -27,6 +28,58 @@ impl Sgd {
         for v in &self.vars {
             if let Some(g) = grads.get(v.as_tensor()) {
                 axpy_in_place(v, g, -self.lr * scale)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The step for the gradients held in `direct` (see `transformer_model::grads`), scaled
+    /// like [`Self::step_scaled`]: in place, a dense gradient in one pass over both cores, a
+    /// row gradient on its rows only. Parameters this optimizer does not hold are an error.
+    pub fn step_direct(&mut self, direct: &DirectGrads, scale: f64) -> Result<()> {
+        let alpha = (-self.lr * scale) as f32;
+        direct.for_each(|p, g| {
+            if !self.vars.iter().any(|v| v.as_tensor().id() == p.id()) {
+                candle_core::bail!("sgd: a direct gradient for a parameter it does not hold");
+            }
+            p.inplace_op1(&AxpyDirect { g, alpha })
+        })
+    }
+}
+
+/// `p += alpha * g` for a gradient held in [`DirectGrads`].
+struct AxpyDirect<'a> {
+    g: GradView<'a>,
+    alpha: f32,
+}
+
+impl InplaceOp1 for AxpyDirect<'_> {
+    fn name(&self) -> &'static str {
+        "axpy-direct"
+    }
+
+    fn cpu_fwd(&self, dst: &mut CpuStorage, l: &Layout) -> Result<()> {
+        let (CpuStorage::F32(d), Some((d0, d1))) = (dst, l.contiguous_offsets()) else {
+            candle_core::bail!("axpy-direct: expected a contiguous f32 parameter");
+        };
+        let d = &mut d[d0..d1];
+        let a = self.alpha;
+        match self.g {
+            GradView::Dense(g) => {
+                if g.len() != d.len() {
+                    candle_core::bail!("axpy-direct: gradient and parameter sizes differ");
+                }
+                crate::par::zip_mut(d, g, |d, s| {
+                    d.iter_mut().zip(s).for_each(|(x, g)| *x += a * g)
+                });
+            }
+            GradView::Rows { ids, rows, dim } => {
+                for (&id, r) in ids.iter().zip(rows.chunks_exact(dim)) {
+                    let Some(row) = d.get_mut(id as usize * dim..(id as usize + 1) * dim) else {
+                        candle_core::bail!("axpy-direct: row {id} outside the parameter");
+                    };
+                    row.iter_mut().zip(r).for_each(|(x, g)| *x += a * g);
+                }
             }
         }
         Ok(())

@@ -352,3 +352,66 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
         "first loss bf16 {l16} vs f32 {l32}"
     );
 }
+
+/// The trainer's step (`LmStep`: embedding and output-layer gradients outside candle's
+/// `GradStore`, the embedding's as rows) moves every parameter as the plain step does
+/// (`loss.backward()`, `clip_coefficient`, `Sgd::step_scaled` over the `GradStore`), step
+/// after step, with clipping active and repeated tokens. The gradients are bit-identical
+/// (`transformer-model`'s `direct_gradients_equal_the_grad_store`); only the norm's summation
+/// order differs (the embedding's rows alone rather than its dense zeros), so parameters
+/// may differ in the last bit.
+#[test]
+fn trainer_step_equals_the_plain_step() -> CResult<()> {
+    use transformer_model::kernels::Precision;
+    use transformer_model::LmConfig;
+    use transformer_train::clip::clip_coefficient;
+    use transformer_train::lm::LmStep;
+    use transformer_train::Sgd;
+    let cfg = LmConfig {
+        ntoken: 40,
+        d_model: 16,
+        nhead: 2,
+        d_hid: 32,
+        nlayers: 2,
+        dropout: 0.2,
+        ..LmConfig::default()
+    };
+    let dev = Device::Cpu;
+    let (pb_a, pb_b) = (
+        ParamBuilder::new(DType::F32, &dev, 3),
+        ParamBuilder::new(DType::F32, &dev, 3),
+    );
+    let (lm_a, lm_b) = (
+        TransformerLm::new(&pb_a, &cfg)?,
+        TransformerLm::new(&pb_b, &cfg)?,
+    );
+    let (params_a, params_b) = (pb_a.params(), pb_b.params());
+    let (rng_a, rng_b) = (Rng::new(8), Rng::new(8));
+    let mut plain = Sgd::new(params_a.vars(), 5.0);
+    let mut step = LmStep::new(params_b.vars(), 5.0, 0.5);
+    let data = Rng::new(1);
+    for s in 0..4 {
+        let x: Vec<u32> = (0..24).map(|_| data.below(12) as u32).collect();
+        let y: Vec<u32> = (0..24).map(|_| data.below(40) as u32).collect();
+        let x = Tensor::from_vec(x, (4, 6), &dev)?;
+        let y = Tensor::from_vec(y, 24, &dev)?;
+        let loss_a = lm_a.loss_with(&x, &y, Mode::Train(&rng_a), Precision::F32)?;
+        let grads = loss_a.backward()?;
+        let (_, coef) = clip_coefficient(&grads, &params_a.vars(), 0.5)?;
+        assert!(coef < 1.0, "clipping is active");
+        plain.step_scaled(&grads, coef)?;
+        let loss_b = step
+            .run(&lm_b, &x, &y, &rng_b, Precision::F32)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        assert_eq!(loss_a.to_scalar::<f32>()? as f64, loss_b, "step {s}");
+        for ((name, a), (_, b)) in params_a.iter().zip(params_b.iter()) {
+            let diff = (a.as_tensor() - b.as_tensor())?
+                .abs()?
+                .max_all()?
+                .to_scalar::<f32>()?;
+            let size = a.as_tensor().abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(diff <= 1e-6 * size, "step {s}: {name} differs by {diff}");
+        }
+    }
+    Ok(())
+}

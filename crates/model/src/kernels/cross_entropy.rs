@@ -77,6 +77,7 @@ use super::amx::{self, pad32};
 use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
 use super::{cpu_slice, fused_applies, run_threads, with_slice, Precision};
+use crate::grads::DirectGrads;
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use std::ops::Range;
 use std::sync::Mutex;
@@ -137,6 +138,42 @@ pub fn linear_cross_entropy_with(
     ignore_index: Option<u32>,
     precision: Precision,
 ) -> Result<Tensor> {
+    fused(hidden, weight, bias, targets, ignore_index, precision, None)
+}
+
+/// [`linear_cross_entropy_with`] whose backward pass writes the gradients of `weight` and
+/// `bias` into `grads` ([`crate::grads`]: buffers kept from step to step, written once)
+/// instead of returning them to candle's `GradStore`, where those are CPU f32 variables;
+/// only `hidden`'s gradient flows on through candle. Same values, bit for bit.
+pub fn linear_cross_entropy_direct(
+    hidden: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    targets: &Tensor,
+    ignore_index: Option<u32>,
+    precision: Precision,
+    grads: &DirectGrads,
+) -> Result<Tensor> {
+    fused(
+        hidden,
+        weight,
+        bias,
+        targets,
+        ignore_index,
+        precision,
+        Some(grads),
+    )
+}
+
+fn fused(
+    hidden: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    targets: &Tensor,
+    ignore_index: Option<u32>,
+    precision: Precision,
+    direct: Option<&DirectGrads>,
+) -> Result<Tensor> {
     let (n, c, v) = check_shapes(hidden, weight, bias, targets)?;
     if !fused_applies(&[hidden, weight, bias]) {
         return linear_cross_entropy_reference(hidden, weight, bias, targets, ignore_index);
@@ -149,6 +186,7 @@ pub fn linear_cross_entropy_with(
         want_grad,
         amx: precision == Precision::Bf16 && hidden.dtype() == DType::F32 && amx::available(),
         saved: Mutex::new(None),
+        direct: direct.cloned(),
     };
     h.apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
 }
@@ -251,6 +289,8 @@ struct LinearCrossEntropy {
     /// Run the products in bf16 on the AMX units (f32 inputs only).
     amx: bool,
     saved: Mutex<Option<SavedAny>>,
+    /// Where the weight's and bias's gradients go when they are CPU f32 variables.
+    direct: Option<DirectGrads>,
 }
 
 impl CustomOp3 for LinearCrossEntropy {
@@ -302,12 +342,29 @@ impl CustomOp3 for LinearCrossEntropy {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let saved = self.saved.lock().unwrap().take();
+        let direct = self
+            .direct
+            .as_ref()
+            .filter(|_| DirectGrads::accepts(weight) && DirectGrads::accepts(bias));
         let (dh, dw, db) = match hidden.dtype() {
             DType::F32 => {
                 let saved = match saved {
                     Some(SavedAny::F32(s)) => Some(s),
                     _ => None,
                 };
+                if let Some(direct) = direct {
+                    let dh = backward_direct(
+                        hidden,
+                        weight,
+                        bias,
+                        &self.targets,
+                        saved,
+                        g,
+                        self.amx,
+                        direct,
+                    )?;
+                    return Ok((Some(dh), None, None));
+                }
                 backward_op::<f32>(hidden, weight, bias, &self.targets, saved, g, self.amx)?
             }
             DType::F64 => {
@@ -334,9 +391,60 @@ fn backward_op<T: Pooled>(
     g: f64,
     amx: bool,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    let v = weight.dim(0)?;
+    let c = weight.dim(1)?;
+    let (mut dw, mut db) = (vec![T::ZERO; v * c], vec![T::ZERO; v]);
+    let dh = backward_into(
+        hidden, weight, bias, targets, saved, g, amx, &mut dw, &mut db,
+    )?;
+    let dev = hidden.device();
+    Ok((
+        dh,
+        Tensor::from_vec(dw, weight.shape(), dev)?,
+        Tensor::from_vec(db, bias.shape(), dev)?,
+    ))
+}
+
+/// [`backward_op`] writing `dW` and `db` into `direct`'s buffers (the previous step's, so
+/// nothing is allocated or zeroed: pass 2 writes every element once); returns `dH`.
+#[allow(clippy::too_many_arguments)]
+fn backward_direct(
+    hidden: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    targets: &[Option<usize>],
+    saved: Option<Saved<f32>>,
+    g: f64,
+    amx: bool,
+    direct: &DirectGrads,
+) -> Result<Tensor> {
+    let mut dw = direct.take_buffer(weight, weight.elem_count());
+    let mut db = direct.take_buffer(bias, bias.elem_count());
+    let dh = backward_into(
+        hidden, weight, bias, targets, saved, g, amx, &mut dw, &mut db,
+    )?;
+    direct.put_dense(weight, dw);
+    direct.put_dense(bias, db);
+    Ok(dh)
+}
+
+/// Pass 2 (after pass 1 again if its state is gone), writing every element of `dw` and `db`;
+/// returns `dH`.
+#[allow(clippy::too_many_arguments)]
+fn backward_into<T: Pooled>(
+    hidden: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    targets: &[Option<usize>],
+    saved: Option<Saved<T>>,
+    g: f64,
+    amx: bool,
+    dw: &mut [T],
+    db: &mut [T],
+) -> Result<Tensor> {
     let (n, c) = hidden.dims2()?;
     let v = weight.dim(0)?;
-    let (dh, dw, db) = with_slice::<T, _>(hidden, |h| {
+    let dh = with_slice::<T, _>(hidden, |h| {
         with_slice::<T, _>(weight, |w| {
             let saved = match saved {
                 Some(s) => s,
@@ -345,15 +453,19 @@ fn backward_op<T: Pooled>(
                     Ok(s.expect("the forward pass keeps its state when asked to"))
                 })?,
             };
-            Ok(backward::<T>(saved, h, w, targets, T::from_f64(g), amx))
+            Ok(backward::<T>(
+                saved,
+                h,
+                w,
+                targets,
+                T::from_f64(g),
+                amx,
+                dw,
+                db,
+            ))
         })
     })?;
-    let dev = hidden.device();
-    Ok((
-        Tensor::from_vec(dh, hidden.shape(), dev)?,
-        Tensor::from_vec(dw, weight.shape(), dev)?,
-        Tensor::from_vec(db, bias.shape(), dev)?,
-    ))
+    Tensor::from_vec(dh, hidden.shape(), hidden.device())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -575,7 +687,8 @@ fn forward<T: Pooled>(
     (loss, store.then_some(saved))
 }
 
-/// Pass 2 on every thread: the gradients `(dh, dw, db)` for an incoming gradient `g`.
+/// Pass 2 on every thread for an incoming gradient `g`: writes every element of `dw` and `db`
+/// and returns `dh`.
 fn backward<T: Pooled>(
     mut saved: Saved<T>,
     h: &[T],
@@ -583,9 +696,12 @@ fn backward<T: Pooled>(
     targets: &[Option<usize>],
     g: T,
     amx: bool,
-) -> (Vec<T>, Vec<T>, Vec<T>) {
+    dw: &mut [T],
+    db: &mut [T],
+) -> Vec<T> {
     let (n, c, v) = (saved.n, saved.c, saved.v);
     assert!(h.len() == n * c && w.len() == v * c && targets.len() == n);
+    assert!(dw.len() == v * c && db.len() == v);
     // P = (softmax - onehot) * g / count on rows that count, 0 on ignored rows.
     let scale: Vec<T> = targets
         .iter()
@@ -594,13 +710,11 @@ fn backward<T: Pooled>(
             None => T::ZERO,
         })
         .collect();
-    let mut dw = vec![T::ZERO; v * c];
-    let mut db = vec![T::ZERO; v];
     let ranges = saved.ranges.clone();
     let store = saved.store;
     let regs = regions(&mut saved.buf, &ranges, n, v, store);
     let mut items = Vec::with_capacity(ranges.len());
-    let (mut dw_rest, mut db_rest) = (&mut dw[..], &mut db[..]);
+    let (mut dw_rest, mut db_rest) = (dw, db);
     for ((r, region), bmax) in ranges.iter().zip(regs).zip(&saved.block_max) {
         let cols = cols(r, v);
         let (dw_mine, dw_tail) = dw_rest.split_at_mut(cols.len() * c);
@@ -648,7 +762,7 @@ fn backward<T: Pooled>(
             dh[row * c + ci] = x;
         }
     }
-    (dh, dw, db)
+    dh
 }
 
 /// Pass 1 over the columns `cols`, block by block: `Z_j^T = W_j H^T + b_j` (`len x n`, so that

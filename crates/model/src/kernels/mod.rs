@@ -45,8 +45,8 @@ mod softmax;
 
 pub use attention::{attention, attention_reference};
 pub use cross_entropy::{
-    linear_cross_entropy, linear_cross_entropy_reference, linear_cross_entropy_with,
-    release_scratch,
+    linear_cross_entropy, linear_cross_entropy_direct, linear_cross_entropy_reference,
+    linear_cross_entropy_with, release_scratch,
 };
 pub use dropout::{dropout, dropout_reference};
 pub use few_rows::{linear_few_rows, linear_few_rows_reference};

@@ -1,0 +1,270 @@
+//! Direct gradients: parameters whose gradients fused kernels write straight into buffers
+//! kept from step to step, outside candle's `GradStore`.
+//!
+//! # Why
+//! candle's backward pass accumulates every gradient into a fresh `zeros_like` and then into
+//! a new sum (`GradStore::or_insert` followed by `add`), and the gradient of `index_select`
+//! (the embedding lookup) is a dense zero matrix the size of the vocabulary with the rows
+//! added in. For the tutorial LM that means, every step and for each of its two `(V, C)`
+//! matrices (23 MB at V 28,782): two or three fresh allocations that fault in page by page,
+//! a memset, a copy and an add. `perf` put about 15% of a bf16 step there (memset 7%, the
+//! add 6%, copies). The gradient norm and the SGD step then read the dense 23 MB embedding
+//! gradient, of which 700 rows are not zero.
+//!
+//! # How
+//! Hand a [`DirectGrads`] to [`crate::TransformerLm::loss_direct`]: the fused output layer
+//! ([`crate::kernels::linear_cross_entropy_direct`]) writes `dW` and `db` once into buffers
+//! held here, and the embedding ([`crate::Embedding::forward_direct`]) records only its
+//! rows, one per distinct token. Those parameters get no entry in the `GradStore`; the
+//! optimizer reads them from here ([`DirectGrads::for_each`]; `transformer_train`'s clipping
+//! and SGD do), and [`DirectGrads::clear`] keeps the buffers for the next step.
+//!
+//! Only CPU f32 parameters (candle `Var`s) take this path; for any other the ops return
+//! their gradient to the `GradStore` as before. So a caller always reads both.
+//!
+//! # Exactness
+//! Contributions are summed in the order candle's backward pass would sum them, so each
+//! gradient is bit-identical to the `GradStore`'s: a row gradient per token is `0 + r1 +
+//! r2 + ...` over the token's positions in order (candle's `index_add`), rows arriving on a
+//! dense gradient are added into it one position at a time, and a dense gradient arriving on
+//! rows is added to their sums (`tests/invariants.rs` compares whole training steps).
+
+use candle_core::{Result, Tensor, TensorId};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The gradients of some parameters of one step, outside candle's `GradStore` (see the
+/// module docs). Cloning shares the buffers.
+#[derive(Debug, Clone, Default)]
+pub struct DirectGrads(Arc<Mutex<Vec<Entry>>>);
+
+#[derive(Debug)]
+struct Entry {
+    /// The parameter (a clone of its `Var`'s tensor: same storage and id).
+    param: Tensor,
+    grad: Grad,
+    /// The dense buffer of an earlier step, reused by the next one.
+    spare: Vec<f32>,
+}
+
+#[derive(Debug, Default)]
+enum Grad {
+    #[default]
+    Empty,
+    Dense(Vec<f32>),
+    /// Row gradients of a `(rows, dim)` parameter: `ids` distinct, in order of first
+    /// appearance; `rows[k * dim..]` belongs to `ids[k]`; `slot` maps an id to its `k`.
+    Rows {
+        ids: Vec<u32>,
+        rows: Vec<f32>,
+        slot: HashMap<u32, usize>,
+    },
+}
+
+impl Grad {
+    fn is_none(&self) -> bool {
+        match self {
+            Grad::Empty => true,
+            Grad::Dense(_) => false,
+            Grad::Rows { ids, .. } => ids.is_empty(),
+        }
+    }
+}
+
+/// One parameter's gradient as the optimizer reads it.
+#[derive(Debug, Clone, Copy)]
+pub enum GradView<'a> {
+    /// The whole gradient, the parameter's shape, contiguous.
+    Dense(&'a [f32]),
+    /// Only these rows of a `(rows, dim)` parameter are non-zero; `ids` are distinct and
+    /// `rows[k * dim..(k + 1) * dim]` is the gradient of row `ids[k]`.
+    Rows {
+        ids: &'a [u32],
+        rows: &'a [f32],
+        dim: usize,
+    },
+}
+
+impl DirectGrads {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Entry>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `t` can take this path: a CPU f32 variable (its gradient would otherwise go
+    /// to the `GradStore`).
+    pub(crate) fn accepts(t: &Tensor) -> bool {
+        t.is_variable() && t.device().is_cpu() && t.dtype() == candle_core::DType::F32
+    }
+
+    fn entry<'a>(entries: &'a mut Vec<Entry>, param: &Tensor) -> &'a mut Entry {
+        let id: TensorId = param.id();
+        match entries.iter().position(|e| e.param.id() == id) {
+            Some(i) => &mut entries[i],
+            None => {
+                entries.push(Entry {
+                    param: param.clone(),
+                    grad: Grad::Empty,
+                    spare: Vec::new(),
+                });
+                entries.last_mut().expect("just pushed")
+            }
+        }
+    }
+
+    /// A buffer of `len` values for a dense gradient of `param` that the caller overwrites
+    /// entirely and hands back with [`Self::put_dense`]: the previous step's when it has that
+    /// length (no allocation, no page faults), else a fresh one.
+    pub(crate) fn take_buffer(&self, param: &Tensor, len: usize) -> Vec<f32> {
+        let mut entries = self.lock();
+        let spare = std::mem::take(&mut Self::entry(&mut entries, param).spare);
+        if spare.len() == len {
+            spare
+        } else {
+            vec![0.0; len]
+        }
+    }
+
+    /// Adds a dense gradient of `param` (its shape, contiguous).
+    pub(crate) fn put_dense(&self, param: &Tensor, g: Vec<f32>) {
+        let mut entries = self.lock();
+        let e = Self::entry(&mut entries, param);
+        e.grad = match std::mem::take(&mut e.grad) {
+            Grad::Empty => Grad::Dense(g),
+            Grad::Dense(mut sum) => {
+                sum.iter_mut().zip(&g).for_each(|(s, x)| *s += x);
+                e.spare = g;
+                Grad::Dense(sum)
+            }
+            Grad::Rows { ids, rows, .. } => {
+                // candle's order: the row sums first, then this gradient added to them.
+                let mut sum = g;
+                let dim = rows.len() / ids.len().max(1);
+                for (&id, r) in ids.iter().zip(rows.chunks_exact(dim.max(1))) {
+                    let dst = &mut sum[id as usize * dim..(id as usize + 1) * dim];
+                    dst.iter_mut().zip(r).for_each(|(d, x)| *d = *x + *d);
+                }
+                Grad::Dense(sum)
+            }
+        };
+    }
+
+    /// Adds the gradient of a row lookup into `param` `(rows, dim)`: position `i` read row
+    /// `ids[i]` and receives `grads[i * dim..(i + 1) * dim]`.
+    pub(crate) fn add_rows(&self, param: &Tensor, ids: &[u32], grads: &[f32], dim: usize) {
+        debug_assert_eq!(grads.len(), ids.len() * dim);
+        let mut entries = self.lock();
+        let e = Self::entry(&mut entries, param);
+        match &mut e.grad {
+            Grad::Dense(sum) => {
+                // candle's index_add: one position at a time, in order.
+                for (&id, r) in ids.iter().zip(grads.chunks_exact(dim)) {
+                    let dst = &mut sum[id as usize * dim..(id as usize + 1) * dim];
+                    dst.iter_mut().zip(r).for_each(|(d, x)| *d += x);
+                }
+            }
+            g => {
+                if matches!(g, Grad::Empty) {
+                    *g = Grad::Rows {
+                        ids: Vec::new(),
+                        rows: Vec::new(),
+                        slot: HashMap::new(),
+                    };
+                }
+                let Grad::Rows {
+                    ids: have,
+                    rows,
+                    slot,
+                } = g
+                else {
+                    unreachable!("set just above")
+                };
+                for (&id, r) in ids.iter().zip(grads.chunks_exact(dim)) {
+                    let k = *slot.entry(id).or_insert_with(|| {
+                        have.push(id);
+                        rows.resize(rows.len() + dim, 0.0);
+                        have.len() - 1
+                    });
+                    let dst = &mut rows[k * dim..(k + 1) * dim];
+                    dst.iter_mut().zip(r).for_each(|(d, x)| *d += x);
+                }
+            }
+        }
+    }
+
+    /// Calls `f` with each parameter that has a gradient here and that gradient, in the order
+    /// the parameters first received one.
+    pub fn for_each(&self, mut f: impl FnMut(&Tensor, GradView<'_>) -> Result<()>) -> Result<()> {
+        let entries = self.lock();
+        for e in entries.iter() {
+            if e.grad.is_none() {
+                continue;
+            }
+            let view = match &e.grad {
+                Grad::Empty => continue,
+                Grad::Dense(g) => GradView::Dense(g),
+                Grad::Rows { ids, rows, .. } => GradView::Rows {
+                    ids,
+                    rows,
+                    dim: e.param.dims().last().copied().unwrap_or(1),
+                },
+            };
+            f(&e.param, view)?;
+        }
+        Ok(())
+    }
+
+    /// The gradient of `param` as a dense tensor of its shape, if it has one here (for tests
+    /// and inspection; the optimizer reads [`Self::for_each`]).
+    pub fn get(&self, param: &Tensor) -> Result<Option<Tensor>> {
+        let entries = self.lock();
+        let Some(e) = entries.iter().find(|e| e.param.id() == param.id()) else {
+            return Ok(None);
+        };
+        if e.grad.is_none() {
+            return Ok(None);
+        }
+        let dense = match &e.grad {
+            Grad::Empty => return Ok(None),
+            Grad::Dense(g) => g.clone(),
+            Grad::Rows { ids, rows, .. } => {
+                let dim = param.dims().last().copied().unwrap_or(1);
+                let mut g = vec![0f32; param.elem_count()];
+                for (&id, r) in ids.iter().zip(rows.chunks_exact(dim)) {
+                    g[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(r);
+                }
+                g
+            }
+        };
+        Tensor::from_vec(dense, param.shape(), param.device()).map(Some)
+    }
+
+    /// Whether no gradient is held.
+    pub fn is_empty(&self) -> bool {
+        self.lock().iter().all(|e| e.grad.is_none())
+    }
+
+    /// Forgets this step's gradients, keeping the dense buffers for the next step.
+    pub fn clear(&self) {
+        for e in self.lock().iter_mut() {
+            match std::mem::take(&mut e.grad) {
+                Grad::Dense(g) => e.spare = g,
+                Grad::Rows {
+                    mut ids,
+                    mut rows,
+                    mut slot,
+                } => {
+                    ids.clear();
+                    rows.clear();
+                    slot.clear();
+                    // Kept for its capacity; empty rows are no gradient.
+                    e.grad = Grad::Rows { ids, rows, slot };
+                }
+                Grad::Empty => {}
+            }
+        }
+    }
+}

@@ -59,13 +59,14 @@ impl Linear {
                 "linear layer expects inputs with last dimension {in_dim}, got shape {dims:?}"
             );
         }
+        if let Some(b) = &self.bias {
+            // Fused forward and backward: no transposed gradient, no bias reduction through
+            // candle's strided paths (the composed form is `kernels::linear_reference`).
+            return crate::kernels::linear(x, &self.weight, b);
+        }
         let rows = x.elem_count() / in_dim;
         // (..., in) -> (N, in) @ (in, out) -> (N, out); W^T is a strided view, not a copy.
         let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
-        let y = match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        };
         let mut out_dims = dims.to_vec();
         *out_dims.last_mut().unwrap() = out_dim;
         y.reshape(out_dims)

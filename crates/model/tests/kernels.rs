@@ -5,9 +5,9 @@
 use candle_core::{DType, Device, Result, Tensor, Var};
 use transformer_model::kernels::{
     amx, attention, attention_reference, dropout, dropout_reference, layer_norm,
-    layer_norm_reference, linear_cross_entropy, linear_cross_entropy_reference,
-    linear_cross_entropy_with, linear_few_rows, linear_few_rows_reference, softmax_last_dim,
-    softmax_last_dim_reference, Precision,
+    layer_norm_reference, linear, linear_cross_entropy, linear_cross_entropy_reference,
+    linear_cross_entropy_with, linear_few_rows, linear_few_rows_reference, linear_reference,
+    softmax_last_dim, softmax_last_dim_reference, Precision,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -313,6 +313,47 @@ fn layer_norm_finite_differences() {
     finite_difference_check("layer_norm", &[x, w, b], &cot, |t| {
         layer_norm(&t[0], &t[1], &t[2], 1e-5)
     });
+}
+
+/// The fused linear layer against `x.matmul(w.t()) + b`: a 3-d input, sizes that are no
+/// multiple of any SIMD width, and one large enough to split over the threads.
+#[test]
+fn linear_matches_reference() {
+    for dtype in [DType::F64, DType::F32] {
+        for (shape, m) in [(vec![2, 3, 5], 7), (vec![1, 1], 1), (vec![700, 200], 200)] {
+            let k = *shape.last().unwrap();
+            let x = tensor(&shape, 1, 1.0, dtype);
+            let w = tensor(&[m, k], 2, 0.5, dtype);
+            let b = tensor(&[m], 3, 0.5, dtype);
+            let mut out = shape.clone();
+            *out.last_mut().unwrap() = m;
+            let cot = tensor(&out, 4, 1.0, dtype);
+            compare(
+                &format!("linear {shape:?} -> {m} {dtype:?}"),
+                &[x, w, b],
+                &cot,
+                |t| linear(&t[0], &t[1], &t[2]),
+                |t| linear_reference(&t[0], &t[1], &t[2]),
+            );
+        }
+    }
+}
+
+#[test]
+fn linear_finite_differences() {
+    let x = tensor(&[3, 4], 5, 1.0, DType::F64);
+    let w = tensor(&[5, 4], 6, 1.0, DType::F64);
+    let b = tensor(&[5], 7, 1.0, DType::F64);
+    let cot = tensor(&[3, 5], 8, 1.0, DType::F64);
+    finite_difference_check("linear", &[x, w, b], &cot, |t| linear(&t[0], &t[1], &t[2]));
+}
+
+#[test]
+fn linear_rejects_bad_shapes() {
+    let x = tensor(&[3, 4], 5, 1.0, DType::F32);
+    let w = tensor(&[5, 4], 6, 1.0, DType::F32);
+    assert!(linear(&x, &w, &tensor(&[4], 7, 1.0, DType::F32)).is_err());
+    assert!(linear(&x, &w.t().unwrap(), &tensor(&[5], 7, 1.0, DType::F32)).is_err());
 }
 
 #[test]

@@ -40,6 +40,7 @@ mod dropout;
 mod few_rows;
 mod float;
 mod layer_norm;
+mod linear;
 mod matmul;
 mod softmax;
 
@@ -51,6 +52,7 @@ pub use cross_entropy::{
 pub use dropout::{dropout, dropout_reference};
 pub use few_rows::{linear_few_rows, linear_few_rows_reference};
 pub use layer_norm::{layer_norm, layer_norm_reference};
+pub use linear::{linear, linear_reference};
 pub use softmax::{softmax_last_dim, softmax_last_dim_reference};
 
 use candle_core::{bail, DType, Layout, Result, Storage, Tensor, WithDType};

@@ -1,6 +1,7 @@
 //! Times the phases of the tutorial LM's evaluation forward and training step.
 //! `cargo run --release -p transformer-train --example profile_lm`
-//! (`PRECISION=bf16`: the loss's products on AMX; `STEPS=N`: only N untimed training steps.)
+//! (`PRECISION=bf16`: the loss's products on AMX; `STEPS=N`: only N untimed training steps,
+//! or with `EVAL=1` N evaluation forwards.)
 
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
@@ -53,6 +54,14 @@ fn main() -> candle_core::Result<()> {
             (20, 35),
             &dev,
         )?;
+        if std::env::var("EVAL").is_ok_and(|v| v == "1") {
+            // EVAL=1: evaluation forwards on the tutorial's 10 x 35 instead.
+            let ids = ids.narrow(0, 0, 10)?;
+            for _ in 0..steps {
+                model.loss_no_grad(&ids, &ids)?;
+            }
+            return Ok(());
+        }
         // The trainer's step at lr 0 (the weights stay put).
         let mut step = LmStep::new(params.vars(), 0.0, 0.5);
         for _ in 0..steps {

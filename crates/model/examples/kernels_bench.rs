@@ -135,6 +135,32 @@ fn main() -> Result<()> {
         row(&format!("softmax_last_dim {shape:?}"), fused, reference, "");
     }
 
+    // A linear layer of the encoder on the (700, 200) activations.
+    {
+        let ins = [
+            Var::from_tensor(&randn(&[n, c], 1.0)?)?,
+            Var::from_tensor(&randn(&[c, c], 0.1)?)?,
+            Var::from_tensor(&randn(&[c], 0.1)?)?,
+        ];
+        let cot = randn(&[n, c], 1.0)?;
+        let fused = time(small_reps, &ins, &|ts| {
+            kernels::linear(&ts[0], &ts[1], &ts[2])?
+                .mul(&cot)?
+                .sum_all()
+        })?;
+        let reference = time(small_reps, &ins, &|ts| {
+            kernels::linear_reference(&ts[0], &ts[1], &ts[2])?
+                .mul(&cot)?
+                .sum_all()
+        })?;
+        row(
+            &format!("linear ({n}, {c}) x ({c}, {c})"),
+            fused,
+            reference,
+            "",
+        );
+    }
+
     // Layer norm over the (700, 200) activations.
     {
         let ins = [

@@ -33,7 +33,7 @@ use std::time::Instant;
 use transformer_model::kernels::Precision;
 use transformer_model::{DirectGrads, LmConfig, Mode, ParamBuilder, Params, Rng, TransformerLm};
 use transformer_text::batch::{batchify, Batch, Batched};
-use transformer_text::corpus::{read_split, Split};
+use transformer_text::corpus::{build_vocab_with, read_split_with, LineEnd, Split};
 use transformer_text::Vocab;
 
 /// Format tag written into checkpoints and checked on load.
@@ -82,6 +82,10 @@ pub struct LmTrainConfig {
     /// Share the embedding matrix with the output layer (not the tutorial's model; see
     /// [`LmConfig::tie_weights`]).
     pub tie_weights: bool,
+    /// Append an `<eos>` token to every line, empty lines included, as the older tutorial's
+    /// torchtext `WikiText2` did (not the newer tutorial's `data_process`; see
+    /// [`LineEnd`]). Evaluation of the run (`lm eval`) reads text the same way.
+    pub eos_per_line: bool,
 }
 
 impl Default for LmTrainConfig {
@@ -106,11 +110,21 @@ impl Default for LmTrainConfig {
             seed: 42,
             precision: Precision::F32,
             tie_weights: false,
+            eos_per_line: false,
         }
     }
 }
 
 impl LmTrainConfig {
+    /// What line ends become in the token streams.
+    pub fn line_end(&self) -> LineEnd {
+        if self.eos_per_line {
+            LineEnd::Eos
+        } else {
+            LineEnd::Dropped
+        }
+    }
+
     /// The model configuration for a vocabulary of `ntoken`.
     pub fn model(&self, ntoken: usize) -> LmConfig {
         LmConfig {
@@ -180,11 +194,11 @@ impl LmData {
     pub fn load(dir: &Path, cfg: &LmTrainConfig, vocab: Option<Vocab>) -> Result<Self> {
         let vocab = match vocab {
             Some(v) => v,
-            None => transformer_text::corpus::build_vocab(&dir.join(Split::Train.file_name()))?,
+            None => build_vocab_with(&dir.join(Split::Train.file_name()), cfg.line_end())?,
         };
         let split = |s: Split, bsz: usize| -> Result<Batched> {
             let path = dir.join(s.file_name());
-            let ids = read_split(&path, &vocab)?;
+            let ids = read_split_with(&path, &vocab, cfg.line_end())?;
             batchify(&ids, bsz).map_err(|e| Error::Config {
                 path: path.clone(),
                 msg: e.to_string(),
@@ -422,6 +436,9 @@ pub struct LoadedLm {
     pub params: Params,
     pub config: LmConfig,
     pub vocab: Vocab,
+    /// How the run's text was read (its `config.toml`; the newer tutorial's where there is
+    /// none, as for imported models).
+    pub line_end: LineEnd,
 }
 
 pub fn load_run(run: &Path, device: &Device) -> Result<LoadedLm> {
@@ -432,6 +449,11 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedLm> {
         )));
     }
     let vocab = Vocab::load(&vocab_path(run))?;
+    let line_end = if config_path(run).exists() {
+        LmTrainConfig::from_toml_file(&config_path(run))?.line_end()
+    } else {
+        LineEnd::Dropped
+    };
     let (path, format) = if best_path(run).exists() {
         (best_path(run), WEIGHTS_FORMAT)
     } else {
@@ -481,6 +503,7 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedLm> {
         params,
         config,
         vocab,
+        line_end,
     })
 }
 
@@ -570,6 +593,12 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
             state.next_window,
             state.step
         ));
+    }
+    if cfg.eos_per_line {
+        progress.line(
+            "data: an <eos> token after every line, empty lines included (the older tutorial's \
+             stream; perplexities are not comparable with the default's)",
+        );
     }
     if cfg.precision == Precision::Bf16 {
         progress.line(if transformer_model::kernels::amx::available() {
@@ -814,7 +843,7 @@ pub fn evaluate_file(
     bptt: usize,
     device: &Device,
 ) -> Result<EvalResult> {
-    let ids = read_split(text, &lm.vocab)?;
+    let ids = read_split_with(text, &lm.vocab, lm.line_end)?;
     let data = batchify(&ids, batch_size).map_err(|e| Error::Config {
         path: text.into(),
         msg: e.to_string(),

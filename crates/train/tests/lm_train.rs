@@ -415,3 +415,46 @@ fn trainer_step_equals_the_plain_step() -> CResult<()> {
     }
     Ok(())
 }
+
+/// `eos_per_line` (the older tutorial's stream): the vocabulary holds `<eos>`, the run
+/// records the setting, and `lm eval` of the run reads text the same way, so evaluating the
+/// test file reproduces the run's own test loss.
+#[test]
+fn eos_per_line_runs_evaluate_their_own_way() {
+    let data = temp_dir("data-eos");
+    write_corpus(&data);
+    let cfg = LmTrainConfig {
+        eos_per_line: true,
+        epochs: 1,
+        ..small_config(&data)
+    };
+    let run = temp_dir("eos-run");
+    let opts = TrainOptions {
+        config: cfg,
+        out: run.clone(),
+        resume: false,
+        stop_after_steps: None,
+        interrupt: None,
+        device: Device::Cpu,
+    };
+    let summary = lm::train(&opts, &mut Quiet).unwrap();
+    let loaded = lm::load_run(&run, &Device::Cpu).unwrap();
+    assert_eq!(loaded.line_end, transformer_text::corpus::LineEnd::Eos);
+    assert!(loaded.vocab.tokens().iter().any(|t| t == "<eos>"));
+    let toml = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(toml.contains("eos_per_line = true"), "{toml}");
+    let eval = lm::evaluate_file(&loaded, &data.join("test.txt"), 3, 8, &Device::Cpu).unwrap();
+    let test = summary.test_loss.expect("a finished run has a test loss");
+    assert!(
+        (eval.loss - test).abs() < 1e-9,
+        "eval {} vs run {test}",
+        eval.loss
+    );
+    // Read without line ends, the same file is a different (shorter) stream.
+    let plain = lm::LoadedLm {
+        line_end: transformer_text::corpus::LineEnd::Dropped,
+        ..loaded
+    };
+    let other = lm::evaluate_file(&plain, &data.join("test.txt"), 3, 8, &Device::Cpu).unwrap();
+    assert!(other.tokens < eval.tokens);
+}

@@ -886,11 +886,21 @@ fn pass1<T: Pooled>(
                 }
                 // exp(z - block max), stored for pass 2, summed per row.
                 block_sum.fill(T::ZERO);
-                for zr in z.chunks_exact_mut(n) {
-                    for ((x, &m), s) in zr.iter_mut().zip(bmax.iter()).zip(block_sum.iter_mut()) {
-                        let e = (*x - m).exp();
-                        *x = e;
-                        *s += e;
+                if store == Store::None {
+                    // Nothing reads the exponentials again: only their sums.
+                    for zr in z.chunks_exact(n) {
+                        for ((&x, &m), s) in zr.iter().zip(bmax.iter()).zip(block_sum.iter_mut()) {
+                            *s += (x - m).exp();
+                        }
+                    }
+                } else {
+                    for zr in z.chunks_exact_mut(n) {
+                        for ((x, &m), s) in zr.iter_mut().zip(bmax.iter()).zip(block_sum.iter_mut())
+                        {
+                            let e = (*x - m).exp();
+                            *x = e;
+                            *s += e;
+                        }
                     }
                 }
                 // Online log-sum-exp: fold the block into the running state.

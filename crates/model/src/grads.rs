@@ -140,12 +140,13 @@ impl DirectGrads {
                 Grad::Dense(sum)
             }
             Grad::Rows { ids, rows, .. } => {
-                // candle's order: the row sums first, then this gradient added to them.
+                // candle adds this gradient to the row sums (one addition per element, so
+                // the order of its operands does not change the result).
                 let mut sum = g;
                 let dim = rows.len() / ids.len().max(1);
                 for (&id, r) in ids.iter().zip(rows.chunks_exact(dim.max(1))) {
                     let dst = &mut sum[id as usize * dim..(id as usize + 1) * dim];
-                    dst.iter_mut().zip(r).for_each(|(d, x)| *d = *x + *d);
+                    dst.iter_mut().zip(r).for_each(|(d, x)| *d += x);
                 }
                 Grad::Dense(sum)
             }

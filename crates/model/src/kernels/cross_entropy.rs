@@ -689,6 +689,7 @@ fn forward<T: Pooled>(
 
 /// Pass 2 on every thread for an incoming gradient `g`: writes every element of `dw` and `db`
 /// and returns `dh`.
+#[allow(clippy::too_many_arguments)]
 fn backward<T: Pooled>(
     mut saved: Saved<T>,
     h: &[T],

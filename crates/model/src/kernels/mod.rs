@@ -27,6 +27,9 @@
 //! otherwise idle, the loss took 139 ms forward + backward (202 GFLOP/s over its 3 products of
 //! 9.3 GFLOP each) and 46 ms forward alone.
 //!
+//! The fused linear layer ([`linear`], (700, 200) x (200, 200), as in the encoder) takes 1.47
+//! ms forward + backward against 2.95 composed, on both cores.
+//!
 //! With bf16 products on the AMX units ([`amx`], [`Precision::Bf16`]) the loss takes 72 ms
 //! forward + backward on both cores, against 144 ms in fp32 (same run). For decoding,
 //! [`linear_few_rows`] computes the output layer for one token in 0.84 ms against 1.39 ms.

@@ -97,17 +97,35 @@ pub(crate) fn pack_rows_transposed(
     let rp = pad32(rows);
     dst.clear();
     dst.resize(pad32(cols) * rp, 0);
-    // In 32 x 32 tiles, so that both sides stay in L1.
-    for r0 in (0..rows).step_by(32) {
-        for k0 in (0..cols).step_by(32) {
-            for r in r0..(r0 + 32).min(rows) {
-                let row = &src[r * ld..r * ld + cols];
-                for k in k0..(k0 + 32).min(cols) {
-                    dst[k * rp + r] = bf16_bits(row[k]);
+    assert!(rows == 0 || src.len() >= (rows - 1) * ld + cols);
+    // In 16 x 16 tiles: each row of 16 values converted in one go (vectorised), transposed
+    // through a 512-byte buffer in L1, and written as 16 contiguous values per row of `dst`
+    // (0.17 ms for a 512 x 200 block with element-wise stores, 32 x 32 tiles).
+    super::float::simd(
+        #[inline(always)]
+        || {
+            let mut tile = [[0u16; 16]; 16];
+            for r0 in (0..rows).step_by(16) {
+                let rn = 16.min(rows - r0);
+                for k0 in (0..cols).step_by(16) {
+                    let kn = 16.min(cols - k0);
+                    let mut conv = [0u16; 16];
+                    for r in 0..rn {
+                        let row = &src[(r0 + r) * ld + k0..][..kn];
+                        for (c, &x) in conv.iter_mut().zip(row) {
+                            *c = bf16_bits(x);
+                        }
+                        for (k, &c) in conv[..kn].iter().enumerate() {
+                            tile[k][r] = c;
+                        }
+                    }
+                    for (k, t) in tile[..kn].iter().enumerate() {
+                        dst[(k0 + k) * rp + r0..][..rn].copy_from_slice(&t[..rn]);
+                    }
                 }
             }
-        }
-    }
+        },
+    );
 }
 
 /// Right operand whose K runs down the rows of `src` (`rows x cols`, row stride `ld`): word
@@ -529,6 +547,18 @@ mod speed {
         ] {
             let a = vec![0x3f80u16; pad32(m) * pad32(k)];
             let b = vec![0x3f803f80u32; pad32(k) / 2 * pad32(n)];
+            if name.starts_with("dH") {
+                // Its left operand is packed from W_j by transposition every block.
+                let w: Vec<f32> = (0..k * m).map(|i| (i % 97) as f32 * 0.01).collect();
+                let mut out = Vec::new();
+                let reps = 200;
+                let t0 = Instant::now();
+                for _ in 0..reps {
+                    pack_rows_transposed(&w, k, m, m, &mut out);
+                }
+                let s = t0.elapsed().as_secs_f64() / reps as f64;
+                println!("  pack_rows_transposed ({k}x{m}): {:.3} ms", s * 1e3);
+            }
             for ldc in [n, pad32(n)] {
                 let mut c = vec![0f32; m * ldc + 16];
                 let off = (64 - (c.as_ptr() as usize % 64)) / 4 % 16;

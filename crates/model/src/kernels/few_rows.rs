@@ -14,7 +14,7 @@
 //! but the op must not drop gradients).
 
 use super::float::{simd, Float};
-use super::{cpu_slice, fused_applies, run_parallel};
+use super::{cpu_fwd3, fused_applies, run_parallel, Forward3};
 use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
 /// Rows up to which [`linear_few_rows`] runs its own kernel (above, candle's matmul).
@@ -67,25 +67,7 @@ impl CustomOp3 for FewRows {
     ) -> Result<(CpuStorage, Shape)> {
         let (n, c) = (l1.dims()[0], l1.dims()[1]);
         let v = l2.dims()[0];
-        let storage = match s1 {
-            CpuStorage::F32(_) => CpuStorage::F32(forward::<f32>(
-                cpu_slice(s1, l1)?,
-                cpu_slice(s2, l2)?,
-                cpu_slice(s3, l3)?,
-                n,
-                c,
-                v,
-            )),
-            CpuStorage::F64(_) => CpuStorage::F64(forward::<f64>(
-                cpu_slice(s1, l1)?,
-                cpu_slice(s2, l2)?,
-                cpu_slice(s3, l3)?,
-                n,
-                c,
-                v,
-            )),
-            _ => bail!("kernels-linear-few-rows: only f32 and f64"),
-        };
+        let storage = cpu_fwd3(&Dims { n, c, v }, self.name(), s1, l1, s2, l2, s3, l3)?;
         Ok((storage, Shape::from((n, v))))
     }
 
@@ -102,6 +84,19 @@ impl CustomOp3 for FewRows {
             Some(grad.t()?.matmul(x)?),
             Some(grad.sum(0)?),
         ))
+    }
+}
+
+/// The sizes of one call: `n` rows of `c` inputs, `v` outputs.
+struct Dims {
+    n: usize,
+    c: usize,
+    v: usize,
+}
+
+impl Forward3 for Dims {
+    fn run<T: Float>(&self, x: &[T], w: &[T], b: &[T]) -> Vec<T> {
+        forward(x, w, b, self.n, self.c, self.v)
     }
 }
 

@@ -17,7 +17,7 @@
 
 use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
-use super::{cpu_slice, fused_applies, num_threads, run_parallel, with_slice};
+use super::{cpu_fwd3, fused_applies, num_threads, run_parallel, with_slice, Forward3};
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 /// Multiply-adds per thread below which the kernel stays on the calling thread.
@@ -83,23 +83,7 @@ impl CustomOp3 for LinearOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (n, m) = (l1.dims()[0], l2.dims()[0]);
-        let out = match s1 {
-            CpuStorage::F32(_) => CpuStorage::F32(forward::<f32>(
-                cpu_slice(s1, l1)?,
-                cpu_slice(s2, l2)?,
-                cpu_slice(s3, l3)?,
-                n,
-                m,
-            )),
-            CpuStorage::F64(_) => CpuStorage::F64(forward::<f64>(
-                cpu_slice(s1, l1)?,
-                cpu_slice(s2, l2)?,
-                cpu_slice(s3, l3)?,
-                n,
-                m,
-            )),
-            _ => bail!("kernels-linear: only f32 and f64"),
-        };
+        let out = cpu_fwd3(&Dims { n, m }, self.name(), s1, l1, s2, l2, s3, l3)?;
         Ok((out, Shape::from((n, m))))
     }
 
@@ -159,6 +143,18 @@ fn split_rows<'a, T>(
         out = rest;
     }
     parts
+}
+
+/// The sizes of one call: `n` rows, `m` outputs.
+struct Dims {
+    n: usize,
+    m: usize,
+}
+
+impl Forward3 for Dims {
+    fn run<T: Float>(&self, x: &[T], w: &[T], b: &[T]) -> Vec<T> {
+        forward(x, w, b, self.n, self.m)
+    }
 }
 
 /// `y (n x m) = b + x (n x k) @ W^T`, rows split over the threads.

@@ -108,6 +108,41 @@ fn cpu_slice<'a, T: WithDType>(s: &'a candle_core::CpuStorage, layout: &Layout) 
     }
 }
 
+/// A forward pass generic over the element type, on three slices of one type: what
+/// [`cpu_fwd3`] runs for a `CustomOp3` whose kernel exists for f32 and f64.
+trait Forward3 {
+    fn run<T: float::Float>(&self, a: &[T], b: &[T], c: &[T]) -> Vec<T>;
+}
+
+/// The body of such a `CustomOp3::cpu_fwd`: the three contiguous slices in their common type
+/// (f32 or f64, else an error naming the op), the kernel, its output as a storage.
+#[allow(clippy::too_many_arguments)]
+fn cpu_fwd3(
+    kernel: &impl Forward3,
+    name: &str,
+    s1: &candle_core::CpuStorage,
+    l1: &Layout,
+    s2: &candle_core::CpuStorage,
+    l2: &Layout,
+    s3: &candle_core::CpuStorage,
+    l3: &Layout,
+) -> Result<candle_core::CpuStorage> {
+    use candle_core::CpuStorage;
+    Ok(match s1 {
+        CpuStorage::F32(_) => CpuStorage::F32(kernel.run::<f32>(
+            cpu_slice(s1, l1)?,
+            cpu_slice(s2, l2)?,
+            cpu_slice(s3, l3)?,
+        )),
+        CpuStorage::F64(_) => CpuStorage::F64(kernel.run::<f64>(
+            cpu_slice(s1, l1)?,
+            cpu_slice(s2, l2)?,
+            cpu_slice(s3, l3)?,
+        )),
+        _ => bail!("{name}: only f32 and f64"),
+    })
+}
+
 /// Calls `f` with the contiguous CPU data of `t` (copied to contiguous first if needed).
 fn with_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> Result<R>) -> Result<R> {
     let t = t.contiguous()?;

@@ -353,26 +353,23 @@ impl CustomOp3 for LinearCrossEntropy {
                     _ => None,
                 };
                 if let Some(direct) = direct {
-                    let dh = backward_direct(
-                        hidden,
-                        weight,
-                        bias,
-                        &self.targets,
-                        saved,
-                        g,
-                        self.amx,
-                        direct,
-                    )?;
+                    // Into the previous step's buffers: nothing allocated or zeroed (pass 2
+                    // writes every element once).
+                    let mut dw = direct.take_buffer(weight, weight.elem_count());
+                    let mut db = direct.take_buffer(bias, bias.elem_count());
+                    let dh = self.grads_into(hidden, weight, bias, saved, g, &mut dw, &mut db)?;
+                    direct.put_dense(weight, dw);
+                    direct.put_dense(bias, db);
                     return Ok((Some(dh), None, None));
                 }
-                backward_op::<f32>(hidden, weight, bias, &self.targets, saved, g, self.amx)?
+                self.grads::<f32>(hidden, weight, bias, saved, g)?
             }
             DType::F64 => {
                 let saved = match saved {
                     Some(SavedAny::F64(s)) => Some(s),
                     _ => None,
                 };
-                backward_op::<f64>(hidden, weight, bias, &self.targets, saved, g, false)?
+                self.grads::<f64>(hidden, weight, bias, saved, g)?
             }
             dt => bail!("kernels-linear-cross-entropy: unsupported dtype {dt:?}"),
         };
@@ -380,92 +377,68 @@ impl CustomOp3 for LinearCrossEntropy {
     }
 }
 
-/// The backward pass on the op's inputs: pass 2 on what the forward pass kept or, when that
-/// is gone (a second backward on the same graph), on a fresh pass 1.
-fn backward_op<T: Pooled>(
-    hidden: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    targets: &[Option<usize>],
-    saved: Option<Saved<T>>,
-    g: f64,
-    amx: bool,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    let v = weight.dim(0)?;
-    let c = weight.dim(1)?;
-    let (mut dw, mut db) = (vec![T::ZERO; v * c], vec![T::ZERO; v]);
-    let dh = backward_into(
-        hidden, weight, bias, targets, saved, g, amx, &mut dw, &mut db,
-    )?;
-    let dev = hidden.device();
-    Ok((
-        dh,
-        Tensor::from_vec(dw, weight.shape(), dev)?,
-        Tensor::from_vec(db, bias.shape(), dev)?,
-    ))
-}
+impl LinearCrossEntropy {
+    /// The backward pass on the op's inputs: pass 2 on what the forward pass kept or, when
+    /// that is gone (a second backward on the same graph), on a fresh pass 1.
+    fn grads<T: Pooled>(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        saved: Option<Saved<T>>,
+        g: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (mut dw, mut db) = (
+            vec![T::ZERO; weight.elem_count()],
+            vec![T::ZERO; bias.elem_count()],
+        );
+        let dh = self.grads_into(hidden, weight, bias, saved, g, &mut dw, &mut db)?;
+        let dev = hidden.device();
+        Ok((
+            dh,
+            Tensor::from_vec(dw, weight.shape(), dev)?,
+            Tensor::from_vec(db, bias.shape(), dev)?,
+        ))
+    }
 
-/// [`backward_op`] writing `dW` and `db` into `direct`'s buffers (the previous step's, so
-/// nothing is allocated or zeroed: pass 2 writes every element once); returns `dH`.
-#[allow(clippy::too_many_arguments)]
-fn backward_direct(
-    hidden: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    targets: &[Option<usize>],
-    saved: Option<Saved<f32>>,
-    g: f64,
-    amx: bool,
-    direct: &DirectGrads,
-) -> Result<Tensor> {
-    let mut dw = direct.take_buffer(weight, weight.elem_count());
-    let mut db = direct.take_buffer(bias, bias.elem_count());
-    let dh = backward_into(
-        hidden, weight, bias, targets, saved, g, amx, &mut dw, &mut db,
-    )?;
-    direct.put_dense(weight, dw);
-    direct.put_dense(bias, db);
-    Ok(dh)
-}
-
-/// Pass 2 (after pass 1 again if its state is gone), writing every element of `dw` and `db`;
-/// returns `dH`.
-#[allow(clippy::too_many_arguments)]
-fn backward_into<T: Pooled>(
-    hidden: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    targets: &[Option<usize>],
-    saved: Option<Saved<T>>,
-    g: f64,
-    amx: bool,
-    dw: &mut [T],
-    db: &mut [T],
-) -> Result<Tensor> {
-    let (n, c) = hidden.dims2()?;
-    let v = weight.dim(0)?;
-    let dh = with_slice::<T, _>(hidden, |h| {
-        with_slice::<T, _>(weight, |w| {
-            let saved = match saved {
-                Some(s) => s,
-                None => with_slice::<T, _>(bias, |b| {
-                    let (_, s) = forward::<T>(h, w, b, n, c, v, targets, true, amx);
-                    Ok(s.expect("the forward pass keeps its state when asked to"))
-                })?,
-            };
-            Ok(backward::<T>(
-                saved,
-                h,
-                w,
-                targets,
-                T::from_f64(g),
-                amx,
-                dw,
-                db,
-            ))
-        })
-    })?;
-    Tensor::from_vec(dh, hidden.shape(), hidden.device())
+    /// Pass 2 (after pass 1 again if its state is gone), writing every element of `dw` and
+    /// `db`; returns `dH`.
+    #[allow(clippy::too_many_arguments)]
+    fn grads_into<T: Pooled>(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        saved: Option<Saved<T>>,
+        g: f64,
+        dw: &mut [T],
+        db: &mut [T],
+    ) -> Result<Tensor> {
+        let (n, c) = hidden.dims2()?;
+        let v = weight.dim(0)?;
+        let dh = with_slice::<T, _>(hidden, |h| {
+            with_slice::<T, _>(weight, |w| {
+                let saved = match saved {
+                    Some(s) => s,
+                    None => with_slice::<T, _>(bias, |b| {
+                        let (_, s) = forward::<T>(h, w, b, n, c, v, &self.targets, true, self.amx);
+                        Ok(s.expect("the forward pass keeps its state when asked to"))
+                    })?,
+                };
+                Ok(backward::<T>(
+                    saved,
+                    h,
+                    w,
+                    &self.targets,
+                    T::from_f64(g),
+                    self.amx,
+                    dw,
+                    db,
+                ))
+            })
+        })?;
+        Tensor::from_vec(dh, hidden.shape(), hidden.device())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

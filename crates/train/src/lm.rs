@@ -237,7 +237,6 @@ pub fn window_tensors(w: &Batch, device: &Device) -> Result<(Tensor, Tensor)> {
 /// `loss.backward()` + [`crate::clip::clip_coefficient`] + [`Sgd::step_scaled`] over the `GradStore`
 /// (`tests/lm_train.rs` compares them).
 pub struct LmStep {
-    vars: Vec<Var>,
     /// Its `lr` is the learning rate of the next step.
     pub opt: Sgd,
     clip: f64,
@@ -249,8 +248,7 @@ impl LmStep {
     /// `clip`.
     pub fn new(vars: Vec<Var>, lr: f64, clip: f64) -> Self {
         Self {
-            opt: Sgd::new(vars.clone(), lr),
-            vars,
+            opt: Sgd::new(vars, lr),
             clip,
             direct: DirectGrads::new(),
         }
@@ -270,7 +268,7 @@ impl LmStep {
     ) -> Result<f64> {
         let loss = model.loss_direct(input, target, Mode::Train(rng), precision, &self.direct)?;
         let grads = loss.backward()?;
-        let (_, coef) = clip_coefficient_with(&grads, &self.direct, &self.vars, self.clip)?;
+        let (_, coef) = clip_coefficient_with(&grads, &self.direct, self.opt.vars(), self.clip)?;
         self.opt.step_scaled(&grads, coef)?;
         self.opt.step_direct(&self.direct, coef)?;
         self.direct.clear();

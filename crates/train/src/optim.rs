@@ -18,6 +18,11 @@ impl Sgd {
         Self { vars, lr }
     }
 
+    /// The parameters it updates.
+    pub fn vars(&self) -> &[Var] {
+        &self.vars
+    }
+
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         self.step_scaled(grads, 1.0)
     }

@@ -20,7 +20,7 @@ pub enum LmCommand {
     #[command(
         after_help = "Examples:\n  transformer lm train --out runs/lm\n  transformer lm train --out runs/lm --resume          # continue after an interruption\n  transformer lm train --config lm.toml --epochs 6    # flags override the file\n  transformer lm train --out runs/quick --max-batches 100 --epochs 1"
     )]
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Loss and perplexity of a text file under a trained model (the tutorial's evaluate).
     #[command(
         after_help = "Example:\n  transformer lm eval --run runs/lm --text ../shared/data/wikitext-2/test.txt --json"

@@ -207,7 +207,7 @@ fn validate_core(
     if d_model % 2 == 1 {
         return Err(ConfigError::OddModelDim(d_model));
     }
-    if d_model % nhead != 0 {
+    if !d_model.is_multiple_of(nhead) {
         return Err(ConfigError::HeadsDoNotDivide { d_model, nhead });
     }
     if !(0.0..1.0).contains(&dropout) {

@@ -73,7 +73,7 @@ impl MultiHeadAttention {
         dropout: f64,
         bias: bool,
     ) -> Result<Self> {
-        if nhead == 0 || d_model % nhead != 0 {
+        if nhead == 0 || !d_model.is_multiple_of(nhead) {
             candle_core::bail!("d_model {d_model} is not divisible by nhead {nhead}");
         }
         let packed = Init::XavierUniform {

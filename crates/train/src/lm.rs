@@ -690,7 +690,9 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                 state.log_batches = 0;
                 log_start = Instant::now();
             }
-            if cfg.checkpoint_interval > 0 && state.next_window % cfg.checkpoint_interval == 0 {
+            if cfg.checkpoint_interval > 0
+                && state.next_window.is_multiple_of(cfg.checkpoint_interval)
+            {
                 save_checkpoint(run, &params, &state, &cfg)?;
             }
         }

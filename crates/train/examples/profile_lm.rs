@@ -82,6 +82,17 @@ fn main() -> candle_core::Result<()> {
         time("  hidden (eval)", 5, || {
             model.hidden(&ids, Mode::Eval).unwrap()
         });
+        // The encoder alone in training mode: embedding, positional encoding and the layers,
+        // backward from a fixed random cotangent (what the step spends outside the loss; the
+        // embedding's gradient here is candle's dense one, which the trainer's step avoids).
+        let cot = Tensor::randn(0f32, 1f32, (b, t, cfg.d_model), &dev)?;
+        time("  hidden (train) forward", 5, || {
+            model.hidden(&ids, Mode::Train(&rng)).unwrap()
+        });
+        time("  hidden (train) forward+backward", 5, || {
+            let h = model.hidden(&ids, Mode::Train(&rng)).unwrap();
+            (h * &cot).unwrap().sum_all().unwrap().backward().unwrap()
+        });
         time("  loss (eval, fused)", 5, || {
             model.loss(&ids, &targets, Mode::Eval).unwrap()
         });

@@ -1,7 +1,7 @@
 //! Times the phases of the tutorial LM's evaluation forward and training step.
 //! `cargo run --release -p transformer-train --example profile_lm`
 //! (`PRECISION=bf16`: the loss's products on AMX; `STEPS=N`: only N untimed training steps,
-//! or with `EVAL=1` N evaluation forwards.)
+//! or with `EVAL=1` N evaluation forwards, with `ENCODER=1` N encoder forwards + backwards.)
 
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
@@ -54,6 +54,15 @@ fn main() -> candle_core::Result<()> {
             (20, 35),
             &dev,
         )?;
+        if std::env::var("ENCODER").is_ok_and(|v| v == "1") {
+            // ENCODER=1: the encoder alone in training mode, forward + backward.
+            let cot = Tensor::randn(0f32, 1f32, (20, 35, cfg.d_model), &dev)?;
+            for _ in 0..steps {
+                let h = model.hidden(&ids, Mode::Train(&rng))?;
+                (h * &cot)?.sum_all()?.backward()?;
+            }
+            return Ok(());
+        }
         if std::env::var("EVAL").is_ok_and(|v| v == "1") {
             // EVAL=1: evaluation forwards on the tutorial's 10 x 35 instead.
             let ids = ids.narrow(0, 0, 10)?;

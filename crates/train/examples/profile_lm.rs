@@ -25,6 +25,18 @@ fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
     );
 }
 
+/// The encoder alone in training mode, backward from the fixed cotangent `cot` (its
+/// embedding gradient is candle's dense one, which the trainer's step avoids).
+fn encoder_forward_backward(
+    model: &TransformerLm,
+    ids: &Tensor,
+    rng: &Rng,
+    cot: &Tensor,
+) -> candle_core::Result<candle_core::backprop::GradStore> {
+    let h = model.hidden(ids, Mode::Train(rng))?;
+    (h * cot)?.sum_all()?.backward()
+}
+
 fn main() -> candle_core::Result<()> {
     // The process settings of the `transformer` command.
     transformer_train::runtime::configure();
@@ -58,8 +70,7 @@ fn main() -> candle_core::Result<()> {
             // ENCODER=1: the encoder alone in training mode, forward + backward.
             let cot = Tensor::randn(0f32, 1f32, (20, 35, cfg.d_model), &dev)?;
             for _ in 0..steps {
-                let h = model.hidden(&ids, Mode::Train(&rng))?;
-                (h * &cot)?.sum_all()?.backward()?;
+                encoder_forward_backward(&model, &ids, &rng, &cot)?;
             }
             return Ok(());
         }
@@ -91,16 +102,13 @@ fn main() -> candle_core::Result<()> {
         time("  hidden (eval)", 5, || {
             model.hidden(&ids, Mode::Eval).unwrap()
         });
-        // The encoder alone in training mode: embedding, positional encoding and the layers,
-        // backward from a fixed random cotangent (what the step spends outside the loss; the
-        // embedding's gradient here is candle's dense one, which the trainer's step avoids).
+        // What the step spends outside the loss (see `encoder_forward_backward`).
         let cot = Tensor::randn(0f32, 1f32, (b, t, cfg.d_model), &dev)?;
         time("  hidden (train) forward", 5, || {
             model.hidden(&ids, Mode::Train(&rng)).unwrap()
         });
         time("  hidden (train) forward+backward", 5, || {
-            let h = model.hidden(&ids, Mode::Train(&rng)).unwrap();
-            (h * &cot).unwrap().sum_all().unwrap().backward().unwrap()
+            encoder_forward_backward(&model, &ids, &rng, &cot).unwrap()
         });
         time("  loss (eval, fused)", 5, || {
             model.loss(&ids, &targets, Mode::Eval).unwrap()

@@ -5,6 +5,8 @@
 use crate::config::Activation;
 use crate::dropout::{Dropout, Mode};
 use crate::feed_forward::FeedForward;
+use crate::grads::DirectGrads;
+use crate::kernels::{self, EncoderLayerOptions, EncoderLayerParams, LayerDropout};
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
 use crate::multi_head::{KvCache, MultiHeadAttention};
@@ -36,6 +38,18 @@ impl From<&crate::config::TransformerConfig> for LayerSpec {
             norm_first: c.norm_first,
         }
     }
+}
+
+/// How the caller will differentiate a forward pass, which decides whether a layer may run
+/// as one fused op ([`kernels::encoder_layer`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Backprop<'a> {
+    /// Through candle's graph (`loss.backward()`): the composed layer.
+    Graph,
+    /// The parameters' gradients into `DirectGrads`, the input's through the graph.
+    Direct(&'a DirectGrads),
+    /// Not at all (evaluation): no graph is built.
+    Off,
 }
 
 /// A residual sub-layer connection (section 5.4 "Residual Dropout" and section 3.1):
@@ -106,8 +120,70 @@ impl EncoderLayer {
         cache: Option<&mut KvCache>,
         mode: Mode,
     ) -> Result<(Tensor, Tensor)> {
-        let (x, weights) = self.run(x, mask, cache, mode, true)?;
+        let (x, weights) = self.run(x, mask, cache, mode, true, Backprop::Graph)?;
         Ok((x, weights.expect("weights were asked for")))
+    }
+
+    /// The layer as one fused op ([`kernels::encoder_layer`]) when it applies (a ReLU layer
+    /// on CPU f32 tensors, f64 too without gradients; with `Direct`, an input that is part of
+    /// a graph and parameters that are variables); `None` otherwise. Draws the same dropout
+    /// streams as the composed layer, in the same order.
+    fn fused(
+        &self,
+        x: &Tensor,
+        mask: Option<&Mask>,
+        mode: Mode,
+        backprop: Backprop,
+    ) -> Result<Option<Tensor>> {
+        let grads = match backprop {
+            Backprop::Graph => return Ok(None),
+            Backprop::Direct(g) => Some(g),
+            Backprop::Off => None,
+        };
+        let (linear1, linear2, activation, ff_dropout) = self.ff.parts();
+        let [q, k, v, out] = self.self_attn.projections();
+        let (n1_w, n1_b, eps) = self.norm1.parts();
+        let (n2_w, n2_b, eps2) = self.norm2.parts();
+        let p = self.dropout.p();
+        let biased = [q, k, v, out, linear1, linear2].map(|l| l.bias());
+        let [Some(qb), Some(kb), Some(vb), Some(ob), Some(l1b), Some(l2b)] = biased else {
+            return Ok(None);
+        };
+        let params = EncoderLayerParams::new(
+            (q.weight(), qb),
+            (k.weight(), kb),
+            (v.weight(), vb),
+            (out.weight(), ob),
+            (linear1.weight(), l1b),
+            (linear2.weight(), l2b),
+            (n1_w, n1_b),
+            (n2_w, n2_b),
+        );
+        let same_dropout = self.self_attn.dropout().p() == p && ff_dropout.p() == p;
+        let (_, t, _) = x.dims3()?;
+        let applies = activation == crate::config::Activation::Relu
+            && eps == eps2
+            && same_dropout
+            && mask.is_none_or(|m| m.keep().dim(3).is_ok_and(|s| s == t))
+            && kernels::encoder_layer_applies(x, &params, grads.is_some())
+            && grads.is_none_or(|_| x.track_op() && params.all_accepted_by_direct_grads());
+        if !applies {
+            return Ok(None);
+        }
+        let dropout = match mode {
+            Mode::Train(rng) if p > 0.0 => Some(LayerDropout {
+                p,
+                seed: rng.state().0,
+                streams: std::array::from_fn(|_| rng.next_stream()),
+            }),
+            _ => None,
+        };
+        let opts = EncoderLayerOptions {
+            nhead: self.self_attn.nhead(),
+            layer_norm_eps: eps,
+            norm_first: self.norm_first,
+        };
+        kernels::encoder_layer(x, &params, opts, mask.map(|m| m.keep()), dropout, grads).map(Some)
     }
 
     /// The layer; the attention weights only with `need_weights` (without them, attention
@@ -119,7 +195,13 @@ impl EncoderLayer {
         cache: Option<&mut KvCache>,
         mode: Mode,
         need_weights: bool,
+        backprop: Backprop,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        if !need_weights && cache.is_none() {
+            if let Some(y) = self.fused(x, mask, mode, backprop)? {
+                return Ok((y, None));
+            }
+        }
         let mut weights = None;
         let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
             if !need_weights {
@@ -173,7 +255,36 @@ impl Encoder {
     /// # Shapes
     /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
     pub fn forward(&self, x: &Tensor, mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
-        Ok(self.run(x, mask, None, mode, false)?.0)
+        Ok(self.run(x, mask, None, mode, false, Backprop::Graph)?.0)
+    }
+
+    /// [`Self::forward`] whose backward pass delivers the layers' parameter gradients to
+    /// `grads` instead of candle's `GradStore` where each layer runs as one fused op
+    /// ([`kernels::encoder_layer`]: ReLU layers on CPU f32); the input's gradient (and any
+    /// layer's that cannot be fused, and the final norm's) go through the graph as usual.
+    /// The same result as [`Self::forward`], summed in another order.
+    ///
+    /// # Shapes
+    /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
+    pub fn forward_direct(
+        &self,
+        x: &Tensor,
+        mask: Option<&Mask>,
+        mode: Mode,
+        grads: &DirectGrads,
+    ) -> Result<Tensor> {
+        Ok(self
+            .run(x, mask, None, mode, false, Backprop::Direct(grads))?
+            .0)
+    }
+
+    /// [`Self::forward`] for evaluation without gradients: each layer that can runs as one
+    /// fused op that builds no graph and keeps nothing for a backward pass.
+    ///
+    /// # Shapes
+    /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
+    pub fn forward_no_grad(&self, x: &Tensor, mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
+        Ok(self.run(x, mask, None, mode, false, Backprop::Off)?.0)
     }
 
     /// Also returns each layer's self-attention weights, (B, H, S, S) each.
@@ -183,7 +294,7 @@ impl Encoder {
         mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        self.run(x, mask, None, mode, true)
+        self.run(x, mask, None, mode, true, Backprop::Graph)
     }
 
     /// Runs new positions over `caches` (one per layer, extended in place); the mask covers
@@ -201,7 +312,9 @@ impl Encoder {
         if caches.len() != self.layers.len() {
             candle_core::bail!("{} caches for {} layers", caches.len(), self.layers.len());
         }
-        Ok(self.run(x, mask, Some(caches), mode, false)?.0)
+        Ok(self
+            .run(x, mask, Some(caches), mode, false, Backprop::Graph)?
+            .0)
     }
 
     pub fn num_layers(&self) -> usize {
@@ -216,12 +329,13 @@ impl Encoder {
         mut caches: Option<&mut [KvCache]>,
         mode: Mode,
         need_weights: bool,
+        backprop: Backprop,
     ) -> Result<(Tensor, Vec<Tensor>)> {
         let mut x = x.clone();
         let mut weights = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let (y, w) = layer.run(&x, mask, cache, mode, need_weights)?;
+            let (y, w) = layer.run(&x, mask, cache, mode, need_weights, backprop)?;
             x = y;
             weights.extend(w);
         }

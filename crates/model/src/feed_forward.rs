@@ -35,6 +35,11 @@ impl FeedForward {
         })
     }
 
+    /// `linear1`, `linear2`, the activation and the dropout on the hidden layer.
+    pub(crate) fn parts(&self) -> (&Linear, &Linear, Activation, Dropout) {
+        (&self.linear1, &self.linear2, self.activation, self.dropout)
+    }
+
     /// # Shapes
     /// (B, T, C) -> (B, T, F) -> (B, T, C)
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {

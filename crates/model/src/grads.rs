@@ -14,8 +14,9 @@
 //! # How
 //! Hand a [`DirectGrads`] to [`crate::TransformerLm::loss_direct`]: the fused output layer
 //! ([`crate::kernels::linear_cross_entropy_direct`]) writes `dW` and `db` once into buffers
-//! held here, and the embedding ([`crate::Embedding::forward_direct`]) records only its
-//! rows, one per distinct token. Those parameters get no entry in the `GradStore`; the
+//! held here, the embedding ([`crate::Embedding::forward_direct`]) records only its rows,
+//! one per distinct token, and each encoder layer run as one fused op
+//! ([`crate::kernels::encoder_layer`]) adds its sixteen parameters' gradients. Those parameters get no entry in the `GradStore`; the
 //! optimizer reads them from here ([`DirectGrads::for_each`]; `transformer_train`'s clipping
 //! and SGD do), and [`DirectGrads::clear`] keeps the buffers for the next step.
 //!
@@ -23,11 +24,14 @@
 //! their gradient to the `GradStore` as before. So a caller always reads both.
 //!
 //! # Exactness
-//! Contributions are summed in the order candle's backward pass would sum them, so each
-//! gradient is bit-identical to the `GradStore`'s: a row gradient per token is `0 + r1 +
+//! The embedding's and the output layer's contributions are summed in the order candle's
+//! backward pass would sum them, so given the same incoming gradients they are
+//! bit-identical to the `GradStore`'s: a row gradient per token is `0 + r1 +
 //! r2 + ...` over the token's positions in order (candle's `index_add`), rows arriving on a
 //! dense gradient are added into it one position at a time, and a dense gradient arriving on
-//! rows is added to their sums (`tests/invariants.rs` compares whole training steps).
+//! rows is added to their sums. The fused encoder layers sum their weight gradients in
+//! another order than the composed ops (per thread, then across threads), so whole training
+//! steps agree to rounding (`tests/invariants.rs` compares them).
 
 use candle_core::{Result, Tensor, TensorId};
 use std::collections::HashMap;

@@ -28,6 +28,11 @@ impl LayerNorm {
         })
     }
 
+    /// `(weight, bias, eps)`.
+    pub(crate) fn parts(&self) -> (&Tensor, &Tensor, f64) {
+        (&self.weight, &self.bias, self.eps)
+    }
+
     /// # Shapes
     /// (..., C) -> (..., C)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {

@@ -7,7 +7,7 @@
 use crate::config::{Activation, LmConfig};
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
-use crate::encoder::{Encoder, LayerSpec};
+use crate::encoder::{Backprop, Encoder, LayerSpec};
 use crate::grads::DirectGrads;
 use crate::kernels::Precision;
 use crate::linear::Linear;
@@ -86,25 +86,27 @@ impl TransformerLm {
     /// # Shapes
     /// ids (B, T) u32 -> (B, T, C)
     pub fn hidden(&self, ids: &Tensor, mode: Mode) -> Result<Tensor> {
-        self.hidden_with(ids, mode, None)
+        self.hidden_with(ids, mode, Backprop::Graph)
     }
 
-    /// [`Self::hidden`], the embedding's gradient going to `direct` when given.
-    fn hidden_with(
-        &self,
-        ids: &Tensor,
-        mode: Mode,
-        direct: Option<&DirectGrads>,
-    ) -> Result<Tensor> {
+    /// [`Self::hidden`], differentiated as `backprop` says: through the graph, with the
+    /// embedding's and the encoder layers' parameter gradients going to `DirectGrads`, or not
+    /// at all.
+    fn hidden_with(&self, ids: &Tensor, mode: Mode, backprop: Backprop) -> Result<Tensor> {
         let (_b, t) = ids.dims2()?;
-        let e = match direct {
-            Some(d) => self.embedding.forward_direct(ids, d)?,
-            None => self.embedding.forward(ids)?,
+        let e = match backprop {
+            Backprop::Direct(d) => self.embedding.forward_direct(ids, d)?,
+            Backprop::Graph | Backprop::Off => self.embedding.forward(ids)?,
         };
         let x = (e * (self.d_model as f64).sqrt())?;
         let x = self.pos_encoder.forward(&x, 0, mode)?;
         let causal = Mask::causal(t, ids.device())?;
-        self.transformer_encoder.forward(&x, Some(&causal), mode)
+        let enc = &self.transformer_encoder;
+        match backprop {
+            Backprop::Graph => enc.forward(&x, Some(&causal), mode),
+            Backprop::Direct(d) => enc.forward_direct(&x, Some(&causal), mode, d),
+            Backprop::Off => enc.forward_no_grad(&x.detach(), Some(&causal), mode),
+        }
     }
 
     /// Next-token logits at every position.
@@ -193,12 +195,15 @@ impl TransformerLm {
         crate::kernels::linear_cross_entropy_with(&h, w, bias, targets, None, precision)
     }
 
-    /// [`Self::loss_with`] whose backward pass delivers the gradients of the embedding and
-    /// of the output layer (weight and bias) to `grads` instead of candle's `GradStore`: the
-    /// output layer's written once into buffers kept between steps, the embedding's as the
-    /// used rows only (see [`crate::grads`]). The encoder's parameters stay in the
-    /// `GradStore`; an optimizer reads both. Same gradients, bit for bit, without the
-    /// allocations, zeroing and adds of two dense `(V, C)` gradients per step.
+    /// [`Self::loss_with`] whose backward pass delivers the gradients of the embedding, of
+    /// the encoder layers and of the output layer to `grads` instead of candle's
+    /// `GradStore`: the output layer's written once into buffers kept between steps, the
+    /// embedding's as the used rows only (see [`crate::grads`]), each encoder layer's from
+    /// one fused op ([`crate::kernels::encoder_layer`]; a layer the op does not cover keeps
+    /// its gradients in the `GradStore`, so an optimizer reads both). The same gradients
+    /// (summed in another order inside the encoder layers), without the allocations,
+    /// zeroing and adds of two dense `(V, C)` gradients per step or candle's graph of about
+    /// 60 small ops per encoder layer.
     ///
     /// # Shapes
     /// ids (B, T) u32, targets (B, T) or (B * T,) u32 -> scalar
@@ -210,7 +215,7 @@ impl TransformerLm {
         precision: Precision,
         grads: &DirectGrads,
     ) -> Result<Tensor> {
-        let h = self.hidden_with(ids, mode, Some(grads))?;
+        let h = self.hidden_with(ids, mode, Backprop::Direct(grads))?;
         let bias = self
             .linear
             .bias()
@@ -227,7 +232,7 @@ impl TransformerLm {
     /// # Shapes
     /// ids (B, T) u32, targets (B, T) or (B * T,) u32 -> scalar
     pub fn loss_no_grad(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let h = self.hidden(ids, Mode::Eval)?.detach();
+        let h = self.hidden_with(ids, Mode::Eval, Backprop::Off)?.detach();
         let bias = self
             .linear
             .bias()

@@ -102,6 +102,16 @@ impl MultiHeadAttention {
         self.nhead
     }
 
+    /// The query, key, value and output projections, in that order.
+    pub(crate) fn projections(&self) -> [&Linear; 4] {
+        [&self.q_proj, &self.k_proj, &self.v_proj, &self.out_proj]
+    }
+
+    /// The dropout on the attention weights.
+    pub(crate) fn dropout(&self) -> Dropout {
+        self.dropout
+    }
+
     /// # Shapes
     /// (B, T, C) -> (B, H, T, D)
     pub fn split_heads(&self, x: &Tensor) -> Result<Tensor> {

@@ -356,12 +356,14 @@ fn encoder_without_weights_equals_the_composed_path() -> Result<()> {
     Ok(())
 }
 
-/// `loss_direct` delivers the embedding's and the output layer's gradients to
-/// `DirectGrads` (and none of them to the `GradStore`), bit-identical to the plain
-/// `GradStore` gradients, with and without tied weights; every other gradient is unchanged.
-/// Tokens repeat in the input, so rows are summed; the tied matrix sums both uses; the bf16
-/// products (AMX) write through their own path. Two
-/// steps in a row check that the kept buffers are overwritten, not accumulated.
+/// `loss_direct` delivers the gradients of the embedding, the output layer and every
+/// encoder layer's parameters to `DirectGrads` (and none of them to the `GradStore`), equal
+/// to the plain `GradStore` gradients with and without tied weights. Equal to rounding, not
+/// bit for bit: the fused encoder layers (`kernels::encoder_layer`) sum their products and
+/// weight gradients in another order than the composed ops (they are checked in f64 to 1e-12
+/// in their own test). Tokens repeat in the input, so rows are summed; the tied matrix sums
+/// both uses; the bf16 products (AMX) write through their own path. Two steps in a row check
+/// that the kept buffers are overwritten, not accumulated.
 #[test]
 fn direct_gradients_equal_the_grad_store() -> Result<()> {
     use transformer_model::kernels::Precision;
@@ -380,6 +382,9 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
         let params = pb.params();
         let direct = DirectGrads::new();
         let direct_names = ["embedding.weight", "linear.weight", "linear.bias"];
+        let is_direct = |name: &str| {
+            direct_names.contains(&name) || name.starts_with("transformer_encoder.layers.")
+        };
         for (step, x) in [
             ids(&[&[3, 7, 3, 9, 7], &[1, 3, 3, 0, 29]])?,
             ids(&[&[4, 4, 4, 8, 2], &[2, 11, 5, 4, 6]])?,
@@ -388,16 +393,20 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
         .enumerate()
         {
             let y = x.flatten_all()?;
-            let plain = lm
-                .loss_with(x, &y, Mode::Train(&Rng::new(9)), precision)?
-                .backward()?;
+            let plain_loss = lm.loss_with(x, &y, Mode::Train(&Rng::new(9)), precision)?;
+            let plain = plain_loss.backward()?;
             direct.clear();
-            let store = lm
-                .loss_direct(x, &y, Mode::Train(&Rng::new(9)), precision, &direct)?
-                .backward()?;
+            let direct_loss =
+                lm.loss_direct(x, &y, Mode::Train(&Rng::new(9)), precision, &direct)?;
+            let store = direct_loss.backward()?;
+            let (a, b) = (
+                plain_loss.to_scalar::<f32>()?,
+                direct_loss.to_scalar::<f32>()?,
+            );
+            assert!((a - b).abs() <= 1e-6 * a.abs(), "losses {a} and {b}");
             for (name, var) in params.iter() {
                 let want = plain.get(var.as_tensor()).expect("every parameter has one");
-                let got = if direct_names.contains(&name) {
+                let got = if is_direct(name) {
                     assert!(
                         store.get(var.as_tensor()).is_none(),
                         "{name} in the GradStore"
@@ -414,9 +423,17 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
                     want.flatten_all()?.to_vec1::<f32>()?,
                     got.flatten_all()?.to_vec1::<f32>()?,
                 );
+                // The floor covers gradients that are zero in exact arithmetic (the key
+                // projection's bias: softmax ignores a shift shared by all keys).
+                let size = w.iter().fold(1e-4f32, |m, v| m.max(v.abs()));
+                let diff = w
+                    .iter()
+                    .zip(&g)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
                 assert!(
-                    w.iter().zip(&g).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "tied {tie_weights}, {precision}, step {step}: {name} differs"
+                    diff <= 1e-5 * size,
+                    "tied {tie_weights}, {precision}, step {step}: {name} differs by {diff} \
+                     (largest {size})"
                 );
             }
         }

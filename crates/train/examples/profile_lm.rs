@@ -3,9 +3,12 @@
 //! (`PRECISION=bf16`: the loss's products on AMX; `STEPS=N`: only N untimed training steps,
 //! or with `EVAL=1` N evaluation forwards, with `ENCODER=1` N encoder forwards + backwards.)
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use std::time::Instant;
-use transformer_model::{LmConfig, Mode, ParamBuilder, Rng, TransformerLm};
+use transformer_model::encoder::{Encoder, LayerSpec};
+use transformer_model::{
+    Activation, DirectGrads, LmConfig, Mask, Mode, ParamBuilder, Rng, TransformerLm,
+};
 use transformer_train::lm::LmStep;
 
 fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
@@ -25,16 +28,57 @@ fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
     );
 }
 
-/// The encoder alone in training mode, backward from the fixed cotangent `cot` (its
-/// embedding gradient is candle's dense one, which the trainer's step avoids).
-fn encoder_forward_backward(
-    model: &TransformerLm,
-    ids: &Tensor,
-    rng: &Rng,
-    cot: &Tensor,
-) -> candle_core::Result<candle_core::backprop::GradStore> {
-    let h = model.hidden(ids, Mode::Train(rng))?;
-    (h * cot)?.sum_all()?.backward()
+/// The tutorial LM's encoder stack (2 post-norm ReLU layers, d_model 200, 2 heads, d_hid
+/// 200, dropout 0.2), on its own so that its paths can be timed apart.
+struct EncoderBench {
+    enc: Encoder,
+    /// (B, T, C), a variable so that its gradient is asked for, as the embedding's is.
+    x: Var,
+    mask: Mask,
+    /// The cotangent of the output.
+    cot: Tensor,
+    direct: DirectGrads,
+}
+
+impl EncoderBench {
+    fn new(b: usize, t: usize) -> candle_core::Result<Self> {
+        let dev = Device::Cpu;
+        let pb = ParamBuilder::new(DType::F32, &dev, 3);
+        let spec = LayerSpec {
+            d_model: 200,
+            nhead: 2,
+            dim_feedforward: 200,
+            dropout: 0.2,
+            activation: Activation::Relu,
+            layer_norm_eps: 1e-5,
+            norm_first: false,
+        };
+        Ok(Self {
+            enc: Encoder::new(&pb.pp("enc"), &spec, 2, false)?,
+            x: Var::from_tensor(&Tensor::randn(0f32, 1f32, (b, t, 200), &dev)?)?,
+            mask: Mask::causal(t, &dev)?,
+            cot: Tensor::randn(0f32, 1f32, (b, t, 200), &dev)?,
+            direct: DirectGrads::new(),
+        })
+    }
+
+    /// Training forward + backward as the trainer runs it: each layer one fused op, the
+    /// parameters' gradients into `DirectGrads`.
+    fn fused(&self, rng: &Rng) -> candle_core::Result<candle_core::backprop::GradStore> {
+        self.direct.clear();
+        let y =
+            self.enc
+                .forward_direct(&self.x, Some(&self.mask), Mode::Train(rng), &self.direct)?;
+        (y * &self.cot)?.sum_all()?.backward()
+    }
+
+    /// The same through candle's graph of the fused small ops (`loss.backward()`).
+    fn composed(&self, rng: &Rng) -> candle_core::Result<candle_core::backprop::GradStore> {
+        let y = self
+            .enc
+            .forward(&self.x, Some(&self.mask), Mode::Train(rng))?;
+        (y * &self.cot)?.sum_all()?.backward()
+    }
 }
 
 fn main() -> candle_core::Result<()> {
@@ -67,10 +111,11 @@ fn main() -> candle_core::Result<()> {
             &dev,
         )?;
         if std::env::var("ENCODER").is_ok_and(|v| v == "1") {
-            // ENCODER=1: the encoder alone in training mode, forward + backward.
-            let cot = Tensor::randn(0f32, 1f32, (20, 35, cfg.d_model), &dev)?;
+            // ENCODER=1: the encoder alone in training mode, forward + backward, as the
+            // trainer runs it.
+            let bench = EncoderBench::new(20, 35)?;
             for _ in 0..steps {
-                encoder_forward_backward(&model, &ids, &rng, &cot)?;
+                bench.fused(&rng)?;
             }
             return Ok(());
         }
@@ -99,16 +144,29 @@ fn main() -> candle_core::Result<()> {
         )?;
         let targets = ids.clone();
         println!("batch {b} x {t}");
-        time("  hidden (eval)", 5, || {
-            model.hidden(&ids, Mode::Eval).unwrap()
+        // What the step and evaluation spend outside the loss.
+        let enc = EncoderBench::new(b, t)?;
+        time("  encoder (eval, composed)", 5, || {
+            enc.enc
+                .forward(&enc.x, Some(&enc.mask), Mode::Eval)
+                .unwrap()
         });
-        // What the step spends outside the loss (see `encoder_forward_backward`).
-        let cot = Tensor::randn(0f32, 1f32, (b, t, cfg.d_model), &dev)?;
-        time("  hidden (train) forward", 5, || {
-            model.hidden(&ids, Mode::Train(&rng)).unwrap()
+        time("  encoder (eval, fused layers, no graph)", 5, || {
+            enc.enc
+                .forward_no_grad(&enc.x, Some(&enc.mask), Mode::Eval)
+                .unwrap()
         });
-        time("  hidden (train) forward+backward", 5, || {
-            encoder_forward_backward(&model, &ids, &rng, &cot).unwrap()
+        time("  encoder (train) fwd+bwd, composed", 5, || {
+            enc.composed(&rng).unwrap()
+        });
+        time("  encoder (train) fwd, fused layers", 5, || {
+            enc.direct.clear();
+            enc.enc
+                .forward_direct(&enc.x, Some(&enc.mask), Mode::Train(&rng), &enc.direct)
+                .unwrap()
+        });
+        time("  encoder (train) fwd+bwd, fused layers", 5, || {
+            enc.fused(&rng).unwrap()
         });
         time("  loss (eval, fused)", 5, || {
             model.loss(&ids, &targets, Mode::Eval).unwrap()

@@ -230,10 +230,11 @@ pub fn window_tensors(w: &Batch, device: &Device) -> Result<(Tensor, Tensor)> {
 /// lm` times): forward in training mode, mean cross-entropy, backward, PyTorch's
 /// `clip_grad_norm_` coefficient, SGD scaled by it.
 ///
-/// The embedding's and the output layer's gradients bypass candle's `GradStore`
-/// ([`TransformerLm::loss_direct`], `transformer_model::grads`): the output layer's are
-/// written once into buffers kept from step to step, the embedding's are its used rows, and
-/// the norm and the update read them where they are. Same result as
+/// The embedding's, the encoder layers' and the output layer's gradients bypass candle's
+/// `GradStore` ([`TransformerLm::loss_direct`], `transformer_model::grads`): the output
+/// layer's are written once into buffers kept from step to step, the embedding's are its
+/// used rows, each encoder layer is one fused op, and the norm and the update read them
+/// where they are. The same result, to rounding, as
 /// `loss.backward()` + [`crate::clip::clip_coefficient`] + [`Sgd::step_scaled`] over the `GradStore`
 /// (`tests/lm_train.rs` compares them).
 pub struct LmStep {

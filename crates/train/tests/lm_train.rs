@@ -353,13 +353,13 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
     );
 }
 
-/// The trainer's step (`LmStep`: embedding and output-layer gradients outside candle's
-/// `GradStore`, the embedding's as rows) moves every parameter as the plain step does
-/// (`loss.backward()`, `clip_coefficient`, `Sgd::step_scaled` over the `GradStore`), step
-/// after step, with clipping active and repeated tokens. The gradients are bit-identical
-/// (`transformer-model`'s `direct_gradients_equal_the_grad_store`); only the norm's summation
-/// order differs (the embedding's rows alone rather than its dense zeros), so parameters
-/// may differ in the last bit.
+/// The trainer's step (`LmStep`: the embedding's, the output layer's and the fused encoder
+/// layers' gradients outside candle's `GradStore`, the embedding's as rows) moves every
+/// parameter as the plain step does (`loss.backward()`, `clip_coefficient`,
+/// `Sgd::step_scaled` over the `GradStore`), step after step, with clipping active and
+/// repeated tokens. The gradients are equal to rounding (`transformer-model`'s
+/// `direct_gradients_equal_the_grad_store`: the fused encoder layer sums in another order),
+/// and so are the parameters.
 #[test]
 fn trainer_step_equals_the_plain_step() -> CResult<()> {
     use transformer_model::kernels::Precision;
@@ -403,13 +403,24 @@ fn trainer_step_equals_the_plain_step() -> CResult<()> {
         let loss_b = step
             .run(&lm_b, &x, &y, &rng_b, Precision::F32)
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        assert_eq!(loss_a.to_scalar::<f32>()? as f64, loss_b, "step {s}");
+        let loss_a = loss_a.to_scalar::<f32>()? as f64;
+        assert!(
+            (loss_a - loss_b).abs() <= 1e-6 * loss_a,
+            "step {s}: loss {loss_a} vs {loss_b}"
+        );
         for ((name, a), (_, b)) in params_a.iter().zip(params_b.iter()) {
             let diff = (a.as_tensor() - b.as_tensor())?
                 .abs()?
                 .max_all()?
                 .to_scalar::<f32>()?;
-            let size = a.as_tensor().abs()?.max_all()?.to_scalar::<f32>()?;
+            // The floor covers parameters that stay zero in exact arithmetic (the key
+            // projection's bias gets no gradient: softmax ignores a shift shared by all keys).
+            let size = a
+                .as_tensor()
+                .abs()?
+                .max_all()?
+                .to_scalar::<f32>()?
+                .max(1e-2);
             assert!(diff <= 1e-6 * size, "step {s}: {name} differs by {diff}");
         }
     }

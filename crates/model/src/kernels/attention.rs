@@ -216,7 +216,7 @@ fn split_by<'a, T>(
 /// The attention weights of one pair in `p` (T x S, from `scores` already in it): masked
 /// entries to -inf, softmax per row, rows with no allowed key all zero.
 #[inline(always)]
-fn masked_softmax_rows<T: Float>(p: &mut [T], keep: Option<&[u8]>, s: usize) {
+pub(super) fn masked_softmax_rows<T: Float>(p: &mut [T], keep: Option<&[u8]>, s: usize) {
     if s == 0 {
         return;
     }

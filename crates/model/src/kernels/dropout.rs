@@ -55,7 +55,7 @@ pub fn dropout_reference(x: &Tensor, p: f64, seed: u64, stream: u64) -> Result<T
 /// `mix64(key + i * GOLDEN)` at or above `p * 2^53` (an exact integer comparison: both sides
 /// are whole numbers below 2^53).
 #[derive(Debug, Clone, Copy)]
-struct MaskSpec {
+pub(crate) struct MaskSpec {
     p: f64,
     key: u64,
     threshold: u64,
@@ -64,7 +64,7 @@ struct MaskSpec {
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
 impl MaskSpec {
-    fn new(p: f64, seed: u64, stream: u64) -> Self {
+    pub(crate) fn new(p: f64, seed: u64, stream: u64) -> Self {
         Self {
             p,
             key: mix64(seed ^ mix64(stream.wrapping_add(GOLDEN))),
@@ -73,7 +73,7 @@ impl MaskSpec {
     }
 
     #[inline(always)]
-    fn keep(&self, i: u64) -> bool {
+    pub(crate) fn keep(&self, i: u64) -> bool {
         mix64(self.key.wrapping_add(i.wrapping_mul(GOLDEN))) >> 11 >= self.threshold
     }
 }

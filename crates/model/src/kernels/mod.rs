@@ -40,6 +40,7 @@ pub mod amx;
 mod attention;
 mod cross_entropy;
 mod dropout;
+mod encoder_layer;
 mod few_rows;
 mod float;
 mod layer_norm;
@@ -53,6 +54,10 @@ pub use cross_entropy::{
     linear_cross_entropy_with, release_scratch,
 };
 pub use dropout::{dropout, dropout_reference};
+pub use encoder_layer::{
+    encoder_layer, encoder_layer_applies, EncoderLayerOptions, EncoderLayerParams, LayerDropout,
+    WeightBias,
+};
 pub use few_rows::{linear_few_rows, linear_few_rows_reference};
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use linear::{linear, linear_reference};

@@ -1,0 +1,1175 @@
+//! A whole encoder layer (self-attention and feed-forward sub-layers, each with its residual,
+//! dropout and layer norm; post-norm or `norm_first`) as one op with a hand-written backward
+//! pass, for training and evaluation without candle's graph inside the layer.
+//!
+//! # Why
+//! Composed of the fused ops ([`super::linear`], [`super::attention`], [`super::layer_norm`],
+//! [`super::dropout`]), one layer of the tutorial LM is about 20 candle ops forward and 40
+//! backward, each a fresh tensor and a hand-off to candle's thread pool, and every gradient
+//! edge becomes a `zeros_like` + `add` in candle's `GradStore`. Its products are small (700 x
+//! 200 x 200): the two layers took about 30 ms forward + backward whether on one thread or
+//! two, where their 2 GFLOP of products need about 10 ms on two.
+//!
+//! # How
+//! Sequences are independent in an encoder layer, so the batch is split into one contiguous
+//! group of sequences per thread and each thread runs the whole layer, forward and backward,
+//! on its group with single-threaded products: one hand-off to the pool per layer and
+//! direction, no other synchronisation. The weight and bias gradients are summed per thread
+//! and the partial sums added in thread order (deterministic for a given thread count). The
+//! forward pass keeps what the backward pass reads (`q`, `k`, `v`, the attention weights, the
+//! normalised rows, the hidden layer); dropout masks are regenerated from the RNG
+//! ([`super::dropout`]), the same streams and elements the composed layer draws.
+//!
+//! The parameters' gradients go to [`DirectGrads`] (a `CustomOp1` passes only its one
+//! input's gradient to candle); the input's gradient goes back into candle's graph.
+//! Without a [`DirectGrads`] the op runs forward only and keeps nothing (evaluation).
+//!
+//! # Exactness
+//! The same arithmetic as the composed layer, summed in a different order in the weight
+//! gradients (per thread, then across threads) and in products whose row count differs.
+//! Checked in f64 against the composed layer (forward and every gradient, post-norm and
+//! pre-norm, causal and padding masks, dropout; `tests` below) and in f32 through the
+//! language model's whole training step (`tests/invariants.rs`).
+
+use super::attention::masked_softmax_rows;
+use super::dropout::MaskSpec;
+use super::float::{self, simd, Float};
+use super::matmul::{gemm, Mat};
+use super::{cpu_slice, num_threads, run_parallel, with_slice};
+use crate::grads::DirectGrads;
+use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor};
+use std::sync::Mutex;
+
+/// Index of each parameter in [`EncoderLayerParams::tensors`].
+mod slot {
+    pub const Q_W: usize = 0;
+    pub const Q_B: usize = 1;
+    pub const K_W: usize = 2;
+    pub const K_B: usize = 3;
+    pub const V_W: usize = 4;
+    pub const V_B: usize = 5;
+    pub const O_W: usize = 6;
+    pub const O_B: usize = 7;
+    pub const L1_W: usize = 8;
+    pub const L1_B: usize = 9;
+    pub const L2_W: usize = 10;
+    pub const L2_B: usize = 11;
+    pub const N1_W: usize = 12;
+    pub const N1_B: usize = 13;
+    pub const N2_W: usize = 14;
+    pub const N2_B: usize = 15;
+    pub const COUNT: usize = 16;
+}
+
+/// The parameters of one encoder layer in PyTorch's layouts: the query, key, value and
+/// output projections `(C, C)` + `(C,)`, `linear1` `(F, C)` + `(F,)`, `linear2` `(C, F)` +
+/// `(C,)`, and the two layer norms' weight and bias `(C,)`.
+#[derive(Debug, Clone)]
+pub struct EncoderLayerParams {
+    tensors: [Tensor; slot::COUNT],
+}
+
+/// A weight and its bias.
+pub type WeightBias<'a> = (&'a Tensor, &'a Tensor);
+
+impl EncoderLayerParams {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        q: WeightBias,
+        k: WeightBias,
+        v: WeightBias,
+        out: WeightBias,
+        linear1: WeightBias,
+        linear2: WeightBias,
+        norm1: WeightBias,
+        norm2: WeightBias,
+    ) -> Self {
+        let t = |p: WeightBias| [p.0.clone(), p.1.clone()];
+        let [a, b, c, d, e, f, g, h] = [q, k, v, out, linear1, linear2, norm1, norm2].map(t);
+        let [[q_w, q_b], [k_w, k_b], [v_w, v_b], [o_w, o_b]] = [a, b, c, d];
+        let [[l1_w, l1_b], [l2_w, l2_b], [n1_w, n1_b], [n2_w, n2_b]] = [e, f, g, h];
+        Self {
+            tensors: [
+                q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, l1_w, l1_b, l2_w, l2_b, n1_w, n1_b, n2_w,
+                n2_b,
+            ],
+        }
+    }
+
+    /// Whether every parameter can take [`DirectGrads`] (CPU f32 variables).
+    pub fn all_accepted_by_direct_grads(&self) -> bool {
+        self.tensors.iter().all(DirectGrads::accepts)
+    }
+
+    /// `(C, F)`, checking every shape.
+    fn dims(&self) -> Result<(usize, usize)> {
+        let c = self.tensors[slot::Q_W].dim(0)?;
+        let f = self.tensors[slot::L1_W].dim(0)?;
+        let want: [&[usize]; slot::COUNT] = [
+            &[c, c],
+            &[c],
+            &[c, c],
+            &[c],
+            &[c, c],
+            &[c],
+            &[c, c],
+            &[c],
+            &[f, c],
+            &[f],
+            &[c, f],
+            &[c],
+            &[c],
+            &[c],
+            &[c],
+            &[c],
+        ];
+        for (t, w) in self.tensors.iter().zip(want) {
+            if t.dims() != w {
+                bail!(
+                    "encoder layer: parameter of shape {:?} where {w:?} was expected",
+                    t.dims()
+                );
+            }
+        }
+        Ok((c, f))
+    }
+}
+
+/// The layer's options ([`crate::encoder::LayerSpec`] without what the parameters give).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EncoderLayerOptions {
+    pub nhead: usize,
+    pub layer_norm_eps: f64,
+    pub norm_first: bool,
+}
+
+/// Dropout in training: probability `p`, and the RNG streams under `seed` of the four
+/// masks in the order the composed layer draws them: attention weights, the self-attention
+/// sub-layer's output, the feed-forward hidden layer, the feed-forward sub-layer's output.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerDropout {
+    pub p: f64,
+    pub seed: u64,
+    pub streams: [u64; 4],
+}
+
+/// One encoder layer (ReLU feed-forward), fused; see the module docs.
+///
+/// - `keep`: the attention mask, u8 broadcastable to `(B, 1, T, T)`, 1 = may attend.
+/// - `dropout`: `None` in evaluation.
+/// - `grads`: where the parameters' gradients go in the backward pass; with `None` the
+///   result tracks no gradient at all (evaluation without a graph).
+///
+/// CPU f32 (and f64 without `grads`) only: callers check [`encoder_layer_applies`].
+///
+/// # Shapes
+/// x (B, T, C) -> (B, T, C)
+pub fn encoder_layer(
+    x: &Tensor,
+    params: &EncoderLayerParams,
+    opts: EncoderLayerOptions,
+    keep: Option<&Tensor>,
+    dropout: Option<LayerDropout>,
+    grads: Option<&DirectGrads>,
+) -> Result<Tensor> {
+    let (b, t, c) = x.dims3()?;
+    let (pc, f) = params.dims()?;
+    if pc != c || opts.nhead == 0 || !c.is_multiple_of(opts.nhead) {
+        bail!(
+            "encoder layer: input {:?} for d_model {pc} and {} heads",
+            x.dims(),
+            opts.nhead
+        );
+    }
+    if !encoder_layer_applies(x, params, grads.is_some()) {
+        bail!("encoder layer: the fused layer needs CPU f32 tensors (f64 without gradients)");
+    }
+    let keep = match keep {
+        Some(m) => {
+            let kb = m.dim(0)?;
+            let v = m
+                .to_dtype(DType::U8)?
+                .broadcast_as((kb, 1, t, t))?
+                .flatten_all()?
+                .to_vec1::<u8>()?;
+            Some(Keep {
+                data: v,
+                per_batch: kb > 1,
+            })
+        }
+        None => None,
+    };
+    let dims = Dims {
+        b,
+        t,
+        c,
+        f,
+        h: opts.nhead,
+        eps: opts.layer_norm_eps,
+        norm_first: opts.norm_first,
+    };
+    let op = LayerOp {
+        params: params.clone(),
+        dims,
+        keep,
+        drops: dropout.filter(|d| d.p > 0.0).map(Drops::new),
+        grads: grads.cloned(),
+        saved: Mutex::new(None),
+    };
+    let x = x.contiguous()?;
+    match grads {
+        Some(_) => x.apply_op1(op),
+        None => x.detach().apply_op1_no_bwd(&op),
+    }
+}
+
+/// Whether [`encoder_layer`] runs on these tensors: all on the CPU, f32, or f64 when no
+/// gradients are asked for (`with_grads` false).
+pub fn encoder_layer_applies(x: &Tensor, params: &EncoderLayerParams, with_grads: bool) -> bool {
+    let dtype = x.dtype();
+    let ok_dtype = dtype == DType::F32 || (dtype == DType::F64 && !with_grads);
+    ok_dtype
+        && x.device().is_cpu()
+        && params
+            .tensors
+            .iter()
+            .all(|p| p.device().is_cpu() && p.dtype() == dtype)
+}
+
+/// Multiply-adds per thread below which the layer runs on one thread.
+const MIN_PARALLEL_MACS: usize = 1 << 20;
+
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    b: usize,
+    t: usize,
+    c: usize,
+    f: usize,
+    h: usize,
+    eps: f64,
+    norm_first: bool,
+}
+
+impl Dims {
+    /// Groups of sequences, one per thread.
+    fn groups(&self) -> usize {
+        let macs = self.b * self.t * self.c * (4 * self.c + 2 * self.f + 2 * self.t);
+        num_threads()
+            .min(macs / MIN_PARALLEL_MACS)
+            .min(self.b)
+            .max(1)
+    }
+}
+
+/// The attention mask expanded to `(B | 1, T, T)`.
+#[derive(Debug)]
+struct Keep {
+    data: Vec<u8>,
+    per_batch: bool,
+}
+
+impl Keep {
+    fn of(&self, seq: usize, t: usize) -> &[u8] {
+        let i = if self.per_batch { seq } else { 0 };
+        &self.data[i * t * t..(i + 1) * t * t]
+    }
+}
+
+/// The four dropout masks (see [`LayerDropout`]).
+#[derive(Debug, Clone, Copy)]
+struct Drops {
+    attn: MaskSpec,
+    out1: MaskSpec,
+    hidden: MaskSpec,
+    out2: MaskSpec,
+    scale: f64,
+}
+
+impl Drops {
+    fn new(d: LayerDropout) -> Self {
+        let m = |s| MaskSpec::new(d.p, d.seed, s);
+        Self {
+            attn: m(d.streams[0]),
+            out1: m(d.streams[1]),
+            hidden: m(d.streams[2]),
+            out2: m(d.streams[3]),
+            scale: 1.0 / (1.0 - d.p),
+        }
+    }
+}
+
+/// `x[j] = keep(first + j) ? x[j] * scale : 0`: dropout forward, or its backward on a
+/// gradient.
+#[inline(always)]
+fn drop_inplace<T: Float>(x: &mut [T], spec: &MaskSpec, first: usize, scale: T) {
+    for (j, v) in x.iter_mut().enumerate() {
+        *v = if spec.keep((first + j) as u64) {
+            *v * scale
+        } else {
+            T::ZERO
+        };
+    }
+}
+
+/// [`drop_inplace`] into `out`.
+#[inline(always)]
+fn drop_into<T: Float>(x: &[T], out: &mut [T], spec: &MaskSpec, first: usize, scale: T) {
+    for (j, (o, &v)) in out.iter_mut().zip(x).enumerate() {
+        *o = if spec.keep((first + j) as u64) {
+            v * scale
+        } else {
+            T::ZERO
+        };
+    }
+}
+
+/// The parameters as slices, indexed by [`slot`].
+struct Weights<'a, T>([&'a [T]; slot::COUNT]);
+
+/// Row statistics of one layer norm over `n` rows: the normalised rows and `1 / std`.
+#[derive(Debug)]
+struct Norm<T> {
+    xhat: Vec<T>,
+    rstd: Vec<T>,
+}
+
+impl<T> Default for Norm<T> {
+    fn default() -> Self {
+        Self {
+            xhat: Vec::new(),
+            rstd: Vec::new(),
+        }
+    }
+}
+
+/// What one group's forward pass keeps for its backward pass.
+#[derive(Debug)]
+struct Saved<T> {
+    /// Pre-norm: `LN1(x)`, the input of the projections (post-norm reads `x` itself).
+    a_in: Vec<T>,
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+    /// Attention weights before dropout, `(seqs, H, T, T)`.
+    p: Vec<T>,
+    /// Attention output with the heads merged, the output projection's input.
+    o: Vec<T>,
+    /// Post-norm: of `x + attn` (giving `x1`); pre-norm: of `x`.
+    n1: Norm<T>,
+    /// Post-norm: of `x1 + ff` (the output); pre-norm: of `x1`.
+    n2: Norm<T>,
+    /// Pre-norm: `LN2(x1)`, `linear1`'s input (post-norm: `x1`).
+    f_in: Vec<T>,
+    /// The residual stream between the sub-layers.
+    x1: Vec<T>,
+    /// The hidden layer after the ReLU, before dropout.
+    hid: Vec<T>,
+}
+
+/// `y = b + x W^T`: x (n x k), W (m x k), y (n x m).
+#[inline(always)]
+fn linear_fwd<T: Float>(y: &mut [T], x: &[T], w: &[T], b: &[T], n: usize, m: usize, k: usize) {
+    for row in y.chunks_exact_mut(m) {
+        row.copy_from_slice(b);
+    }
+    gemm(
+        Mat::new_mut(y, n, m, m, 1),
+        true,
+        Mat::new(x, n, k, k, 1),
+        Mat::new(w, k, m, 1, k),
+        T::ONE,
+    );
+}
+
+/// `dW = dy^T x` (m x k, overwritten) and `db += sum_rows(dy)`.
+#[allow(clippy::too_many_arguments)]
+fn linear_grads<T: Float>(
+    dw: &mut [T],
+    db: &mut [T],
+    dy: &[T],
+    x: &[T],
+    n: usize,
+    m: usize,
+    k: usize,
+) {
+    gemm(
+        Mat::new_mut(dw, m, k, k, 1),
+        false,
+        Mat::new(dy, m, n, 1, m),
+        Mat::new(x, n, k, k, 1),
+        T::ONE,
+    );
+    simd(
+        #[inline(always)]
+        || {
+            for row in dy.chunks_exact(m) {
+                float::add_inplace(db, row);
+            }
+        },
+    );
+}
+
+/// `dx (+)= dy W`: dy (n x m), W (m x k).
+fn linear_dx<T: Float>(dx: &mut [T], accumulate: bool, dy: &[T], w: &[T], n: usize, m: usize) {
+    let k = w.len() / m;
+    gemm(
+        Mat::new_mut(dx, n, k, k, 1),
+        accumulate,
+        Mat::new(dy, n, m, m, 1),
+        Mat::new(w, m, k, k, 1),
+        T::ONE,
+    );
+}
+
+/// Layer norm of the rows of `x` into `y`, keeping the statistics in `norm`; the arithmetic
+/// of [`super::layer_norm`].
+#[inline(always)]
+fn ln_fwd<T: Float>(x: &[T], g: &[T], b: &[T], eps: T, y: &mut [T], norm: &mut Norm<T>) {
+    let c = g.len();
+    let inv_c = T::ONE / T::from_f64(c as f64);
+    norm.xhat.resize(x.len(), T::ZERO);
+    norm.rstd.resize(x.len() / c, T::ZERO);
+    for (i, ((xr, yr), hr)) in x
+        .chunks_exact(c)
+        .zip(y.chunks_exact_mut(c))
+        .zip(norm.xhat.chunks_exact_mut(c))
+        .enumerate()
+    {
+        let mean = float::row_sum(xr) * inv_c;
+        let var = float::sum_sq_dev(xr, mean) * inv_c;
+        let rstd = T::ONE / (var + eps).sqrt();
+        norm.rstd[i] = rstd;
+        for ((((o, h), &xv), &wv), &bv) in yr.iter_mut().zip(hr).zip(xr).zip(g).zip(b) {
+            let xh = (xv - mean) * rstd;
+            *h = xh;
+            *o = xh * wv + bv;
+        }
+    }
+}
+
+/// Layer norm backward: `dx (+)= rstd (gy - mean(gy) - xhat mean(gy xhat))` with `gy = dy
+/// g`; `dg += dy xhat`, `db += dy` row by row.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn ln_bwd<T: Float>(
+    dy: &[T],
+    norm: &Norm<T>,
+    g: &[T],
+    dx: &mut [T],
+    accumulate: bool,
+    dg: &mut [T],
+    db: &mut [T],
+    scratch: &mut Vec<T>,
+) {
+    let c = g.len();
+    let inv_c = T::ONE / T::from_f64(c as f64);
+    scratch.resize(c, T::ZERO);
+    let gy = &mut scratch[..c];
+    for (i, ((dyr, hr), dxr)) in dy
+        .chunks_exact(c)
+        .zip(norm.xhat.chunks_exact(c))
+        .zip(dx.chunks_exact_mut(c))
+        .enumerate()
+    {
+        let rstd = norm.rstd[i];
+        let (dg, db) = (&mut dg[..c], &mut db[..c]);
+        for j in 0..c {
+            gy[j] = dyr[j] * g[j];
+            dg[j] += dyr[j] * hr[j];
+            db[j] += dyr[j];
+        }
+        let mean_g = float::row_sum(gy) * inv_c;
+        let mean_gx = float::dot(gy, hr) * inv_c;
+        for j in 0..c {
+            let v = rstd * (gy[j] - mean_g - hr[j] * mean_gx);
+            dxr[j] = if accumulate { dxr[j] + v } else { v };
+        }
+    }
+}
+
+/// The forward pass of sequences `s0 .. s0 + ns` (`x` and `y` their rows); returns what the
+/// backward pass needs when `keep_saved`.
+#[allow(clippy::too_many_arguments)]
+fn forward_group<T: Float>(
+    d: &Dims,
+    w: &Weights<T>,
+    keep: Option<&Keep>,
+    drops: Option<&Drops>,
+    s0: usize,
+    x: &[T],
+    y: &mut [T],
+    keep_saved: bool,
+) -> Option<Saved<T>> {
+    let (t, c, f, h) = (d.t, d.c, d.f, d.h);
+    let n = x.len() / c;
+    let ns = n / t;
+    let dh = c / h;
+    let eps = T::from_f64(d.eps);
+    let scale = T::from_f64(1.0 / (dh as f64).sqrt());
+    let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
+    let w = &w.0;
+    simd(
+        #[inline(always)]
+        || {
+            let mut n1 = Norm::default();
+            let mut n2 = Norm::default();
+            // Self-attention sub-layer.
+            let mut a_in = Vec::new();
+            let a_src: &[T] = if d.norm_first {
+                a_in = vec![T::ZERO; n * c];
+                ln_fwd(x, w[slot::N1_W], w[slot::N1_B], eps, &mut a_in, &mut n1);
+                &a_in
+            } else {
+                x
+            };
+            let mut q = vec![T::ZERO; n * c];
+            let mut k = vec![T::ZERO; n * c];
+            let mut v = vec![T::ZERO; n * c];
+            linear_fwd(&mut q, a_src, w[slot::Q_W], w[slot::Q_B], n, c, c);
+            linear_fwd(&mut k, a_src, w[slot::K_W], w[slot::K_B], n, c, c);
+            linear_fwd(&mut v, a_src, w[slot::V_W], w[slot::V_B], n, c, c);
+            let mut p = vec![T::ZERO; ns * h * t * t];
+            let mut o = vec![T::ZERO; n * c];
+            let mut pd = vec![T::ZERO; t * t];
+            for sl in 0..ns {
+                let seq = s0 + sl;
+                for hi in 0..h {
+                    let off = sl * t * c + hi * dh;
+                    let pb = &mut p[(sl * h + hi) * t * t..][..t * t];
+                    gemm(
+                        Mat::new_mut(pb, t, t, t, 1),
+                        false,
+                        Mat::new(&q[off..], t, dh, c, 1),
+                        Mat::new(&k[off..], t, dh, c, 1).t(),
+                        scale,
+                    );
+                    masked_softmax_rows(pb, keep.map(|m| m.of(seq, t)), t);
+                    let weights: &[T] = match drops {
+                        Some(dr) => {
+                            let first = (seq * h + hi) * t * t;
+                            drop_into(pb, &mut pd, &dr.attn, first, dscale);
+                            &pd
+                        }
+                        None => pb,
+                    };
+                    gemm(
+                        Mat::new_mut(&mut o[off..], t, dh, c, 1),
+                        false,
+                        Mat::new(weights, t, t, t, 1),
+                        Mat::new(&v[off..], t, dh, c, 1),
+                        T::ONE,
+                    );
+                }
+            }
+            // x1 = x + dropout(o Wo^T + bo), normalised after (post-norm).
+            let row0 = s0 * t;
+            let mut x1 = vec![T::ZERO; n * c];
+            linear_fwd(&mut x1, &o, w[slot::O_W], w[slot::O_B], n, c, c);
+            if let Some(dr) = drops {
+                drop_inplace(&mut x1, &dr.out1, row0 * c, dscale);
+            }
+            for (r, &xv) in x1.iter_mut().zip(x) {
+                *r = xv + *r;
+            }
+            if !d.norm_first {
+                let r1 = x1.clone();
+                ln_fwd(&r1, w[slot::N1_W], w[slot::N1_B], eps, &mut x1, &mut n1);
+            }
+            // Feed-forward sub-layer.
+            let mut f_in = Vec::new();
+            let f_src: &[T] = if d.norm_first {
+                f_in = vec![T::ZERO; n * c];
+                ln_fwd(&x1, w[slot::N2_W], w[slot::N2_B], eps, &mut f_in, &mut n2);
+                &f_in
+            } else {
+                &x1
+            };
+            let mut hid = vec![T::ZERO; n * f];
+            linear_fwd(&mut hid, f_src, w[slot::L1_W], w[slot::L1_B], n, f, c);
+            for v in hid.iter_mut() {
+                *v = if *v > T::ZERO { *v } else { T::ZERO };
+            }
+            let mut hd_buf = Vec::new();
+            let hd: &[T] = match drops {
+                Some(dr) => {
+                    hd_buf = vec![T::ZERO; n * f];
+                    drop_into(&hid, &mut hd_buf, &dr.hidden, row0 * f, dscale);
+                    &hd_buf
+                }
+                None => &hid,
+            };
+            linear_fwd(y, hd, w[slot::L2_W], w[slot::L2_B], n, c, f);
+            drop(hd_buf);
+            if let Some(dr) = drops {
+                drop_inplace(y, &dr.out2, row0 * c, dscale);
+            }
+            for (r, &xv) in y.iter_mut().zip(&x1) {
+                *r = xv + *r;
+            }
+            if !d.norm_first {
+                let r2 = y.to_vec();
+                ln_fwd(&r2, w[slot::N2_W], w[slot::N2_B], eps, y, &mut n2);
+            }
+            keep_saved.then_some(Saved {
+                a_in,
+                q,
+                k,
+                v,
+                p,
+                o,
+                n1,
+                n2,
+                f_in,
+                x1,
+                hid,
+            })
+        },
+    )
+}
+
+/// The gradients of one group: the input's written into `dx`, the parameters' returned
+/// (indexed by [`slot`]).
+#[allow(clippy::too_many_arguments)]
+fn backward_group<T: Float>(
+    d: &Dims,
+    w: &Weights<T>,
+    drops: Option<&Drops>,
+    s0: usize,
+    sv: &Saved<T>,
+    x: &[T],
+    dy: &[T],
+    dx: &mut [T],
+) -> Vec<Vec<T>> {
+    let (t, c, f, h) = (d.t, d.c, d.f, d.h);
+    let n = x.len() / c;
+    let ns = n / t;
+    let dh = c / h;
+    let scale = T::from_f64(1.0 / (dh as f64).sqrt());
+    let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
+    let row0 = s0 * t;
+    let w = &w.0;
+    simd(
+        #[inline(always)]
+        || {
+            let mut g: Vec<Vec<T>> = (0..slot::COUNT)
+                .map(|i| vec![T::ZERO; w[i].len()])
+                .collect();
+            let mut scratch = Vec::new();
+            // Through the second norm (post-norm) to the feed-forward sub-layer's residual.
+            let mut dx1 = vec![T::ZERO; n * c];
+            if d.norm_first {
+                dx1.copy_from_slice(dy);
+            } else {
+                let (gw, gb) = two(&mut g, slot::N2_W, slot::N2_B);
+                ln_bwd(
+                    dy,
+                    &sv.n2,
+                    w[slot::N2_W],
+                    &mut dx1,
+                    false,
+                    gw,
+                    gb,
+                    &mut scratch,
+                );
+            }
+            // Feed-forward: dg = dropout(dr2); linear2, dropout, ReLU, linear1.
+            let mut dgo = dx1.clone();
+            if let Some(dr) = drops {
+                drop_inplace(&mut dgo, &dr.out2, row0 * c, dscale);
+            }
+            let mut hd = sv.hid.clone();
+            if let Some(dr) = drops {
+                drop_inplace(&mut hd, &dr.hidden, row0 * f, dscale);
+            }
+            {
+                let (gw, gb) = two(&mut g, slot::L2_W, slot::L2_B);
+                linear_grads(gw, gb, &dgo, &hd, n, c, f);
+            }
+            let mut dhid = hd;
+            linear_dx(&mut dhid, false, &dgo, w[slot::L2_W], n, c);
+            if let Some(dr) = drops {
+                drop_inplace(&mut dhid, &dr.hidden, row0 * f, dscale);
+            }
+            for (dv, &hv) in dhid.iter_mut().zip(&sv.hid) {
+                *dv = if hv > T::ZERO { *dv } else { T::ZERO };
+            }
+            let f_src: &[T] = if d.norm_first { &sv.f_in } else { &sv.x1 };
+            {
+                let (gw, gb) = two(&mut g, slot::L1_W, slot::L1_B);
+                linear_grads(gw, gb, &dhid, f_src, n, f, c);
+            }
+            if d.norm_first {
+                let mut df_in = dgo;
+                linear_dx(&mut df_in, false, &dhid, w[slot::L1_W], n, f);
+                let (gw, gb) = two(&mut g, slot::N2_W, slot::N2_B);
+                ln_bwd(
+                    &df_in,
+                    &sv.n2,
+                    w[slot::N2_W],
+                    &mut dx1,
+                    true,
+                    gw,
+                    gb,
+                    &mut scratch,
+                );
+            } else {
+                linear_dx(&mut dx1, true, &dhid, w[slot::L1_W], n, f);
+            }
+            drop(dhid);
+            // Through the first norm (post-norm) to the attention sub-layer's residual.
+            if d.norm_first {
+                dx.copy_from_slice(&dx1);
+            } else {
+                let (gw, gb) = two(&mut g, slot::N1_W, slot::N1_B);
+                ln_bwd(&dx1, &sv.n1, w[slot::N1_W], dx, false, gw, gb, &mut scratch);
+            }
+            let mut da = dx1;
+            da.copy_from_slice(dx);
+            if let Some(dr) = drops {
+                drop_inplace(&mut da, &dr.out1, row0 * c, dscale);
+            }
+            {
+                let (gw, gb) = two(&mut g, slot::O_W, slot::O_B);
+                linear_grads(gw, gb, &da, &sv.o, n, c, c);
+            }
+            let mut d_o = vec![T::ZERO; n * c];
+            linear_dx(&mut d_o, false, &da, w[slot::O_W], n, c);
+            // Attention, per sequence and head.
+            let (mut dq, mut dk, mut dv) = (da, vec![T::ZERO; n * c], vec![T::ZERO; n * c]);
+            let mut pd = vec![T::ZERO; t * t];
+            let mut dp = vec![T::ZERO; t * t];
+            for sl in 0..ns {
+                let seq = s0 + sl;
+                for hi in 0..h {
+                    let off = sl * t * c + hi * dh;
+                    let pb = &sv.p[(sl * h + hi) * t * t..][..t * t];
+                    let first = (seq * h + hi) * t * t;
+                    let weights: &[T] = match drops {
+                        Some(dr) => {
+                            drop_into(pb, &mut pd, &dr.attn, first, dscale);
+                            &pd
+                        }
+                        None => pb,
+                    };
+                    // dV = Pd^T dO; dPd = dO V^T.
+                    gemm(
+                        Mat::new_mut(&mut dv[off..], t, dh, c, 1),
+                        false,
+                        Mat::new(weights, t, t, t, 1).t(),
+                        Mat::new(&d_o[off..], t, dh, c, 1),
+                        T::ONE,
+                    );
+                    gemm(
+                        Mat::new_mut(&mut dp, t, t, t, 1),
+                        false,
+                        Mat::new(&d_o[off..], t, dh, c, 1),
+                        Mat::new(&sv.v[off..], t, dh, c, 1).t(),
+                        T::ONE,
+                    );
+                    // Through the dropout and the softmax: dS = P (dP - rowsum(dP P)).
+                    if let Some(dr) = drops {
+                        drop_inplace(&mut dp, &dr.attn, first, dscale);
+                    }
+                    for (dr, pr) in dp.chunks_exact_mut(t).zip(pb.chunks_exact(t)) {
+                        let dot = float::dot(dr, pr);
+                        for (x, &pv) in dr.iter_mut().zip(pr) {
+                            *x = pv * (*x - dot);
+                        }
+                    }
+                    // dQ = scale dS K; dK = scale dS^T Q.
+                    gemm(
+                        Mat::new_mut(&mut dq[off..], t, dh, c, 1),
+                        false,
+                        Mat::new(&dp, t, t, t, 1),
+                        Mat::new(&sv.k[off..], t, dh, c, 1),
+                        scale,
+                    );
+                    gemm(
+                        Mat::new_mut(&mut dk[off..], t, dh, c, 1),
+                        false,
+                        Mat::new(&dp, t, t, t, 1).t(),
+                        Mat::new(&sv.q[off..], t, dh, c, 1),
+                        scale,
+                    );
+                }
+            }
+            // The projections.
+            let a_src: &[T] = if d.norm_first { &sv.a_in } else { x };
+            for (dproj, (gw_i, gb_i)) in [
+                (&dq, (slot::Q_W, slot::Q_B)),
+                (&dk, (slot::K_W, slot::K_B)),
+                (&dv, (slot::V_W, slot::V_B)),
+            ] {
+                let (gw, gb) = two(&mut g, gw_i, gb_i);
+                linear_grads(gw, gb, dproj, a_src, n, c, c);
+            }
+            let mut da_in = d_o;
+            linear_dx(&mut da_in, false, &dq, w[slot::Q_W], n, c);
+            linear_dx(&mut da_in, true, &dk, w[slot::K_W], n, c);
+            linear_dx(&mut da_in, true, &dv, w[slot::V_W], n, c);
+            if d.norm_first {
+                let (gw, gb) = two(&mut g, slot::N1_W, slot::N1_B);
+                ln_bwd(
+                    &da_in,
+                    &sv.n1,
+                    w[slot::N1_W],
+                    dx,
+                    true,
+                    gw,
+                    gb,
+                    &mut scratch,
+                );
+            } else {
+                float::add_inplace(dx, &da_in);
+            }
+            g
+        },
+    )
+}
+
+/// Two distinct elements of `v` mutably (`i < j`).
+fn two<T>(v: &mut [Vec<T>], i: usize, j: usize) -> (&mut [T], &mut [T]) {
+    debug_assert!(i < j);
+    let (a, b) = v.split_at_mut(j);
+    (&mut a[i], &mut b[0])
+}
+
+/// The output of a forward pass and what each group kept.
+type Forwarded<T> = (Vec<T>, Vec<Option<Saved<T>>>);
+
+/// The layer's forward pass over all `b` sequences of `x`, split into `groups` groups run in
+/// parallel; the output and, when `keep_saved`, what each group keeps.
+fn forward<T: Float>(
+    d: &Dims,
+    w: &Weights<T>,
+    keep: Option<&Keep>,
+    drops: Option<&Drops>,
+    x: &[T],
+    groups: usize,
+    keep_saved: bool,
+) -> Forwarded<T> {
+    let row = d.t * d.c;
+    let mut y = vec![T::ZERO; x.len()];
+    let groups = groups.min(d.b).max(1);
+    let items: Vec<_> = group_ranges(d.b, groups)
+        .into_iter()
+        .zip(split_at_ranges(&mut y, d.b, groups, row))
+        .collect();
+    let saved = run_parallel(items, |(r, y)| {
+        forward_group(
+            d,
+            w,
+            keep,
+            drops,
+            r.start,
+            &x[r.start * row..r.end * row],
+            y,
+            keep_saved,
+        )
+    });
+    (y, saved)
+}
+
+/// The backward pass matching [`forward`]: `dx` and the parameters' gradients, the groups'
+/// partial sums added in group order.
+fn backward<T: Float>(
+    d: &Dims,
+    w: &Weights<T>,
+    drops: Option<&Drops>,
+    saved: &[Saved<T>],
+    x: &[T],
+    dy: &[T],
+) -> (Vec<T>, Vec<Vec<T>>) {
+    let row = d.t * d.c;
+    let groups = saved.len();
+    let mut dx = vec![T::ZERO; x.len()];
+    let items: Vec<_> = group_ranges(d.b, groups)
+        .into_iter()
+        .zip(split_at_ranges(&mut dx, d.b, groups, row))
+        .zip(saved)
+        .collect();
+    let partials = run_parallel(items, |((r, dx), sv)| {
+        backward_group(
+            d,
+            w,
+            drops,
+            r.start,
+            sv,
+            &x[r.start * row..r.end * row],
+            &dy[r.start * row..r.end * row],
+            dx,
+        )
+    });
+    let mut parts = partials.into_iter();
+    let mut sum = parts.next().expect("at least one group");
+    for p in parts {
+        for (s, g) in sum.iter_mut().zip(&p) {
+            simd(
+                #[inline(always)]
+                || float::add_inplace(s, g),
+            );
+        }
+    }
+    (dx, sum)
+}
+
+/// `groups` contiguous ranges of `0..b`.
+fn group_ranges(b: usize, groups: usize) -> Vec<std::ops::Range<usize>> {
+    (0..groups)
+        .map(|i| i * b / groups..(i + 1) * b / groups)
+        .collect()
+}
+
+/// `data` (b items of `per` elements) split at [`group_ranges`].
+fn split_at_ranges<T>(mut data: &mut [T], b: usize, groups: usize, per: usize) -> Vec<&mut [T]> {
+    let mut out = Vec::with_capacity(groups);
+    for r in group_ranges(b, groups) {
+        let (mine, rest) = data.split_at_mut(r.len() * per);
+        out.push(mine);
+        data = rest;
+    }
+    out
+}
+
+struct LayerOp {
+    params: EncoderLayerParams,
+    dims: Dims,
+    keep: Option<Keep>,
+    drops: Option<Drops>,
+    grads: Option<DirectGrads>,
+    /// What the forward pass kept (f32, with `grads`).
+    saved: Mutex<Option<Vec<Saved<f32>>>>,
+}
+
+impl LayerOp {
+    /// Calls `f` with the parameters as slices of `T`.
+    fn with_weights<T: Float, R>(&self, f: impl FnOnce(&Weights<T>) -> Result<R>) -> Result<R> {
+        let guards: Vec<_> = self
+            .params
+            .tensors
+            .iter()
+            .map(|p| p.storage_and_layout())
+            .collect();
+        let slices = guards
+            .iter()
+            .map(|(s, l)| match &**s {
+                Storage::Cpu(s) => cpu_slice::<T>(s, l),
+                _ => bail!("encoder layer: parameters must be on the CPU"),
+            })
+            .collect::<Result<Vec<&[T]>>>()?;
+        let Ok(slices) = <[&[T]; slot::COUNT]>::try_from(slices) else {
+            unreachable!("one slice per parameter")
+        };
+        f(&Weights(slices))
+    }
+
+    fn run<T: Float>(&self, x: &[T], keep_saved: bool) -> Result<Forwarded<T>> {
+        self.with_weights(|w| {
+            Ok(forward(
+                &self.dims,
+                w,
+                self.keep.as_ref(),
+                self.drops.as_ref(),
+                x,
+                self.dims.groups(),
+                keep_saved,
+            ))
+        })
+    }
+}
+
+impl CustomOp1 for LayerOp {
+    fn name(&self) -> &'static str {
+        "kernels-encoder-layer"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let storage = match s {
+            CpuStorage::F32(_) => {
+                let (y, saved) = self.run::<f32>(cpu_slice(s, l)?, self.grads.is_some())?;
+                if self.grads.is_some() {
+                    let saved = saved.into_iter().map(|s| s.expect("kept")).collect();
+                    *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(saved);
+                }
+                CpuStorage::F32(y)
+            }
+            CpuStorage::F64(_) if self.grads.is_none() => {
+                CpuStorage::F64(self.run::<f64>(cpu_slice(s, l)?, false)?.0)
+            }
+            _ => bail!("kernels-encoder-layer: f32 (or f64 without gradients) only"),
+        };
+        Ok((storage, l.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        let Some(grads) = &self.grads else {
+            bail!("kernels-encoder-layer: backward without DirectGrads")
+        };
+        let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(saved) = saved.as_ref() else {
+            bail!("kernels-encoder-layer: backward before forward")
+        };
+        let (dx, g) = with_slice::<f32, _>(x, |xs| {
+            with_slice::<f32, _>(dy, |dys| {
+                self.with_weights(|w| {
+                    Ok(backward(&self.dims, w, self.drops.as_ref(), saved, xs, dys))
+                })
+            })
+        })?;
+        for (param, grad) in self.params.tensors.iter().zip(g) {
+            if DirectGrads::accepts(param) {
+                grads.put_dense(param, grad);
+            } else {
+                bail!("kernels-encoder-layer: parameter is not a CPU f32 variable");
+            }
+        }
+        Ok(Some(Tensor::from_vec(dx, x.shape(), x.device())?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Activation;
+    use crate::dropout::Mode;
+    use crate::encoder::{EncoderLayer, LayerSpec};
+    use crate::mask::Mask;
+    use crate::params::ParamBuilder;
+    use crate::rng::Rng;
+    use candle_core::Device;
+
+    /// The fused layer's forward and every gradient against the composed layer in f64, with
+    /// the groups' partial sums (3 groups of uneven size) and each mask and norm placement.
+    #[test]
+    fn fused_layer_equals_the_composed_layer_in_f64() -> Result<()> {
+        let dev = Device::Cpu;
+        let (b, t, c, f, h) = (5, 6, 8, 12, 2);
+        for norm_first in [false, true] {
+            for (mask_kind, p) in [("causal", 0.3), ("padding", 0.0), ("none", 0.25)] {
+                let pb = ParamBuilder::new(DType::F64, &dev, 4);
+                let spec = LayerSpec {
+                    d_model: c,
+                    nhead: h,
+                    dim_feedforward: f,
+                    dropout: p,
+                    activation: Activation::Relu,
+                    layer_norm_eps: 1e-5,
+                    norm_first,
+                };
+                let layer = EncoderLayer::new(&pb.pp("l"), &spec)?;
+                let params = pb.params();
+                let x = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, t, c), &dev)?)?;
+                let mask = match mask_kind {
+                    "causal" => Some(Mask::causal(t, &dev)?),
+                    "padding" => {
+                        let valid: Vec<u8> = (0..b * t)
+                            .map(|i| u8::from(i % t < t - i / t % 3))
+                            .collect();
+                        Some(Mask::key_valid(&Tensor::from_vec(valid, (b, t), &dev)?)?)
+                    }
+                    _ => None,
+                };
+                let rng = Rng::new(11);
+                let (y, _) = layer.forward(x.as_tensor(), mask.as_ref(), Mode::Train(&rng))?;
+                let dy = Tensor::randn(0f64, 1.0, (b, t, c), &dev)?;
+                let store = (&y * &dy)?.sum_all()?.backward()?;
+
+                // The same layer fused, on the same RNG streams.
+                let names = [
+                    "self_attn.q_proj.weight",
+                    "self_attn.q_proj.bias",
+                    "self_attn.k_proj.weight",
+                    "self_attn.k_proj.bias",
+                    "self_attn.v_proj.weight",
+                    "self_attn.v_proj.bias",
+                    "self_attn.out_proj.weight",
+                    "self_attn.out_proj.bias",
+                    "linear1.weight",
+                    "linear1.bias",
+                    "linear2.weight",
+                    "linear2.bias",
+                    "norm1.weight",
+                    "norm1.bias",
+                    "norm2.weight",
+                    "norm2.bias",
+                ];
+                let tensors: Vec<Tensor> = names
+                    .iter()
+                    .map(|n| {
+                        params
+                            .get(&format!("l.{n}"))
+                            .unwrap_or_else(|| panic!("no parameter l.{n}"))
+                            .as_tensor()
+                            .clone()
+                    })
+                    .collect();
+                let vals: Vec<Vec<f64>> = tensors
+                    .iter()
+                    .map(|t| t.flatten_all()?.to_vec1::<f64>())
+                    .collect::<Result<_>>()?;
+                let w = Weights(std::array::from_fn(|i| vals[i].as_slice()));
+                let dims = Dims {
+                    b,
+                    t,
+                    c,
+                    f,
+                    h,
+                    eps: 1e-5,
+                    norm_first,
+                };
+                let keep = match &mask {
+                    Some(m) => {
+                        let kb = m.keep().dim(0)?;
+                        Some(Keep {
+                            data: m
+                                .keep()
+                                .broadcast_as((kb, 1, t, t))?
+                                .flatten_all()?
+                                .to_vec1::<u8>()?,
+                            per_batch: kb > 1,
+                        })
+                    }
+                    None => None,
+                };
+                let (seed, _) = rng.state();
+                let drops = (p > 0.0).then(|| {
+                    Drops::new(LayerDropout {
+                        p,
+                        seed,
+                        streams: [0, 1, 2, 3],
+                    })
+                });
+                let xs = x.as_tensor().flatten_all()?.to_vec1::<f64>()?;
+                let (fy, saved) = forward(&dims, &w, keep.as_ref(), drops.as_ref(), &xs, 3, true);
+                assert_eq!(saved.len(), 3);
+                let saved: Vec<_> = saved.into_iter().map(|s| s.unwrap()).collect();
+                let dys = dy.flatten_all()?.to_vec1::<f64>()?;
+                let (fdx, fg) = backward(&dims, &w, drops.as_ref(), &saved, &xs, &dys);
+
+                let close = |what: &str, want: &Tensor, got: &[f64]| -> Result<()> {
+                    let want = want.flatten_all()?.to_vec1::<f64>()?;
+                    assert_eq!(want.len(), got.len(), "{what}");
+                    let size = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+                    let diff = want
+                        .iter()
+                        .zip(got)
+                        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(
+                        diff <= 1e-12 * size,
+                        "norm_first {norm_first}, {mask_kind}: {what} differs by {diff} (size {size})"
+                    );
+                    Ok(())
+                };
+                close("y", &y, &fy)?;
+                close("dx", store.get(x.as_tensor()).expect("dx"), &fdx)?;
+                for (i, n) in names.iter().enumerate() {
+                    let want = store
+                        .get(&tensors[i])
+                        .expect("every parameter has a gradient");
+                    close(n, want, &fg[i])?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -392,14 +392,15 @@ fn lce_inputs(n: usize, c: usize, v: usize, seed: u64, dtype: DType) -> Vec<Tens
 fn linear_cross_entropy_matches_reference() {
     for dtype in [DType::F64, DType::F32] {
         // (N, C, V, ignore): tiny; V over several blocks of 512 with a partial last block;
-        // large enough (N C V >= 2^22) to split the vocabulary over threads; ignore_index
-        // inside and outside 0..V.
+        // large enough (N C V >= 2^22) to split the vocabulary over threads, with 3 and
+        // with 13 blocks; ignore_index inside and outside 0..V.
         for (k, (n, c, v, ignore)) in [
             (7, 5, 13, Some((3u32, 3usize))),
             (7, 5, 13, None),
             (9, 6, 1100, Some((u32::MAX, 4))),
             (37, 200, 1100, Some((0, 5))),
             (50, 64, 2000, None),
+            (48, 16, 12 * 512 + 37, Some((1, 4))),
             (1, 3, 2, None),
         ]
         .into_iter()

@@ -130,7 +130,11 @@ fn main() -> candle_core::Result<()> {
         // The trainer's step at lr 0 (the weights stay put).
         let mut step = LmStep::new(params.vars(), 0.0, 0.5);
         for _ in 0..steps {
+            let t = Instant::now();
             step.run(&model, &ids, &ids, &rng, precision).unwrap();
+            if std::env::var_os("VERBOSE").is_some() {
+                eprintln!("step {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+            }
         }
         return Ok(());
     }

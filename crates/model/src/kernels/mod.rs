@@ -28,7 +28,10 @@
 //! 9.3 GFLOP each) and 46 ms forward alone.
 //!
 //! The fused linear layer ([`linear`], (700, 200) x (200, 200), as in the encoder) takes 1.47
-//! ms forward + backward against 2.95 composed, on both cores.
+//! ms forward + backward against 2.95 composed, on both cores. A whole encoder layer is one op
+//! too ([`encoder_layer`], for training through `DirectGrads` and for evaluation): the
+//! tutorial's two layers take 11.9 ms forward + backward at 20 x 35 against 20.6 ms as a
+//! candle graph of the fused small ops.
 //!
 //! With bf16 products on the AMX units ([`amx`], [`Precision::Bf16`]) the loss takes 72 ms
 //! forward + backward on both cores, against 144 ms in fp32 (same run). For decoding,

@@ -323,6 +323,26 @@ fn drop_into<T: Float>(x: &[T], out: &mut [T], spec: &MaskSpec, first: usize, sc
     }
 }
 
+/// The attention weights `p` of one (sequence, head) after dropout (written into `scratch`;
+/// `p` itself without dropout); `first` is the pair's first element in the `(B, H, T, T)`
+/// mask.
+#[inline(always)]
+fn dropped_weights<'a, T: Float>(
+    p: &'a [T],
+    scratch: &'a mut [T],
+    drops: Option<&Drops>,
+    first: usize,
+    scale: T,
+) -> &'a [T] {
+    match drops {
+        Some(dr) => {
+            drop_into(p, scratch, &dr.attn, first, scale);
+            scratch
+        }
+        None => p,
+    }
+}
+
 /// The parameters as slices, indexed by [`slot`].
 struct Weights<'a, T>([&'a [T]; slot::COUNT]);
 
@@ -544,14 +564,8 @@ fn forward_group<T: Float>(
                         scale,
                     );
                     masked_softmax_rows(pb, keep.map(|m| m.of(seq, t)), t);
-                    let weights: &[T] = match drops {
-                        Some(dr) => {
-                            let first = (seq * h + hi) * t * t;
-                            drop_into(pb, &mut pd, &dr.attn, first, dscale);
-                            &pd
-                        }
-                        None => pb,
-                    };
+                    let first = (seq * h + hi) * t * t;
+                    let weights = dropped_weights(pb, &mut pd, drops, first, dscale);
                     gemm(
                         Mat::new_mut(&mut o[off..], t, dh, c, 1),
                         false,
@@ -744,13 +758,7 @@ fn backward_group<T: Float>(
                     let off = sl * t * c + hi * dh;
                     let pb = &sv.p[(sl * h + hi) * t * t..][..t * t];
                     let first = (seq * h + hi) * t * t;
-                    let weights: &[T] = match drops {
-                        Some(dr) => {
-                            drop_into(pb, &mut pd, &dr.attn, first, dscale);
-                            &pd
-                        }
-                        None => pb,
-                    };
+                    let weights = dropped_weights(pb, &mut pd, drops, first, dscale);
                     // dV = Pd^T dO; dPd = dO V^T.
                     gemm(
                         Mat::new_mut(&mut dv[off..], t, dh, c, 1),

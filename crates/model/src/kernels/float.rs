@@ -153,14 +153,20 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     // The integer n is also in t's low mantissa bits. Reading it there instead of `n as i32`
     // matters: the saturating cast is scalarised lane by lane (NaN checks).
     let ni = t.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    // Fused multiply-adds (`mul_add`): Rust never contracts `a * b + c` into one, and with
+    // separate multiplies and adds the exponential sweep of the loss's pass 1 ran at about 2
+    // cycles per element (33 instructions per 16 lanes, a dependency chain twice as long);
+    // with them, 1.8x faster, and one rounding fewer per step. Inside `simd` they are FMA
+    // instructions; on the portable path (no FMA) a libm call, correct but slow.
+    let r = n.mul_add(-0.693_359_4, x);
+    let r = n.mul_add(2.121_944_4e-4, r);
     let mut p = 1.987_569_1e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let p = p * (r * r) + r + 1.0;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 0.5);
+    let p = p.mul_add(r * r, r) + 1.0;
     let half = ni >> 1;
     let a = f32::from_bits(((half + 127) as u32) << 23);
     let b = f32::from_bits(((ni - half + 127) as u32) << 23);

@@ -34,6 +34,8 @@
 use super::attention::masked_softmax_rows;
 use super::dropout::MaskSpec;
 use super::float::{self, simd, Float};
+use super::layer_norm;
+use super::linear::{bias_grad_add, rows_forward, rows_input_grad, weight_grad_rows};
 use super::matmul::{gemm, Mat};
 use super::{cpu_slice, num_threads, run_parallel, with_slice};
 use crate::grads::DirectGrads;
@@ -386,89 +388,28 @@ struct Saved<T> {
     hid: Vec<T>,
 }
 
-/// `y = b + x W^T`: x (n x k), W (m x k), y (n x m).
-#[inline(always)]
-fn linear_fwd<T: Float>(y: &mut [T], x: &[T], w: &[T], b: &[T], n: usize, m: usize, k: usize) {
-    for row in y.chunks_exact_mut(m) {
-        row.copy_from_slice(b);
-    }
-    gemm(
-        Mat::new_mut(y, n, m, m, 1),
-        true,
-        Mat::new(x, n, k, k, 1),
-        Mat::new(w, k, m, 1, k),
-        T::ONE,
-    );
+/// `dW = dy^T x` (m x k, overwritten) and `db += sum_rows(dy)` over all `n` rows.
+fn linear_grads<T: Float>(dw: &mut [T], db: &mut [T], dy: &[T], x: &[T], n: usize, k: usize) {
+    let m = db.len();
+    weight_grad_rows(dw, 0..m, dy, x, n, m, k);
+    bias_grad_add(db, dy);
 }
 
-/// `dW = dy^T x` (m x k, overwritten) and `db += sum_rows(dy)`.
-#[allow(clippy::too_many_arguments)]
-fn linear_grads<T: Float>(
-    dw: &mut [T],
-    db: &mut [T],
-    dy: &[T],
-    x: &[T],
-    n: usize,
-    m: usize,
-    k: usize,
-) {
-    gemm(
-        Mat::new_mut(dw, m, k, k, 1),
-        false,
-        Mat::new(dy, m, n, 1, m),
-        Mat::new(x, n, k, k, 1),
-        T::ONE,
-    );
-    simd(
-        #[inline(always)]
-        || {
-            for row in dy.chunks_exact(m) {
-                float::add_inplace(db, row);
-            }
-        },
-    );
-}
-
-/// `dx (+)= dy W`: dy (n x m), W (m x k).
-fn linear_dx<T: Float>(dx: &mut [T], accumulate: bool, dy: &[T], w: &[T], n: usize, m: usize) {
-    let k = w.len() / m;
-    gemm(
-        Mat::new_mut(dx, n, k, k, 1),
-        accumulate,
-        Mat::new(dy, n, m, m, 1),
-        Mat::new(w, m, k, k, 1),
-        T::ONE,
-    );
-}
-
-/// Layer norm of the rows of `x` into `y`, keeping the statistics in `norm`; the arithmetic
-/// of [`super::layer_norm`].
+/// Layer norm of the rows of `x` into `y`, keeping the normalised rows and `1 / std` in
+/// `norm` ([`super::layer_norm`]'s row arithmetic).
 #[inline(always)]
 fn ln_fwd<T: Float>(x: &[T], g: &[T], b: &[T], eps: T, y: &mut [T], norm: &mut Norm<T>) {
     let c = g.len();
-    let inv_c = T::ONE / T::from_f64(c as f64);
     norm.xhat.resize(x.len(), T::ZERO);
     norm.rstd.resize(x.len() / c, T::ZERO);
-    for (i, ((xr, yr), hr)) in x
-        .chunks_exact(c)
-        .zip(y.chunks_exact_mut(c))
-        .zip(norm.xhat.chunks_exact_mut(c))
-        .enumerate()
-    {
-        let mean = float::row_sum(xr) * inv_c;
-        let var = float::sum_sq_dev(xr, mean) * inv_c;
-        let rstd = T::ONE / (var + eps).sqrt();
-        norm.rstd[i] = rstd;
-        for ((((o, h), &xv), &wv), &bv) in yr.iter_mut().zip(hr).zip(xr).zip(g).zip(b) {
-            let xh = (xv - mean) * rstd;
-            *h = xh;
-            *o = xh * wv + bv;
-        }
+    let rows = x.chunks_exact(c).zip(y.chunks_exact_mut(c));
+    for (i, ((xr, yr), hr)) in rows.zip(norm.xhat.chunks_exact_mut(c)).enumerate() {
+        norm.rstd[i] = layer_norm::forward_row(xr, g, b, eps, yr, Some(hr));
     }
 }
 
-/// Layer norm backward: `dx (+)= rstd (gy - mean(gy) - xhat mean(gy xhat))` with `gy = dy
-/// g`; `dg += dy xhat`, `db += dy` row by row.
+/// Layer norm backward over the rows of `dy` into `dx` (added to it with `accumulate`),
+/// the weight's and bias's gradients added into `dg`, `db`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn ln_bwd<T: Float>(
@@ -482,28 +423,10 @@ fn ln_bwd<T: Float>(
     scratch: &mut Vec<T>,
 ) {
     let c = g.len();
-    let inv_c = T::ONE / T::from_f64(c as f64);
-    scratch.resize(c, T::ZERO);
-    let gy = &mut scratch[..c];
-    for (i, ((dyr, hr), dxr)) in dy
-        .chunks_exact(c)
-        .zip(norm.xhat.chunks_exact(c))
-        .zip(dx.chunks_exact_mut(c))
-        .enumerate()
-    {
-        let rstd = norm.rstd[i];
-        let (dg, db) = (&mut dg[..c], &mut db[..c]);
-        for j in 0..c {
-            gy[j] = dyr[j] * g[j];
-            dg[j] += dyr[j] * hr[j];
-            db[j] += dyr[j];
-        }
-        let mean_g = float::row_sum(gy) * inv_c;
-        let mean_gx = float::dot(gy, hr) * inv_c;
-        for j in 0..c {
-            let v = rstd * (gy[j] - mean_g - hr[j] * mean_gx);
-            dxr[j] = if accumulate { dxr[j] + v } else { v };
-        }
+    let rows = dy.chunks_exact(c).zip(norm.xhat.chunks_exact(c));
+    for (i, ((dyr, hr), dxr)) in rows.zip(dx.chunks_exact_mut(c)).enumerate() {
+        let grads = (&mut dg[..], &mut db[..]);
+        layer_norm::backward_row(dyr, hr, norm.rstd[i], g, scratch, grads, dxr, accumulate);
     }
 }
 
@@ -545,9 +468,9 @@ fn forward_group<T: Float>(
             let mut q = vec![T::ZERO; n * c];
             let mut k = vec![T::ZERO; n * c];
             let mut v = vec![T::ZERO; n * c];
-            linear_fwd(&mut q, a_src, w[slot::Q_W], w[slot::Q_B], n, c, c);
-            linear_fwd(&mut k, a_src, w[slot::K_W], w[slot::K_B], n, c, c);
-            linear_fwd(&mut v, a_src, w[slot::V_W], w[slot::V_B], n, c, c);
+            rows_forward(&mut q, a_src, w[slot::Q_W], w[slot::Q_B], n, c, c);
+            rows_forward(&mut k, a_src, w[slot::K_W], w[slot::K_B], n, c, c);
+            rows_forward(&mut v, a_src, w[slot::V_W], w[slot::V_B], n, c, c);
             let mut p = vec![T::ZERO; ns * h * t * t];
             let mut o = vec![T::ZERO; n * c];
             let mut pd = vec![T::ZERO; t * t];
@@ -578,7 +501,7 @@ fn forward_group<T: Float>(
             // x1 = x + dropout(o Wo^T + bo), normalised after (post-norm).
             let row0 = s0 * t;
             let mut x1 = vec![T::ZERO; n * c];
-            linear_fwd(&mut x1, &o, w[slot::O_W], w[slot::O_B], n, c, c);
+            rows_forward(&mut x1, &o, w[slot::O_W], w[slot::O_B], n, c, c);
             if let Some(dr) = drops {
                 drop_inplace(&mut x1, &dr.out1, row0 * c, dscale);
             }
@@ -599,7 +522,7 @@ fn forward_group<T: Float>(
                 &x1
             };
             let mut hid = vec![T::ZERO; n * f];
-            linear_fwd(&mut hid, f_src, w[slot::L1_W], w[slot::L1_B], n, f, c);
+            rows_forward(&mut hid, f_src, w[slot::L1_W], w[slot::L1_B], n, f, c);
             for v in hid.iter_mut() {
                 *v = if *v > T::ZERO { *v } else { T::ZERO };
             }
@@ -612,7 +535,7 @@ fn forward_group<T: Float>(
                 }
                 None => &hid,
             };
-            linear_fwd(y, hd, w[slot::L2_W], w[slot::L2_B], n, c, f);
+            rows_forward(y, hd, w[slot::L2_W], w[slot::L2_B], n, c, f);
             drop(hd_buf);
             if let Some(dr) = drops {
                 drop_inplace(y, &dr.out2, row0 * c, dscale);
@@ -697,10 +620,10 @@ fn backward_group<T: Float>(
             }
             {
                 let (gw, gb) = two(&mut g, slot::L2_W, slot::L2_B);
-                linear_grads(gw, gb, &dgo, &hd, n, c, f);
+                linear_grads(gw, gb, &dgo, &hd, n, f);
             }
             let mut dhid = hd;
-            linear_dx(&mut dhid, false, &dgo, w[slot::L2_W], n, c);
+            rows_input_grad(&mut dhid, false, &dgo, w[slot::L2_W], n, c);
             if let Some(dr) = drops {
                 drop_inplace(&mut dhid, &dr.hidden, row0 * f, dscale);
             }
@@ -710,11 +633,11 @@ fn backward_group<T: Float>(
             let f_src: &[T] = if d.norm_first { &sv.f_in } else { &sv.x1 };
             {
                 let (gw, gb) = two(&mut g, slot::L1_W, slot::L1_B);
-                linear_grads(gw, gb, &dhid, f_src, n, f, c);
+                linear_grads(gw, gb, &dhid, f_src, n, c);
             }
             if d.norm_first {
                 let mut df_in = dgo;
-                linear_dx(&mut df_in, false, &dhid, w[slot::L1_W], n, f);
+                rows_input_grad(&mut df_in, false, &dhid, w[slot::L1_W], n, f);
                 let (gw, gb) = two(&mut g, slot::N2_W, slot::N2_B);
                 ln_bwd(
                     &df_in,
@@ -727,7 +650,7 @@ fn backward_group<T: Float>(
                     &mut scratch,
                 );
             } else {
-                linear_dx(&mut dx1, true, &dhid, w[slot::L1_W], n, f);
+                rows_input_grad(&mut dx1, true, &dhid, w[slot::L1_W], n, f);
             }
             drop(dhid);
             // Through the first norm (post-norm) to the attention sub-layer's residual.
@@ -744,10 +667,10 @@ fn backward_group<T: Float>(
             }
             {
                 let (gw, gb) = two(&mut g, slot::O_W, slot::O_B);
-                linear_grads(gw, gb, &da, &sv.o, n, c, c);
+                linear_grads(gw, gb, &da, &sv.o, n, c);
             }
             let mut d_o = vec![T::ZERO; n * c];
-            linear_dx(&mut d_o, false, &da, w[slot::O_W], n, c);
+            rows_input_grad(&mut d_o, false, &da, w[slot::O_W], n, c);
             // Attention, per sequence and head.
             let (mut dq, mut dk, mut dv) = (da, vec![T::ZERO; n * c], vec![T::ZERO; n * c]);
             let mut pd = vec![T::ZERO; t * t];
@@ -809,12 +732,12 @@ fn backward_group<T: Float>(
                 (&dv, (slot::V_W, slot::V_B)),
             ] {
                 let (gw, gb) = two(&mut g, gw_i, gb_i);
-                linear_grads(gw, gb, dproj, a_src, n, c, c);
+                linear_grads(gw, gb, dproj, a_src, n, c);
             }
             let mut da_in = d_o;
-            linear_dx(&mut da_in, false, &dq, w[slot::Q_W], n, c);
-            linear_dx(&mut da_in, true, &dk, w[slot::K_W], n, c);
-            linear_dx(&mut da_in, true, &dv, w[slot::V_W], n, c);
+            rows_input_grad(&mut da_in, false, &dq, w[slot::Q_W], n, c);
+            rows_input_grad(&mut da_in, true, &dk, w[slot::K_W], n, c);
+            rows_input_grad(&mut da_in, true, &dv, w[slot::V_W], n, c);
             if d.norm_first {
                 let (gw, gb) = two(&mut g, slot::N1_W, slot::N1_B);
                 ln_bwd(

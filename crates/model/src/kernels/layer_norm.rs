@@ -124,7 +124,6 @@ fn forward<T: Float>(
     let b = cpu_slice::<T>(s3, l3)?;
     let c = w.len();
     let eps = T::from_f64(eps);
-    let inv_c = T::ONE / T::from_f64(c as f64);
     let mut y = vec![T::ZERO; x.len()];
     if c > 0 {
         par_rows(&mut y, c, MIN_PARALLEL_ELEMS, |r0, ys| {
@@ -133,18 +132,85 @@ fn forward<T: Float>(
                 || {
                     for (i, yr) in ys.chunks_exact_mut(c).enumerate() {
                         let xr = &x[(r0 + i) * c..][..c];
-                        let mean = float::row_sum(xr) * inv_c;
-                        let var = float::sum_sq_dev(xr, mean) * inv_c;
-                        let rstd = T::ONE / (var + eps).sqrt();
-                        for (((o, &xv), &wv), &bv) in yr.iter_mut().zip(xr).zip(w).zip(b) {
-                            *o = (xv - mean) * rstd * wv + bv;
-                        }
+                        forward_row(xr, w, b, eps, yr, None);
                     }
                 },
             )
         });
     }
     Ok(T::to_cpu_storage_owned(y))
+}
+
+/// `(mean, 1 / std)` of one row, PyTorch's biased variance with `eps` inside the root.
+#[inline(always)]
+pub(super) fn row_stats<T: Float>(xr: &[T], eps: T) -> (T, T) {
+    let inv_c = T::ONE / T::from_f64(xr.len() as f64);
+    let mean = float::row_sum(xr) * inv_c;
+    let var = float::sum_sq_dev(xr, mean) * inv_c;
+    (mean, T::ONE / (var + eps).sqrt())
+}
+
+/// One row forward, `yr = (xr - mean) * rstd * w + b`, keeping the normalised row in `xhat`
+/// when given (the fused encoder layer keeps it for its backward pass); returns `rstd`.
+#[inline(always)]
+pub(super) fn forward_row<T: Float>(
+    xr: &[T],
+    w: &[T],
+    b: &[T],
+    eps: T,
+    yr: &mut [T],
+    xhat: Option<&mut [T]>,
+) -> T {
+    let (mean, rstd) = row_stats(xr, eps);
+    match xhat {
+        Some(hr) => {
+            for ((((o, h), &xv), &wv), &bv) in yr.iter_mut().zip(hr).zip(xr).zip(w).zip(b) {
+                let xh = (xv - mean) * rstd;
+                *h = xh;
+                *o = xh * wv + bv;
+            }
+        }
+        None => {
+            for (((o, &xv), &wv), &bv) in yr.iter_mut().zip(xr).zip(w).zip(b) {
+                *o = (xv - mean) * rstd * wv + bv;
+            }
+        }
+    }
+    rstd
+}
+
+/// One row backward from the normalised row `xhat` and `rstd`, with `gy = dy * w`:
+/// `dx (+)= rstd (gy - mean(gy) - xhat mean(gy xhat))`, `dweight += dy xhat`, `dbias += dy`
+/// (`grads`). `scratch` holds `gy` (resized to the row).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn backward_row<T: Float>(
+    dyr: &[T],
+    xhat: &[T],
+    rstd: T,
+    w: &[T],
+    scratch: &mut Vec<T>,
+    grads: (&mut [T], &mut [T]),
+    dxr: &mut [T],
+    accumulate: bool,
+) {
+    let c = w.len();
+    let inv_c = T::ONE / T::from_f64(c as f64);
+    scratch.resize(c, T::ZERO);
+    // Equal lengths let LLVM drop the bounds checks.
+    let (dyr, xhat, g) = (&dyr[..c], &xhat[..c], &mut scratch[..c]);
+    let (dw, db, dxr) = (&mut grads.0[..c], &mut grads.1[..c], &mut dxr[..c]);
+    for j in 0..c {
+        g[j] = dyr[j] * w[j];
+        dw[j] += dyr[j] * xhat[j];
+        db[j] += dyr[j];
+    }
+    let mean_g = float::row_sum(g) * inv_c;
+    let mean_gx = float::dot(g, xhat) * inv_c;
+    for j in 0..c {
+        let v = rstd * (g[j] - mean_g - xhat[j] * mean_gx);
+        dxr[j] = if accumulate { dxr[j] + v } else { v };
+    }
 }
 
 /// Returns `(dx, dweight, dbias)`.
@@ -156,7 +222,6 @@ fn backward<T: Float>(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let c = x.dim(D::Minus1)?;
     let eps = T::from_f64(eps);
-    let inv_c = T::ONE / T::from_f64(c as f64);
     with_slice::<T, _>(x, |xs| {
         with_slice::<T, _>(weight, |w| {
             with_slice::<T, _>(dy, |dys| {
@@ -179,25 +244,12 @@ fn backward<T: Float>(
                                 for (i, dxr) in dxs.chunks_exact_mut(c).enumerate() {
                                     let xr = &xs[(r0 + i) * c..][..c];
                                     let dyr = &dys[(r0 + i) * c..][..c];
-                                    let mean = float::row_sum(xr) * inv_c;
-                                    let var = float::sum_sq_dev(xr, mean) * inv_c;
-                                    let rstd = T::ONE / (var + eps).sqrt();
-                                    // Equal lengths let LLVM drop the bounds checks.
-                                    let (w, dyr) = (&w[..c], &dyr[..c]);
-                                    let (xhat, g) = (&mut xhat[..c], &mut g[..c]);
-                                    let (dw, db, dxr) = (&mut dw[..c], &mut db[..c], &mut dxr[..c]);
-                                    for j in 0..c {
-                                        let xh = (xr[j] - mean) * rstd;
-                                        xhat[j] = xh;
-                                        g[j] = dyr[j] * w[j];
-                                        dw[j] += dyr[j] * xh;
-                                        db[j] += dyr[j];
+                                    let (mean, rstd) = row_stats(xr, eps);
+                                    for (h, &xv) in xhat.iter_mut().zip(xr) {
+                                        *h = (xv - mean) * rstd;
                                     }
-                                    let mean_g = float::row_sum(g) * inv_c;
-                                    let mean_gx = float::dot(g, xhat) * inv_c;
-                                    for j in 0..c {
-                                        dxr[j] = rstd * (g[j] - mean_g - xhat[j] * mean_gx);
-                                    }
+                                    let grads = (&mut dw[..], &mut db[..]);
+                                    backward_row(dyr, &xhat, rstd, w, &mut g, grads, dxr, false);
                                 }
                                 (dw, db)
                             },

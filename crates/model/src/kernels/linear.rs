@@ -163,19 +163,86 @@ fn forward<T: Float>(x: &[T], w: &[T], b: &[T], n: usize, m: usize) -> Vec<T> {
     let mut y = vec![T::ZERO; n * m];
     let ranges = row_split(n, m, k);
     run_parallel(split_rows(&mut y, &ranges, m), |(rows, y)| {
-        for row in y.chunks_exact_mut(m.max(1)) {
-            row.copy_from_slice(b);
-        }
-        gemm(
-            Mat::new_mut(y, rows.len(), m, m, 1),
-            true,
-            Mat::new(&x[rows.start * k..rows.end * k], rows.len(), k, k, 1),
-            // W^T (k x m): element (i, j) is W[j][i].
-            Mat::new(w, k, m, 1, k),
-            T::ONE,
-        );
+        rows_forward(y, &x[rows.start * k..rows.end * k], w, b, rows.len(), m, k);
     });
     y
+}
+
+/// One thread's share of the layer: `y = b + x W^T` for `n` rows, x (n x k), W (m x k),
+/// y (n x m), single-threaded (also the fused encoder layer's projections).
+pub(super) fn rows_forward<T: Float>(
+    y: &mut [T],
+    x: &[T],
+    w: &[T],
+    b: &[T],
+    n: usize,
+    m: usize,
+    k: usize,
+) {
+    for row in y.chunks_exact_mut(m.max(1)) {
+        row.copy_from_slice(b);
+    }
+    gemm(
+        Mat::new_mut(y, n, m, m, 1),
+        true,
+        Mat::new(x, n, k, k, 1),
+        // W^T (k x m): element (i, j) is W[j][i].
+        Mat::new(w, k, m, 1, k),
+        T::ONE,
+    );
+}
+
+/// `dx (+)= dy W` for `n` rows: dy (n x m), W (m x k), dx (n x k), single-threaded.
+pub(super) fn rows_input_grad<T: Float>(
+    dx: &mut [T],
+    accumulate: bool,
+    dy: &[T],
+    w: &[T],
+    n: usize,
+    m: usize,
+) {
+    let k = w.len() / m.max(1);
+    gemm(
+        Mat::new_mut(dx, n, k, k, 1),
+        accumulate,
+        Mat::new(dy, n, m, m, 1),
+        Mat::new(w, m, k, k, 1),
+        T::ONE,
+    );
+}
+
+/// Rows `rows` of `dW = dy^T x` (overwritten into `dw`, `rows.len() x k`) over all `n`
+/// rows of dy (n x m) and x (n x k), single-threaded.
+pub(super) fn weight_grad_rows<T: Float>(
+    dw: &mut [T],
+    rows: std::ops::Range<usize>,
+    dy: &[T],
+    x: &[T],
+    n: usize,
+    m: usize,
+    k: usize,
+) {
+    gemm(
+        Mat::new_mut(dw, rows.len(), k, k, 1),
+        false,
+        // dy^T restricted to rows `rows` of dW: element (i, j) is dy[j][i].
+        Mat::new(&dy[rows.start..], rows.len(), n, 1, m),
+        Mat::new(x, n, k, k, 1),
+        T::ONE,
+    );
+}
+
+/// `db += sum_rows(dy)`, row by row in order (dy rows of `db.len()`).
+pub(super) fn bias_grad_add<T: Float>(db: &mut [T], dy: &[T]) {
+    let m = db.len().max(1);
+    simd(
+        #[inline(always)]
+        || {
+            for row in dy.chunks_exact(m) {
+                float::add_inplace(db, row);
+            }
+        },
+    );
 }
 
 /// `(dx, dW, db)` for the incoming gradient `dy` (n x m).
@@ -193,13 +260,8 @@ fn backward<T: Float>(
                 let mut dx = vec![T::ZERO; n * k];
                 let ranges = row_split(n, k, m);
                 run_parallel(split_rows(&mut dx, &ranges, k), |(rows, dx)| {
-                    gemm(
-                        Mat::new_mut(dx, rows.len(), k, k, 1),
-                        false,
-                        Mat::new(&g[rows.start * m..rows.end * m], rows.len(), m, m, 1),
-                        Mat::new(w, m, k, k, 1),
-                        T::ONE,
-                    );
+                    let g = &g[rows.start * m..rows.end * m];
+                    rows_input_grad(dx, false, g, w, rows.len(), m);
                 });
                 // dW (m x k) = dy^T (m x n) @ x (n x k), rows of dW split over the threads;
                 // the first thread also sums db (row by row, in order).
@@ -211,23 +273,9 @@ fn backward<T: Float>(
                 let mut items: Vec<_> = vec![(first.0, first.1, Some(&mut db[..]))];
                 items.extend(parts.into_iter().map(|(r, d)| (r, d, None)));
                 run_parallel(items, |(rows, dw, db)| {
-                    gemm(
-                        Mat::new_mut(dw, rows.len(), k, k, 1),
-                        false,
-                        // dy^T restricted to rows `rows` of dW: element (i, j) is dy[j][i].
-                        Mat::new(&g[rows.start..], rows.len(), n, 1, m),
-                        Mat::new(x, n, k, k, 1),
-                        T::ONE,
-                    );
+                    weight_grad_rows(dw, rows, g, x, n, m, k);
                     if let Some(db) = db {
-                        simd(
-                            #[inline(always)]
-                            || {
-                                for row in g.chunks_exact(m.max(1)) {
-                                    float::add_inplace(db, row);
-                                }
-                            },
-                        );
+                        bias_grad_add(db, g);
                     }
                 });
                 Ok((dx, dw, db))

@@ -18,7 +18,9 @@
 //! one per distinct token, and each encoder layer run as one fused op
 //! ([`crate::kernels::encoder_layer`]) adds its sixteen parameters' gradients. Those parameters get no entry in the `GradStore`; the
 //! optimizer reads them from here ([`DirectGrads::for_each`]; `transformer_train`'s clipping
-//! and SGD do), and [`DirectGrads::clear`] keeps the buffers for the next step.
+//! and SGD do), and [`DirectGrads::clear`] keeps the buffers for the next step. The output
+//! layer also hands over `dW`'s sum of squares, taken block by block while in cache, which
+//! the clipping norm uses instead of reading `dW` again ([`GradView::Dense`]).
 //!
 //! Only CPU f32 parameters (candle `Var`s) take this path; for any other the ops return
 //! their gradient to the `GradStore` as before. So a caller always reads both.
@@ -47,6 +49,9 @@ struct Entry {
     /// The parameter (a clone of its `Var`'s tensor: same storage and id).
     param: Tensor,
     grad: Grad,
+    /// The sum of squares of a dense `grad`, when the op that wrote it took it on the way
+    /// ([`DirectGrads::put_dense_with_sum_sq`]); `None` once anything else is added.
+    sum_sq: Option<f64>,
     /// The dense buffer of an earlier step, reused by the next one.
     spare: Vec<f32>,
 }
@@ -78,8 +83,13 @@ impl Grad {
 /// One parameter's gradient as the optimizer reads it.
 #[derive(Debug, Clone, Copy)]
 pub enum GradView<'a> {
-    /// The whole gradient, the parameter's shape, contiguous.
-    Dense(&'a [f32]),
+    /// The whole gradient, the parameter's shape, contiguous, and its sum of squares (in
+    /// f64) where the op that wrote it took it (for the clipping norm, without another
+    /// pass over memory).
+    Dense {
+        values: &'a [f32],
+        sum_sq: Option<f64>,
+    },
     /// Only these rows of a `(rows, dim)` parameter are non-zero; `ids` are distinct and
     /// `rows[k * dim..(k + 1) * dim]` is the gradient of row `ids[k]`.
     Rows {
@@ -112,6 +122,7 @@ impl DirectGrads {
                 entries.push(Entry {
                     param: param.clone(),
                     grad: Grad::Empty,
+                    sum_sq: None,
                     spare: Vec::new(),
                 });
                 entries.last_mut().expect("just pushed")
@@ -136,6 +147,7 @@ impl DirectGrads {
     pub(crate) fn put_dense(&self, param: &Tensor, g: Vec<f32>) {
         let mut entries = self.lock();
         let e = Self::entry(&mut entries, param);
+        e.sum_sq = None;
         e.grad = match std::mem::take(&mut e.grad) {
             Grad::Empty => Grad::Dense(g),
             Grad::Dense(mut sum) => {
@@ -157,12 +169,26 @@ impl DirectGrads {
         };
     }
 
+    /// [`Self::put_dense`] of a gradient whose sum of squares `sum_sq` the caller took on
+    /// the way; it is kept for [`Self::for_each`] if this is `param`'s only gradient.
+    pub(crate) fn put_dense_with_sum_sq(&self, param: &Tensor, g: Vec<f32>, sum_sq: f64) {
+        let only = {
+            let mut entries = self.lock();
+            Self::entry(&mut entries, param).grad.is_none()
+        };
+        self.put_dense(param, g);
+        if only {
+            Self::entry(&mut self.lock(), param).sum_sq = Some(sum_sq);
+        }
+    }
+
     /// Adds the gradient of a row lookup into `param` `(rows, dim)`: position `i` read row
     /// `ids[i]` and receives `grads[i * dim..(i + 1) * dim]`.
     pub(crate) fn add_rows(&self, param: &Tensor, ids: &[u32], grads: &[f32], dim: usize) {
         debug_assert_eq!(grads.len(), ids.len() * dim);
         let mut entries = self.lock();
         let e = Self::entry(&mut entries, param);
+        e.sum_sq = None;
         match &mut e.grad {
             Grad::Dense(sum) => {
                 // candle's index_add: one position at a time, in order.
@@ -210,7 +236,10 @@ impl DirectGrads {
             }
             let view = match &e.grad {
                 Grad::Empty => continue,
-                Grad::Dense(g) => GradView::Dense(g),
+                Grad::Dense(g) => GradView::Dense {
+                    values: g,
+                    sum_sq: e.sum_sq,
+                },
                 Grad::Rows { ids, rows, .. } => GradView::Rows {
                     ids,
                     rows,
@@ -255,6 +284,7 @@ impl DirectGrads {
     /// Forgets this step's gradients, keeping the dense buffers for the next step.
     pub fn clear(&self) {
         for e in self.lock().iter_mut() {
+            e.sum_sq = None;
             match std::mem::take(&mut e.grad) {
                 Grad::Dense(g) => e.spare = g,
                 Grad::Rows {

@@ -436,6 +436,36 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
                      (largest {size})"
                 );
             }
+            // The output layer's sum of squares, taken by pass 2 for the clipping norm, is
+            // that of the values it wrote; with tied weights the embedding's rows join the
+            // same gradient and it is not kept.
+            let out_name = if tie_weights {
+                "embedding.weight"
+            } else {
+                "linear.weight"
+            };
+            let linear = params
+                .iter()
+                .find(|(name, _)| *name == out_name)
+                .expect("the output weight")
+                .1
+                .as_tensor()
+                .id();
+            let mut seen = false;
+            direct.for_each(|p, g| {
+                if let transformer_model::grads::GradView::Dense { values, sum_sq } = g {
+                    if p.id() == linear {
+                        seen = true;
+                        assert_eq!(sum_sq.is_some(), !tie_weights, "{precision}");
+                    }
+                    if let Some(sq) = sum_sq {
+                        let want: f64 = values.iter().map(|&v| v as f64 * v as f64).sum();
+                        assert!((sq - want).abs() <= 1e-12 * want, "{sq} vs {want}");
+                    }
+                }
+                Ok(())
+            })?;
+            assert!(seen, "the output weight has a dense direct gradient");
         }
     }
     Ok(())

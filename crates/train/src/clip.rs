@@ -16,7 +16,12 @@ pub fn grad_norm_with(grads: &GradStore, direct: &DirectGrads, vars: &[Var]) -> 
     let mut sq = store_sum_sq(grads, vars)?;
     direct.for_each(|_, g| {
         sq += match g {
-            GradView::Dense(g) => crate::par::map(g, crate::par::sum_sq_f32).iter().sum(),
+            GradView::Dense {
+                sum_sq: Some(sq), ..
+            } => sq,
+            GradView::Dense { values, .. } => {
+                crate::par::map(values, crate::par::sum_sq_f32).iter().sum()
+            }
             GradView::Rows { rows, .. } => crate::par::sum_sq_f32(rows),
         };
         Ok(())

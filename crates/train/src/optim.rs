@@ -70,7 +70,7 @@ impl InplaceOp1 for AxpyDirect<'_> {
         let d = &mut d[d0..d1];
         let a = self.alpha;
         match self.g {
-            GradView::Dense(g) => {
+            GradView::Dense { values: g, .. } => {
                 if g.len() != d.len() {
                     candle_core::bail!("axpy-direct: gradient and parameter sizes differ");
                 }

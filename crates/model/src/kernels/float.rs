@@ -375,6 +375,26 @@ pub(crate) fn exp_sub_store_sum<T: Float>(x: &[T], m: T, out: &mut [T]) -> T {
     T::exp_sub_store_sum(x, m, out)
 }
 
+/// The sum of squares of `x`, each square and the sum in f64 (eight independent lanes, so that
+/// it vectorises): a gradient's contribution to the clipping norm, taken while it is in cache.
+#[inline(always)]
+pub(crate) fn sum_sq_f64<T: Float>(x: &[T]) -> f64 {
+    let mut acc = [0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for ch in &mut chunks {
+        for i in 0..8 {
+            let v = ch[i].to_f64();
+            acc[i] += v * v;
+        }
+    }
+    let tail: f64 = chunks
+        .remainder()
+        .iter()
+        .map(|v| v.to_f64() * v.to_f64())
+        .sum();
+    acc.iter().sum::<f64>() + tail
+}
+
 /// `x *= y` elementwise (SIMD-dispatched itself: called from plain code).
 pub(crate) fn mul_inplace<T: Float>(x: &mut [T], y: &[T]) {
     simd(

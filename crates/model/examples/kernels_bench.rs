@@ -11,6 +11,10 @@
 //! - `lce`: only run the fused linear_cross_entropy forward + backward REPEATS times, silently
 //!   (for `perf stat` / `perf record`); `lce-bf16` the same with bf16 products on AMX.
 //!
+//! - `ceilings`: this machine's FMA peak and the gemm crate's rate at the loss's block shape,
+//!   each on both cores at once (REPEATS rounds), the ceilings docs/PERFORMANCE.md compares
+//!   the step's products with.
+//!
 //! `RAYON_NUM_THREADS=1` runs the kernels (and candle's own ops) on one thread. Every
 //! "fwd+bwd" time includes candle's backprop bookkeeping (e.g. the `zeros_like` + `add` it
 //! does to accumulate each returned gradient); the softmax, layer-norm and attention rows also
@@ -91,6 +95,10 @@ fn main() -> Result<()> {
     let (b, h, t, c, v) = (20usize, 2usize, 35usize, 200usize, 33_278usize);
     let n = b * t;
 
+    if mode == "ceilings" {
+        ceilings(reps);
+        return Ok(());
+    }
     if mode == "lce" || mode == "lce-bf16" {
         let x = lce_inputs(n, c, v)?;
         let [hid, w, bias] = &x.ins;
@@ -337,4 +345,98 @@ fn main() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// GFLOP/s of `f` (which returns its FLOP count) on each of two threads running at once.
+fn on_both_cores(f: fn() -> f64) -> [f64; 2] {
+    let run = move || {
+        let t = Instant::now();
+        let flop = f();
+        flop / t.elapsed().as_secs_f64() / 1e9
+    };
+    let other = std::thread::spawn(run);
+    let mine = run();
+    [mine, other.join().expect("benchmark thread")]
+}
+
+/// 16 independent chains of AVX-512 FMAs, no memory operands: the FMA units' peak.
+#[cfg(target_arch = "x86_64")]
+fn fma_peak() -> f64 {
+    #[target_feature(enable = "avx512f")]
+    fn chains(iters: usize) -> f32 {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm512_set1_ps(0.0); 16];
+        let (a, b) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999_999_9));
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, a, b);
+            }
+        }
+        let sum = acc
+            .iter()
+            .fold(_mm512_set1_ps(0.0), |s, &x| _mm512_add_ps(s, x));
+        _mm512_reduce_add_ps(sum)
+    }
+    if !is_x86_feature_detected!("avx512f") {
+        return f64::NAN;
+    }
+    let iters = 20_000_000;
+    // SAFETY: AVX-512 F was detected just above.
+    std::hint::black_box(unsafe { chains(iters) });
+    (iters * 16 * 16 * 2) as f64
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn fma_peak() -> f64 {
+    f64::NAN
+}
+
+/// The fused loss's pass-1 product at the tutorial's block shape, 200 times on one thread, in
+/// cache: `Z^T (512 x 700) = W_j (512 x 200) @ H^T (200 x 700)`, `H^T` contiguous.
+fn gemm_block() -> f64 {
+    let (len, n, c, reps) = (512usize, 700usize, 200usize, 200usize);
+    let h_t = vec![0.01f32; c * n];
+    let w = vec![0.02f32; len * c];
+    let mut z = vec![0f32; len * n];
+    for _ in 0..reps {
+        // SAFETY: the three buffers have the sizes and strides passed.
+        unsafe {
+            gemm::gemm(
+                len,
+                n,
+                c,
+                z.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                w.as_ptr(),
+                1,
+                c as isize,
+                h_t.as_ptr(),
+                1,
+                n as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+    }
+    std::hint::black_box(&z);
+    (2 * len * n * c * reps) as f64
+}
+
+fn ceilings(rounds: usize) {
+    println!("GFLOP/s per thread, both threads at once ({rounds} rounds; this machine's");
+    println!("speed varies from minute to minute, compare within a round):");
+    for r in 0..rounds {
+        let [a, b] = on_both_cores(fma_peak);
+        let [c, d] = on_both_cores(gemm_block);
+        println!(
+            "round {}: FMA peak {a:.0} / {b:.0}   gemm 512x700x200 in cache {c:.0} / {d:.0}",
+            r + 1
+        );
+    }
 }

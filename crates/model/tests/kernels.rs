@@ -425,6 +425,45 @@ fn linear_cross_entropy_matches_reference() {
     }
 }
 
+/// Logits that jump far above (or below) everything before them in a later vocabulary block:
+/// the online log-sum-exp of pass 1 must rescale its running sum when a block's max rises by
+/// 90 (`e^90` overflows f32) or 40, and lose nothing that matters when a block falls far below
+/// (-300); pass 2 scales each block's stored exponentials by its own factor.
+#[test]
+fn linear_cross_entropy_extreme_logits_in_late_blocks() {
+    let (n, c, v) = (9, 6, 3 * 512 + 5);
+    for dtype in [DType::F64, DType::F32] {
+        for (high, low) in [(90.0, -300.0), (40.0, -300.0), (0.0, -300.0)] {
+            let mut bias = values(v, 301, 0.5);
+            bias[1100] = high;
+            bias[600] = low;
+            let inputs = vec![
+                tensor(&[n, c], 302, 1.0, dtype),
+                tensor(&[v, c], 303, 0.5, dtype),
+                Tensor::from_vec(bias, v, &Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap(),
+            ];
+            let mut t: Vec<u32> = (0..n as u32).map(|i| i * 97 % v as u32).collect();
+            t[1] = 1100;
+            t[2] = 600;
+            let t = Tensor::from_vec(t, n, &Device::Cpu).unwrap();
+            let cot = Tensor::new(1.0f64, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            compare(
+                &format!("extreme logits {high} / {low} {dtype:?}"),
+                &inputs,
+                &cot,
+                |x| linear_cross_entropy(&x[0], &x[1], &x[2], &t, None),
+                |x| linear_cross_entropy_reference(&x[0], &x[1], &x[2], &t, None),
+            );
+        }
+    }
+}
+
 /// Hidden states as (B, T, C) with targets (B, T), and a plain `loss.backward()` (incoming
 /// gradient exactly 1, the path that hands the stored gradients out unscaled).
 #[test]

@@ -392,8 +392,8 @@ fn lce_inputs(n: usize, c: usize, v: usize, seed: u64, dtype: DType) -> Vec<Tens
 fn linear_cross_entropy_matches_reference() {
     for dtype in [DType::F64, DType::F32] {
         // (N, C, V, ignore): tiny; V over several blocks of 512 with a partial last block;
-        // large enough (N C V >= 2^22) to split the vocabulary over threads, with 3 and
-        // with 13 blocks; ignore_index inside and outside 0..V.
+        // large enough (N C V >= 2^22) to split the vocabulary over threads, with 5, 8 and
+        // with 25 blocks of 256; ignore_index inside and outside 0..V.
         for (k, (n, c, v, ignore)) in [
             (7, 5, 13, Some((3u32, 3usize))),
             (7, 5, 13, None),

@@ -21,7 +21,8 @@
 //!   3 (nothing recomputed), and the incoming gradient folds into the per-row scale of `P`
 //!   (no extra pass over the 26 MB weight gradient). If the kept state is gone (a second
 //!   backward on the same graph), pass 1 reruns from the inputs.
-//! - **Vocabulary blocks of [`BLOCK`] columns, stored transposed.** Pass 1, per block `j`:
+//! - **Vocabulary blocks of [`GEMM_BLOCK`] columns ([`BLOCK`] with AMX), stored transposed.**
+//!   Pass 1, per block `j`:
 //!   `Z_j^T = W_j H^T + b_j` (`len x N`, gemm reading `W` in place and `H^T` from one
 //!   contiguous copy made per call: read through strides, gemm packed `H` again for every
 //!   block, 3-4% of the product's time), the block max of
@@ -86,12 +87,29 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Ten
 use std::ops::Range;
 use std::sync::Mutex;
 
-/// Vocabulary columns per block. A block of logits for the 700 rows is 1.4 MB (f32), which
-/// stays in this CPU's 2 MB L2 between the product that writes it and the passes that read
-/// it. Measured for the three products at the tutorial's shapes (2 threads, row-major
-/// logits): 256: 250 ms, 512: 221 ms, 1024: 232 ms, 2048: 247 ms; with the final transposed
-/// layout 256 to 2048 were within the noise of a shared machine.
+/// Vocabulary columns per block with bf16 products on AMX. A block of logits for the 700 rows
+/// is 1.4 MB (f32), which stays in this CPU's 2 MB L2 between the product that writes it and
+/// the passes that read it. Measured for the three products at the tutorial's shapes (2
+/// threads, row-major logits): 256: 250 ms, 512: 221 ms, 1024: 232 ms, 2048: 247 ms; with the
+/// final transposed layout 256 to 2048 were within the noise of a shared machine. Session 6,
+/// each step alternating between two sizes in one process: the bf16 step is 0.8-2.4% slower
+/// with 256 (3 runs of 28 pairs).
 pub const BLOCK: usize = 512;
+
+/// Vocabulary columns per block with the gemm crate's products (f32 without AMX, f64): the
+/// fp32 training step is 1.1-2.7% faster than with 512 (paired medians 0.973 / 0.986 / 0.985
+/// / 0.980 / 0.989 over 5 runs of 28 alternating pairs, session 6, noisy minutes; 128 was
+/// 2.3-2.9% slower than 256), evaluation the same (0.993-1.008).
+pub const GEMM_BLOCK: usize = 256;
+
+/// The block length for products on AMX (`amx`) or through the gemm crate.
+fn block_len(amx: bool) -> usize {
+    if amx {
+        BLOCK
+    } else {
+        GEMM_BLOCK
+    }
+}
 
 /// Vocabulary rows per bf16 product in pass 1 (a 360 KB scratch of logits at N = 700).
 const AMX_ROWS: usize = 128;
@@ -513,9 +531,9 @@ struct Partial<T> {
     block_max: Vec<T>,
 }
 
-/// The columns `[v0, v1)` of blocks `blocks`.
-fn cols(blocks: &Range<usize>, v: usize) -> Range<usize> {
-    (blocks.start * BLOCK).min(v)..(blocks.end * BLOCK).min(v)
+/// The columns `[v0, v1)` of blocks `blocks` of `block` columns.
+fn cols(blocks: &Range<usize>, v: usize, block: usize) -> Range<usize> {
+    (blocks.start * block).min(v)..(blocks.end * block).min(v)
 }
 
 /// The state pass 2 needs: the exponentials (`buf`, one region per thread range), each
@@ -525,6 +543,8 @@ struct Saved<T: Pooled> {
     /// `Full` or `Bf16`.
     store: Store,
     ranges: Vec<Range<usize>>,
+    /// Columns per block.
+    block: usize,
     block_max: Vec<Vec<T>>,
     lse: Vec<T>,
     count: usize,
@@ -539,9 +559,9 @@ impl<T: Pooled> Drop for Saved<T> {
     }
 }
 
-/// Splits `0..blocks` into one contiguous range per thread.
-fn thread_ranges(n: usize, c: usize, v: usize) -> Vec<Range<usize>> {
-    super::split_ranges(v.div_ceil(BLOCK), n * c * v, MIN_PARALLEL_MACS)
+/// Splits the `v.div_ceil(block)` blocks into one contiguous range per thread.
+fn thread_ranges(n: usize, c: usize, v: usize, block: usize) -> Vec<Range<usize>> {
+    super::split_ranges(v.div_ceil(block), n * c * v, MIN_PARALLEL_MACS)
 }
 
 /// What pass 1 keeps of the exponentials for pass 2.
@@ -563,15 +583,16 @@ fn regions<'a, T>(
     ranges: &[Range<usize>],
     n: usize,
     v: usize,
+    block: usize,
     store: Store,
 ) -> Vec<&'a mut [T]> {
     let mut out = Vec::with_capacity(ranges.len());
     let mut rest = buf;
     for r in ranges {
         let len = match store {
-            Store::None => n * BLOCK.min(v),
-            Store::Full => n * cols(r, v).len(),
-            Store::Bf16 => (n * cols(r, v).len()).div_ceil(2),
+            Store::None => n * block.min(v),
+            Store::Full => n * cols(r, v, block).len(),
+            Store::Bf16 => (n * cols(r, v, block).len()).div_ceil(2),
         };
         let (mine, tail) = rest.split_at_mut(len);
         out.push(mine);
@@ -595,22 +616,23 @@ fn forward<T: Pooled>(
 ) -> (f64, Option<Saved<T>>) {
     assert!(h.len() == n * c && w.len() == v * c && b.len() == v && targets.len() == n);
     let count = targets.iter().filter(|t| t.is_some()).count();
-    let ranges = thread_ranges(n, c, v);
+    let block = block_len(amx);
+    let ranges = thread_ranges(n, c, v, block);
     let kind = match (store, amx) {
         (false, _) => Store::None,
         (true, false) => Store::Full,
         (true, true) => Store::Bf16,
     };
     let total = match kind {
-        Store::None => ranges.len() * n * BLOCK.min(v),
+        Store::None => ranges.len() * n * block.min(v),
         Store::Full => n * v,
         Store::Bf16 => ranges
             .iter()
-            .map(|r| (n * cols(r, v).len()).div_ceil(2))
+            .map(|r| (n * cols(r, v, block).len()).div_ceil(2))
             .sum(),
     };
     let mut buf = take_scratch::<T>(total);
-    let regs = regions(&mut buf, &ranges, n, v, kind);
+    let regs = regions(&mut buf, &ranges, n, v, block, kind);
     let items: Vec<_> = ranges.iter().cloned().zip(regs).collect();
     // bf16 products: H^T as the right operand of every block's Z^T = W_j H^T, packed once.
     let h_t = T::as_f32(h).filter(|_| amx).map(|h| {
@@ -638,7 +660,8 @@ fn forward<T: Pooled>(
             n,
             c,
             targets,
-            cols(&r, v),
+            cols(&r, v, block),
+            block,
             region,
             kind,
             h_t.as_deref(),
@@ -669,6 +692,7 @@ fn forward<T: Pooled>(
         buf,
         store: kind,
         ranges,
+        block,
         block_max: partials.into_iter().map(|p| p.block_max).collect(),
         lse,
         count,
@@ -704,13 +728,13 @@ fn backward<T: Pooled>(
             None => T::ZERO,
         })
         .collect();
-    let ranges = saved.ranges.clone();
+    let (ranges, block) = (saved.ranges.clone(), saved.block);
     let store = saved.store;
-    let regs = regions(&mut saved.buf, &ranges, n, v, store);
+    let regs = regions(&mut saved.buf, &ranges, n, v, block, store);
     let mut items = Vec::with_capacity(ranges.len());
     let (mut dw_rest, mut db_rest) = (dw, db);
     for ((r, region), bmax) in ranges.iter().zip(regs).zip(&saved.block_max) {
-        let cols = cols(r, v);
+        let cols = cols(r, v, block);
         let (dw_mine, dw_tail) = dw_rest.split_at_mut(cols.len() * c);
         let (db_mine, db_tail) = db_rest.split_at_mut(cols.len());
         (dw_rest, db_rest) = (dw_tail, db_tail);
@@ -733,6 +757,7 @@ fn backward<T: Pooled>(
             lse,
             &scale,
             cols,
+            block,
             region,
             store,
             block_max,
@@ -779,6 +804,7 @@ fn pass1<T: Pooled>(
     c: usize,
     targets: &[Option<usize>],
     cols: Range<usize>,
+    block: usize,
     region: &mut [T],
     store: Store,
     h_t: Option<&[u32]>,
@@ -787,15 +813,15 @@ fn pass1<T: Pooled>(
         max: vec![T::NEG_INFINITY; n],
         sum: vec![T::ZERO; n],
         target_logit: vec![T::ZERO; n],
-        block_max: vec![T::NEG_INFINITY; n * cols.len().div_ceil(BLOCK)],
+        block_max: vec![T::NEG_INFINITY; n * cols.len().div_ceil(block)],
     };
     let mut block_sum = vec![T::ZERO; n];
     let (mut w_j, mut z_scratch) = (Vec::new(), Vec::new());
     // With bf16 storage the block is computed here and only its rounded exponentials go to
     // the region.
-    let (mut block, mut full, mut bf16_region) = match store {
+    let (mut unstored, mut full, mut bf16_region) = match store {
         Store::Bf16 => (
-            vec![T::ZERO; n * BLOCK.min(cols.len())],
+            vec![T::ZERO; n * block.min(cols.len())],
             None,
             T::as_f32_mut(region).map(as_bf16_slots),
         ),
@@ -804,12 +830,12 @@ fn pass1<T: Pooled>(
     let mut v0 = cols.start;
     let mut j = 0;
     while v0 < cols.end {
-        let len = BLOCK.min(cols.end - v0);
+        let len = block.min(cols.end - v0);
         let local = v0 - cols.start;
         let z = match (store, full.as_deref_mut()) {
             (Store::None, Some(region)) => &mut region[..n * len],
             (Store::Full, Some(region)) => &mut region[n * local..n * (local + len)],
-            _ => &mut block[..n * len],
+            _ => &mut unstored[..n * len],
         };
         let w_rows = &w[v0 * c..(v0 + len) * c];
         let bias = &b[v0..v0 + len];
@@ -950,6 +976,7 @@ fn pass2<T: Pooled>(
     lse: &[T],
     scale: &[T],
     cols: Range<usize>,
+    block: usize,
     region: &mut [T],
     store: Store,
     block_max: &[T],
@@ -976,7 +1003,7 @@ fn pass2<T: Pooled>(
     let mut v0 = cols.start;
     let mut j = 0;
     while v0 < cols.end {
-        let len = BLOCK.min(cols.end - v0);
+        let len = block.min(cols.end - v0);
         let local = v0 - cols.start;
         let p = match full.as_deref_mut() {
             Some(region) => &mut region[n * local..n * (local + len)],

@@ -388,6 +388,22 @@ fn lce_inputs(n: usize, c: usize, v: usize, seed: u64, dtype: DType) -> Vec<Tens
     ]
 }
 
+/// The fused loss against its reference for an incoming gradient `g`: the loss and the
+/// gradients of hidden states, weight and bias.
+fn compare_lce(name: &str, inputs: &[Tensor], targets: &Tensor, ignore: Option<u32>, g: f64) {
+    let cot = Tensor::new(g, &Device::Cpu)
+        .unwrap()
+        .to_dtype(inputs[0].dtype())
+        .unwrap();
+    compare(
+        name,
+        inputs,
+        &cot,
+        |x| linear_cross_entropy(&x[0], &x[1], &x[2], targets, ignore),
+        |x| linear_cross_entropy_reference(&x[0], &x[1], &x[2], targets, ignore),
+    );
+}
+
 #[test]
 fn linear_cross_entropy_matches_reference() {
     for dtype in [DType::F64, DType::F32] {
@@ -409,17 +425,12 @@ fn linear_cross_entropy_matches_reference() {
             let k = k as u64 * 10;
             let inputs = lce_inputs(n, c, v, 60 + k, dtype);
             let t = targets(n, v, 70 + k, ignore);
-            let ig = ignore.map(|(id, _)| id);
-            let cot = Tensor::new(1.75f64, &Device::Cpu)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            compare(
+            compare_lce(
                 &format!("linear_cross_entropy N={n} C={c} V={v} {ignore:?} {dtype:?}"),
                 &inputs,
-                &cot,
-                |x| linear_cross_entropy(&x[0], &x[1], &x[2], &t, ig),
-                |x| linear_cross_entropy_reference(&x[0], &x[1], &x[2], &t, ig),
+                &t,
+                ignore.map(|(id, _)| id),
+                1.75,
             );
         }
     }
@@ -449,17 +460,8 @@ fn linear_cross_entropy_extreme_logits_in_late_blocks() {
             t[1] = 1100;
             t[2] = 600;
             let t = Tensor::from_vec(t, n, &Device::Cpu).unwrap();
-            let cot = Tensor::new(1.0f64, &Device::Cpu)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            compare(
-                &format!("extreme logits {high} / {low} {dtype:?}"),
-                &inputs,
-                &cot,
-                |x| linear_cross_entropy(&x[0], &x[1], &x[2], &t, None),
-                |x| linear_cross_entropy_reference(&x[0], &x[1], &x[2], &t, None),
-            );
+            let name = format!("extreme logits {high} / {low} {dtype:?}");
+            compare_lce(&name, &inputs, &t, None, 1.0);
         }
     }
 }

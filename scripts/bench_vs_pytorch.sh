@@ -7,7 +7,7 @@
 # to 2x within minutes. Prints a table (each side's median over the rounds, and the median of
 # the per-round ratios) and, as its last line, speedup_vs_pytorch=X: the median over rounds
 # of PyTorch's median ms per fp32 training step divided by ours. The line before it, where
-# this CPU has AMX, is speedup_vs_pytorch_bf16=Y (both sides in bf16 mixed precision).
+# this CPU has AMX or AVX512-BF16, is speedup_vs_pytorch_bf16=Y (both sides in bf16 mixed precision).
 #
 # Usage: scripts/bench_vs_pytorch.sh [FLAGS FOR BOTH SIDES]
 #   e.g. scripts/bench_vs_pytorch.sh --vocab 33278 --batch 32

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use clap::{Args, Subcommand};
 use std::time::Instant;
 use transformer_decode::{generate_lm, Sampling};
-use transformer_model::kernels::{amx, Precision};
+use transformer_model::kernels::{bf16, Precision};
 use transformer_model::{LmConfig, ParamBuilder, Rng, TransformerLm};
 use transformer_train::lm::LmStep;
 
@@ -187,9 +187,9 @@ fn lm(a: LmBenchArgs) -> Result<()> {
     };
     let train = time(a.warmup, a.repeats, || step(Precision::F32))?;
     let peak_rss = peak_rss_mb();
-    // The same step with the output layer's products in bf16 on the AMX units (mixed
-    // precision), where the CPU has them.
-    let train_bf16 = if amx::available() {
+    // The same step with the output layer's products in bf16 (mixed precision), where the
+    // CPU has AMX or AVX512-BF16.
+    let train_bf16 = if bf16::available() {
         Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?)
     } else {
         None
@@ -269,9 +269,11 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         match &train_bf16 {
             Some(t) => println!(
                 "{:<44} {:>10.1} {:>10.1}",
-                "training step ms, bf16 output layer (AMX)", t.min, t.median
+                "training step ms, bf16 output layer", t.min, t.median
             ),
-            None => println!("training step, bf16: AMX not available (CPU, or TRANSFORMER_NO_AMX)"),
+            None => println!(
+                "training step, bf16: no AMX or AVX512-BF16 on this CPU (or TRANSFORMER_NO_BF16)"
+            ),
         }
         println!(
             "{:<44} {:>10.1} {:>10.1}",

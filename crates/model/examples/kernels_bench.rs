@@ -284,8 +284,8 @@ fn main() -> Result<()> {
                 gflop / fused.1 * 1e3
             ),
         );
-        // The same with bf16 products on the AMX units (mixed precision).
-        if kernels::amx::available() {
+        // The same with bf16 products (mixed precision).
+        if let Some(unit) = kernels::bf16::backend() {
             let bf16 = time(reps, &x.ins, &|ts| {
                 kernels::linear_cross_entropy_with(
                     &ts[0],
@@ -297,7 +297,10 @@ fn main() -> Result<()> {
                 )
             })?;
             row(
-                "linear_cross_entropy, bf16 products on AMX (reference column: fp32 fused)",
+                &format!(
+                    "linear_cross_entropy, bf16 products as {} (reference column: fp32 fused)",
+                    unit.describe()
+                ),
                 bf16,
                 fused,
                 &format!(
@@ -307,7 +310,7 @@ fn main() -> Result<()> {
             );
         } else {
             println!(
-                "| linear_cross_entropy, bf16 on AMX | - | - | - | - | - | no AMX on this CPU |"
+                "| linear_cross_entropy, bf16 | - | - | - | - | - | no AMX or AVX512-BF16 here |"
             );
         }
         // Evaluation: no input tracks gradients, only logits + log-sum-exp.

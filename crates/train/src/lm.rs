@@ -600,12 +600,15 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         );
     }
     if cfg.precision == Precision::Bf16 {
-        progress.line(if transformer_model::kernels::amx::available() {
-            "precision: bf16 mixed precision (the output layer's products on the AMX units); \
-             validation and test in f32"
-        } else {
-            "precision: bf16 asked for, but AMX is not available (no AMX on this CPU, or \
-             TRANSFORMER_NO_AMX is set): training in f32"
+        progress.line(&match transformer_model::kernels::bf16::backend() {
+            Some(unit) => format!(
+                "precision: bf16 mixed precision (the output layer's products as {}); \
+                 validation and test in f32",
+                unit.describe()
+            ),
+            None => "precision: bf16 asked for, but this CPU has neither AMX nor AVX512-BF16 \
+                     (or TRANSFORMER_NO_BF16 is set): training in f32"
+                .to_string(),
         });
     }
     let rng = Rng::from_state(state.rng.0, state.rng.1);

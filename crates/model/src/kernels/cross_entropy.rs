@@ -21,7 +21,7 @@
 //!   3 (nothing recomputed), and the incoming gradient folds into the per-row scale of `P`
 //!   (no extra pass over the 26 MB weight gradient). If the kept state is gone (a second
 //!   backward on the same graph), pass 1 reruns from the inputs.
-//! - **Vocabulary blocks of [`GEMM_BLOCK`] columns ([`BLOCK`] with AMX), stored transposed.**
+//! - **Vocabulary blocks of [`GEMM_BLOCK`] columns ([`BLOCK`] with bf16 products), stored transposed.**
 //!   Pass 1, per block `j`:
 //!   `Z_j^T = W_j H^T + b_j` (`len x N`, gemm reading `W` in place and `H^T` from one
 //!   contiguous copy made per call: read through strides, gemm packed `H` again for every
@@ -57,7 +57,8 @@
 //! candle's gradient accumulation) is about a quarter of the CPU time.
 //!
 //! # bf16 products ([`linear_cross_entropy_with`], [`Precision::Bf16`])
-//! The three products run on the AMX units ([`super::amx`]) with bf16 operands and fp32
+//! The three products run on the AMX units or as AVX512-BF16 dot products ([`super::bf16`],
+//! whichever the CPU has) with bf16 operands and fp32
 //! accumulation; everything else above stays fp32 (bias, maxima, exponentials, log-sum-exp,
 //! the scaling of `P`, the bias gradient). Operands are packed per block: `W_j` as bf16 rows
 //! (and `W_j^T` for `dH`), `H^T` and `H` once per call, and `P_j^T` straight from the stored
@@ -78,7 +79,7 @@
 //! gradient. If every row is ignored the loss is NaN (0/0, as PyTorch) and the gradients are
 //! zero (as PyTorch's). A target outside `0..V` that is not `ignore_index` is an error.
 
-use super::amx::{self, pad32};
+use super::bf16::{self, pad32};
 use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
 use super::{cpu_slice, fused_applies, run_threads, with_slice, Precision};
@@ -87,7 +88,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Ten
 use std::ops::Range;
 use std::sync::Mutex;
 
-/// Vocabulary columns per block with bf16 products on AMX. A block of logits for the 700 rows
+/// Vocabulary columns per block with bf16 products (AMX; AVX512-BF16 too). A block of logits for the 700 rows
 /// is 1.4 MB (f32), which stays in this CPU's 2 MB L2 between the product that writes it and
 /// the passes that read it. Measured for the three products at the tutorial's shapes (2
 /// threads, row-major logits): 256: 250 ms, 512: 221 ms, 1024: 232 ms, 2048: 247 ms; with the
@@ -96,15 +97,15 @@ use std::sync::Mutex;
 /// with 256 (3 runs of 28 pairs).
 pub const BLOCK: usize = 512;
 
-/// Vocabulary columns per block with the gemm crate's products (f32 without AMX, f64): the
+/// Vocabulary columns per block with the gemm crate's products (f32 without bf16 products, f64): the
 /// fp32 training step is 1.1-2.7% faster than with 512 (paired medians 0.973 / 0.986 / 0.985
 /// / 0.980 / 0.989 over 5 runs of 28 alternating pairs, session 6, noisy minutes; 128 was
 /// 2.3-2.9% slower than 256), evaluation the same (0.993-1.008).
 pub const GEMM_BLOCK: usize = 256;
 
-/// The block length for products on AMX (`amx`) or through the gemm crate.
-fn block_len(amx: bool) -> usize {
-    if amx {
+/// The block length for bf16 products ([`super::bf16`]) or the gemm crate's.
+fn block_len(bf16_products: bool) -> usize {
+    if bf16_products {
         BLOCK
     } else {
         GEMM_BLOCK
@@ -112,7 +113,7 @@ fn block_len(amx: bool) -> usize {
 }
 
 /// Vocabulary rows per bf16 product in pass 1 (a 360 KB scratch of logits at N = 700).
-const AMX_ROWS: usize = 128;
+const BF16_ROWS: usize = 128;
 
 /// Products smaller than this many multiply-adds (`N * C * V`) stay on one thread.
 const MIN_PARALLEL_MACS: usize = 1 << 22;
@@ -146,9 +147,10 @@ pub fn linear_cross_entropy(
 
 /// [`linear_cross_entropy`] with a choice of arithmetic for its three products.
 ///
-/// [`Precision::Bf16`] runs them on the AMX units with bf16 operands and fp32 accumulation
-/// when the inputs are f32 on the CPU and [`amx::available`]; otherwise (f64, other
-/// devices, no AMX) this is exactly [`linear_cross_entropy`]. Everything but the products
+/// [`Precision::Bf16`] runs them with bf16 operands and fp32 accumulation (on the AMX units
+/// or as AVX512-BF16 dot products) when the inputs are f32 on the CPU and
+/// [`bf16::available`]; otherwise (f64, other devices, a CPU with neither) this is exactly
+/// [`linear_cross_entropy`]. Everything but the products
 /// (bias, log-sum-exp, softmax, the gradient scaling and the bias gradient) stays fp32.
 /// Measured error against the fp32 kernel at the tutorial's shapes: see
 /// `tests/kernels.rs` (`bf16_loss_is_close_to_f32`).
@@ -206,7 +208,9 @@ fn fused(
     let op = LinearCrossEntropy {
         targets,
         want_grad,
-        amx: precision == Precision::Bf16 && hidden.dtype() == DType::F32 && amx::available(),
+        bf16_products: precision == Precision::Bf16
+            && hidden.dtype() == DType::F32
+            && bf16::available(),
         saved: Mutex::new(None),
         direct: direct.cloned(),
     };
@@ -308,8 +312,8 @@ struct LinearCrossEntropy {
     targets: Vec<Option<usize>>,
     /// Some input tracks gradients: keep the exponentials for the backward pass.
     want_grad: bool,
-    /// Run the products in bf16 on the AMX units (f32 inputs only).
-    amx: bool,
+    /// Run the products in bf16 ([`bf16::gemm_bf16`]) (f32 inputs only).
+    bf16_products: bool,
     saved: Mutex<Option<SavedAny>>,
     /// Where the weight's and bias's gradients go when they are CPU f32 variables.
     direct: Option<DirectGrads>,
@@ -337,8 +341,17 @@ impl CustomOp3 for LinearCrossEntropy {
         let storage = match s1 {
             CpuStorage::F32(_) => {
                 let (h, w, b) = (cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, cpu_slice(s3, l3)?);
-                let (loss, saved) =
-                    forward::<f32>(h, w, b, n, c, v, &self.targets, self.want_grad, self.amx);
+                let (loss, saved) = forward::<f32>(
+                    h,
+                    w,
+                    b,
+                    n,
+                    c,
+                    v,
+                    &self.targets,
+                    self.want_grad,
+                    self.bf16_products,
+                );
                 *self.saved.lock().unwrap() = saved.map(SavedAny::F32);
                 CpuStorage::F32(vec![loss as f32])
             }
@@ -444,7 +457,8 @@ impl LinearCrossEntropy {
                 let saved = match saved {
                     Some(s) => s,
                     None => with_slice::<T, _>(bias, |b| {
-                        let (_, s) = forward::<T>(h, w, b, n, c, v, &self.targets, true, self.amx);
+                        let (_, s) =
+                            forward::<T>(h, w, b, n, c, v, &self.targets, true, self.bf16_products);
                         Ok(s.expect("the forward pass keeps its state when asked to"))
                     })?,
                 };
@@ -454,7 +468,7 @@ impl LinearCrossEntropy {
                     w,
                     &self.targets,
                     T::from_f64(g),
-                    self.amx,
+                    self.bf16_products,
                     dw,
                     db,
                 ))
@@ -612,13 +626,13 @@ fn forward<T: Pooled>(
     v: usize,
     targets: &[Option<usize>],
     store: bool,
-    amx: bool,
+    bf16_products: bool,
 ) -> (f64, Option<Saved<T>>) {
     assert!(h.len() == n * c && w.len() == v * c && b.len() == v && targets.len() == n);
     let count = targets.iter().filter(|t| t.is_some()).count();
-    let block = block_len(amx);
+    let block = block_len(bf16_products);
     let ranges = thread_ranges(n, c, v, block);
-    let kind = match (store, amx) {
+    let kind = match (store, bf16_products) {
         (false, _) => Store::None,
         (true, false) => Store::Full,
         (true, true) => Store::Bf16,
@@ -635,9 +649,9 @@ fn forward<T: Pooled>(
     let regs = regions(&mut buf, &ranges, n, v, block, kind);
     let items: Vec<_> = ranges.iter().cloned().zip(regs).collect();
     // bf16 products: H^T as the right operand of every block's Z^T = W_j H^T, packed once.
-    let h_t = T::as_f32(h).filter(|_| amx).map(|h| {
+    let h_t = T::as_f32(h).filter(|_| bf16_products).map(|h| {
         let mut packed = Vec::new();
-        amx::pack_pairs_of_cols(h, n, c, c, &mut packed);
+        bf16::pack_pairs_of_cols(h, n, c, c, &mut packed);
         packed
     });
     // gemm products: H^T (c x n) contiguous, so that gemm reads it in place instead of
@@ -713,7 +727,7 @@ fn backward<T: Pooled>(
     w: &[T],
     targets: &[Option<usize>],
     g: T,
-    amx: bool,
+    bf16_products: bool,
     dw: &mut [T],
     db: &mut [T],
 ) -> (Vec<T>, f64) {
@@ -742,9 +756,9 @@ fn backward<T: Pooled>(
     }
     let lse = &saved.lse;
     // bf16 products: H as the right operand of every block's dW_j = P_j^T H, packed once.
-    let h_pairs = T::as_f32(h).filter(|_| amx).map(|h| {
+    let h_pairs = T::as_f32(h).filter(|_| bf16_products).map(|h| {
         let mut packed = Vec::new();
-        amx::pack_pairs_of_rows(h, n, c, c, &mut packed);
+        bf16::pack_pairs_of_rows(h, n, c, c, &mut packed);
         packed
     });
     let per_thread = run_threads(items, |(cols, region, block_max, dw, db)| {
@@ -793,7 +807,7 @@ fn backward<T: Pooled>(
 /// with `Bf16`, the same rounded to bf16 in the region's slots read as `u16`
 /// ([`as_bf16_slots`]; the block itself is computed in a scratch); with `None`, `region` holds
 /// one block at a time. `h_transposed` is `H^T` (`c x n`, contiguous) for the gemm products,
-/// `h_t` the packed operand of the AMX ones.
+/// `h_t` the packed operand of the bf16 ones.
 #[allow(clippy::too_many_arguments)]
 fn pass1<T: Pooled>(
     h: &[T],
@@ -842,24 +856,24 @@ fn pass1<T: Pooled>(
         let bmax = &mut p.block_max[j * n..(j + 1) * n];
         // Z^T (len x n, row stride n) = W_j (len x c) @ H^T (c x n), plus the bias, and the
         // block's max per row.
-        let amx_args = (
+        let bf16_args = (
             h_t,
             T::as_f32_mut(&mut *z),
             T::as_f32(w_rows),
             T::as_f32(bias),
             T::as_f32_mut(&mut *bmax),
         );
-        match amx_args {
+        match bf16_args {
             (Some(h_t), Some(z), Some(w_rows), Some(bias), Some(bmax)) => {
-                // In slices of AMX_ROWS rows through a 64-byte-aligned scratch that stays in
+                // In slices of BF16_ROWS rows through a 64-byte-aligned scratch that stays in
                 // L2 (tile stores straight into the uncached, unaligned region were slow),
                 // copied out with the bias added and the max taken on the way.
                 let np = pad32(n);
-                let zs = amx::aligned(&mut z_scratch, AMX_ROWS * np);
-                for s0 in (0..len).step_by(AMX_ROWS) {
-                    let rows = AMX_ROWS.min(len - s0);
-                    amx::pack_rows(&w_rows[s0 * c..(s0 + rows) * c], rows, c, c, &mut w_j);
-                    amx::gemm_bf16(zs, np, rows, n, &w_j, pad32(c), h_t, np, false);
+                let zs = bf16::aligned(&mut z_scratch, BF16_ROWS * np);
+                for s0 in (0..len).step_by(BF16_ROWS) {
+                    let rows = BF16_ROWS.min(len - s0);
+                    bf16::pack_rows(&w_rows[s0 * c..(s0 + rows) * c], rows, c, c, &mut w_j);
+                    bf16::gemm_bf16(zs, np, rows, n, &w_j, pad32(c), h_t, np, false);
                     let dst = &mut z[s0 * n..(s0 + rows) * n];
                     let bias = &bias[s0..s0 + rows];
                     simd(
@@ -877,7 +891,7 @@ fn pass1<T: Pooled>(
                 }
             }
             _ => {
-                // The gemm crate (f32 without AMX, f64): W_j in place, H^T from its copy.
+                // The gemm crate (fp32 products, f64): W_j in place, H^T from its copy.
                 let h_t = match h_transposed {
                     Some(t) => Mat::new(t, c, n, n, 1),
                     None => Mat::new(h, c, n, 1, c),
@@ -949,7 +963,7 @@ fn pass1<T: Pooled>(
                 #[inline(always)]
                 || {
                     for (o, &x) in dst.iter_mut().zip(z) {
-                        *o = amx::bf16_bits(x);
+                        *o = bf16::bf16_bits(x);
                     }
                 },
             );
@@ -963,7 +977,7 @@ fn pass1<T: Pooled>(
 /// Pass 2 over the columns `cols`, whose exponentials pass 1 left in `region`: turns block
 /// `j` into `P_j^T = (softmax - onehot)^T * scale` (`exp(z - block max)` times the per-row
 /// factor `exp(block max - lse) * scale`; no second exponential per element), in place on the
-/// fp32 path, straight into the packed bf16 operands on the AMX path ([`pack_p`]), writes
+/// fp32 path, straight into the packed bf16 operands on the bf16 path ([`pack_p`]), writes
 /// `db` (entries `cols` of dbias) and `dw` (rows `cols` of dW, each block written once) and
 /// returns this thread's `dH^T = sum_j (P_j W_j)^T` (C x N).
 #[allow(clippy::too_many_arguments)]
@@ -995,7 +1009,7 @@ fn pass2<T: Pooled>(
     let (mut dw_buf, mut dh_buf) = (Vec::new(), Vec::new());
     let (np, cp) = (pad32(n), pad32(c));
     let dh_pad = match h_pairs {
-        Some(_) => amx::aligned(&mut dh_buf, c * np),
+        Some(_) => bf16::aligned(&mut dh_buf, c * np),
         None => &mut [][..],
     };
     let mut factor = vec![T::ZERO; n];
@@ -1026,7 +1040,7 @@ fn pass2<T: Pooled>(
         );
         let w_rows = &w[v0 * c..(v0 + len) * c];
         let dw_j = &mut dw[local * c..(local + len) * c];
-        let amx_args = (
+        let bf16_args = (
             h_pairs,
             T::as_f32(p),
             T::as_f32(w_rows),
@@ -1035,7 +1049,7 @@ fn pass2<T: Pooled>(
             T::as_f32(&factor),
             T::as_f32(scale),
         );
-        match amx_args {
+        match bf16_args {
             (Some(h_pairs), Some(p), Some(w_rows), Some(dw_j), Some(db), Some(f), Some(sc)) => {
                 // P_j^T straight into the two bf16 layouts the products read, its row sums
                 // into db: one pass over the stored exponentials, no f32 P written back.
@@ -1045,14 +1059,14 @@ fn pass2<T: Pooled>(
                 };
                 pack_p(e, len, n, f, sc, targets, v0, db, &mut p_rows, &mut p_pairs);
                 // dW_j (len x c) = P_j^T (len x n) @ H (n x c).
-                let dw_pad = amx::aligned(&mut dw_buf, len * cp);
-                amx::gemm_bf16(dw_pad, cp, len, c, &p_rows, np, h_pairs, cp, false);
+                let dw_pad = bf16::aligned(&mut dw_buf, len * cp);
+                bf16::gemm_bf16(dw_pad, cp, len, c, &p_rows, np, h_pairs, cp, false);
                 for (dst, src) in dw_j.chunks_exact_mut(c).zip(dw_pad.chunks_exact(cp)) {
                     dst.copy_from_slice(&src[..c]);
                 }
                 // dH^T (c x n) += W_j^T (c x len) @ P_j^T (len x n).
-                amx::pack_rows_transposed(w_rows, len, c, c, &mut w_t);
-                amx::gemm_bf16(dh_pad, np, c, n, &w_t, pad32(len), &p_pairs, np, j > 0);
+                bf16::pack_rows_transposed(w_rows, len, c, c, &mut w_t);
+                bf16::gemm_bf16(dh_pad, np, c, n, &w_t, pad32(len), &p_pairs, np, j > 0);
             }
             _ => {
                 debug_assert_eq!(store, Store::Full, "bf16 storage implies the bf16 products");
@@ -1127,8 +1141,8 @@ fn as_bf16_slots(slots: &mut [f32]) -> &mut [u16] {
 /// The bf16 operands of pass 2 from one block's stored exponentials `e` (`len x n`): row `r`
 /// of `P_j^T` is `e[r] * factor - scale * onehot` (the target's `scale` subtracted where row
 /// `v0 + r` is a row's target), written as bf16 rows into `rows` (`pad32(len) x pad32(n)`,
-/// [`amx::pack_rows`]'s layout) and as pairs of rows into `pairs`
-/// ([`amx::pack_pairs_of_rows`]'s); `db[r]` gets its sum (in f32).
+/// [`bf16::pack_rows`]'s layout) and as pairs of rows into `pairs`
+/// ([`bf16::pack_pairs_of_rows`]'s); `db[r]` gets its sum (in f32).
 #[allow(clippy::too_many_arguments)]
 fn pack_p(
     e: Exps,
@@ -1182,7 +1196,7 @@ fn pack_p(
                     Exps::Bf16(e) => {
                         for ((o, &x), &f) in out.iter_mut().zip(&e[r * n..(r + 1) * n]).zip(factor)
                         {
-                            *o = amx::bf16_value(x) * f;
+                            *o = bf16::bf16_value(x) * f;
                         }
                     }
                 }
@@ -1199,17 +1213,17 @@ fn pack_p(
                 row(r, &mut lo, db);
                 row(r + 1, &mut hi, db);
                 for (o, &x) in rows[r * np..r * np + n].iter_mut().zip(&lo) {
-                    *o = amx::bf16_bits(x);
+                    *o = bf16::bf16_bits(x);
                 }
                 if r + 1 < len {
                     let dst = &mut rows[(r + 1) * np..(r + 1) * np + n];
                     for (o, &x) in dst.iter_mut().zip(&hi) {
-                        *o = amx::bf16_bits(x);
+                        *o = bf16::bf16_bits(x);
                     }
                 }
                 let dst = &mut pairs[r / 2 * np..r / 2 * np + n];
                 for ((o, &a), &b) in dst.iter_mut().zip(&lo).zip(&hi) {
-                    *o = amx::bf16_bits(a) as u32 | (amx::bf16_bits(b) as u32) << 16;
+                    *o = bf16::bf16_bits(a) as u32 | (bf16::bf16_bits(b) as u32) << 16;
                 }
             }
         },

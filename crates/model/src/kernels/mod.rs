@@ -33,14 +33,15 @@
 //! tutorial's two layers take 11.9 ms forward + backward at 20 x 35 against 20.6 ms as a
 //! candle graph of the fused small ops.
 //!
-//! With bf16 products on the AMX units ([`amx`], [`Precision::Bf16`]) the loss takes 72 ms
-//! forward + backward on both cores, against 144 ms in fp32 (same run). For decoding,
+//! With bf16 products on the AMX units ([`bf16`], [`Precision::Bf16`]) the loss takes 72 ms
+//! forward + backward on both cores of the Sapphire Rapids, against 144 ms in fp32 (same
+//! run). For decoding,
 //! [`linear_few_rows`] computes the output layer for one token in 0.84 ms against 1.39 ms.
 //!
 //! The module docs of each kernel give its design and more numbers.
 
-pub mod amx;
 mod attention;
+pub mod bf16;
 mod cross_entropy;
 mod dropout;
 mod encoder_layer;
@@ -95,8 +96,8 @@ pub enum Precision {
     /// fp32 (or the inputs' own f64): the reference arithmetic.
     #[default]
     F32,
-    /// bf16 operands with fp32 accumulation on the AMX units ([`amx`]) where the CPU has
-    /// them and the inputs are f32; the fp32 path elsewhere. Mixed precision: everything
+    /// bf16 operands with fp32 accumulation, on the AMX units or as AVX512-BF16 dot products
+    /// ([`bf16`]) where the CPU has either and the inputs are f32; the fp32 path elsewhere. Mixed precision: everything
     /// outside the products stays fp32.
     Bf16,
 }

@@ -1,41 +1,96 @@
-//! bf16 matrix products on the AMX tile units (Intel Xeon since Sapphire Rapids), fp32
-//! accumulation, for the mixed-precision path of the fused kernels.
+//! bf16 matrix products with fp32 accumulation, for the mixed-precision path of the fused
+//! kernels, on one of two kinds of hardware:
+//! - the AMX tile units (Intel Xeon since Sapphire Rapids): `tdpbf16ps`, a 16 x 16 block of
+//!   C per instruction;
+//! - AVX512-BF16 dot products (AMD Zen 4 and 5, Intel Cooper Lake; also on AMX CPUs):
+//!   `vdpbf16ps`, 16 lanes each adding two bf16 products per instruction.
 //!
 //! # Why by hand
-//! Neither the `gemm` crate nor candle's CPU backend uses AMX, and Rust's AMX intrinsics
-//! (`_tile_*`, target feature `amx-tile`) are unstable on Rust 1.95. Inline assembly is
-//! stable, so the micro-kernel is ten instructions of it. On this 2-core machine it runs the
-//! language-model loss's block products at 440-480 GFLOP/s on one core with the operands in
-//! cache (250-300 per core with both busy), against 120-150 for gemm's fp32 AVX-512 kernels
-//! (`../shared/NOTES.md`; the `speed` test below).
+//! Neither the `gemm` crate nor candle's CPU backend has bf16 products on either unit, and
+//! Rust's AMX intrinsics (`_tile_*`, target feature `amx-tile`) are unstable on Rust 1.95.
+//! Inline assembly is stable, so the AMX micro-kernel is ten instructions of it. On the
+//! project's 2-core Sapphire Rapids it runs the language-model loss's block products at
+//! 440-480 GFLOP/s on one core with the operands in cache (250-300 per core with both busy),
+//! against 120-150 for gemm's fp32 AVX-512 kernels (`../shared/NOTES.md`; the `speed` test
+//! below). The AVX512-BF16 intrinsics are stable; on a Zen 5 core `vdpbf16ps` peaks at twice
+//! the fp32 FMA rate (462 vs 232 GFLOP/s per core, measured on the 2-core AMD EPYC).
 //!
 //! # Layouts
-//! One tile holds 16 rows of 64 bytes. `tdpbf16ps C, A, B` adds to the 16 x 16 fp32 tile `C`
-//! the product of `A`, 16 rows by 32 bf16 values of K, and `B`, 16 pairs of K rows by 16
-//! columns stored "VNNI" style: the two bf16 values of K rows `2p` and `2p + 1` of one column
-//! sit next to each other in one 32-bit word. So:
+//! Both instructions read the same operand layouts. `tdpbf16ps C, A, B` adds to the 16 x 16
+//! fp32 tile `C` the product of `A`, 16 rows by 32 bf16 values of K, and `B`, 16 pairs of K
+//! rows by 16 columns stored "VNNI" style: the two bf16 values of K rows `2p` and `2p + 1` of
+//! one column sit next to each other in one 32-bit word. `vdpbf16ps` takes one such pair of A
+//! (broadcast) against one row of 16 words of B. So:
 //! - left operands are row-major bf16 (`pack_rows`, `pack_rows_transposed`), rows padded
 //!   to a multiple of 32 and K to a multiple of 32 with zeros;
 //! - right operands are `u32` words, one per (pair of K rows, column)
 //!   (`pack_pairs_of_rows`, `pack_pairs_of_cols`), K padded to a multiple of 32 and the
 //!   columns to a multiple of 32 with zeros.
 //!
-//! The micro-kernel computes a 32 x 32 block of C with 4 accumulator tiles, 2 tiles of A
-//! and 2 of B per 32 values of K (each tile of A and B loaded once, used twice).
+//! The AMX micro-kernel computes a 32 x 32 block of C with 4 accumulator tiles, 2 tiles of A
+//! and 2 of B per 32 values of K (each tile of A and B loaded once, used twice); the AVX-512
+//! one an 8 x 32 block in 16 registers, 2 loads of B and 8 broadcasts of A per pair of K.
 //!
 //! # Rounding
 //! fp32 values are rounded to the nearest bf16 (ties to even): 8 significant bits, a relative
-//! error of at most 2^-9 per operand. Products and sums are fp32. A dot product of length K
+//! error of at most 2^-9 per operand. Products of two bf16 values are exact in fp32, and the
+//! sums are fp32 (in an order that differs between the two units). A dot product of length K
 //! with unit-size terms is then off by about `2^-9 * sqrt(K)` relative to its terms' scale
 //! (the tests bound it).
 
-/// True when this CPU has AMX-TILE and AMX-BF16 and the OS granted the process the tile
-/// state (Linux 5.16+, `arch_prctl(ARCH_REQ_XCOMP_PERM)`). Checked once. Setting the
-/// environment variable `TRANSFORMER_NO_AMX` makes it false (the fp32 path runs instead).
-pub fn available() -> bool {
+/// The hardware that runs [`gemm_bf16`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// AMX-TILE and AMX-BF16.
+    Amx,
+    /// AVX-512F with AVX512-BF16.
+    Avx512Bf16,
+}
+
+impl Backend {
+    /// How messages name it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Backend::Amx => "the AMX units",
+            Backend::Avx512Bf16 => "AVX512-BF16 dot products",
+        }
+    }
+}
+
+/// The bf16 products this CPU runs, checked once: AMX when the CPU has AMX-TILE and AMX-BF16
+/// and the OS granted the process the tile state (Linux 5.16+,
+/// `arch_prctl(ARCH_REQ_XCOMP_PERM)`), else AVX512-BF16 where the CPU has it, else none (the
+/// fp32 path runs instead). The environment variable `TRANSFORMER_NO_AMX` rules out AMX, and
+/// `TRANSFORMER_NO_BF16` both.
+pub fn backend() -> Option<Backend> {
     use std::sync::OnceLock;
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| std::env::var_os("TRANSFORMER_NO_AMX").is_none() && imp::detect())
+    static BACKEND: OnceLock<Option<Backend>> = OnceLock::new();
+    *BACKEND.get_or_init(|| {
+        if std::env::var_os("TRANSFORMER_NO_BF16").is_some() {
+            None
+        } else if std::env::var_os("TRANSFORMER_NO_AMX").is_none() && imp::detect() {
+            Some(Backend::Amx)
+        } else if dot::detect() {
+            Some(Backend::Avx512Bf16)
+        } else {
+            None
+        }
+    })
+}
+
+/// Whether [`gemm_bf16`] can run here ([`backend`]).
+pub fn available() -> bool {
+    backend().is_some()
+}
+
+/// Whether this CPU (and OS) can run `unit`, whichever [`backend`] chose. Checked once.
+pub fn supports(unit: Backend) -> bool {
+    use std::sync::OnceLock;
+    static AMX: OnceLock<bool> = OnceLock::new();
+    match unit {
+        Backend::Amx => *AMX.get_or_init(imp::detect),
+        Backend::Avx512Bf16 => dot::detect(),
+    }
 }
 
 /// Rounds to the nearest bf16, ties to even (the bits of the upper half of an f32). NaN stays
@@ -194,7 +249,7 @@ pub(crate) fn pack_pairs_of_cols(
 /// Runs on the calling thread.
 ///
 /// # Panics
-/// If AMX is not [`available`] or a slice is too short for the sizes.
+/// If no [`backend`] is available or a slice is too short for the sizes.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_bf16(
     c: &mut [f32],
@@ -207,7 +262,28 @@ pub(crate) fn gemm_bf16(
     ldb: usize,
     accumulate: bool,
 ) {
-    assert!(available(), "gemm_bf16 needs AMX");
+    let unit = backend().expect("gemm_bf16 needs AMX or AVX512-BF16");
+    gemm_bf16_on(unit, c, ldc, m, n, a, kp, b, ldb, accumulate);
+}
+
+/// [`gemm_bf16`] on the given unit (the tests run both where the CPU has both).
+///
+/// # Panics
+/// If this CPU does not [`supports`] `unit`, or a slice is too short for the sizes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_bf16_on(
+    unit: Backend,
+    c: &mut [f32],
+    ldc: usize,
+    m: usize,
+    n: usize,
+    a: &[u16],
+    kp: usize,
+    b: &[u32],
+    ldb: usize,
+    accumulate: bool,
+) {
+    assert!(supports(unit), "this CPU has no {}", unit.describe());
     assert!(kp.is_multiple_of(32) && ldb >= pad32(n) && ldb.is_multiple_of(16));
     assert!(a.len() >= pad32(m) * kp && b.len() >= kp / 2 * ldb);
     if m == 0 || n == 0 {
@@ -222,7 +298,13 @@ pub(crate) fn gemm_bf16(
         }
         return;
     }
-    // SAFETY: AMX is available (checked), and every tile access stays inside the slices: A
+    if unit == Backend::Avx512Bf16 {
+        // SAFETY: the CPU has AVX-512F and AVX512-BF16 (checked), and the sizes
+        // were checked above as `dot::gemm` requires.
+        unsafe { dot::gemm(c, ldc, m, n, a, kp, b, ldb, accumulate) };
+        return;
+    }
+    // SAFETY: AMX is supported (checked), and every tile access stays inside the slices: A
     // rows i0..i0+32 < pad32(m) of kp values, B rows < kp/2 of ldb >= pad32(n) words, and
     // blocks of C that would cross its m x n edge go through `edge`, a 32 x 32 scratch.
     unsafe {
@@ -402,6 +484,108 @@ mod imp {
     }
 }
 
+/// The AVX512-BF16 kernel.
+#[cfg(target_arch = "x86_64")]
+mod dot {
+    use std::arch::x86_64::*;
+
+    pub(super) fn detect() -> bool {
+        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+    }
+
+    /// Rows of C per micro-kernel call: 8 rows of 32 columns are 16 accumulator registers
+    /// (`vdpbf16ps` needs about 12 in flight to keep both of a Zen 5 core's units busy), and
+    /// 8 divides the 32-row padding of the left operand, so no call reads past it.
+    const ROWS: usize = 8;
+
+    /// The mask of the first `lanes` (at most 16) of 16.
+    fn lane_mask(lanes: usize) -> __mmask16 {
+        ((1u32 << lanes.min(16)) - 1) as __mmask16
+    }
+
+    /// [`super::gemm_bf16`] on the AVX-512 units: for each panel of 32 columns of B (which
+    /// stays in L1 across the rows), 8 x 32 blocks of C down the rows, each over all of K.
+    /// Columns past `n` are masked off when C is read and written.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX512-BF16 ([`detect`]), and the sizes must be as
+    /// [`super::gemm_bf16`] checks them: `m, n > 0`, `kp` a positive multiple of 32,
+    /// `a.len() >= pad32(m) * kp`, `b.len() >= kp / 2 * ldb`, `ldb >= pad32(n)`, `ldc >= n`
+    /// and `c.len() >= (m - 1) * ldc + n`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn gemm(
+        c: &mut [f32],
+        ldc: usize,
+        m: usize,
+        n: usize,
+        a: &[u16],
+        kp: usize,
+        b: &[u32],
+        ldb: usize,
+        accumulate: bool,
+    ) {
+        let pairs = kp / 2;
+        // Row i of A as pairs of K: words a[i * pairs..(i + 1) * pairs].
+        let a = a.as_ptr() as *const u32;
+        let c = c.as_mut_ptr();
+        for j0 in (0..n).step_by(32) {
+            let nj = (n - j0).min(32);
+            let masks = [lane_mask(nj), lane_mask(nj.saturating_sub(16))];
+            let bp = b.as_ptr().add(j0);
+            for i0 in (0..m).step_by(ROWS) {
+                let rows = ROWS.min(m - i0);
+                let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
+                if accumulate {
+                    for (r, acc) in acc.iter_mut().enumerate().take(rows) {
+                        let cr = c.add((i0 + r) * ldc + j0);
+                        acc[0] = _mm512_maskz_loadu_ps(masks[0], cr);
+                        acc[1] = _mm512_maskz_loadu_ps(masks[1], cr.add(16));
+                    }
+                }
+                let ap = a.add(i0 * pairs);
+                for p in 0..pairs {
+                    let brow = bp.add(p * ldb) as *const i32;
+                    let b0: __m512bh = std::mem::transmute(_mm512_loadu_epi32(brow));
+                    let b1: __m512bh = std::mem::transmute(_mm512_loadu_epi32(brow.add(16)));
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let pair = ap.add(r * pairs + p).read_unaligned() as i32;
+                        let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
+                        acc[0] = _mm512_dpbf16_ps(acc[0], av, b0);
+                        acc[1] = _mm512_dpbf16_ps(acc[1], av, b1);
+                    }
+                }
+                for (r, acc) in acc.iter().enumerate().take(rows) {
+                    let cr = c.add((i0 + r) * ldc + j0);
+                    _mm512_mask_storeu_ps(cr, masks[0], acc[0]);
+                    _mm512_mask_storeu_ps(cr.add(16), masks[1], acc[1]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod dot {
+    pub(super) fn detect() -> bool {
+        false
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn gemm(
+        _: &mut [f32],
+        _: usize,
+        _: usize,
+        _: usize,
+        _: &[u16],
+        _: usize,
+        _: &[u32],
+        _: usize,
+        _: bool,
+    ) {
+        unreachable!("AVX512-BF16 is never available here")
+    }
+}
+
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 mod imp {
     pub(super) fn detect() -> bool {
@@ -434,23 +618,33 @@ mod tests {
             .collect()
     }
 
-    /// C = A B for every packing: A as rows or transposed, B as pairs of rows or of columns,
-    /// at sizes that are and are not multiples of 32, replacing and accumulating. Compared
+    /// C = A B on each unit this CPU supports, for every packing: A as rows or transposed, B
+    /// as pairs of rows or of columns, at sizes that are and are not multiples of 32 (and of
+    /// the AVX-512 kernel's 8 rows), replacing and accumulating. Compared
     /// with the f64 product of the bf16-rounded operands, which only fp32 accumulation
     /// rounding separates from the kernel's result.
     #[test]
     fn products_match_the_rounded_operands() {
-        if !available() {
-            eprintln!("AMX not available: nothing to check here");
+        let units: Vec<Backend> = [Backend::Amx, Backend::Avx512Bf16]
+            .into_iter()
+            .filter(|&u| supports(u))
+            .collect();
+        if units.is_empty() {
+            eprintln!("neither AMX nor AVX512-BF16 here: nothing to check");
             return;
         }
-        for &(m, n, k) in &[
-            (32, 32, 32),
-            (1, 1, 1),
-            (45, 70, 33),
-            (64, 200, 700),
-            (200, 33, 512),
-        ] {
+        for (unit, &(m, n, k)) in units.iter().flat_map(|&u| {
+            [
+                (32, 32, 32),
+                (1, 1, 1),
+                (45, 70, 33),
+                (64, 200, 700),
+                (200, 33, 512),
+                (9, 17, 64),
+            ]
+            .iter()
+            .map(move |s| (u, s))
+        }) {
             let a = values(m * k, 1); // m x k
             let bt = values(n * k, 2); // n x k, i.e. B^T
             let b = {
@@ -484,7 +678,7 @@ mod tests {
             let init = values(m * ldc, 3);
             for accumulate in [false, true] {
                 let mut c = init.clone();
-                gemm_bf16(&mut c, ldc, m, n, &pa, kp, &pb, pad32(n), accumulate);
+                gemm_bf16_on(unit, &mut c, ldc, m, n, &pa, kp, &pb, pad32(n), accumulate);
                 for i in 0..m {
                     for j in 0..n {
                         let mut want: f64 = (0..k)
@@ -496,7 +690,7 @@ mod tests {
                         let got = c[i * ldc + j] as f64;
                         assert!(
                             (got - want).abs() <= 1e-5 * (k as f64).sqrt() * 2.0,
-                            "{m}x{n}x{k} acc={accumulate} ({i},{j}): {got} vs {want}"
+                            "{unit:?} {m}x{n}x{k} acc={accumulate} ({i},{j}): {got} vs {want}"
                         );
                     }
                     // The padding columns of C's rows are untouched.
@@ -532,14 +726,15 @@ mod speed {
     use super::*;
     use std::time::Instant;
 
-    /// `cargo test --release -p transformer-model --lib amx::speed -- --ignored --nocapture`:
+    /// `cargo test --release -p transformer-model --lib bf16::speed -- --ignored --nocapture`:
     /// one thread's GFLOP/s at the language-model loss's block shapes.
     #[test]
     #[ignore]
     fn shapes_of_the_lm_loss() {
-        if !available() {
+        let Some(unit) = backend() else {
             return;
-        }
+        };
+        println!("bf16 products as {}", unit.describe());
         for &(name, m, n, k, acc) in &[
             ("logits Z^T = W_j H^T", 512, 700, 200, false),
             ("dW_j = P_j^T H", 512, 200, 700, false),

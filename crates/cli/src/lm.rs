@@ -104,8 +104,8 @@ pub struct TrainArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Output-layer products in training: f32 (the tutorial's) or bf16 (mixed precision on
-    /// the CPU's AMX units: a step about 1.7x faster; f32 where there are none). Validation and test
-    /// are always f32 [default: f32]
+    /// the CPU's AMX units or AVX512-BF16: a step about 1.5-1.7x faster; f32 where it has
+    /// neither). Validation and test are always f32 [default: f32]
     #[arg(long)]
     precision: Option<Precision>,
     /// Share the embedding matrix with the output layer (weight tying; not the tutorial's

@@ -76,7 +76,8 @@ pub struct LmTrainConfig {
     /// Seed for initialisation and dropout.
     pub seed: u64,
     /// Arithmetic of the output layer's products in training: `f32` (the tutorial's) or
-    /// `bf16` (mixed precision on the AMX units; f32 where the CPU has none). Validation and
+    /// `bf16` (mixed precision on the AMX units or AVX512-BF16; f32 where the CPU has
+    /// neither). Validation and
     /// test perplexities are always computed in f32.
     pub precision: Precision,
     /// Share the embedding matrix with the output layer (not the tutorial's model; see

@@ -113,7 +113,8 @@ def pick(run, key, stat=None):
 
 
 print(f"machine: {cpu}, {cores} cores; {date}; CPU busy with other work: {busy_before}% just before, {busy_after}% just after")
-print(f"ours: {o['impl']}, {o['threads']} threads | {t['impl']}, {t['threads']} threads")
+bf16_unit = f"; bf16 products as {o['bf16_products']}" if o.get("bf16_products") else ""
+print(f"ours: {o['impl']}{bf16_unit}, {o['threads']} threads | {t['impl']}, {t['threads']} threads")
 print(f"model: vocab {s['vocab']}, emsize {s['emsize']}, nhid {s['nhid']}, {s['nlayers']} layers, "
       f"{s['nhead']} heads, dropout {s['dropout']}; {o['parameters']:,} parameters "
       f"(PyTorch {t['parameters']:,}); {s['warmup']} warm-up + {s['repeats']} timed repetitions "

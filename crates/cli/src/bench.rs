@@ -238,6 +238,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         let out = serde_json::json!({
             "impl": "transformer (candle-core 0.11, fp32)",
             "train_step_bf16_ms": train_bf16.as_ref().map(|t| t.json()),
+            "bf16_products": train_bf16.as_ref().and(bf16::backend()).map(|u| u.describe()),
             "train_step_ms": train.json(),
             "eval_ms": eval.json(),
             "gen_ms": gen.json(),

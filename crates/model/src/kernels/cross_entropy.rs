@@ -916,6 +916,10 @@ fn pass1<T: Pooled>(
                 );
             }
         }
+        // With bf16 storage, this block's slots in the region.
+        let mut bf16_dst = bf16_region
+            .as_deref_mut()
+            .map(|slots| &mut slots[n * local..n * (local + len)]);
         simd(
             #[inline(always)]
             || {
@@ -928,7 +932,22 @@ fn pass1<T: Pooled>(
                 }
                 // exp(z - block max), stored for pass 2, summed per row.
                 block_sum.fill(T::ZERO);
-                if store == Store::None {
+                let bf16_sweep = (
+                    bf16_dst.as_deref_mut(),
+                    T::as_f32(z),
+                    T::as_f32(bmax),
+                    T::as_f32_mut(&mut block_sum),
+                );
+                if let (Some(dst), Some(z), Some(bmax), Some(sums)) = bf16_sweep {
+                    // Straight into the bf16 store: the f32 block is scratch.
+                    for (zr, dr) in z.chunks_exact(n).zip(dst.chunks_exact_mut(n)) {
+                        for (((&x, &m), s), o) in zr.iter().zip(bmax).zip(sums.iter_mut()).zip(dr) {
+                            let e = Float::exp(x - m);
+                            *s += e;
+                            *o = bf16::bf16_bits(e);
+                        }
+                    }
+                } else if store == Store::None {
                     // Nothing reads the exponentials again: only their sums.
                     for zr in z.chunks_exact(n) {
                         for ((&x, &m), s) in zr.iter().zip(bmax.iter()).zip(block_sum.iter_mut()) {
@@ -957,17 +976,6 @@ fn pass1<T: Pooled>(
                 }
             },
         );
-        if let (Some(slots), Some(z)) = (bf16_region.as_deref_mut(), T::as_f32(z)) {
-            let dst = &mut slots[n * local..n * (local + len)];
-            simd(
-                #[inline(always)]
-                || {
-                    for (o, &x) in dst.iter_mut().zip(z) {
-                        *o = bf16::bf16_bits(x);
-                    }
-                },
-            );
-        }
         v0 += len;
         j += 1;
     }

@@ -68,9 +68,9 @@ pub fn backend() -> Option<Backend> {
     *BACKEND.get_or_init(|| {
         if std::env::var_os("TRANSFORMER_NO_BF16").is_some() {
             None
-        } else if std::env::var_os("TRANSFORMER_NO_AMX").is_none() && imp::detect() {
+        } else if std::env::var_os("TRANSFORMER_NO_AMX").is_none() && supports(Backend::Amx) {
             Some(Backend::Amx)
-        } else if dot::detect() {
+        } else if supports(Backend::Avx512Bf16) {
             Some(Backend::Avx512Bf16)
         } else {
             None

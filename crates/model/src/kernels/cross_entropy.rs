@@ -917,7 +917,7 @@ fn pass1<T: Pooled>(
             }
         }
         // With bf16 storage, this block's slots in the region.
-        let mut bf16_dst = bf16_region
+        let bf16_dst = bf16_region
             .as_deref_mut()
             .map(|slots| &mut slots[n * local..n * (local + len)]);
         simd(
@@ -933,7 +933,7 @@ fn pass1<T: Pooled>(
                 // exp(z - block max), stored for pass 2, summed per row.
                 block_sum.fill(T::ZERO);
                 let bf16_sweep = (
-                    bf16_dst.as_deref_mut(),
+                    bf16_dst,
                     T::as_f32(z),
                     T::as_f32(bmax),
                     T::as_f32_mut(&mut block_sum),

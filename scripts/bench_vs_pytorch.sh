@@ -73,22 +73,19 @@ fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 BUSY_BEFORE="$(busy_pct)"
-run_ours() {
-    say "round $1, ours: $BIN bench lm --json --warmup $WARMUP --repeats $REPEATS ${*:2}"
-    "$BIN" bench lm --json --warmup "$WARMUP" --repeats "$REPEATS" "${@:2}" > "$TMP/ours.$1.json"
-}
 # Ours runs first in round 1, so its JSON says before any PyTorch run whether this CPU has a
 # bf16 unit for our side; without one there is no bf16 ratio to take, and PyTorch's bf16
 # autocast step (emulated on such CPUs: 8-9 s per step on a Zen 3) is skipped.
 TORCH_EXTRA=()
-torch_extra() {
-    if [[ -f "$TMP/ours.1.json" ]] && ! "$PY" -c 'import json, sys
+run_ours() {
+    say "round $1, ours: $BIN bench lm --json --warmup $WARMUP --repeats $REPEATS ${*:2}"
+    "$BIN" bench lm --json --warmup "$WARMUP" --repeats "$REPEATS" "${@:2}" > "$TMP/ours.$1.json"
+    if (( $1 == 1 )) && ! "$PY" -c 'import json, sys
 sys.exit(0 if json.load(open(sys.argv[1])).get("bf16_products") else 1)' "$TMP/ours.1.json"; then
         TORCH_EXTRA=(--no-bf16)
     fi
 }
 run_torch() {
-    torch_extra
     say "round $1, PyTorch: $PY scripts/bench_lm_torch.py --json --warmup $WARMUP --repeats $REPEATS ${TORCH_EXTRA[*]} ${*:2}"
     "$PY" scripts/bench_lm_torch.py --json --warmup "$WARMUP" --repeats "$REPEATS" "${TORCH_EXTRA[@]}" "${@:2}" > "$TMP/torch.$1.json"
 }

@@ -18,7 +18,7 @@ use transformer_train::lm::{self, LmTrainConfig, Progress, TrainOptions};
 pub enum LmCommand {
     /// Train the tutorial's language model (defaults: the tutorial's settings on WikiText-2).
     #[command(
-        after_help = "Examples:\n  transformer lm train --out runs/lm\n  transformer lm train --out runs/lm --resume          # continue after an interruption\n  transformer lm train --config lm.toml --epochs 6    # flags override the file\n  transformer lm train --out runs/quick --max-batches 100 --epochs 1"
+        after_help = "Examples:\n  transformer lm train --out runs/lm\n  transformer lm train --out runs/lm --resume          # continue after an interruption\n  transformer lm train --config lm.toml --epochs 6    # flags override the file\n  transformer lm train --out runs/quick --max-batches 100 --epochs 1\n  transformer lm train --out runs/tutorial --average-decay 0   # the tutorial's read-out only"
     )]
     Train(Box<TrainArgs>),
     /// Loss and perplexity of a text file under a trained model (the tutorial's evaluate).
@@ -117,6 +117,12 @@ pub struct TrainArgs {
     /// tutorial's, which drops line ends)
     #[arg(long)]
     eos_per_line: bool,
+    /// Decay per step of the moving average of the weights, validated beside the SGD
+    /// weights at every epoch end; the better of the two by validation loss is the best
+    /// model (training itself is the tutorial's either way). 0 = no average, the tutorial's
+    /// read-out alone [default: 0.999]
+    #[arg(long, value_name = "DECAY")]
+    average_decay: Option<f64>,
 }
 
 impl TrainArgs {
@@ -144,7 +150,8 @@ impl TrainArgs {
             log_interval,
             checkpoint_interval,
             seed,
-            precision
+            precision,
+            average_decay
         );
         if self.tie_weights {
             c.tie_weights = true;

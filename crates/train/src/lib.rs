@@ -2,6 +2,7 @@
 //! metrics, the tutorial's WikiText-2 language model loop, and the copy task (the Annotated
 //! Transformer's end-to-end smoke test).
 
+pub mod average;
 pub mod checkpoint;
 pub mod clip;
 pub mod copy_task;

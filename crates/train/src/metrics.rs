@@ -5,6 +5,26 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
 
+/// Which weights a validation or test figure was computed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Weights {
+    /// The SGD iterate: the tutorial's read-out.
+    #[default]
+    Sgd,
+    /// The moving average of the weights ([`crate::average`]).
+    Average,
+}
+
+impl Weights {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Weights::Sgd => "the SGD weights",
+            Weights::Average => "the weight average",
+        }
+    }
+}
+
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -27,9 +47,19 @@ pub enum Metric {
         loss: f64,
         ppl: f64,
         epoch_seconds: f64,
+        /// Absent in files written before weight averaging existed: the SGD weights.
+        #[serde(default)]
+        weights: Weights,
     },
-    /// Test of the best model at the end of training.
-    Test { step: usize, loss: f64, ppl: f64 },
+    /// Test at the end of training: of the best model by validation, and (when weights are
+    /// averaged and the average won) of the best SGD weights too.
+    Test {
+        step: usize,
+        loss: f64,
+        ppl: f64,
+        #[serde(default)]
+        weights: Weights,
+    },
 }
 
 impl Metric {
@@ -98,7 +128,7 @@ pub fn truncate_after(path: &Path, step: usize) -> Result<()> {
 }
 
 /// Writes an SVG line chart of training loss (per log interval) and validation loss (per
-/// epoch) against the step. Hand-written: two polylines and axes do not justify a plotting
+/// epoch, of the SGD weights and, where there is one, of the weight average) against the step. Hand-written: two polylines and axes do not justify a plotting
 /// crate's build time on this project's 2-core machines.
 pub fn plot_svg(metrics: &[Metric], path: &Path) -> Result<()> {
     let train: Vec<(f64, f64)> = metrics
@@ -108,14 +138,22 @@ pub fn plot_svg(metrics: &[Metric], path: &Path) -> Result<()> {
             _ => None,
         })
         .collect();
-    let valid: Vec<(f64, f64)> = metrics
-        .iter()
-        .filter_map(|m| match m {
-            Metric::Valid { step, loss, .. } => Some((*step as f64, *loss)),
-            _ => None,
-        })
-        .collect();
-    let all = train.iter().chain(&valid);
+    let valid_of = |which: Weights| -> Vec<(f64, f64)> {
+        metrics
+            .iter()
+            .filter_map(|m| match m {
+                Metric::Valid {
+                    step,
+                    loss,
+                    weights,
+                    ..
+                } if *weights == which => Some((*step as f64, *loss)),
+                _ => None,
+            })
+            .collect()
+    };
+    let (valid, valid_avg) = (valid_of(Weights::Sgd), valid_of(Weights::Average));
+    let all = train.iter().chain(&valid).chain(&valid_avg);
     let (mut x1, mut y0, mut y1) = (1f64, f64::INFINITY, f64::NEG_INFINITY);
     for &(x, y) in all {
         x1 = x1.max(x);
@@ -164,20 +202,34 @@ pub fn plot_svg(metrics: &[Metric], path: &Path) -> Result<()> {
         "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{}\"/>\n",
         line(&train)
     );
-    s += &format!(
-        "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"{}\"/>\n",
-        line(&valid)
-    );
-    for &(x, y) in &valid {
+    let mut legend = vec![("#1f77b4", "training")];
+    for (pts, colour, name) in [
+        (&valid, "#d62728", "validation"),
+        (&valid_avg, "#2ca02c", "validation, weight average"),
+    ] {
+        if pts.is_empty() {
+            continue;
+        }
+        legend.push((colour, name));
         s += &format!(
-            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"#d62728\"/>\n",
-            sx(x),
-            sy(y)
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            line(pts)
+        );
+        for &(x, y) in pts {
+            s += &format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{colour}\"/>\n",
+                sx(x),
+                sy(y)
+            );
+        }
+    }
+    for (i, (colour, name)) in legend.iter().enumerate() {
+        s += &format!(
+            "<text x=\"{}\" y=\"{}\" fill=\"{colour}\">{name}</text>\n",
+            w - r - 180.0,
+            t + 15.0 + 16.0 * i as f64
         );
     }
-    s += &format!(
-        "<text x=\"{}\" y=\"{}\" fill=\"#1f77b4\">training</text>\n<text x=\"{}\" y=\"{}\" fill=\"#d62728\">validation</text>\n</svg>\n",
-        w - r - 150.0, t + 15.0, w - r - 80.0, t + 15.0
-    );
+    s += "</svg>\n";
     crate::checkpoint::write_atomic(path, s.as_bytes())
 }

@@ -7,7 +7,7 @@ use transformer_model::{Mode, ParamBuilder, Rng, TransformerLm};
 use transformer_text::batch::batchify;
 use transformer_train::lm::{self, LmTrainConfig, Progress, TrainOptions};
 use transformer_train::loss::log_softmax;
-use transformer_train::metrics::{self, Metric};
+use transformer_train::metrics::{self, Metric, Weights};
 
 struct Quiet;
 impl Progress for Quiet {
@@ -67,6 +67,18 @@ fn small_config(data: &Path) -> LmTrainConfig {
     }
 }
 
+/// A fresh run of `cfg` into `out`.
+fn fresh(cfg: LmTrainConfig, out: PathBuf) -> TrainOptions {
+    TrainOptions {
+        config: cfg,
+        out,
+        resume: false,
+        stop_after_steps: None,
+        interrupt: None,
+        device: Device::Cpu,
+    }
+}
+
 fn losses(ms: &[Metric]) -> Vec<(usize, f64)> {
     ms.iter()
         .map(|m| match m {
@@ -117,11 +129,29 @@ fn resumed_run_matches_uninterrupted_run() {
     let ma = metrics::read(&lm::metrics_path(&straight)).unwrap();
     let mb = metrics::read(&lm::metrics_path(&split)).unwrap();
     assert_eq!(losses(&ma), losses(&mb));
-    assert_eq!(
-        ma.iter()
-            .filter(|m| matches!(m, Metric::Valid { .. }))
-            .count(),
-        2
+    for which in [Weights::Sgd, Weights::Average] {
+        let valid = ma
+            .iter()
+            .filter(|m| matches!(m, Metric::Valid { weights, .. } if *weights == which))
+            .count();
+        assert_eq!(valid, 2, "{which:?}");
+    }
+    // The checkpoints hold the same weight average, to the bit.
+    let average = |run: &Path| {
+        let (t, _) =
+            transformer_train::checkpoint::load(&lm::checkpoint_path(run), &Device::Cpu).unwrap();
+        let mut a: Vec<(String, Vec<f32>)> = t
+            .into_iter()
+            .filter(|(n, _)| n.starts_with("average."))
+            .map(|(n, t)| (n, t.flatten_all().unwrap().to_vec1().unwrap()))
+            .collect();
+        a.sort_by(|x, y| x.0.cmp(&y.0));
+        a
+    };
+    assert!(!average(&straight).is_empty());
+    assert!(
+        average(&straight) == average(&split),
+        "weight averages differ"
     );
     for f in [
         "config.toml",
@@ -210,14 +240,7 @@ fn clear_errors_for_bad_data() {
         data: Some(dir.join("nope")),
         ..small_config(&dir)
     };
-    let opts = TrainOptions {
-        config: cfg,
-        out: out.clone(),
-        resume: false,
-        stop_after_steps: None,
-        interrupt: None,
-        device: Device::Cpu,
-    };
+    let opts = fresh(cfg, out.clone());
     let err = lm::train(&opts, &mut Quiet).unwrap_err().to_string();
     assert!(err.contains("train.txt"), "{err}");
 
@@ -225,14 +248,7 @@ fn clear_errors_for_bad_data() {
     write_corpus(&dir);
     std::fs::write(dir.join("valid.txt"), "the cat\n").unwrap();
     let cfg = small_config(&dir);
-    let opts = TrainOptions {
-        config: cfg,
-        out: out.clone(),
-        resume: false,
-        stop_after_steps: None,
-        interrupt: None,
-        device: Device::Cpu,
-    };
+    let opts = fresh(cfg, out.clone());
     let err = lm::train(&opts, &mut Quiet).unwrap_err().to_string();
     assert!(err.contains("valid.txt"), "{err}");
 
@@ -468,4 +484,80 @@ fn eos_per_line_runs_evaluate_their_own_way() {
     };
     let other = lm::evaluate_file(&plain, &data.join("test.txt"), 3, 8, &Device::Cpu).unwrap();
     assert!(other.tokens < eval.tokens);
+}
+
+/// The weight average changes what is read out, never the training: the same step losses
+/// and SGD validation figures as a run without it, the best model the one with the lower
+/// validation loss, and the best SGD weights tested too when the average wins.
+#[test]
+fn weight_average_is_a_read_out() {
+    let data = temp_dir("avg-data");
+    write_corpus(&data);
+    let run = |name: &str, decay: f64| {
+        let out = temp_dir(name);
+        let cfg = LmTrainConfig {
+            average_decay: decay,
+            max_batches: Some(24),
+            ..small_config(&data)
+        };
+        let summary = lm::train(&fresh(cfg, out.clone()), &mut Quiet).unwrap();
+        let ms = metrics::read(&lm::metrics_path(&out)).unwrap();
+        (out, summary, ms)
+    };
+    let (plain, a, ma) = run("avg-off", 0.0);
+    let (averaged, b, mb) = run("avg-on", 0.99);
+    assert_eq!(a.step_losses, b.step_losses);
+    let valid = |ms: &[Metric], which: Weights| -> Vec<f64> {
+        ms.iter()
+            .filter_map(|m| match m {
+                Metric::Valid { loss, weights, .. } if *weights == which => Some(*loss),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(valid(&ma, Weights::Sgd), valid(&mb, Weights::Sgd));
+    assert!(valid(&ma, Weights::Average).is_empty());
+    assert!(!plain.join("best-sgd.safetensors").exists());
+
+    let avg = valid(&mb, Weights::Average);
+    let sgd = valid(&mb, Weights::Sgd);
+    assert_eq!(avg.len(), 2);
+    assert!(avg.iter().zip(&sgd).all(|(x, y)| x != y), "{avg:?} {sgd:?}");
+    let best = avg
+        .iter()
+        .chain(&sgd)
+        .copied()
+        .fold(f64::INFINITY, f64::min);
+    assert_eq!(b.state.best_val_loss, Some(best));
+    let winner = if avg.contains(&best) {
+        Weights::Average
+    } else {
+        Weights::Sgd
+    };
+    assert_eq!(b.state.best_weights, winner);
+    let tests: Vec<(Weights, f64)> = mb
+        .iter()
+        .filter_map(|m| match m {
+            Metric::Test { weights, loss, .. } => Some((*weights, *loss)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tests[0], (winner, b.test_loss.unwrap()));
+    // best.safetensors is the winner: evaluating it reproduces the best validation loss.
+    let loaded = lm::load_run(&averaged, &Device::Cpu).unwrap();
+    let cfg = small_config(&data);
+    let d = lm::LmData::load(&data, &cfg, Some(loaded.vocab.clone())).unwrap();
+    let v = lm::evaluate(&loaded.model, &d.valid, cfg.bptt, &Device::Cpu).unwrap();
+    assert_eq!(v, best);
+    if winner == Weights::Average {
+        // The tutorial's read-out is still reported: the best SGD weights' test loss, which
+        // is the plain run's.
+        assert_eq!(tests.len(), 2);
+        assert_eq!(tests[1], (Weights::Sgd, a.test_loss.unwrap()));
+    } else {
+        assert_eq!(tests.len(), 1);
+    }
+    for d in [data, plain, averaged] {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }

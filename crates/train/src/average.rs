@@ -1,0 +1,212 @@
+//! An exponential moving average of the weights (Polyak & Juditsky 1992; as a running
+//! average of SGD iterates, the "averaged SGD" readout of Merity et al. 2018).
+//!
+//! SGD at the tutorial's learning rate 5 moves the weights a long way at every step, so the
+//! model at any one step (the end of an epoch, where the tutorial evaluates) is a noisy draw
+//! around the region the iterates wander in; the average of recent iterates sits nearer its
+//! middle and usually predicts better. Averaging is a read-out: it never feeds back into
+//! training, so the training trajectory (every step's loss) is the same with or without it.
+//!
+//! The average is kept in a second model of the same shape, updated in place after every
+//! `every`-th optimizer step:
+//!
+//! ```text
+//! avg <- avg + (1 - d) * (w - avg),   d = min(decay^every, n / (n + 1))
+//! ```
+//!
+//! where `n` counts the updates before this one. The `n / (n + 1)` bound makes the first
+//! `1 / (1 - decay)` or so updates a plain mean of the iterates seen so far (so the random
+//! initial weights do not linger with weight `decay^n`), after which it is the exponential
+//! average of horizon about `1 / (1 - decay)` steps.
+
+use crate::error::Result;
+use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Tensor, Var};
+use transformer_model::{LmConfig, ParamBuilder, Params, TransformerLm};
+
+/// The moving average of a [`TransformerLm`]'s weights, itself a model that evaluates.
+pub struct WeightAverage {
+    /// Per optimizer step.
+    pub decay: f64,
+    /// Optimizer steps between updates.
+    pub every: usize,
+    /// Updates made so far.
+    pub updates: u64,
+    pub model: TransformerLm,
+    pub params: Params,
+}
+
+impl WeightAverage {
+    /// An average that starts at the weights in `start` (the same model configuration).
+    pub fn new(cfg: &LmConfig, start: &Params, decay: f64, every: usize) -> Result<Self> {
+        let first = start.iter().next().map(|(_, v)| v.as_tensor().clone());
+        let device = first
+            .as_ref()
+            .map_or(candle_core::Device::Cpu, |t| t.device().clone());
+        let pb = ParamBuilder::new(DType::F32, &device, 0);
+        let model = TransformerLm::new(&pb, cfg)?;
+        let params = pb.params();
+        for ((_, a), (_, w)) in params.iter().zip(start.iter()) {
+            a.set(w.as_tensor())?;
+        }
+        Ok(Self {
+            decay,
+            every: every.max(1),
+            updates: 0,
+            model,
+            params,
+        })
+    }
+
+    /// The weight the average keeps at the next update.
+    fn keep(&self) -> f64 {
+        let n = self.updates as f64;
+        self.decay.powi(self.every as i32).min(n / (n + 1.0))
+    }
+
+    /// Call after every optimizer step (`step` counts them from 1); updates the average from
+    /// `weights` on every `every`-th one.
+    pub fn after_step(&mut self, step: usize, weights: &Params) -> Result<()> {
+        if !step.is_multiple_of(self.every) {
+            return Ok(());
+        }
+        let rate = 1.0 - self.keep();
+        for ((_, a), (_, w)) in self.params.iter().zip(weights.iter()) {
+            toward_in_place(a, w.as_tensor(), rate)?;
+        }
+        self.updates += 1;
+        Ok(())
+    }
+}
+
+/// `avg += rate * (w - avg)`, in place on contiguous CPU f32 tensors (one pass, no
+/// allocation); through candle's ops elsewhere.
+fn toward_in_place(avg: &Var, w: &Tensor, rate: f64) -> Result<()> {
+    let fast = avg.device().is_cpu()
+        && avg.dtype() == DType::F32
+        && w.dtype() == DType::F32
+        && avg.is_contiguous()
+        && w.is_contiguous();
+    if fast {
+        avg.as_tensor()
+            .inplace_op2(w, &Toward { rate: rate as f32 })?;
+    } else {
+        let a = avg.as_tensor();
+        avg.set(&(a + ((w - a)? * rate)?)?)?;
+    }
+    Ok(())
+}
+
+struct Toward {
+    rate: f32,
+}
+
+impl InplaceOp2 for Toward {
+    fn name(&self) -> &'static str {
+        "toward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        src: &CpuStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<()> {
+        let (Some((d0, d1)), Some((s0, s1))) = (dl.contiguous_offsets(), sl.contiguous_offsets())
+        else {
+            candle_core::bail!("toward: expected contiguous tensors");
+        };
+        let (CpuStorage::F32(d), CpuStorage::F32(s)) = (dst, src) else {
+            candle_core::bail!("toward: expected f32 tensors");
+        };
+        if d1 - d0 != s1 - s0 {
+            candle_core::bail!("toward: the average and the weights differ in size");
+        }
+        let r = self.rate;
+        crate::par::zip_mut(&mut d[d0..d1], &s[s0..s1], |d, s| {
+            d.iter_mut().zip(s).for_each(|(a, w)| *a += r * (*w - *a))
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use transformer_model::Rng;
+
+    fn flat(params: &Params) -> Vec<f64> {
+        params
+            .iter()
+            .flat_map(|(_, v)| {
+                v.as_tensor()
+                    .flatten_all()
+                    .and_then(|t| t.to_dtype(DType::F64))
+                    .and_then(|t| t.to_vec1::<f64>())
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// The average against the module doc's formula computed in f64 over the same iterates,
+    /// with updates on every `every`-th step only and a plain mean while `n / (n + 1)` is
+    /// below `decay^every`.
+    #[test]
+    fn average_follows_its_formula() -> Result<()> {
+        let cfg = LmConfig {
+            ntoken: 11,
+            d_model: 8,
+            nhead: 2,
+            d_hid: 12,
+            nlayers: 1,
+            ..LmConfig::default()
+        };
+        let pb = ParamBuilder::new(DType::F32, &Device::Cpu, 3);
+        TransformerLm::new(&pb, &cfg)?;
+        let weights = pb.params();
+        let (decay, every) = (0.9, 3);
+        let mut avg = WeightAverage::new(&cfg, &weights, decay, every)?;
+        let mut reference = flat(&weights);
+        let rng = Rng::new(9);
+        let mut n = 0f64;
+        for step in 1..=40usize {
+            // A new iterate: every weight moves by a random amount.
+            for (_, v) in weights.iter() {
+                let t = v.as_tensor();
+                let noise: Vec<f32> = (0..t.elem_count())
+                    .map(|_| (rng.uniform() as f32 - 0.5) * 0.2)
+                    .collect();
+                v.set(&(t + Tensor::from_vec(noise, t.dims(), t.device())?)?)?;
+            }
+            avg.after_step(step, &weights)?;
+            if step % every == 0 {
+                let keep = decay.powi(every as i32).min(n / (n + 1.0));
+                for (r, w) in reference.iter_mut().zip(flat(&weights)) {
+                    *r += (1.0 - keep) * (w - *r);
+                }
+                n += 1.0;
+            }
+        }
+        assert_eq!(avg.updates, 13);
+        let got = flat(&avg.params);
+        let worst = got
+            .iter()
+            .zip(&reference)
+            .map(|(g, r)| (g - r).abs())
+            .fold(0f64, f64::max);
+        assert!(
+            worst < 1e-5,
+            "largest difference from the f64 formula {worst:e}"
+        );
+        // It is an average, not the last iterate.
+        let last = flat(&weights);
+        let apart = got
+            .iter()
+            .zip(&last)
+            .filter(|(g, w)| (*g - *w).abs() > 1e-3)
+            .count();
+        assert!(apart > got.len() / 2, "{apart} of {} differ", got.len());
+        Ok(())
+    }
+}

@@ -210,6 +210,15 @@ fn main() -> candle_core::Result<()> {
             let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);
             sgd.step_scaled(&g, coef).unwrap();
         });
+        // The weight average's update, which `transformer lm train` makes every
+        // AVERAGE_EVERY-th step (so its cost per step is this divided by that).
+        let mut avg = transformer_train::average::WeightAverage::new(&cfg, &params, 0.999, 1)
+            .unwrap();
+        let mut n = 0;
+        time("  weight average update (one)", 5, || {
+            n += 1;
+            avg.after_step(n, &params).unwrap()
+        });
         // What `transformer lm train` runs (lr 0: the weights stay put).
         let mut step = LmStep::new(vars.clone(), 0.0, 0.5);
         time("  full step, trainer's (direct gradients)", 5, || {

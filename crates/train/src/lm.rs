@@ -606,9 +606,12 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
             path: checkpoint_path(run),
             msg,
         };
-        let cfg: LmTrainConfig =
-            toml::from_str(meta.get("config").ok_or_else(|| bad("no config".into()))?)
-                .map_err(|e| bad(e.to_string()))?;
+        let text = meta.get("config").ok_or_else(|| bad("no config".into()))?;
+        let mut cfg: LmTrainConfig = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        // A run from before weight averaging existed continues as it was configured: without.
+        if toml::from_str::<toml::Table>(text).is_ok_and(|t| !t.contains_key("average_decay")) {
+            cfg.average_decay = 0.0;
+        }
         let state: TrainState =
             serde_json::from_str(meta.get("state").ok_or_else(|| bad("no state".into()))?)
                 .map_err(|e| bad(e.to_string()))?;
@@ -673,15 +676,13 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         params.assign(&tensors)?;
         state = saved_state;
         if let Some(avg) = &mut average {
-            if saved_average.is_empty() {
-                // A checkpoint from before weight averaging existed.
-                progress
-                    .line("the checkpoint holds no weight average: starting one from its weights");
-                *avg = WeightAverage::new(&model_cfg, &params, cfg.average_decay, AVERAGE_EVERY)?;
-            } else {
-                avg.params.assign(&saved_average)?;
-                avg.updates = state.average_updates;
-            }
+            avg.params
+                .assign(&saved_average)
+                .map_err(|e| Error::Checkpoint {
+                    path: checkpoint_path(run),
+                    msg: format!("the weight average: {e}"),
+                })?;
+            avg.updates = state.average_updates;
         }
         metrics::truncate_after(&metrics_path(run), state.step)?;
         progress.line(&format!(

@@ -561,3 +561,52 @@ fn weight_average_is_a_read_out() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// A checkpoint written before weight averaging existed (no `average_decay` in its config,
+/// no average in its tensors) resumes as the run was configured then: without an average,
+/// and exactly where it stopped.
+#[test]
+fn checkpoint_from_before_averaging_resumes_without_it() {
+    let data = temp_dir("old-data");
+    write_corpus(&data);
+    let cfg = LmTrainConfig {
+        average_decay: 0.0,
+        ..small_config(&data)
+    };
+    let straight = temp_dir("old-straight");
+    let a = lm::train(&fresh(cfg.clone(), straight.clone()), &mut Quiet).unwrap();
+    let old = temp_dir("old-split");
+    let stopped = TrainOptions {
+        stop_after_steps: Some(7),
+        ..fresh(cfg.clone(), old.clone())
+    };
+    lm::train(&stopped, &mut Quiet).unwrap();
+    // Rewrite the checkpoint's config as an older version wrote it: without the key.
+    let path = lm::checkpoint_path(&old);
+    let (tensors, mut meta) = transformer_train::checkpoint::load(&path, &Device::Cpu).unwrap();
+    let config: Vec<&str> = meta["config"]
+        .lines()
+        .filter(|l| !l.starts_with("average_decay"))
+        .collect();
+    assert!(config.len() < meta["config"].lines().count());
+    meta.insert("config".into(), config.join("\n"));
+    let tensors: Vec<(String, Tensor)> = tensors.into_iter().collect();
+    transformer_train::checkpoint::save(&path, &tensors, meta).unwrap();
+
+    let resumed = TrainOptions {
+        resume: true,
+        ..fresh(cfg, old.clone())
+    };
+    let b = lm::train(&resumed, &mut Quiet).unwrap();
+    assert_eq!(b.step_losses[..], a.step_losses[4..]);
+    assert_eq!(b.test_loss, a.test_loss);
+    let averaged = metrics::read(&lm::metrics_path(&old))
+        .unwrap()
+        .into_iter()
+        .filter(|m| matches!(m, Metric::Valid { weights, .. } if *weights == Weights::Average))
+        .count();
+    assert_eq!(averaged, 0);
+    for d in [data, straight, old] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

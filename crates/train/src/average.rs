@@ -38,10 +38,10 @@ pub struct WeightAverage {
 impl WeightAverage {
     /// An average that starts at the weights in `start` (the same model configuration).
     pub fn new(cfg: &LmConfig, start: &Params, decay: f64, every: usize) -> Result<Self> {
-        let first = start.iter().next().map(|(_, v)| v.as_tensor().clone());
-        let device = first
-            .as_ref()
-            .map_or(candle_core::Device::Cpu, |t| t.device().clone());
+        let device = start
+            .iter()
+            .next()
+            .map_or(candle_core::Device::Cpu, |(_, v)| v.device().clone());
         let pb = ParamBuilder::new(DType::F32, &device, 0);
         let model = TransformerLm::new(&pb, cfg)?;
         let params = pb.params();

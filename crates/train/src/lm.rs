@@ -345,9 +345,6 @@ pub struct TrainState {
     pub log_batches: usize,
     /// Whether the test evaluation has been done.
     pub finished: bool,
-    /// Updates of the weight average so far (0 when there is none).
-    #[serde(default)]
-    pub average_updates: u64,
     /// Which weights `best.safetensors` holds, and from the end of which epoch.
     #[serde(default)]
     pub best_weights: Weights,
@@ -653,7 +650,6 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         log_loss_sum: 0.0,
         log_batches: 0,
         finished: false,
-        average_updates: 0,
         best_weights: Weights::Sgd,
         best_epoch: 0,
         best_sgd_val_loss: None,
@@ -682,7 +678,8 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                     path: checkpoint_path(run),
                     msg: format!("the weight average: {e}"),
                 })?;
-            avg.updates = state.average_updates;
+            // It has been updated after every AVERAGE_EVERY-th step since step 0.
+            avg.updates = (state.step / AVERAGE_EVERY) as u64;
         }
         metrics::truncate_after(&metrics_path(run), state.step)?;
         progress.line(&format!(
@@ -766,7 +763,6 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
             state.step += 1;
             if let Some(avg) = &mut average {
                 avg.after_step(state.step, &params)?;
-                state.average_updates = avg.updates;
             }
             state.next_window = batch + 1;
             state.rng = rng.state();

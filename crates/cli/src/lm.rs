@@ -225,8 +225,33 @@ pub struct ImportArgs {
 }
 
 /// Log lines to stdout; a progress bar with ETA on stderr when it is a terminal.
-struct Console {
-    bar: Option<ProgressBar>,
+pub(crate) struct Console {
+    pub(crate) bar: Option<ProgressBar>,
+}
+
+impl Console {
+    /// A console whose bar counts `unit` ("batches", "sentences").
+    pub(crate) fn new(unit: &str) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(0);
+            bar.set_style(
+                ProgressStyle::with_template(&format!(
+                    "{{msg}} [{{bar:40}}] {{pos}}/{{len}} {unit}, {{per_sec}}, eta {{eta}}"
+                ))
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            bar
+        });
+        Self { bar }
+    }
+
+    /// Removes the bar.
+    pub(crate) fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 impl Progress for Console {
@@ -250,7 +275,7 @@ impl Progress for Console {
 
 /// A flag set by the first Ctrl-C (training then checkpoints and stops after the current
 /// batch); a second Ctrl-C exits at once.
-fn interrupt_flag() -> Arc<AtomicBool> {
+pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();
     let installed = ctrlc::set_handler(move || {
@@ -271,17 +296,6 @@ pub fn run(cmd: LmCommand) -> Result<()> {
     match cmd {
         LmCommand::Train(args) => {
             let config = args.resolve()?;
-            let bar = std::io::stderr().is_terminal().then(|| {
-                let bar = ProgressBar::new(0);
-                bar.set_style(
-                    ProgressStyle::with_template(
-                        "{msg} [{bar:40}] {pos}/{len} batches, {per_sec}, eta {eta}",
-                    )
-                    .expect("valid template")
-                    .progress_chars("=> "),
-                );
-                bar
-            });
             let opts = TrainOptions {
                 config,
                 out: args.out.clone(),
@@ -290,11 +304,9 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 interrupt: Some(interrupt_flag()),
                 device,
             };
-            let mut console = Console { bar };
+            let mut console = Console::new("batches");
             let summary = lm::train(&opts, &mut console)?;
-            if let Some(bar) = &console.bar {
-                bar.finish_and_clear();
-            }
+            console.finish();
             if summary.test_loss.is_none() {
                 println!(
                     "stopped after {} steps; continue with: transformer lm train --out {} --resume",

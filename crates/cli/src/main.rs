@@ -12,7 +12,9 @@ use transformer_model::{
 use transformer_train::copy_task::{self, CopyTaskConfig};
 
 mod bench;
+mod bleu;
 mod lm;
+mod mt;
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +40,9 @@ enum Command {
     /// The PyTorch tutorial's language model on WikiText-2: train, eval, generate, import.
     #[command(subcommand)]
     Lm(lm::LmCommand),
+    /// Translation: train an encoder-decoder Transformer, translate, score with BLEU.
+    #[command(subcommand)]
+    Mt(mt::MtCommand),
     /// Benchmark our implementation at fixed shapes (compare with PyTorch:
     /// scripts/bench_vs_pytorch.sh).
     #[command(subcommand)]
@@ -47,6 +52,8 @@ enum Command {
         after_help = "Examples:\n  transformer info --preset base\n  transformer info --preset lm --json\n  transformer info --preset base --nhead 6   # an error that says what to change"
     )]
     Info(InfoArgs),
+    /// Score a translation: corpus BLEU and chrF as sacreBLEU computes them, with signatures.
+    Bleu(bleu::BleuArgs),
 }
 
 #[derive(clap::Args)]
@@ -125,7 +132,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::CopyTask(args) => copy(args),
         Command::Info(args) => info(args),
         Command::Lm(cmd) => lm::run(cmd),
+        Command::Mt(cmd) => mt::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Bleu(args) => bleu::run(args),
     }
 }
 
@@ -183,14 +192,7 @@ fn copy(args: CopyArgs) -> Result<()> {
     };
     let src = copy_task::random_batch(&Rng::new(args.seed ^ 0xdead_beef), &held_out, &dev)?;
     let acc = copy_task::copy_accuracy(&trained.model, &src)?;
-    let decoded = transformer_decode::greedy(
-        &trained.model,
-        &src,
-        copy_task::PAD,
-        copy_task::BOS,
-        None,
-        cfg.seq_len - 1,
-    )?;
+    let decoded = copy_task::greedy_copies(&trained.model, &src)?;
     for (row, out) in src.to_vec2::<u32>()?.iter().zip(&decoded).take(3) {
         println!("  source {:?}\n  greedy {:?}", &row[1..], out);
     }

@@ -7,7 +7,7 @@ use crate::encoder::{residual, LayerSpec};
 use crate::feed_forward::FeedForward;
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
-use crate::multi_head::MultiHeadAttention;
+use crate::multi_head::{KvCache, MultiHeadAttention};
 use crate::params::ParamBuilder;
 use crate::Result;
 use candle_core::Tensor;
@@ -58,6 +58,32 @@ impl DecoderLayer {
         })
     }
 
+    /// [`Self::forward`] without the attention weights: both attentions run as the fused
+    /// attention op, which keeps nothing of the (B, H, T, S) weights (training).
+    ///
+    /// # Shapes
+    /// x (B, T, C), memory (B, S, C) -> (B, T, C)
+    pub fn forward_no_weights(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        self_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
+            self.self_attn
+                .self_attention_output(h, None, self_mask, mode)
+        })?;
+        let x = residual(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
+            self.multihead_attn
+                .cross_attention_output(h, memory, memory_mask, mode)
+        })?;
+        residual(&x, &self.norm3, self.norm_first, self.dropout, mode, |h| {
+            self.ff.forward(h, mode)
+        })
+    }
+
     /// # Shapes
     /// - x (B, T, C), memory (B, S, C)
     /// - self_mask broadcastable to (B, H, T, T), memory_mask to (B, H, T, S)
@@ -80,6 +106,59 @@ impl DecoderLayer {
             let (out, w) = self
                 .multihead_attn
                 .forward(h, memory, memory, memory_mask, mode)?;
+            cross_w = Some(w);
+            Ok(out)
+        })?;
+        let x = residual(&x, &self.norm3, self.norm_first, self.dropout, mode, |h| {
+            self.ff.forward(h, mode)
+        })?;
+        let weights = DecoderWeights {
+            self_attn: self_w.expect("self-attention ran"),
+            cross_attn: cross_w.expect("cross-attention ran"),
+        };
+        Ok((x, weights))
+    }
+}
+
+impl DecoderLayer {
+    /// Projects the encoder output into this layer's encoder-decoder keys and values, once
+    /// per source sentence (every decoding step reuses them).
+    ///
+    /// # Shapes
+    /// memory (B, S, C) -> (B, H, S, D) each
+    pub fn project_memory(&self, memory: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.multihead_attn.project_kv(memory, memory)
+    }
+
+    /// New target positions over the cached ones (`cache`, extended with them) and over the
+    /// projected memory: one step of incremental decoding. `self_mask` covers all
+    /// self-attention keys, (T, cached + T); `None` for a single new position, which may
+    /// attend to everything before it. Same result as [`Self::forward`] at those positions.
+    ///
+    /// # Shapes
+    /// - x (B, T, C), memory_kv (B, H, S, D) each, memory_mask broadcastable to (B, H, T, S)
+    /// - -> (B, T, C) and the attention weights (self: (B, H, T, cached + T), cross:
+    ///   (B, H, T, S))
+    pub fn forward_step(
+        &self,
+        x: &Tensor,
+        cache: &mut KvCache,
+        memory_kv: &(Tensor, Tensor),
+        self_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, DecoderWeights)> {
+        let (mut self_w, mut cross_w) = (None, None);
+        let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
+            let (out, w) = self.self_attn.forward_cached(h, cache, self_mask, mode)?;
+            self_w = Some(w);
+            Ok(out)
+        })?;
+        let x = residual(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
+            let q = self.multihead_attn.project_q(h)?;
+            let (out, w) =
+                self.multihead_attn
+                    .attend(&q, &memory_kv.0, &memory_kv.1, memory_mask, mode)?;
             cross_w = Some(w);
             Ok(out)
         })?;
@@ -134,9 +213,65 @@ impl Decoder {
         memory_mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<Tensor> {
-        Ok(self
-            .forward_with_weights(x, memory, self_mask, memory_mask, mode)?
-            .0)
+        let mut x = x.clone();
+        for layer in &self.layers {
+            x = layer.forward_no_weights(&x, memory, self_mask, memory_mask, mode)?;
+        }
+        match &self.norm {
+            Some(norm) => norm.forward(&x),
+            None => Ok(x),
+        }
+    }
+
+    /// Number of layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Every layer's encoder-decoder keys and values ([`DecoderLayer::project_memory`]).
+    ///
+    /// # Shapes
+    /// memory (B, S, C) -> one (B, H, S, D) pair per layer
+    pub fn project_memory(&self, memory: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
+        self.layers
+            .iter()
+            .map(|l| l.project_memory(memory))
+            .collect()
+    }
+
+    /// One step of incremental decoding through the stack ([`DecoderLayer::forward_step`]):
+    /// `caches` and `memory_kv` hold one entry per layer.
+    ///
+    /// # Shapes
+    /// x (B, T, C) -> (B, T, C) and each layer's attention weights
+    pub fn forward_step(
+        &self,
+        x: &Tensor,
+        caches: &mut [KvCache],
+        memory_kv: &[(Tensor, Tensor)],
+        self_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
+        let n = self.layers.len();
+        if caches.len() != n || memory_kv.len() != n {
+            candle_core::bail!(
+                "{} caches and {} memory projections for {n} decoder layers",
+                caches.len(),
+                memory_kv.len()
+            );
+        }
+        let mut x = x.clone();
+        let mut weights = Vec::with_capacity(n);
+        for ((layer, cache), kv) in self.layers.iter().zip(caches).zip(memory_kv) {
+            let (y, w) = layer.forward_step(&x, cache, kv, self_mask, memory_mask, mode)?;
+            x = y;
+            weights.push(w);
+        }
+        if let Some(norm) = &self.norm {
+            x = norm.forward(&x)?;
+        }
+        Ok((x, weights))
     }
 
     /// Also returns every layer's attention weights.

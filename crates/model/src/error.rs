@@ -23,4 +23,7 @@ pub enum ConfigError {
     BadEps(f64),
     #[error("unknown activation {0:?}: use \"relu\" (the paper) or \"gelu\"")]
     UnknownActivation(String),
+    /// Any other inconsistency; the message says what to change.
+    #[error("{0}")]
+    Invalid(String),
 }

@@ -68,7 +68,7 @@ pub use multi_head::{KvCache, MultiHeadAttention};
 pub use params::{Init, ParamBuilder, Params};
 pub use positional::PositionalEncoding;
 pub use rng::Rng;
-pub use seq2seq::Seq2Seq;
+pub use seq2seq::{DecodeState, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss};
 pub use transformer::Transformer;
 
 /// candle's result type; every forward returns it.

@@ -106,6 +106,21 @@ impl Mask {
         })
     }
 
+    /// Keeps the batch rows `rows` (in that order, repeats allowed), for a mask that varies
+    /// over the batch (a key-padding mask); a mask shared by all rows is returned as is.
+    ///
+    /// # Shapes
+    /// (B, 1, T, S), rows (B',) u32 -> (B', 1, T, S)
+    pub fn select_rows(&self, rows: &Tensor) -> Result<Mask> {
+        if self.keep.dim(0)? == 1 {
+            return Ok(self.clone());
+        }
+        Ok(Self {
+            keep: self.keep.index_select(rows, 0)?,
+            may_mask_whole_rows: self.may_mask_whole_rows,
+        })
+    }
+
     /// Whether some query may have every key masked (then its weights must be zeroed).
     pub fn may_mask_whole_rows(&self) -> bool {
         self.may_mask_whole_rows

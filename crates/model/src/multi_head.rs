@@ -38,6 +38,18 @@ impl KvCache {
         self.len() == 0
     }
 
+    /// Keeps the rows `rows` (in that order, repeats allowed) of every cached tensor: how a
+    /// beam search follows each surviving hypothesis back to its parent.
+    ///
+    /// # Shapes
+    /// (B, H, S, D) each, rows (B',) u32 -> (B', H, S, D) each
+    pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
+        if let Some((k, v)) = self.kv.take() {
+            self.kv = Some((k.index_select(rows, 0)?, v.index_select(rows, 0)?));
+        }
+        Ok(())
+    }
+
     /// Appends new keys and values and returns all of them.
     ///
     /// # Shapes
@@ -176,6 +188,24 @@ impl MultiHeadAttention {
             Some(cache) => cache.append(k, v)?,
             None => (k, v),
         };
+        let out = attention_output(&q, &k, &v, mask, self.dropout, mode)?;
+        self.merge_heads_and_project(&out)
+    }
+
+    /// Attention of `query` over `memory` (encoder-decoder attention) without the weights:
+    /// the fused attention op ([`attention_output`]).
+    ///
+    /// # Shapes
+    /// query (B, T, C), memory (B, S, C) -> (B, T, C)
+    pub fn cross_attention_output(
+        &self,
+        query: &Tensor,
+        memory: &Tensor,
+        mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let q = self.project_q(query)?;
+        let (k, v) = self.project_kv(memory, memory)?;
         let out = attention_output(&q, &k, &v, mask, self.dropout, mode)?;
         self.merge_heads_and_project(&out)
     }

@@ -1,17 +1,28 @@
 //! The full encoder-decoder model of Figure 1: token embeddings scaled by sqrt(d_model)
 //! (section 3.4), sinusoidal positional encoding (section 3.5), the [`Transformer`] core, and
 //! a linear output layer to the target vocabulary (the softmax lives in the loss).
+//!
+//! Two ways to run the decoder:
+//! - [`Seq2Seq::forward`] / [`Seq2Seq::loss`]: every target position at once under the causal
+//!   mask (training, teacher forcing);
+//! - [`Seq2Seq::start`] then [`Seq2Seq::step`]: one position at a time (decoding), with the
+//!   encoder run once, each decoder layer's encoder-decoder keys and values projected once,
+//!   and the self-attention keys and values of earlier positions cached ([`DecodeState`]).
+//!   The two give the same logits (tested).
 
 use crate::config::TransformerConfig;
+use crate::decoder::DecoderWeights;
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mask::Mask;
+use crate::multi_head::KvCache;
 use crate::params::{Init, ParamBuilder};
 use crate::positional::PositionalEncoding;
 use crate::transformer::Transformer;
 use crate::Result;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor, D};
+use serde::{Deserialize, Serialize};
 
 /// The masks one batch needs, built in one place from the token ids.
 #[derive(Debug, Clone)]
@@ -40,6 +51,40 @@ impl Seq2SeqMasks {
     }
 }
 
+/// Everything that defines a [`Seq2Seq`]'s shape; saved beside its weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seq2SeqConfig {
+    /// The encoder-decoder core.
+    pub transformer: TransformerConfig,
+    /// Source vocabulary size.
+    pub src_vocab: usize,
+    /// Target vocabulary size.
+    pub tgt_vocab: usize,
+    /// One matrix for the source embedding, the target embedding and the output layer
+    /// (section 3.4; needs one joint vocabulary, so `src_vocab == tgt_vocab`).
+    #[serde(default)]
+    pub share_embeddings: bool,
+}
+
+impl Seq2SeqConfig {
+    /// Checks the core and the vocabularies; the error says what to change.
+    pub fn validate(&self) -> std::result::Result<(), crate::ConfigError> {
+        self.transformer.validate()?;
+        if self.src_vocab == 0 || self.tgt_vocab == 0 {
+            return Err(crate::ConfigError::Zero { name: "vocabulary" });
+        }
+        if self.share_embeddings && self.src_vocab != self.tgt_vocab {
+            return Err(crate::ConfigError::Invalid(format!(
+                "shared embeddings need one joint vocabulary, but the source has {} tokens and \
+                 the target {}: train a joint tokenizer or turn sharing off",
+                self.src_vocab, self.tgt_vocab
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Seq2Seq {
     src_embedding: Embedding,
@@ -48,6 +93,57 @@ pub struct Seq2Seq {
     transformer: Transformer,
     generator: Linear,
     d_model: usize,
+}
+
+/// The training loss of one batch.
+#[derive(Debug, Clone)]
+pub struct Seq2SeqLoss {
+    /// What to differentiate: label-smoothed cross-entropy per target token.
+    pub loss: Tensor,
+    /// Plain cross-entropy per target token (the perplexity's logarithm), detached.
+    pub nll: Tensor,
+}
+
+/// What incremental decoding keeps between steps for a batch of B rows (sentences, or
+/// sentences x beams): the encoder-decoder keys and values of every layer (computed once),
+/// the self-attention cache of every layer, the source padding mask and the position of the
+/// next token. Passed explicitly to [`Seq2Seq::step`]; the model holds no state.
+#[derive(Debug, Clone)]
+pub struct DecodeState {
+    memory_kv: Vec<(Tensor, Tensor)>,
+    caches: Vec<KvCache>,
+    memory_mask: Mask,
+    /// Target positions decoded so far.
+    pub position: usize,
+    /// Source length of every row (without padding), for the decoding length limit.
+    pub src_lens: Vec<usize>,
+}
+
+impl DecodeState {
+    /// Rows (sentences or hypotheses) in the batch.
+    pub fn rows(&self) -> usize {
+        self.src_lens.len()
+    }
+
+    /// Keeps rows `rows` in that order (repeats allowed): expands sentences into beams,
+    /// follows hypotheses to their parents, drops finished sentences.
+    ///
+    /// # Shapes
+    /// rows (B',) u32
+    pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
+        let dev = self.memory_mask.keep().device().clone();
+        let idx = Tensor::new(rows, &dev)?;
+        for (k, v) in &mut self.memory_kv {
+            *k = k.index_select(&idx, 0)?;
+            *v = v.index_select(&idx, 0)?;
+        }
+        for c in &mut self.caches {
+            c.select_rows(&idx)?;
+        }
+        self.memory_mask = self.memory_mask.select_rows(&idx)?;
+        self.src_lens = rows.iter().map(|&r| self.src_lens[r as usize]).collect();
+        Ok(())
+    }
 }
 
 impl Seq2Seq {
@@ -59,20 +155,46 @@ impl Seq2Seq {
         src_vocab: usize,
         tgt_vocab: usize,
     ) -> Result<Self> {
+        Self::with_config(
+            pb,
+            &Seq2SeqConfig {
+                transformer: cfg.clone(),
+                src_vocab,
+                tgt_vocab,
+                share_embeddings: false,
+            },
+        )
+    }
+
+    /// As [`Seq2Seq::new`]; with `share_embeddings` there is one matrix,
+    /// `src_embedding.weight`, used by both embeddings and the output layer (whose bias is
+    /// `generator.bias`).
+    pub fn with_config(pb: &ParamBuilder, cfg: &Seq2SeqConfig) -> Result<Self> {
         cfg.validate()
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        let c = cfg.d_model;
+        let tcfg = &cfg.transformer;
+        let c = tcfg.d_model;
         let emb_init = Init::XavierUniform {
             fan_in: c,
             fan_out: c,
         };
-        let src_embedding = Embedding::new(&pb.pp("src_embedding"), src_vocab, c, emb_init)?;
-        let tgt_embedding = Embedding::new(&pb.pp("tgt_embedding"), tgt_vocab, c, emb_init)?;
-        let transformer = Transformer::new(&pb.pp("transformer"), cfg)?;
-        let generator = Linear::new(&pb.pp("generator"), c, tgt_vocab, true)?;
+        let src_embedding = Embedding::new(&pb.pp("src_embedding"), cfg.src_vocab, c, emb_init)?;
+        let (tgt_embedding, generator) = if cfg.share_embeddings {
+            let bias = pb.pp("generator").var("bias", cfg.tgt_vocab, Init::Zeros)?;
+            (
+                src_embedding.clone(),
+                Linear::from_parts(src_embedding.weight().clone(), Some(bias)),
+            )
+        } else {
+            (
+                Embedding::new(&pb.pp("tgt_embedding"), cfg.tgt_vocab, c, emb_init)?,
+                Linear::new(&pb.pp("generator"), c, cfg.tgt_vocab, true)?,
+            )
+        };
+        let transformer = Transformer::new(&pb.pp("transformer"), tcfg)?;
         pb.reinit_xavier_matrices()?;
         let pos_encoder =
-            PositionalEncoding::new(c, cfg.max_len, cfg.dropout, pb.dtype(), &pb.device())?;
+            PositionalEncoding::new(c, tcfg.max_len, tcfg.dropout, pb.dtype(), &pb.device())?;
         Ok(Self {
             src_embedding,
             tgt_embedding,
@@ -81,6 +203,11 @@ impl Seq2Seq {
             generator,
             d_model: c,
         })
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> candle_core::Device {
+        self.generator.weight().device().clone()
     }
 
     fn embed(&self, emb: &Embedding, ids: &Tensor, offset: usize, mode: Mode) -> Result<Tensor> {
@@ -95,6 +222,34 @@ impl Seq2Seq {
         self.transformer.encode(&x, src_mask, mode)
     }
 
+    /// The encoder's output and every encoder layer's self-attention weights (B, H, S, S).
+    pub fn encode_with_weights(
+        &self,
+        src: &Tensor,
+        src_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let x = self.embed(&self.src_embedding, src, 0, mode)?;
+        self.transformer.encode_with_weights(&x, src_mask, mode)
+    }
+
+    /// The last decoder layer's output for every target position.
+    ///
+    /// # Shapes
+    /// tgt (B, T) u32, memory (B, S, C) -> (B, T, C)
+    pub fn decode_hidden(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let y = self.embed(&self.tgt_embedding, tgt, 0, mode)?;
+        self.transformer
+            .decode(&y, memory, tgt_mask, memory_mask, mode)
+    }
+
     /// Logits for every target position.
     ///
     /// # Shapes
@@ -107,11 +262,27 @@ impl Seq2Seq {
         memory_mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<Tensor> {
-        let y = self.embed(&self.tgt_embedding, tgt, 0, mode)?;
-        let h = self
-            .transformer
-            .decode(&y, memory, tgt_mask, memory_mask, mode)?;
+        let h = self.decode_hidden(tgt, memory, tgt_mask, memory_mask, mode)?;
         self.generator.forward(&h)
+    }
+
+    /// Logits and every decoder layer's attention weights for every target position.
+    ///
+    /// # Shapes
+    /// tgt (B, T) u32, memory (B, S, C) -> (B, T, V), per layer (B, H, T, T) and (B, H, T, S)
+    pub fn decode_with_weights(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
+        let y = self.embed(&self.tgt_embedding, tgt, 0, mode)?;
+        let (h, w) =
+            self.transformer
+                .decode_with_weights(&y, memory, tgt_mask, memory_mask, mode)?;
+        Ok((self.generator.forward(&h)?, w))
     }
 
     /// # Shapes
@@ -125,5 +296,119 @@ impl Seq2Seq {
     ) -> Result<Tensor> {
         let memory = self.encode(src, Some(&masks.src), mode)?;
         self.decode(tgt_in, &memory, Some(&masks.tgt), Some(&masks.memory), mode)
+    }
+
+    /// Cross-entropy of `tgt_out` given `src` and `tgt_in`, over the positions whose target is
+    /// not `pad_id`, with label smoothing `eps` (Szegedy et al. 2016; section 5.4 uses 0.1):
+    /// the target distribution is `1 - eps` on the right token plus `eps / V` on every token,
+    /// as PyTorch's `CrossEntropyLoss(label_smoothing=eps, ignore_index=pad)`.
+    ///
+    /// Computed without the (N, V) logits in memory: the output layer, log-softmax and
+    /// negative log-likelihood are one fused op ([`crate::kernels::linear_cross_entropy`]),
+    /// and the smoothing term needs no softmax, because
+    /// `(1 - eps) (lse - z_y) + eps mean_j (lse - z_j) = nll + eps (z_y - mean_j z_j)`,
+    /// where `z_y = h . W_y + b_y` and `mean_j z_j = h . mean_j W_j + mean_j b_j`.
+    ///
+    /// # Shapes
+    /// src (B, S), tgt_in (B, T), tgt_out (B, T) u32 -> scalars
+    pub fn loss(
+        &self,
+        src: &Tensor,
+        tgt_in: &Tensor,
+        tgt_out: &Tensor,
+        masks: &Seq2SeqMasks,
+        pad_id: u32,
+        eps: f64,
+        mode: Mode,
+    ) -> Result<Seq2SeqLoss> {
+        let memory = self.encode(src, Some(&masks.src), mode)?;
+        let h = self.decode_hidden(tgt_in, &memory, Some(&masks.tgt), Some(&masks.memory), mode)?;
+        let (b, t, c) = h.dims3()?;
+        let h = h.reshape((b * t, c))?;
+        let targets = tgt_out.flatten_all()?;
+        let w = self.generator.weight();
+        let bias = self.generator.bias().expect("the output layer has a bias");
+        let nll = crate::kernels::linear_cross_entropy(&h, w, bias, &targets, Some(pad_id))?;
+        if eps == 0.0 {
+            return Ok(Seq2SeqLoss {
+                nll: nll.detach(),
+                loss: nll,
+            });
+        }
+        let keep = targets.ne(pad_id)?;
+        let count = keep.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+        let safe = keep.where_cond(&targets, &targets.zeros_like()?)?;
+        // (N, C) . (N, C) -> (N,): the logit of each target token.
+        let z_y = ((h.clone() * w.index_select(&safe, 0)?)?.sum(D::Minus1)?
+            + bias.index_select(&safe, 0)?)?;
+        // (N, C) @ (C, 1) -> (N,): the mean logit over the vocabulary.
+        let w_mean = w.mean(0)?.unsqueeze(1)?;
+        let z_mean = h
+            .matmul(&w_mean)?
+            .squeeze(1)?
+            .broadcast_add(&bias.mean_all()?)?;
+        let gap = ((z_y - z_mean)? * keep.to_dtype(h.dtype())?)?;
+        let smooth = (gap.sum_all()? * (eps / count.max(1.0)))?;
+        Ok(Seq2SeqLoss {
+            nll: nll.detach(),
+            loss: (nll + smooth)?,
+        })
+    }
+
+    /// Encodes a batch of sources once and prepares incremental decoding.
+    ///
+    /// # Shapes
+    /// src (B, S) u32, padded with `pad_id`
+    pub fn start(&self, src: &Tensor, pad_id: u32) -> Result<DecodeState> {
+        let mask = Mask::key_padding_from_ids(src, pad_id)?;
+        let memory = self.encode(src, Some(&mask), Mode::Eval)?;
+        let src_lens = src
+            .ne(pad_id)?
+            .to_dtype(DType::U32)?
+            .sum(1)?
+            .to_vec1::<u32>()?
+            .into_iter()
+            .map(|n| n as usize)
+            .collect();
+        let decoder = self.transformer.decoder();
+        Ok(DecodeState {
+            memory_kv: decoder.project_memory(&memory)?,
+            caches: vec![KvCache::new(); decoder.num_layers()],
+            memory_mask: mask,
+            position: 0,
+            src_lens,
+        })
+    }
+
+    /// Feeds one new token per row (the previous step's choice; `<bos>` first) and returns
+    /// the logits of the next one, with every decoder layer's attention weights of this
+    /// position when `need_weights`. The state's caches grow by one position.
+    ///
+    /// # Shapes
+    /// tokens (B,) u32 -> logits (B, V); weights per layer: self (B, H, 1, position + 1),
+    /// cross (B, H, 1, S)
+    pub fn step(
+        &self,
+        state: &mut DecodeState,
+        tokens: &Tensor,
+        need_weights: bool,
+    ) -> Result<(Tensor, Option<Vec<DecoderWeights>>)> {
+        // (B,) -> (B, 1) -> (B, 1, C)
+        let ids = tokens.unsqueeze(1)?;
+        let y = self.embed(&self.tgt_embedding, &ids, state.position, Mode::Eval)?;
+        let (h, weights) = self.transformer.decoder().forward_step(
+            &y,
+            &mut state.caches,
+            &state.memory_kv,
+            None,
+            Some(&state.memory_mask),
+            Mode::Eval,
+        )?;
+        state.position += 1;
+        // (B, 1, C) -> (B, C) -> (B, V)
+        let h = h.squeeze(1)?;
+        let bias = self.generator.bias().expect("the output layer has a bias");
+        let logits = crate::kernels::linear_few_rows(&h, self.generator.weight(), bias)?;
+        Ok((logits, need_weights.then_some(weights)))
     }
 }

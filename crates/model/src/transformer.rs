@@ -52,6 +52,22 @@ impl Transformer {
             .forward(tgt, memory, tgt_mask, memory_mask, mode)
     }
 
+    /// The decoder stack (for incremental decoding: [`Decoder::project_memory`],
+    /// [`Decoder::forward_step`]).
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    /// Encodes and returns every encoder layer's self-attention weights, (B, H, S, S) each.
+    pub fn encode_with_weights(
+        &self,
+        src: &Tensor,
+        src_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        self.encoder.forward_with_weights(src, src_mask, mode)
+    }
+
     /// Decodes and returns every decoder layer's attention weights too.
     pub fn decode_with_weights(
         &self,

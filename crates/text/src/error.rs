@@ -118,6 +118,72 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// A gzip file could not be decompressed.
+    #[error(
+        "{}: not a readable gzip file ({source}); pass the .gz file as distributed, or the \
+         uncompressed text without the .gz suffix",
+        .path.display()
+    )]
+    Gzip {
+        /// The file.
+        path: PathBuf,
+        /// The decompressor's error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The two sides of a parallel corpus have different numbers of lines.
+    #[error(
+        "{} has {src_lines} lines but {} has {tgt_lines}: line i of the source must be the \
+         translation of line i of the target; pass the two files of one split",
+        .src.display(),
+        .tgt.display()
+    )]
+    LineCountMismatch {
+        /// The source file.
+        src: PathBuf,
+        /// Its line count.
+        src_lines: usize,
+        /// The target file.
+        tgt: PathBuf,
+        /// Its line count.
+        tgt_lines: usize,
+    },
+
+    /// A parallel corpus has no sentence pairs (or none left after the documented rules).
+    #[error("{}: no sentence pairs{hint}", .path.display())]
+    EmptyCorpus {
+        /// The (source) file.
+        path: PathBuf,
+        /// What was skipped, if anything.
+        hint: String,
+    },
+
+    /// A tab-separated line lacks a column.
+    #[error(
+        "{}:{line}: expected at least {needed} tab-separated columns, found {found}",
+        .path.display()
+    )]
+    MissingColumn {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// Columns needed.
+        needed: usize,
+        /// Columns found.
+        found: usize,
+    },
+
+    /// A subword tokenizer could not be trained, saved or loaded.
+    #[error("{}: {msg}", .path.display())]
+    Tokenizer {
+        /// The tokenizer file (or the run directory when training one).
+        path: PathBuf,
+        /// What went wrong and what to do.
+        msg: String,
+    },
+
     /// `batchify` was asked for zero columns.
     #[error("batch size must be at least 1, got 0")]
     ZeroBatchSize,

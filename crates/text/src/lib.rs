@@ -23,13 +23,18 @@
 //! ```
 
 pub mod batch;
+pub mod bucket;
 pub mod corpus;
 pub mod error;
+pub mod parallel;
+pub mod score;
+pub mod subword;
 pub mod tokenize;
 pub mod vocab;
 
 pub use batch::{batchify, get_batch, Batch, Batched, Windows};
 pub use corpus::{build_vocab, read_split, Corpus, Split};
 pub use error::{Error, Result, VocabProblem};
+pub use subword::{Specials, Subword, TextTokenizer};
 pub use tokenize::basic_english;
 pub use vocab::{Vocab, UNK, VOCAB_HEADER};

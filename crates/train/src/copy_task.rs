@@ -115,10 +115,29 @@ pub fn train(
     })
 }
 
+/// Greedy-decodes `src` (B, seq_len): `seq_len - 1` symbols per row (no end token).
+pub fn greedy_copies(model: &Seq2Seq, src: &Tensor) -> Result<Vec<Vec<u32>>> {
+    let (_, s) = src.dims2()?;
+    let opts = transformer_decode::DecodeOptions {
+        beam: 1,
+        max_len_a: 0.0,
+        max_len_b: s - 1,
+        bos: BOS,
+        // No end token: every output is s - 1 symbols long (an id that is never produced).
+        eos: u32::MAX,
+        pad: PAD,
+        ..Default::default()
+    };
+    Ok(transformer_decode::greedy(model, src, &opts)?
+        .into_iter()
+        .map(|h| h.tokens)
+        .collect())
+}
+
 /// Greedy-decodes `src` (B, seq_len) and returns the fraction of sequences copied exactly.
 pub fn copy_accuracy(model: &Seq2Seq, src: &Tensor) -> Result<f64> {
-    let (b, s) = src.dims2()?;
-    let decoded = transformer_decode::greedy(model, src, PAD, BOS, None, s - 1)?;
+    let (b, _) = src.dims2()?;
+    let decoded = greedy_copies(model, src)?;
     let rows = src.to_vec2::<u32>()?;
     let exact = rows
         .iter()

@@ -10,6 +10,7 @@ pub mod error;
 pub mod lm;
 pub mod loss;
 pub mod metrics;
+pub mod mt;
 pub mod optim;
 mod par;
 pub mod runtime;

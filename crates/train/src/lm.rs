@@ -830,6 +830,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                     ppl: loss.exp(),
                     epoch_seconds: secs,
                     weights,
+                    bleu: None,
                 },
             )?;
             // With an average, the best SGD weights are kept apart too, for the tutorial's
@@ -892,6 +893,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                     loss,
                     ppl: loss.exp(),
                     weights,
+                    bleu: None,
                 },
             )?;
         }

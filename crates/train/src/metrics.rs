@@ -50,6 +50,9 @@ pub enum Metric {
         /// Absent in files written before weight averaging existed: the SGD weights.
         #[serde(default)]
         weights: Weights,
+        /// Translation: corpus BLEU (sacreBLEU's default) of the validation set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bleu: Option<f64>,
     },
     /// Test at the end of training: of the best model by validation, and (when weights are
     /// averaged and the average won) of the best SGD weights too.
@@ -59,6 +62,9 @@ pub enum Metric {
         ppl: f64,
         #[serde(default)]
         weights: Weights,
+        /// Translation: corpus BLEU (sacreBLEU's default) of the test set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bleu: Option<f64>,
     },
 }
 

@@ -1,0 +1,353 @@
+//! `transformer mt ...`: translation with an encoder-decoder Transformer.
+
+use crate::lm::{interrupt_flag, Console};
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use clap::{Args, Subcommand};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use transformer_text::parallel::{read_lines, read_lines_from};
+use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
+use transformer_text::score::chrf::{corpus_chrf, ChrfOptions};
+use transformer_train::lm::Progress;
+use transformer_train::mt::{self, Corpus, MtTrainConfig, MtTrainOptions};
+
+#[derive(Subcommand)]
+pub enum MtCommand {
+    /// Train a translation model: joint BPE tokens, Adam with warm-up, label smoothing;
+    /// validation loss, perplexity and BLEU every epoch; beam-search BLEU on the test set.
+    #[command(
+        after_help = "Examples:\n  transformer mt train --corpus multi30k-de-en --out runs/de-en\n  transformer mt train --corpus ko-en --out runs/ko-en\n  transformer mt train --train-src train.de --train-tgt train.en --valid-src val.de --valid-tgt val.en --out runs/mine\n  transformer mt train --out runs/de-en --resume      # continue after an interruption\n  transformer mt train --corpus multi30k-de-en --out runs/quick --epochs 1 --max-batches 50"
+    )]
+    Train(Box<TrainArgs>),
+    /// Translate sentences, one per line (stdin, or --src FILE), to stdout in the same order.
+    #[command(
+        after_help = "Examples:\n  echo \"Ein Mann fährt Fahrrad.\" | transformer mt translate --run runs/de-en\n  transformer mt translate --run runs/de-en --src test.de --beam 5 > test.hyp"
+    )]
+    Translate(TranslateArgs),
+    /// Translate a file and score it against references: BLEU and chrF (sacreBLEU's
+    /// defaults) and lowercased-token BLEU.
+    #[command(
+        after_help = "Example:\n  transformer mt eval --run runs/de-en --src test.de --ref test.en --beam 5 --json"
+    )]
+    Eval(EvalArgs),
+}
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// A bundled corpus read from --data: multi30k-de-en or ko-en.
+    #[arg(long)]
+    corpus: Option<Corpus>,
+    /// Folder holding the bundled corpora (multi30k/, ko-en/) [default: ../shared/data]
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Training source sentences, one per line (.gz read as gzip).
+    #[arg(long)]
+    train_src: Option<PathBuf>,
+    /// Training target sentences, line i translating line i of --train-src.
+    #[arg(long)]
+    train_tgt: Option<PathBuf>,
+    #[arg(long)]
+    valid_src: Option<PathBuf>,
+    #[arg(long)]
+    valid_tgt: Option<PathBuf>,
+    /// Test files: scored with beam search by the best model at the end.
+    #[arg(long)]
+    test_src: Option<PathBuf>,
+    #[arg(long)]
+    test_tgt: Option<PathBuf>,
+    /// Run directory for config, tokenizer, checkpoints, metrics and the loss plot.
+    #[arg(long, default_value = "runs/mt")]
+    out: PathBuf,
+    /// Continue the run in --out from its last checkpoint.
+    #[arg(long)]
+    resume: bool,
+    /// TOML file with any of the settings (keys as the flags, with underscores).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Stop after this many steps in this invocation (continue later with --resume).
+    #[arg(long)]
+    max_steps: Option<usize>,
+    /// Joint BPE vocabulary size [default: 8000]
+    #[arg(long)]
+    vocab_size: Option<usize>,
+    /// Separate embedding and output matrices (default: shared, section 3.4).
+    #[arg(long)]
+    no_share_embeddings: bool,
+    /// Model width [default: 256]
+    #[arg(long)]
+    d_model: Option<usize>,
+    /// Attention heads [default: 8]
+    #[arg(long)]
+    nhead: Option<usize>,
+    /// Encoder and decoder layers each [default: 3]
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Feed-forward width [default: 512]
+    #[arg(long)]
+    dim_feedforward: Option<usize>,
+    /// Dropout [default: 0.1]
+    #[arg(long)]
+    dropout: Option<f64>,
+    /// Label smoothing [default: 0.1]
+    #[arg(long)]
+    label_smoothing: Option<f64>,
+    /// Warm-up steps of the learning-rate schedule [default: 400]
+    #[arg(long)]
+    warmup: Option<usize>,
+    /// Multiplies the schedule's learning rate [default: 0.4]
+    #[arg(long)]
+    lr_factor: Option<f64>,
+    /// Epochs [default: 10]
+    #[arg(long)]
+    epochs: Option<usize>,
+    /// Padded tokens per side and batch [default: 2048]
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Batches per epoch at most (quick runs).
+    #[arg(long)]
+    max_batches: Option<usize>,
+    /// Validate on the first N sentences only (quick runs).
+    #[arg(long)]
+    max_valid: Option<usize>,
+    /// Beam size of the final test translation [default: 5]
+    #[arg(long)]
+    beam: Option<usize>,
+    /// Seed for initialisation, batch order and dropout [default: 1]
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl TrainArgs {
+    fn resolve(&self) -> Result<MtTrainConfig> {
+        let mut c = match &self.config {
+            Some(p) => MtTrainConfig::from_toml_file(p)?,
+            None => MtTrainConfig::default(),
+        };
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v.into(); } )* };
+        }
+        set!(
+            vocab_size,
+            d_model,
+            nhead,
+            dim_feedforward,
+            dropout,
+            label_smoothing,
+            warmup,
+            lr_factor,
+            epochs,
+            max_tokens,
+            beam,
+            seed
+        );
+        for (dst, src) in [
+            (&mut c.train_src, &self.train_src),
+            (&mut c.train_tgt, &self.train_tgt),
+            (&mut c.valid_src, &self.valid_src),
+            (&mut c.valid_tgt, &self.valid_tgt),
+            (&mut c.test_src, &self.test_src),
+            (&mut c.test_tgt, &self.test_tgt),
+            (&mut c.data, &self.data),
+        ] {
+            if src.is_some() {
+                dst.clone_from(src);
+            }
+        }
+        if self.corpus.is_some() {
+            c.corpus = self.corpus;
+        }
+        if let Some(l) = self.layers {
+            c.encoder_layers = l;
+            c.decoder_layers = l;
+        }
+        if self.no_share_embeddings {
+            c.share_embeddings = false;
+        }
+        if self.max_batches.is_some() {
+            c.max_batches = self.max_batches;
+        }
+        if self.max_valid.is_some() {
+            c.max_valid = self.max_valid;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[derive(Args)]
+pub struct DecodeArgs {
+    /// Run directory of a trained model.
+    #[arg(long)]
+    run: PathBuf,
+    /// Beam size (1 = greedy) [default: the run's, 5]
+    #[arg(long)]
+    beam: Option<usize>,
+    /// Longest output: A * source tokens + B [default: the run's, 1.2]
+    #[arg(long)]
+    max_len_a: Option<f64>,
+    /// See --max-len-a [default: the run's, 10]
+    #[arg(long)]
+    max_len_b: Option<usize>,
+    /// Beam scores are divided by length^P (0 = raw log-probabilities) [default: the run's, 1.0]
+    #[arg(long)]
+    length_penalty: Option<f64>,
+}
+
+#[derive(Args)]
+pub struct TranslateArgs {
+    #[command(flatten)]
+    decode: DecodeArgs,
+    /// Read sentences from this file instead of stdin.
+    #[arg(long)]
+    src: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    decode: DecodeArgs,
+    /// Source sentences, one per line (.gz read as gzip).
+    #[arg(long)]
+    src: PathBuf,
+    /// Reference translations, line i translating line i of --src.
+    #[arg(long = "ref")]
+    reference: PathBuf,
+    /// Also write the translations to this file.
+    #[arg(long)]
+    hyp_out: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn load(
+    args: &DecodeArgs,
+    device: &Device,
+) -> Result<(mt::LoadedMt, transformer_decode::DecodeOptions)> {
+    let run = mt::load_run(&args.run, device)?;
+    let mut c = run.config.clone();
+    if let Some(a) = args.max_len_a {
+        c.max_len_a = a;
+    }
+    if let Some(b) = args.max_len_b {
+        c.max_len_b = b;
+    }
+    if let Some(p) = args.length_penalty {
+        c.length_penalty = p;
+    }
+    let beam = args.beam.unwrap_or(c.beam);
+    if beam == 0 {
+        bail!("--beam must be at least 1 (1 = greedy)");
+    }
+    let opts = c.decode_options(beam);
+    Ok((run, opts))
+}
+
+fn translate_with_bar(
+    run: &mt::LoadedMt,
+    lines: &[String],
+    opts: &transformer_decode::DecodeOptions,
+    device: &Device,
+) -> Result<Vec<String>> {
+    let mut console = Console::new("sentences");
+    let out = mt::translate_lines(&run.model, &run.tokenizer, lines, opts, device, |d, t| {
+        console.batch(0, d, t)
+    })?;
+    console.finish();
+    Ok(out)
+}
+
+pub fn run(cmd: MtCommand) -> Result<()> {
+    let device = Device::Cpu;
+    match cmd {
+        MtCommand::Train(args) => {
+            let config = args.resolve()?;
+            let opts = MtTrainOptions {
+                config,
+                out: args.out.clone(),
+                resume: args.resume,
+                stop_after_steps: args.max_steps,
+                interrupt: Some(interrupt_flag()),
+                device,
+            };
+            let mut console = Console::new("batches");
+            let summary = mt::train(&opts, &mut console)?;
+            console.finish();
+            if summary.state.epoch <= opts.config.epochs && !summary.state.finished {
+                println!(
+                    "stopped after {} steps; continue with: transformer mt train --out {} --resume",
+                    summary.state.step,
+                    args.out.display()
+                );
+            }
+        }
+        MtCommand::Translate(args) => {
+            let (run, opts) = load(&args.decode, &device)?;
+            let lines = match &args.src {
+                Some(p) => read_lines(p)?,
+                None => read_lines_from(std::io::stdin().lock(), Path::new("<stdin>"))?,
+            };
+            let out = translate_with_bar(&run, &lines, &opts, &device)?;
+            let mut stdout = std::io::stdout().lock();
+            for l in out {
+                writeln!(stdout, "{l}")?;
+            }
+        }
+        MtCommand::Eval(args) => {
+            let (run, opts) = load(&args.decode, &device)?;
+            let src = read_lines(&args.src)?;
+            let refs = read_lines(&args.reference)?;
+            if src.len() != refs.len() {
+                bail!(
+                    "{} has {} lines but {} has {}: line i of the references must translate line i of the source",
+                    args.src.display(),
+                    src.len(),
+                    args.reference.display(),
+                    refs.len()
+                );
+            }
+            let t = Instant::now();
+            let hyps = translate_with_bar(&run, &src, &opts, &device)?;
+            let secs = t.elapsed().as_secs_f64();
+            if let Some(p) = &args.hyp_out {
+                std::fs::write(p, hyps.join("\n") + "\n")
+                    .with_context(|| format!("cannot write {}", p.display()))?;
+            }
+            let b = corpus_bleu(&hyps, &refs, &BleuOptions::default())?;
+            let c = corpus_chrf(&hyps, &refs, &ChrfOptions::default())?;
+            let lc = corpus_bleu(&hyps, &refs, &BleuOptions::lowercased_tokens())?;
+            if args.json {
+                let obj = serde_json::json!({
+                    "bleu": b.score,
+                    "signature": b.signature(),
+                    "precisions": b.precisions,
+                    "bp": b.bp,
+                    "sys_len": b.sys_len,
+                    "ref_len": b.ref_len,
+                    "chrf": c.score,
+                    "chrf_signature": c.signature(),
+                    "lowercased_token_bleu": lc.score,
+                    "lowercased_token_bleu_label": lc.options.label(),
+                    "sentences": src.len(),
+                    "beam": opts.beam,
+                    "seconds": secs,
+                });
+                println!("{obj}");
+            } else {
+                println!("{}", b.format_with_signature());
+                println!("{}", c.format_with_signature());
+                println!("{}: {:.2}", lc.options.label(), lc.score);
+                println!(
+                    "{} sentences, beam {}, {:.1}s ({:.1} sentences/s)",
+                    src.len(),
+                    opts.beam,
+                    secs,
+                    src.len() as f64 / secs.max(1e-9)
+                );
+            }
+        }
+    }
+    Ok(())
+}

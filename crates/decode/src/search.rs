@@ -1,0 +1,355 @@
+//! Greedy search, beam search and sampling, written once against [`StepModel`].
+//!
+//! Every search works on a batch of sentences at once: the model encodes them once, then each
+//! step feeds one token per live row. Rows whose sentence is finished are dropped from the
+//! batch ([`StepModel::select_rows`]), so late steps cost only what is still being decoded.
+//!
+//! Scores are sums of natural-log probabilities of the tokens chosen, `<eos>` included.
+//! Beam search ranks finished hypotheses by `score / len^alpha` (`alpha` =
+//! [`DecodeOptions::length_penalty`], `len` counting `<eos>`; 0 ranks by raw score, 1 by the
+//! mean log-probability per token, as fairseq's `--lenpen`).
+
+use crate::step::{log_softmax_rows, StepModel};
+use candle_core::{Result, Tensor};
+
+/// How to decode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeOptions {
+    /// Hypotheses kept per sentence (1 = greedy).
+    pub beam: usize,
+    /// The longest output is `max_len_a * source_length + max_len_b` tokens (before
+    /// `<eos>`); the source length counts its tokens without padding.
+    pub max_len_a: f64,
+    /// See `max_len_a`.
+    pub max_len_b: usize,
+    /// Exponent of the length normalisation of beam scores (0 = none).
+    pub length_penalty: f64,
+    /// Start token of every output.
+    pub bos: u32,
+    /// End token: a hypothesis that emits it is finished.
+    pub eos: u32,
+    /// Padding id of the source batch.
+    pub pad: u32,
+    /// Keep each step's encoder-decoder attention with the hypotheses.
+    pub want_attention: bool,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        Self {
+            beam: 5,
+            max_len_a: 1.2,
+            max_len_b: 10,
+            length_penalty: 1.0,
+            bos: 1,
+            eos: 2,
+            pad: 0,
+            want_attention: false,
+        }
+    }
+}
+
+impl DecodeOptions {
+    /// The most tokens (before `<eos>`) for a source of `src_len` tokens.
+    pub fn max_len(&self, src_len: usize) -> usize {
+        (self.max_len_a * src_len as f64 + self.max_len_b as f64).floor() as usize
+    }
+
+    fn normalized(&self, score: f64, len: usize) -> f64 {
+        if self.length_penalty == 0.0 {
+            score
+        } else {
+            score / (len.max(1) as f64).powf(self.length_penalty)
+        }
+    }
+}
+
+/// One output sentence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hypothesis {
+    /// Tokens after `<bos>`, without `<eos>`.
+    pub tokens: Vec<u32>,
+    /// Sum of the log-probabilities of `tokens` and of `<eos>` (if emitted).
+    pub score: f64,
+    /// Whether it ended with `<eos>` (else it hit the length limit).
+    pub finished: bool,
+    /// With [`DecodeOptions::want_attention`]: per output position (tokens, then `<eos>`),
+    /// the encoder-decoder attention as the model returned it (for a Transformer, layers x
+    /// heads x source positions, flattened).
+    pub attention: Vec<Vec<f32>>,
+}
+
+/// The live rows of a search: which sentence each row belongs to, its tokens so far, score
+/// and attention history.
+struct Row {
+    sentence: usize,
+    tokens: Vec<u32>,
+    score: f64,
+    attention: Vec<Vec<f32>>,
+}
+
+fn last_tokens(rows: &[Row], bos: u32) -> Vec<u32> {
+    rows.iter()
+        .map(|r| *r.tokens.last().unwrap_or(&bos))
+        .collect()
+}
+
+fn attention_rows(att: &Option<Tensor>) -> Result<Option<Vec<Vec<f32>>>> {
+    att.as_ref()
+        .map(|a| a.flatten_from(1)?.to_vec2::<f32>())
+        .transpose()
+}
+
+/// Greedy decoding: at every step the most likely token. Returns one hypothesis per source
+/// row, in order.
+///
+/// # Shapes
+/// src (B, S) u32 padded with `opts.pad`
+pub fn greedy<M: StepModel>(
+    model: &M,
+    src: &Tensor,
+    opts: &DecodeOptions,
+) -> Result<Vec<Hypothesis>> {
+    pick_each_step(model, src, opts, |lp, _| argmax(lp))
+}
+
+/// Sampling: each token drawn from the model's distribution, sharpened or flattened by
+/// `sampling` ([`crate::Sampling`]); `uniform` gives numbers in [0, 1).
+pub fn sample_decode<M: StepModel>(
+    model: &M,
+    src: &Tensor,
+    opts: &DecodeOptions,
+    sampling: crate::Sampling,
+    mut uniform: impl FnMut() -> f64,
+) -> Result<Vec<Hypothesis>> {
+    pick_each_step(model, src, opts, |lp, _| {
+        crate::sample(lp, sampling, uniform())
+    })
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The one-hypothesis-per-sentence searches: `pick` chooses each next token from a row of
+/// log-probabilities.
+fn pick_each_step<M: StepModel>(
+    model: &M,
+    src: &Tensor,
+    opts: &DecodeOptions,
+    mut pick: impl FnMut(&[f32], usize) -> u32,
+) -> Result<Vec<Hypothesis>> {
+    let mut state = model.start(src, opts.pad)?;
+    let src_lens = model.src_lens(&state);
+    let n = src_lens.len();
+    let mut done: Vec<Option<Hypothesis>> = vec![None; n];
+    let mut rows: Vec<Row> = (0..n)
+        .map(|s| Row {
+            sentence: s,
+            tokens: Vec::new(),
+            score: 0.0,
+            attention: Vec::new(),
+        })
+        .collect();
+    while !rows.is_empty() {
+        let out = model.step(
+            &mut state,
+            &last_tokens(&rows, opts.bos),
+            opts.want_attention,
+        )?;
+        let lp = log_softmax_rows(&out.logits)?;
+        let att = attention_rows(&out.attention)?;
+        let mut keep = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter_mut().enumerate() {
+            if let Some(a) = &att {
+                row.attention.push(a[i].clone());
+            }
+            // At the length limit `<eos>` is forced.
+            let at_limit = row.tokens.len() >= opts.max_len(src_lens[row.sentence]);
+            let tok = if at_limit {
+                opts.eos
+            } else {
+                pick(&lp[i], row.sentence)
+            };
+            // (An `eos` outside the vocabulary, as the copy task's "none", scores nothing.)
+            row.score += lp[i].get(tok as usize).copied().unwrap_or(0.0) as f64;
+            if tok == opts.eos {
+                done[row.sentence] = Some(Hypothesis {
+                    tokens: std::mem::take(&mut row.tokens),
+                    score: row.score,
+                    finished: !at_limit,
+                    attention: std::mem::take(&mut row.attention),
+                });
+            } else {
+                row.tokens.push(tok);
+                keep.push(i);
+            }
+        }
+        if keep.len() < rows.len() && !keep.is_empty() {
+            let idx: Vec<u32> = keep.iter().map(|&i| i as u32).collect();
+            model.select_rows(&mut state, &idx)?;
+        }
+        let mut old: Vec<Option<Row>> = rows.into_iter().map(Some).collect();
+        rows = keep.iter().map(|&i| old[i].take().expect("row")).collect();
+    }
+    Ok(done.into_iter().map(|h| h.expect("decoded")).collect())
+}
+
+/// Beam search with `opts.beam` hypotheses per sentence, all sentences of `src` at once.
+///
+/// At each step every live hypothesis is extended by every token; per sentence the `2 x
+/// beam` best extensions are examined in order: one ending in `<eos>` among the first `beam`
+/// joins the sentence's finished list, any other fills the next beam until it holds `beam`
+/// hypotheses. A sentence
+/// is done when it has `beam` finished hypotheses whose worst normalised score no live
+/// hypothesis can still beat, or when it reaches its length limit (its live hypotheses are
+/// then finished as they are). The best finished hypothesis by normalised score is returned.
+///
+/// # Shapes
+/// src (B, S) u32 padded with `opts.pad`
+pub fn beam_search<M: StepModel>(
+    model: &M,
+    src: &Tensor,
+    opts: &DecodeOptions,
+) -> Result<Vec<Hypothesis>> {
+    let k = opts.beam.max(1);
+    let mut state = model.start(src, opts.pad)?;
+    let src_lens = model.src_lens(&state);
+    let n = src_lens.len();
+    let mut finished: Vec<Vec<Hypothesis>> = vec![Vec::new(); n];
+    // Live rows, grouped by sentence; at the start one per sentence.
+    let mut rows: Vec<Row> = (0..n)
+        .map(|s| Row {
+            sentence: s,
+            tokens: Vec::new(),
+            score: 0.0,
+            attention: Vec::new(),
+        })
+        .collect();
+    while !rows.is_empty() {
+        let out = model.step(
+            &mut state,
+            &last_tokens(&rows, opts.bos),
+            opts.want_attention,
+        )?;
+        let lp = log_softmax_rows(&out.logits)?;
+        let att = attention_rows(&out.attention)?;
+        let mut next_rows: Vec<Row> = Vec::with_capacity(n * k);
+        let mut parents: Vec<u32> = Vec::with_capacity(n * k);
+        let mut start = 0;
+        while start < rows.len() {
+            let sentence = rows[start].sentence;
+            let mut end = start;
+            while end < rows.len() && rows[end].sentence == sentence {
+                end += 1;
+            }
+            let at_limit = rows[start].tokens.len() >= opts.max_len(src_lens[sentence]);
+            if at_limit {
+                // The length limit: every live hypothesis ends here, `<eos>` forced.
+                for (r, row) in rows.iter().enumerate().take(end).skip(start) {
+                    let mut attention = row.attention.clone();
+                    if let Some(a) = &att {
+                        attention.push(a[r].clone());
+                    }
+                    finished[sentence].push(Hypothesis {
+                        tokens: row.tokens.clone(),
+                        score: row.score
+                            + lp[r].get(opts.eos as usize).copied().unwrap_or(0.0) as f64,
+                        finished: false,
+                        attention,
+                    });
+                }
+                start = end;
+                continue;
+            }
+            // The 2k best (score, row, token) over this sentence's rows.
+            let mut cand: Vec<(f64, usize, u32)> = Vec::with_capacity(2 * k + 1);
+            for (r, row) in rows.iter().enumerate().take(end).skip(start) {
+                for (t, &l) in lp[r].iter().enumerate() {
+                    let s = row.score + l as f64;
+                    if cand.len() < 2 * k || s > cand.last().expect("non-empty").0 {
+                        let pos = cand.partition_point(|c| c.0 >= s);
+                        cand.insert(pos, (s, r, t as u32));
+                        cand.truncate(2 * k);
+                    }
+                }
+            }
+            let mut live = 0;
+            for (rank, &(s, r, t)) in cand.iter().enumerate() {
+                let parent = &rows[r];
+                let mut attention = Vec::new();
+                if let Some(a) = &att {
+                    attention = parent.attention.clone();
+                    attention.push(a[r].clone());
+                }
+                if t == opts.eos {
+                    // As fairseq: an ending counts only from among the k best extensions
+                    // (so beam 1 is exactly greedy).
+                    if rank < k && finished[sentence].len() < k {
+                        finished[sentence].push(Hypothesis {
+                            tokens: parent.tokens.clone(),
+                            score: s,
+                            finished: true,
+                            attention,
+                        });
+                    }
+                } else if live < k {
+                    live += 1;
+                    let mut tokens = parent.tokens.clone();
+                    tokens.push(t);
+                    next_rows.push(Row {
+                        sentence,
+                        tokens,
+                        score: s,
+                        attention,
+                    });
+                    parents.push(r as u32);
+                }
+            }
+            // Done when k hypotheses are finished and the best live one, normalised at its
+            // next length, cannot beat the worst of them (Hugging Face's default stopping
+            // rule; exact when `length_penalty` is 0, since scores only fall).
+            let done = finished[sentence].len() >= k && {
+                let worst = finished[sentence]
+                    .iter()
+                    .map(|h| opts.normalized(h.score, h.tokens.len() + 1))
+                    .fold(f64::INFINITY, f64::min);
+                let best_live = next_rows
+                    .iter()
+                    .filter(|r| r.sentence == sentence)
+                    .map(|r| opts.normalized(r.score, r.tokens.len() + 1))
+                    .fold(f64::NEG_INFINITY, f64::max);
+                best_live <= worst
+            };
+            if done {
+                while next_rows.last().is_some_and(|r| r.sentence == sentence) {
+                    next_rows.pop();
+                    parents.pop();
+                }
+            }
+            start = end;
+        }
+        if !next_rows.is_empty() {
+            model.select_rows(&mut state, &parents)?;
+        }
+        rows = next_rows;
+    }
+    Ok(finished
+        .into_iter()
+        .map(|hs| {
+            hs.into_iter()
+                .max_by(|a, b| {
+                    let na = opts.normalized(a.score, a.tokens.len() + 1);
+                    let nb = opts.normalized(b.score, b.tokens.len() + 1);
+                    na.total_cmp(&nb)
+                })
+                .expect("a finished hypothesis per sentence")
+        })
+        .collect())
+}

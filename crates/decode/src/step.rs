@@ -1,0 +1,193 @@
+//! The one decoding interface every sequence-to-sequence model implements: encode once,
+//! step with a cache, reorder the cache. The searches in [`crate::search`] use nothing else.
+
+use candle_core::{DType, Result, Tensor};
+use transformer_model::seq2seq::Seq2SeqMasks;
+use transformer_model::{DecodeState, Mask, Mode, Seq2Seq};
+
+/// What one decoding step returns.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// Next-token logits, (B, V).
+    pub logits: Tensor,
+    /// When asked for: this step's attention over the source, (B, L, H, S) for a Transformer
+    /// (every decoder layer and head of the encoder-decoder attention); a model with one
+    /// attention (an RNN's) returns (B, 1, 1, S).
+    pub attention: Option<Tensor>,
+}
+
+/// A model that decodes step by step.
+///
+/// - [`StepModel::start`] encodes a batch of sources once and returns the decoding state
+///   (for a Transformer: the encoder-decoder keys and values of every layer, and empty
+///   self-attention caches);
+/// - [`StepModel::step`] feeds one token per row (`<bos>` first) and returns the next
+///   token's logits, growing the state's caches by one position;
+/// - [`StepModel::select_rows`] keeps some rows of the state, in a given order, repeats
+///   allowed: beams expand, follow their parents and drop finished sentences with it.
+pub trait StepModel {
+    /// Everything kept between steps.
+    type State;
+    /// # Shapes
+    /// src (B, S) u32, padded with `pad`
+    fn start(&self, src: &Tensor, pad: u32) -> Result<Self::State>;
+    /// Source lengths (without padding) of the state's rows.
+    fn src_lens(&self, state: &Self::State) -> Vec<usize>;
+    /// # Shapes
+    /// tokens: one per row -> logits (B, V)
+    fn step(&self, state: &mut Self::State, tokens: &[u32], attention: bool) -> Result<StepOutput>;
+    /// Keeps rows `rows` of the state, in that order.
+    fn select_rows(&self, state: &mut Self::State, rows: &[u32]) -> Result<()>;
+}
+
+/// Stacks each layer's encoder-decoder weights of one position: (B, H, 1, S) per layer ->
+/// (B, L, H, S).
+fn stack_cross(weights: &[transformer_model::decoder::DecoderWeights]) -> Result<Tensor> {
+    let per_layer: Vec<Tensor> = weights
+        .iter()
+        .map(|w| w.cross_attn.squeeze(2))
+        .collect::<Result<_>>()?;
+    Tensor::stack(&per_layer, 1)?.to_dtype(DType::F32)
+}
+
+/// The Transformer with its key/value caches ([`Seq2Seq::start`], [`Seq2Seq::step`]).
+impl StepModel for Seq2Seq {
+    type State = DecodeState;
+
+    fn start(&self, src: &Tensor, pad: u32) -> Result<DecodeState> {
+        Seq2Seq::start(self, src, pad)
+    }
+
+    fn src_lens(&self, state: &DecodeState) -> Vec<usize> {
+        state.src_lens.clone()
+    }
+
+    fn step(&self, state: &mut DecodeState, tokens: &[u32], attention: bool) -> Result<StepOutput> {
+        let dev = self.device();
+        let ids = Tensor::new(tokens, &dev)?;
+        let (logits, weights) = Seq2Seq::step(self, state, &ids, attention)?;
+        Ok(StepOutput {
+            logits,
+            attention: weights.as_deref().map(stack_cross).transpose()?,
+        })
+    }
+
+    fn select_rows(&self, state: &mut DecodeState, rows: &[u32]) -> Result<()> {
+        state.select_rows(rows)
+    }
+}
+
+/// The Transformer decoded the plain way, as most tutorials do: every step runs the decoder
+/// over the whole prefix again (no cache). The reference the cached path is tested against,
+/// and the baseline it is timed against.
+pub struct Recompute<'a>(pub &'a Seq2Seq);
+
+/// [`Recompute`]'s state: the encoder output, the source mask, and every row's prefix.
+pub struct RecomputeState {
+    memory: Tensor,
+    src: Tensor,
+    prefix: Vec<Vec<u32>>,
+    src_lens: Vec<usize>,
+    pad: u32,
+}
+
+impl StepModel for Recompute<'_> {
+    type State = RecomputeState;
+
+    fn start(&self, src: &Tensor, pad: u32) -> Result<RecomputeState> {
+        let mask = Mask::key_padding_from_ids(src, pad)?;
+        let memory = self.0.encode(src, Some(&mask), Mode::Eval)?;
+        let src_lens = src
+            .ne(pad)?
+            .to_dtype(DType::U32)?
+            .sum(1)?
+            .to_vec1::<u32>()?
+            .into_iter()
+            .map(|n| n as usize)
+            .collect::<Vec<_>>();
+        Ok(RecomputeState {
+            memory,
+            src: src.clone(),
+            prefix: vec![Vec::new(); src_lens.len()],
+            src_lens,
+            pad,
+        })
+    }
+
+    fn src_lens(&self, state: &RecomputeState) -> Vec<usize> {
+        state.src_lens.clone()
+    }
+
+    fn step(
+        &self,
+        state: &mut RecomputeState,
+        tokens: &[u32],
+        attention: bool,
+    ) -> Result<StepOutput> {
+        for (p, &t) in state.prefix.iter_mut().zip(tokens) {
+            p.push(t);
+        }
+        let (b, t) = (state.prefix.len(), state.prefix[0].len());
+        let flat: Vec<u32> = state.prefix.iter().flatten().copied().collect();
+        let tgt = Tensor::from_vec(flat, (b, t), state.memory.device())?;
+        let masks = Seq2SeqMasks::new(&state.src, &tgt, state.pad)?;
+        // The prefix holds no padding (every row gets a token each step): causal mask only.
+        let causal = Mask::causal(t, tgt.device())?;
+        let (logits, weights) = self.0.decode_with_weights(
+            &tgt,
+            &state.memory,
+            Some(&causal),
+            Some(&masks.memory),
+            Mode::Eval,
+        )?;
+        // (B, T, V) -> (B, V) at the last position.
+        let logits = logits.narrow(1, t - 1, 1)?.squeeze(1)?;
+        let attention = if attention {
+            let last: Vec<_> = weights
+                .iter()
+                .map(|w| {
+                    Ok(transformer_model::decoder::DecoderWeights {
+                        self_attn: w.self_attn.clone(),
+                        cross_attn: w.cross_attn.narrow(2, t - 1, 1)?,
+                    })
+                })
+                .collect::<Result<_>>()?;
+            Some(stack_cross(&last)?)
+        } else {
+            None
+        };
+        Ok(StepOutput { logits, attention })
+    }
+
+    fn select_rows(&self, state: &mut RecomputeState, rows: &[u32]) -> Result<()> {
+        let idx = Tensor::new(rows, state.memory.device())?;
+        state.memory = state.memory.index_select(&idx, 0)?;
+        state.src = state.src.index_select(&idx, 0)?;
+        state.prefix = rows
+            .iter()
+            .map(|&r| state.prefix[r as usize].clone())
+            .collect();
+        state.src_lens = rows.iter().map(|&r| state.src_lens[r as usize]).collect();
+        Ok(())
+    }
+}
+
+/// Log-softmax of every row of `logits` (B, V), in f64 arithmetic, returned as f32 rows.
+pub fn log_softmax_rows(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
+    let rows = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    Ok(rows
+        .into_iter()
+        .map(|mut r| {
+            let max = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = max as f64
+                + r.iter()
+                    .map(|&x| ((x - max) as f64).exp())
+                    .sum::<f64>()
+                    .ln();
+            for x in r.iter_mut() {
+                *x = (*x as f64 - lse) as f32;
+            }
+            r
+        })
+        .collect())
+}

@@ -1,0 +1,330 @@
+//! Parallel corpora: two files whose line i are translations of each other (Multi30k's
+//! `train.de.gz` / `train.en.gz`), or one tab-separated file with a column per language
+//! (Tatoeba's `kor.txt`). Files ending in `.gz` are decompressed as they are read.
+//!
+//! Rules for lines (the same for every corpus; counts are reported in [`PairStats`]):
+//! - Every line is trimmed of surrounding whitespace (the files end in `\n`; some carry `\r`).
+//! - For training ([`PairFilter::training`]), a pair where either side is empty is skipped,
+//!   and so is a pair where either side has more than `max_tokens` subword tokens (the filter
+//!   that applies it is [`keep_for_training`]).
+//! - For validation and test nothing is skipped: every source line is translated (an empty
+//!   one gives an empty translation), so outputs stay aligned with the reference file.
+
+use crate::error::{Error, Result};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+/// Sentence pairs in file order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Pairs {
+    /// Source sentences.
+    pub src: Vec<String>,
+    /// Target sentences, `tgt[i]` the translation of `src[i]`.
+    pub tgt: Vec<String>,
+}
+
+impl Pairs {
+    /// Number of pairs.
+    pub fn len(&self) -> usize {
+        self.src.len()
+    }
+
+    /// True when there are no pairs.
+    pub fn is_empty(&self) -> bool {
+        self.src.is_empty()
+    }
+
+    /// Appends another corpus.
+    pub fn extend(&mut self, other: Pairs) {
+        self.src.extend(other.src);
+        self.tgt.extend(other.tgt);
+    }
+}
+
+/// Reads a whole text file (gzip when the name ends in `.gz`) as UTF-8 lines, trimmed.
+pub fn read_lines(path: &Path) -> Result<Vec<String>> {
+    let file = std::fs::File::open(path).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Error::FileNotFound { path: path.into() }
+        } else {
+            Error::Io {
+                action: "read",
+                path: path.into(),
+                source,
+            }
+        }
+    })?;
+    let gz = path.extension().is_some_and(|e| e == "gz");
+    let mut bytes = Vec::new();
+    if gz {
+        flate2::read::MultiGzDecoder::new(file)
+            .read_to_end(&mut bytes)
+            .map_err(|source| Error::Gzip {
+                path: path.into(),
+                source,
+            })?;
+    } else {
+        BufReader::new(file)
+            .read_to_end(&mut bytes)
+            .map_err(|source| Error::Io {
+                action: "read",
+                path: path.into(),
+                source,
+            })?;
+    }
+    lines_of(path, &bytes)
+}
+
+/// Splits bytes into trimmed UTF-8 lines; an invalid byte is an error naming its line.
+pub fn lines_of(path: &Path, bytes: &[u8]) -> Result<Vec<String>> {
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => return Err(crate::corpus::utf8_error(path, bytes, e.valid_up_to())),
+    };
+    Ok(text.lines().map(|l| l.trim().to_string()).collect())
+}
+
+/// Reads two files of one split, line i of `src` the translation of line i of `tgt`.
+pub fn read_pair_files(src: &Path, tgt: &Path) -> Result<Pairs> {
+    let s = read_lines(src)?;
+    let t = read_lines(tgt)?;
+    if s.len() != t.len() {
+        return Err(Error::LineCountMismatch {
+            src: src.into(),
+            src_lines: s.len(),
+            tgt: tgt.into(),
+            tgt_lines: t.len(),
+        });
+    }
+    if s.is_empty() {
+        return Err(Error::EmptyCorpus {
+            path: src.into(),
+            hint: " (the file is empty)".into(),
+        });
+    }
+    Ok(Pairs { src: s, tgt: t })
+}
+
+/// Reads a tab-separated file of pairs, the source in column `src_col` and the target in
+/// `tgt_col` (0-based; other columns, such as Tatoeba's attribution, are ignored).
+pub fn read_tsv_pairs(path: &Path, src_col: usize, tgt_col: usize) -> Result<Pairs> {
+    let mut pairs = Pairs::default();
+    let needed = src_col.max(tgt_col) + 1;
+    let file = std::fs::File::open(path).map_err(|source| Error::Io {
+        action: "read",
+        path: path.into(),
+        source,
+    })?;
+    let mut bytes = Vec::new();
+    BufReader::new(file)
+        .read_to_end(&mut bytes)
+        .map_err(|source| Error::Io {
+            action: "read",
+            path: path.into(),
+            source,
+        })?;
+    for (i, line) in lines_of(path, &bytes)?.iter().enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let cols: Vec<&str> = line.split('\t').collect();
+        if cols.len() < needed {
+            return Err(Error::MissingColumn {
+                path: path.into(),
+                line: i + 1,
+                needed,
+                found: cols.len(),
+            });
+        }
+        pairs.src.push(cols[src_col].trim().to_string());
+        pairs.tgt.push(cols[tgt_col].trim().to_string());
+    }
+    if pairs.is_empty() {
+        return Err(Error::EmptyCorpus {
+            path: path.into(),
+            hint: String::new(),
+        });
+    }
+    Ok(pairs)
+}
+
+/// What the training filter did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PairStats {
+    /// Pairs read.
+    pub read: usize,
+    /// Pairs kept.
+    pub kept: usize,
+    /// Skipped because a side was empty.
+    pub empty: usize,
+    /// Skipped because a side had more than the token limit.
+    pub too_long: usize,
+}
+
+impl std::fmt::Display for PairStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} pairs read, {} kept ({} skipped with an empty side, {} with a side over the \
+             token limit)",
+            self.read, self.kept, self.empty, self.too_long
+        )
+    }
+}
+
+/// The rule for training pairs: both sides non-empty and at most `max_tokens` tokens each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PairFilter {
+    /// The most subword tokens a side may have (before `<bos>`/`<eos>`).
+    pub max_tokens: usize,
+}
+
+impl PairFilter {
+    /// The training rule with a limit of `max_tokens` tokens per side.
+    pub fn training(max_tokens: usize) -> Self {
+        Self { max_tokens }
+    }
+}
+
+/// Applies `filter` to tokenized pairs; returns the indices kept and the counts.
+pub fn keep_for_training(
+    src: &[Vec<u32>],
+    tgt: &[Vec<u32>],
+    filter: PairFilter,
+) -> (Vec<usize>, PairStats) {
+    let mut stats = PairStats {
+        read: src.len(),
+        ..PairStats::default()
+    };
+    let mut kept = Vec::with_capacity(src.len());
+    for (i, (s, t)) in src.iter().zip(tgt).enumerate() {
+        if s.is_empty() || t.is_empty() {
+            stats.empty += 1;
+        } else if s.len() > filter.max_tokens || t.len() > filter.max_tokens {
+            stats.too_long += 1;
+        } else {
+            kept.push(i);
+        }
+    }
+    stats.kept = kept.len();
+    (kept, stats)
+}
+
+/// The files of one split of a parallel corpus: two files, or one tab-separated file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PairSource {
+    /// Line i of `src` translates line i of `tgt`.
+    Files {
+        /// The source-language file.
+        src: PathBuf,
+        /// The target-language file.
+        tgt: PathBuf,
+    },
+    /// One tab-separated file.
+    Tsv {
+        /// The file.
+        path: PathBuf,
+        /// 0-based column of the source sentence.
+        src_col: usize,
+        /// 0-based column of the target sentence.
+        tgt_col: usize,
+    },
+}
+
+impl PairSource {
+    /// Reads the pairs.
+    pub fn read(&self) -> Result<Pairs> {
+        match self {
+            PairSource::Files { src, tgt } => read_pair_files(src, tgt),
+            PairSource::Tsv {
+                path,
+                src_col,
+                tgt_col,
+            } => read_tsv_pairs(path, *src_col, *tgt_col),
+        }
+    }
+
+    /// Reads several sources into one corpus, in order.
+    pub fn read_all(sources: &[PairSource]) -> Result<Pairs> {
+        let mut all = Pairs::default();
+        for s in sources {
+            all.extend(s.read()?);
+        }
+        Ok(all)
+    }
+}
+
+/// Reads lines from any reader (stdin for `mt translate`), trimmed.
+pub fn read_lines_from(reader: impl BufRead, name: &Path) -> Result<Vec<String>> {
+    let mut bytes = Vec::new();
+    let mut reader = reader;
+    reader.read_to_end(&mut bytes).map_err(|source| Error::Io {
+        action: "read",
+        path: name.into(),
+        source,
+    })?;
+    lines_of(name, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("parallel-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn gzip_and_plain_read_the_same_and_counts_must_agree() {
+        let d = temp_dir("gz");
+        let text = "Ein Hund .\r\n  Zwei Katzen\n\n";
+        std::fs::write(d.join("a.de"), text).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(d.join("a.de.gz")).unwrap(),
+            flate2::Compression::default(),
+        );
+        gz.write_all(text.as_bytes()).unwrap();
+        gz.finish().unwrap();
+        let plain = read_lines(&d.join("a.de")).unwrap();
+        assert_eq!(plain, vec!["Ein Hund .", "Zwei Katzen", ""]);
+        assert_eq!(read_lines(&d.join("a.de.gz")).unwrap(), plain);
+
+        std::fs::write(d.join("a.en"), "A dog .\nTwo cats\n").unwrap();
+        let err = read_pair_files(&d.join("a.de"), &d.join("a.en"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("has 3 lines") && err.contains("has 2"),
+            "{err}"
+        );
+
+        // A .gz that is not gzip names the file.
+        std::fs::write(d.join("bad.de.gz"), b"not gzip at all").unwrap();
+        let err = read_lines(&d.join("bad.de.gz")).unwrap_err().to_string();
+        assert!(err.contains("bad.de.gz") && err.contains("gzip"), "{err}");
+    }
+
+    #[test]
+    fn tsv_columns_and_the_training_filter() {
+        let d = temp_dir("tsv");
+        std::fs::write(d.join("kor.txt"), "Go.\t가.\tCC-BY\nHi.\t안녕.\tCC\n").unwrap();
+        let p = read_tsv_pairs(&d.join("kor.txt"), 1, 0).unwrap();
+        assert_eq!(p.src, vec!["가.", "안녕."]);
+        assert_eq!(p.tgt, vec!["Go.", "Hi."]);
+        std::fs::write(d.join("short.txt"), "Go.\n").unwrap();
+        let err = read_tsv_pairs(&d.join("short.txt"), 1, 0).unwrap_err();
+        assert!(err.to_string().contains(":1: expected at least 2"), "{err}");
+
+        let src = vec![vec![1], vec![], vec![1, 2, 3], vec![4]];
+        let tgt = vec![vec![1], vec![2], vec![1], vec![4, 5, 6, 7]];
+        let (kept, stats) = keep_for_training(&src, &tgt, PairFilter::training(3));
+        assert_eq!(kept, vec![0, 2]);
+        assert_eq!(
+            (stats.read, stats.kept, stats.empty, stats.too_long),
+            (4, 2, 1, 1)
+        );
+    }
+}

@@ -1,0 +1,104 @@
+//! Times the phases of one training step of the default translation model (3 + 3 layers,
+//! d_model 256, 8 heads, FFN 512, joint vocabulary 8000, shared embeddings) on a batch of
+//! the default token budget's shape: 200 sentences of 20 source and 20 target tokens.
+//! `cargo run --release -p transformer-train --example profile_mt`
+
+use candle_core::{DType, Device, Tensor};
+use std::time::Instant;
+use transformer_model::seq2seq::Seq2SeqMasks;
+use transformer_model::{Mode, ParamBuilder, Rng, Seq2Seq};
+use transformer_train::clip::clip_grad_norm;
+use transformer_train::mt::MtTrainConfig;
+use transformer_train::optim::Adam;
+
+fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
+    f();
+    let mut v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    println!(
+        "{label:<44} min {:8.2} ms  median {:8.2} ms",
+        v[0],
+        v[v.len() / 2]
+    );
+}
+
+fn main() -> candle_core::Result<()> {
+    let dev = Device::Cpu;
+    let (b, s, t, vocab) = (200, 20, 20, 8000);
+    let cfg = MtTrainConfig::default().model(vocab);
+    let pb = ParamBuilder::new(DType::F32, &dev, 1);
+    let model = Seq2Seq::with_config(&pb, &cfg)?;
+    let params = pb.params();
+    let vars = params.vars();
+    let ids = |n| -> candle_core::Result<Tensor> {
+        let v: Vec<u32> = (0..b * n)
+            .map(|i| 4 + (i * 7919 % (vocab - 4)) as u32)
+            .collect();
+        Tensor::from_vec(v, (b, n), &dev)
+    };
+    let (src, tgt_in, tgt_out) = (ids(s)?, ids(t)?, ids(t)?);
+    let masks = Seq2SeqMasks::new(&src, &tgt_in, 0)?;
+    let rng = Rng::new(2);
+    let reps = std::env::var("REPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    time("encode (train mode)", reps, || {
+        model
+            .encode(&src, Some(&masks.src), Mode::Train(&rng))
+            .unwrap()
+    });
+    let memory = model.encode(&src, Some(&masks.src), Mode::Eval)?;
+    time("decoder stack (eval mode)", reps, || {
+        model
+            .decode_hidden(
+                &tgt_in,
+                &memory,
+                Some(&masks.tgt),
+                Some(&masks.memory),
+                Mode::Eval,
+            )
+            .unwrap()
+    });
+    time("loss forward, no smoothing (eval mode)", reps, || {
+        model
+            .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.0, Mode::Eval)
+            .unwrap()
+    });
+    time("loss forward, smoothing 0.1 (eval mode)", reps, || {
+        model
+            .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Eval)
+            .unwrap()
+    });
+    time("loss forward (train mode)", reps, || {
+        model
+            .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))
+            .unwrap()
+    });
+    time("loss forward + backward", reps, || {
+        let l = model
+            .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))
+            .unwrap();
+        l.loss.backward().unwrap()
+    });
+    let mut opt = Adam::new(vars.clone(), 1e-4)?;
+    time("whole step (+ clip, Adam)", reps, || {
+        let l = model
+            .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))
+            .unwrap();
+        let mut g = l.loss.backward().unwrap();
+        clip_grad_norm(&mut g, &vars, 1.0).unwrap();
+        opt.step(&g).unwrap();
+    });
+    let l = model.loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))?;
+    let mut g = l.loss.backward()?;
+    time("clip", reps, || clip_grad_norm(&mut g, &vars, 1.0).unwrap());
+    time("Adam", reps, || opt.step(&g).unwrap());
+    Ok(())
+}

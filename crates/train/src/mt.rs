@@ -1,0 +1,1018 @@
+//! Translation: an encoder-decoder Transformer trained on a parallel corpus (Multi30k
+//! German-English, Korean-English, or any pair of files), decoded with greedy or beam search
+//! and scored with BLEU.
+//!
+//! The loop: for each epoch, for each length-bucketed batch (a new order every epoch):
+//! forward under the padding and causal masks, label-smoothed cross-entropy over the
+//! non-padding target tokens, backward, clip the gradient norm, Adam with the paper's warm-up
+//! schedule (section 5.3); log every `log_interval` batches; at the end of the epoch
+//! validation loss, perplexity and BLEU (greedy), keep the best model by validation BLEU.
+//! At the end, the best model is scored on the test set (when one is given) with beam search.
+//!
+//! A run directory holds:
+//!
+//! | file | what |
+//! |---|---|
+//! | `config.toml` | the resolved configuration |
+//! | `tokenizer.json` | the joint BPE tokenizer (source and target) |
+//! | `checkpoint.safetensors` | latest resumable state: weights, Adam moments, position, RNG |
+//! | `best.safetensors` | the weights with the best validation BLEU so far |
+//! | `metrics.jsonl` | log lines, validation and test results |
+//! | `loss.svg` | training and validation loss against the step |
+//! | `test.hyp` | the test set's translations by the best model |
+
+use crate::checkpoint;
+use crate::clip::clip_grad_norm;
+use crate::error::{Error, Result};
+use crate::lm::Progress;
+use crate::metrics::{self, Metric, Weights};
+use crate::optim::{Adam, NoamSchedule};
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use transformer_decode::{beam_search, greedy, DecodeOptions, Hypothesis};
+use transformer_model::seq2seq::Seq2SeqMasks;
+use transformer_model::{
+    Mode, ParamBuilder, Params, Rng, Seq2Seq, Seq2SeqConfig, TransformerConfig,
+};
+use transformer_text::bucket::{make_batch, pair_batches, source_batches, PairBatch};
+use transformer_text::parallel::{keep_for_training, PairFilter, PairSource, Pairs};
+use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
+use transformer_text::subword::{BpeOptions, Subword, TextTokenizer};
+
+/// Format tag of translation checkpoints.
+pub const CHECKPOINT_FORMAT: &str = "transformer-mt-checkpoint/1";
+/// Format tag of translation weight files.
+pub const WEIGHTS_FORMAT: &str = "transformer-mt-weights/1";
+const ADAM_M: &str = "adam.m.";
+const ADAM_V: &str = "adam.v.";
+
+/// The bundled corpora, read in place from the shared data folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Corpus {
+    /// Multi30k task 1, German to English: train / val / test_2016_flickr (gzip as
+    /// distributed).
+    Multi30kDeEn,
+    /// Korean to English: train on Tatoeba + JHE (7,189 pairs), validate on the news dev
+    /// set, test on the news test set.
+    KoEn,
+}
+
+impl std::str::FromStr for Corpus {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "multi30k-de-en" => Ok(Corpus::Multi30kDeEn),
+            "ko-en" => Ok(Corpus::KoEn),
+            _ => Err(format!(
+                "unknown corpus {s:?}: use multi30k-de-en or ko-en, or give files with \
+                 --train-src/--train-tgt/--valid-src/--valid-tgt"
+            )),
+        }
+    }
+}
+
+/// The train, validation and test sources of a corpus.
+#[derive(Debug, Clone)]
+pub struct CorpusFiles {
+    pub train: Vec<PairSource>,
+    pub valid: PairSource,
+    pub test: Option<PairSource>,
+}
+
+impl Corpus {
+    /// The files under `data` (the folder holding `multi30k/` and `ko-en/`).
+    pub fn files(self, data: &Path) -> CorpusFiles {
+        let files = |dir: &Path, stem: &str, s: &str, t: &str| PairSource::Files {
+            src: dir.join(format!("{stem}{s}")),
+            tgt: dir.join(format!("{stem}{t}")),
+        };
+        match self {
+            Corpus::Multi30kDeEn => {
+                let d = data.join("multi30k/task1/raw");
+                CorpusFiles {
+                    train: vec![files(&d, "train", ".de.gz", ".en.gz")],
+                    valid: files(&d, "val", ".de.gz", ".en.gz"),
+                    test: Some(files(&d, "test_2016_flickr", ".de.gz", ".en.gz")),
+                }
+            }
+            Corpus::KoEn => {
+                let d = data.join("ko-en");
+                let jhe = d.join("jhe");
+                let news = d.join("news-v1");
+                CorpusFiles {
+                    train: vec![
+                        PairSource::Tsv {
+                            path: d.join("tatoeba/kor.txt"),
+                            src_col: 1,
+                            tgt_col: 0,
+                        },
+                        files(&jhe, "jhe-koen-dev", ".ko", ".en"),
+                        files(&jhe, "jhe-koen-eval", ".ko", ".en"),
+                    ],
+                    valid: files(&news, "korean-english-park.dev", ".ko", ".en"),
+                    test: Some(files(&news, "korean-english-park.test", ".ko", ".en")),
+                }
+            }
+        }
+    }
+}
+
+/// The default data folder, `../shared/data` from the working directory, if it exists.
+pub fn default_data_dir() -> Option<PathBuf> {
+    let p = PathBuf::from("../shared/data");
+    p.is_dir().then_some(p)
+}
+
+/// Everything a translation run is configured by. The defaults are the small model of the
+/// published Multi30k baselines (3 + 3 layers, d_model 256, 8 heads, FFN 512, dropout 0.1,
+/// about 9M parameters) with the paper's optimizer, schedule and label smoothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MtTrainConfig {
+    /// A bundled corpus (its files under `data`).
+    pub corpus: Option<Corpus>,
+    /// The folder holding the bundled corpora.
+    pub data: Option<PathBuf>,
+    pub train_src: Option<PathBuf>,
+    pub train_tgt: Option<PathBuf>,
+    pub valid_src: Option<PathBuf>,
+    pub valid_tgt: Option<PathBuf>,
+    pub test_src: Option<PathBuf>,
+    pub test_tgt: Option<PathBuf>,
+    /// Joint BPE vocabulary size (source and target share one tokenizer).
+    pub vocab_size: usize,
+    /// One matrix for both embeddings and the output layer (section 3.4).
+    pub share_embeddings: bool,
+    pub d_model: usize,
+    pub nhead: usize,
+    pub encoder_layers: usize,
+    pub decoder_layers: usize,
+    pub dim_feedforward: usize,
+    pub dropout: f64,
+    /// Pre-norm layers instead of the paper's post-norm.
+    pub norm_first: bool,
+    /// Label smoothing epsilon (section 5.4: 0.1).
+    pub label_smoothing: f64,
+    /// Warm-up steps of the learning-rate schedule (section 5.3).
+    pub warmup: usize,
+    /// Multiplies the schedule's learning rate.
+    pub lr_factor: f64,
+    /// Gradient-norm clipping threshold.
+    pub clip: f64,
+    pub epochs: usize,
+    /// Padded tokens per side and batch.
+    pub max_tokens: usize,
+    /// Training pairs with a side longer than this many subword tokens are skipped.
+    pub max_sentence_tokens: usize,
+    pub log_interval: usize,
+    /// Write a resumable checkpoint every this many batches (and at every epoch end).
+    pub checkpoint_interval: usize,
+    /// Stop each epoch after this many batches (quick runs); all when absent.
+    pub max_batches: Option<usize>,
+    /// Validate on at most this many sentences (quick runs); all when absent.
+    pub max_valid: Option<usize>,
+    pub seed: u64,
+    /// Beam size for the final test translation.
+    pub beam: usize,
+    /// Beam scores divided by length^length_penalty.
+    pub length_penalty: f64,
+    pub max_len_a: f64,
+    pub max_len_b: usize,
+}
+
+impl Default for MtTrainConfig {
+    fn default() -> Self {
+        Self {
+            corpus: None,
+            data: None,
+            train_src: None,
+            train_tgt: None,
+            valid_src: None,
+            valid_tgt: None,
+            test_src: None,
+            test_tgt: None,
+            vocab_size: 8000,
+            share_embeddings: true,
+            d_model: 256,
+            nhead: 8,
+            encoder_layers: 3,
+            decoder_layers: 3,
+            dim_feedforward: 512,
+            dropout: 0.1,
+            norm_first: false,
+            label_smoothing: 0.1,
+            warmup: 400,
+            lr_factor: 0.4,
+            clip: 1.0,
+            epochs: 10,
+            max_tokens: 2048,
+            max_sentence_tokens: 128,
+            log_interval: 50,
+            checkpoint_interval: 200,
+            max_batches: None,
+            max_valid: None,
+            seed: 1,
+            beam: 5,
+            length_penalty: 1.0,
+            max_len_a: 1.2,
+            max_len_b: 10,
+        }
+    }
+}
+
+impl MtTrainConfig {
+    /// The model configuration for a joint vocabulary of `vocab` tokens.
+    pub fn model(&self, vocab: usize) -> Seq2SeqConfig {
+        Seq2SeqConfig {
+            transformer: TransformerConfig {
+                d_model: self.d_model,
+                nhead: self.nhead,
+                num_encoder_layers: self.encoder_layers,
+                num_decoder_layers: self.decoder_layers,
+                dim_feedforward: self.dim_feedforward,
+                dropout: self.dropout,
+                norm_first: self.norm_first,
+                max_len: 1024,
+                ..TransformerConfig::base()
+            },
+            src_vocab: vocab,
+            tgt_vocab: vocab,
+            share_embeddings: self.share_embeddings,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        self.model(self.vocab_size).validate()?;
+        for (name, v) in [
+            ("epochs", self.epochs),
+            ("max_tokens", self.max_tokens),
+            ("max_sentence_tokens", self.max_sentence_tokens),
+            ("log_interval", self.log_interval),
+            ("beam", self.beam),
+            ("warmup", self.warmup),
+        ] {
+            if v == 0 {
+                return Err(Error::Usage(format!("{name} must be at least 1")));
+            }
+        }
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            return Err(Error::Usage(format!(
+                "label_smoothing is {}: it must be in [0, 1) (the paper uses 0.1)",
+                self.label_smoothing
+            )));
+        }
+        if !(self.lr_factor > 0.0 && self.clip > 0.0) {
+            return Err(Error::Usage("lr_factor and clip must be positive".into()));
+        }
+        Ok(())
+    }
+
+    /// The decoding options of this run's model (beam from the config unless overridden).
+    pub fn decode_options(&self, beam: usize) -> DecodeOptions {
+        let sp = transformer_text::Specials::FIXED;
+        DecodeOptions {
+            beam,
+            max_len_a: self.max_len_a,
+            max_len_b: self.max_len_b,
+            length_penalty: self.length_penalty,
+            bos: sp.bos,
+            eos: sp.eos,
+            pad: sp.pad,
+            want_attention: false,
+        }
+    }
+
+    /// The train, validation and test sources: the bundled corpus, or the files given.
+    pub fn sources(&self) -> Result<CorpusFiles> {
+        let given = |a: &Option<PathBuf>, b: &Option<PathBuf>| match (a, b) {
+            (Some(s), Some(t)) => Some(PairSource::Files {
+                src: s.clone(),
+                tgt: t.clone(),
+            }),
+            _ => None,
+        };
+        let mut files = match self.corpus {
+            Some(c) => {
+                let data = self.data.clone().or_else(default_data_dir).ok_or_else(|| {
+                    Error::Usage(
+                        "the bundled corpora are read from ../shared/data, which does not \
+                         exist here: pass --data DIR (the folder holding multi30k/ and ko-en/)"
+                            .into(),
+                    )
+                })?;
+                c.files(&data)
+            }
+            None => {
+                let (Some(train), Some(valid)) = (
+                    given(&self.train_src, &self.train_tgt),
+                    given(&self.valid_src, &self.valid_tgt),
+                ) else {
+                    return Err(Error::Usage(
+                        "no data: pass --corpus multi30k-de-en (or ko-en), or all four of \
+                         --train-src, --train-tgt, --valid-src, --valid-tgt"
+                            .into(),
+                    ));
+                };
+                CorpusFiles {
+                    train: vec![train],
+                    valid,
+                    test: None,
+                }
+            }
+        };
+        if let Some(t) = given(&self.train_src, &self.train_tgt) {
+            files.train = vec![t];
+        }
+        if let Some(v) = given(&self.valid_src, &self.valid_tgt) {
+            files.valid = v;
+        }
+        if let Some(t) = given(&self.test_src, &self.test_tgt) {
+            files.test = Some(t);
+        }
+        Ok(files)
+    }
+
+    pub fn from_toml_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.into(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| Error::Config {
+            path: path.into(),
+            msg: e.to_string(),
+        })
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes")
+    }
+}
+
+/// A split's sentences and their token ids (without `<bos>` / `<eos>`).
+#[derive(Debug, Clone)]
+pub struct EncodedSplit {
+    pub pairs: Pairs,
+    pub src: Vec<Vec<u32>>,
+    pub tgt: Vec<Vec<u32>>,
+}
+
+impl EncodedSplit {
+    pub fn encode(pairs: Pairs, tok: &Subword) -> Self {
+        let src = pairs.src.iter().map(|s| tok.encode(s)).collect();
+        let tgt = pairs.tgt.iter().map(|s| tok.encode(s)).collect();
+        Self { pairs, src, tgt }
+    }
+
+    /// The first `n` pairs.
+    pub fn truncate(&mut self, n: usize) {
+        self.pairs.src.truncate(n);
+        self.pairs.tgt.truncate(n);
+        self.src.truncate(n);
+        self.tgt.truncate(n);
+    }
+}
+
+pub fn config_path(run: &Path) -> PathBuf {
+    run.join("config.toml")
+}
+pub fn tokenizer_path(run: &Path) -> PathBuf {
+    run.join("tokenizer.json")
+}
+pub fn checkpoint_path(run: &Path) -> PathBuf {
+    run.join("checkpoint.safetensors")
+}
+pub fn best_path(run: &Path) -> PathBuf {
+    run.join("best.safetensors")
+}
+pub fn metrics_path(run: &Path) -> PathBuf {
+    run.join("metrics.jsonl")
+}
+
+/// Where a run stands; saved in every checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MtState {
+    /// The epoch in progress (1-based); `epochs + 1` once training is over.
+    pub epoch: usize,
+    /// Index of the next batch of this epoch.
+    pub next_batch: usize,
+    /// Optimizer steps taken.
+    pub step: usize,
+    /// Dropout RNG `(seed, counter)`.
+    pub rng: (u64, u64),
+    pub best_bleu: Option<f64>,
+    pub best_epoch: usize,
+    pub log_loss_sum: f64,
+    pub log_nll_sum: f64,
+    pub log_batches: usize,
+    pub log_tokens: usize,
+    pub finished: bool,
+}
+
+/// How to run [`train`].
+#[derive(Debug, Clone)]
+pub struct MtTrainOptions {
+    pub config: MtTrainConfig,
+    pub out: PathBuf,
+    pub resume: bool,
+    /// Stop (as if interrupted) after this many optimizer steps in this invocation.
+    pub stop_after_steps: Option<usize>,
+    /// When set (by a Ctrl-C handler), save a checkpoint after the current batch and return.
+    pub interrupt: Option<Arc<AtomicBool>>,
+    pub device: Device,
+}
+
+/// What a finished (or stopped) run reports.
+#[derive(Debug, Clone)]
+pub struct MtSummary {
+    pub state: MtState,
+    /// Test loss and sacreBLEU of the best model, when a test set was given.
+    pub test: Option<(f64, f64)>,
+    /// The loss of every step taken in this invocation.
+    pub step_losses: Vec<f64>,
+}
+
+/// Tensors of a batch: src (B, S), tgt_in (B, T), tgt_out (B, T).
+pub fn batch_tensors(b: &PairBatch, dev: &Device) -> Result<(Tensor, Tensor, Tensor)> {
+    Ok((
+        Tensor::from_vec(b.src.clone(), (b.rows, b.src_len), dev)?,
+        Tensor::from_vec(b.tgt_in.clone(), (b.rows, b.tgt_len), dev)?,
+        Tensor::from_vec(b.tgt_out.clone(), (b.rows, b.tgt_len), dev)?,
+    ))
+}
+
+/// Mean cross-entropy per target token (no smoothing) over a split, teacher-forced.
+pub fn evaluate_loss(
+    model: &Seq2Seq,
+    data: &EncodedSplit,
+    max_tokens: usize,
+    dev: &Device,
+) -> Result<f64> {
+    let sp = transformer_text::Specials::FIXED;
+    let all: Vec<usize> = (0..data.src.len()).collect();
+    let batches = pair_batches(&data.src, &data.tgt, &all, max_tokens, sp, 0);
+    let (mut total, mut tokens) = (0.0, 0usize);
+    for b in &batches {
+        let (src, tgt_in, tgt_out) = batch_tensors(b, dev)?;
+        let masks = Seq2SeqMasks::new(&src, &tgt_in, sp.pad)?;
+        let l = model.loss(&src, &tgt_in, &tgt_out, &masks, sp.pad, 0.0, Mode::Eval)?;
+        total += l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()? * b.tgt_tokens as f64;
+        tokens += b.tgt_tokens;
+    }
+    Ok(total / tokens.max(1) as f64)
+}
+
+/// Translates token sequences in batches (greedy for beam 1, else beam search); returns one
+/// hypothesis per input, in input order. `on_batch(done, total)` reports progress.
+pub fn translate_ids(
+    model: &Seq2Seq,
+    src: &[Vec<u32>],
+    opts: &DecodeOptions,
+    dev: &Device,
+    mut on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<Hypothesis>> {
+    let sp = transformer_text::Specials::FIXED;
+    // Rows per batch: beams multiply the decoder's rows.
+    let max_rows = (128 / opts.beam.max(1)).max(1);
+    let groups = source_batches(src, 2048, max_rows);
+    let mut out: Vec<Option<Hypothesis>> = vec![None; src.len()];
+    let mut done = 0;
+    for g in &groups {
+        let empty: Vec<Vec<u32>> = vec![Vec::new(); src.len()];
+        let b = make_batch(src, &empty, g.clone(), sp);
+        let s = Tensor::from_vec(b.src.clone(), (b.rows, b.src_len), dev)?;
+        let hyps = if opts.beam <= 1 {
+            greedy(model, &s, opts)?
+        } else {
+            beam_search(model, &s, opts)?
+        };
+        for (&i, h) in g.iter().zip(hyps) {
+            out[i] = Some(h);
+        }
+        done += g.len();
+        on_batch(done, src.len());
+    }
+    Ok(out.into_iter().map(|h| h.expect("translated")).collect())
+}
+
+/// Translates sentences with a tokenizer; returns the detokenized outputs in order.
+pub fn translate_lines(
+    model: &Seq2Seq,
+    tok: &Subword,
+    lines: &[String],
+    opts: &DecodeOptions,
+    dev: &Device,
+    on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<String>> {
+    let ids: Vec<Vec<u32>> = lines.iter().map(|l| tok.encode(l)).collect();
+    let hyps = translate_ids(model, &ids, opts, dev, on_batch)?;
+    Ok(hyps.iter().map(|h| tok.decode(&h.tokens)).collect())
+}
+
+/// sacreBLEU's default corpus BLEU of `hyps` against `refs`.
+pub fn bleu(hyps: &[String], refs: &[String]) -> Result<f64> {
+    corpus_bleu(hyps, refs, &BleuOptions::default())
+        .map(|s| s.score)
+        .map_err(|e| Error::Usage(e.to_string()))
+}
+
+fn params_tensors(params: &Params) -> Vec<(String, Tensor)> {
+    params
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
+        .collect()
+}
+
+fn save_checkpoint(
+    run: &Path,
+    params: &Params,
+    opt: &Adam,
+    state: &MtState,
+    cfg: &MtTrainConfig,
+) -> Result<()> {
+    let mut tensors = params_tensors(params);
+    for (i, (m, v)) in opt.moments.iter().enumerate() {
+        tensors.push((format!("{ADAM_M}{i}"), m.clone()));
+        tensors.push((format!("{ADAM_V}{i}"), v.clone()));
+    }
+    let meta = HashMap::from([
+        ("format".to_string(), CHECKPOINT_FORMAT.to_string()),
+        (
+            "state".to_string(),
+            serde_json::to_string(state).expect("state serializes"),
+        ),
+        ("adam_step".to_string(), opt.step.to_string()),
+        ("config".to_string(), cfg.to_toml()),
+    ]);
+    checkpoint::save(&checkpoint_path(run), &tensors, meta)
+}
+
+/// Saves model weights with the model config needed to rebuild it.
+pub fn save_weights(path: &Path, params: &Params, model: &Seq2SeqConfig) -> Result<()> {
+    let meta = HashMap::from([
+        ("format".to_string(), WEIGHTS_FORMAT.to_string()),
+        (
+            "model".to_string(),
+            serde_json::to_string(model).expect("config serializes"),
+        ),
+    ]);
+    checkpoint::save(path, &params_tensors(params), meta)
+}
+
+fn check_format(path: &Path, meta: &HashMap<String, String>, want: &str) -> Result<()> {
+    match meta.get("format") {
+        Some(f) if f == want => Ok(()),
+        Some(f) if f.starts_with("transformer-lm") => Err(Error::Checkpoint {
+            path: path.into(),
+            msg: format!(
+                "this is a language-model run ({f}), not a translation run: use `transformer \
+                 lm` commands with it, or pass a run made by `transformer mt train`"
+            ),
+        }),
+        Some(f) => Err(Error::Checkpoint {
+            path: path.into(),
+            msg: format!("format {f:?}, expected {want:?}"),
+        }),
+        None => Err(Error::Checkpoint {
+            path: path.into(),
+            msg: format!("no format tag (expected {want:?})"),
+        }),
+    }
+}
+
+/// A trained translation model loaded from a run directory.
+pub struct LoadedMt {
+    pub model: Seq2Seq,
+    pub params: Params,
+    pub config: MtTrainConfig,
+    pub model_config: Seq2SeqConfig,
+    pub tokenizer: Subword,
+}
+
+/// Loads a run's best weights (or its latest checkpoint's, before the first epoch ends).
+pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
+    if !run.is_dir() {
+        return Err(Error::Usage(format!(
+            "{}: no such run directory (create one with `transformer mt train --out DIR`)",
+            run.display()
+        )));
+    }
+    if !tokenizer_path(run).exists() {
+        let hint = if run.join("vocab.txt").exists() {
+            " (it holds vocab.txt: a language-model run; use `transformer lm` with it)"
+        } else {
+            ""
+        };
+        return Err(Error::Usage(format!(
+            "{}: no tokenizer.json, so not a translation run{hint}",
+            run.display()
+        )));
+    }
+    let tokenizer = Subword::load(&tokenizer_path(run))?;
+    let config = MtTrainConfig::from_toml_file(&config_path(run))?;
+    let path = if best_path(run).exists() {
+        best_path(run)
+    } else {
+        checkpoint_path(run)
+    };
+    if !path.exists() {
+        return Err(Error::Usage(format!(
+            "{}: no best.safetensors or checkpoint.safetensors yet",
+            run.display()
+        )));
+    }
+    let (mut tensors, meta) = checkpoint::load(&path, device)?;
+    let model_config = if path == best_path(run) {
+        check_format(&path, &meta, WEIGHTS_FORMAT)?;
+        serde_json::from_str(meta.get("model").map(String::as_str).unwrap_or("")).map_err(|e| {
+            Error::Checkpoint {
+                path: path.clone(),
+                msg: format!("model config: {e}"),
+            }
+        })?
+    } else {
+        check_format(&path, &meta, CHECKPOINT_FORMAT)?;
+        tensors.retain(|n, _| !n.starts_with("adam."));
+        config.model(tokenizer.vocab_size())
+    };
+    let pb = ParamBuilder::new(DType::F32, device, 0);
+    let model = Seq2Seq::with_config(&pb, &model_config)?;
+    let params = pb.params();
+    params.assign(&tensors).map_err(|e| Error::Checkpoint {
+        path: path.clone(),
+        msg: e.to_string(),
+    })?;
+    Ok(LoadedMt {
+        model,
+        params,
+        config,
+        model_config,
+        tokenizer,
+    })
+}
+
+/// Trains (or resumes) a run; see the module docs for the loop and the files.
+pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSummary> {
+    let run = &opts.out;
+    let dev = &opts.device;
+    let resuming = opts.resume && checkpoint_path(run).exists();
+    if opts.resume && !resuming {
+        return Err(Error::Usage(format!(
+            "{}: nothing to resume (no checkpoint.safetensors); start the run without --resume",
+            run.display()
+        )));
+    }
+    if !opts.resume && checkpoint_path(run).exists() {
+        return Err(Error::Usage(format!(
+            "{} already holds a run: pass --resume to continue it, or choose another --out",
+            run.display()
+        )));
+    }
+    std::fs::create_dir_all(run).map_err(|source| Error::Io {
+        path: run.clone(),
+        source,
+    })?;
+
+    // Configuration, tokenizer, weights and state: fresh or from the checkpoint.
+    let saved = if resuming {
+        let (tensors, meta) = checkpoint::load(&checkpoint_path(run), dev)?;
+        check_format(&checkpoint_path(run), &meta, CHECKPOINT_FORMAT)?;
+        let bad = |msg: String| Error::Checkpoint {
+            path: checkpoint_path(run),
+            msg,
+        };
+        let cfg: MtTrainConfig =
+            toml::from_str(meta.get("config").ok_or_else(|| bad("no config".into()))?)
+                .map_err(|e| bad(e.to_string()))?;
+        let state: MtState =
+            serde_json::from_str(meta.get("state").ok_or_else(|| bad("no state".into()))?)
+                .map_err(|e| bad(e.to_string()))?;
+        let adam_step: u64 = meta
+            .get("adam_step")
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("no adam_step".into()))?;
+        Some((cfg, tensors, state, adam_step))
+    } else {
+        None
+    };
+    let cfg = saved
+        .as_ref()
+        .map_or_else(|| opts.config.clone(), |s| s.0.clone());
+    cfg.validate()?;
+    let files = cfg.sources()?;
+
+    let t0 = Instant::now();
+    let train_pairs = PairSource::read_all(&files.train)?;
+    let tokenizer = if resuming {
+        Subword::load(&tokenizer_path(run))?
+    } else {
+        let texts = train_pairs.src.iter().chain(&train_pairs.tgt);
+        let origin = match &files.train[0] {
+            PairSource::Files { src, .. } => src.clone(),
+            PairSource::Tsv { path, .. } => path.clone(),
+        };
+        let tok = Subword::train_bpe(
+            texts,
+            BpeOptions {
+                vocab_size: cfg.vocab_size,
+                min_frequency: 2,
+            },
+            &origin,
+        )?;
+        tok.save(&tokenizer_path(run))?;
+        tok
+    };
+    let train_data = EncodedSplit::encode(train_pairs, &tokenizer);
+    let mut valid = EncodedSplit::encode(files.valid.read()?, &tokenizer);
+    if let Some(n) = cfg.max_valid {
+        valid.truncate(n);
+    }
+    let (keep, stats) = keep_for_training(
+        &train_data.src,
+        &train_data.tgt,
+        PairFilter::training(cfg.max_sentence_tokens),
+    );
+    if keep.is_empty() {
+        return Err(Error::Usage(format!(
+            "no training pairs left ({stats}); check the files, or raise max_sentence_tokens"
+        )));
+    }
+    let vocab = tokenizer.vocab_size();
+    progress.line(&format!(
+        "data: {stats}; validation {} pairs; joint BPE vocabulary {vocab} ({:.1}s)",
+        valid.src.len(),
+        t0.elapsed().as_secs_f64()
+    ));
+    if !resuming {
+        checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+        let _ = std::fs::remove_file(metrics_path(run));
+    }
+
+    let model_cfg = cfg.model(vocab);
+    let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
+    let model = Seq2Seq::with_config(&pb, &model_cfg)?;
+    let params = pb.params();
+    let vars = params.vars();
+    let mut opt = Adam::new(vars.clone(), 0.0)?;
+    let schedule = NoamSchedule {
+        d_model: cfg.d_model,
+        warmup: cfg.warmup,
+        factor: cfg.lr_factor,
+    };
+    let mut state = MtState {
+        epoch: 1,
+        next_batch: 0,
+        step: 0,
+        rng: (cfg.seed.wrapping_add(1), 0),
+        best_bleu: None,
+        best_epoch: 0,
+        log_loss_sum: 0.0,
+        log_nll_sum: 0.0,
+        log_batches: 0,
+        log_tokens: 0,
+        finished: false,
+    };
+    if let Some((_, mut tensors, saved_state, adam_step)) = saved {
+        for (i, (m, v)) in opt.moments.iter_mut().enumerate() {
+            let bad = |what: &str| Error::Checkpoint {
+                path: checkpoint_path(run),
+                msg: format!("no Adam {what} moment for parameter {i}"),
+            };
+            *m = tensors
+                .remove(&format!("{ADAM_M}{i}"))
+                .ok_or_else(|| bad("first"))?;
+            *v = tensors
+                .remove(&format!("{ADAM_V}{i}"))
+                .ok_or_else(|| bad("second"))?;
+        }
+        opt.step = adam_step;
+        params.assign(&tensors).map_err(|e| Error::Checkpoint {
+            path: checkpoint_path(run),
+            msg: e.to_string(),
+        })?;
+        state = saved_state;
+        metrics::truncate_after(&metrics_path(run), state.step)?;
+        progress.line(&format!(
+            "resuming {} at epoch {} batch {} (step {})",
+            run.display(),
+            state.epoch,
+            state.next_batch,
+            state.step
+        ));
+    }
+    progress.line(&format!(
+        "model: {} parameters ({}+{} layers, d_model {}, {} heads, FFN {}, shared embeddings: {})",
+        params.num_elements(),
+        cfg.encoder_layers,
+        cfg.decoder_layers,
+        cfg.d_model,
+        cfg.nhead,
+        cfg.dim_feedforward,
+        cfg.share_embeddings
+    ));
+    let sp = tokenizer.specials();
+    let rng = Rng::from_state(state.rng.0, state.rng.1);
+    let mut step_losses = Vec::new();
+    let mut steps_here = 0usize;
+    let greedy_opts = cfg.decode_options(1);
+
+    while state.epoch <= cfg.epochs {
+        let epoch = state.epoch;
+        let batches = pair_batches(
+            &train_data.src,
+            &train_data.tgt,
+            &keep,
+            cfg.max_tokens,
+            sp,
+            cfg.seed.wrapping_mul(1_000_003).wrapping_add(epoch as u64),
+        );
+        let n_batches = cfg
+            .max_batches
+            .map_or(batches.len(), |m| m.min(batches.len()));
+        let epoch_start = Instant::now();
+        let mut log_start = Instant::now();
+        for (i, b) in batches
+            .iter()
+            .enumerate()
+            .take(n_batches)
+            .skip(state.next_batch)
+        {
+            if opts.stop_after_steps == Some(steps_here)
+                || opts
+                    .interrupt
+                    .as_ref()
+                    .is_some_and(|f| f.load(Ordering::SeqCst))
+            {
+                save_checkpoint(run, &params, &opt, &state, &cfg)?;
+                progress.line(&format!(
+                    "stopped: checkpoint saved after step {}",
+                    state.step
+                ));
+                return Ok(MtSummary {
+                    state,
+                    test: None,
+                    step_losses,
+                });
+            }
+            let (src, tgt_in, tgt_out) = batch_tensors(b, dev)?;
+            let masks = Seq2SeqMasks::new(&src, &tgt_in, sp.pad)?;
+            let l = model.loss(
+                &src,
+                &tgt_in,
+                &tgt_out,
+                &masks,
+                sp.pad,
+                cfg.label_smoothing,
+                Mode::Train(&rng),
+            )?;
+            let mut grads = l.loss.backward()?;
+            clip_grad_norm(&mut grads, &vars, cfg.clip)?;
+            opt.lr = schedule.lr(state.step + 1);
+            opt.step(&grads)?;
+            let loss = l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let nll = l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            step_losses.push(loss);
+            steps_here += 1;
+            state.step += 1;
+            state.next_batch = i + 1;
+            state.rng = rng.state();
+            state.log_loss_sum += loss;
+            state.log_nll_sum += nll;
+            state.log_batches += 1;
+            state.log_tokens += b.tgt_tokens;
+            progress.batch(epoch, i + 1, n_batches);
+            if (i + 1) % cfg.log_interval == 0 || i + 1 == n_batches {
+                let n = state.log_batches.max(1) as f64;
+                let (cur, cur_nll) = (state.log_loss_sum / n, state.log_nll_sum / n);
+                let secs = log_start.elapsed().as_secs_f64();
+                let ms = secs * 1e3 / n;
+                progress.line(&format!(
+                    "| epoch {epoch:3} | {:5}/{n_batches:5} batches | lr {:.2e} | ms/batch {ms:6.1} | tok/s {:6.0} | loss {cur:5.2} | ppl {:7.2}",
+                    i + 1,
+                    opt.lr,
+                    state.log_tokens as f64 / secs.max(1e-9),
+                    cur_nll.exp()
+                ));
+                metrics::append(
+                    &metrics_path(run),
+                    &Metric::Train {
+                        step: state.step,
+                        epoch,
+                        batch: i + 1,
+                        batches: n_batches,
+                        lr: opt.lr,
+                        ms_per_batch: ms,
+                        loss: cur,
+                        ppl: cur_nll.exp(),
+                    },
+                )?;
+                state.log_loss_sum = 0.0;
+                state.log_nll_sum = 0.0;
+                state.log_batches = 0;
+                state.log_tokens = 0;
+                log_start = Instant::now();
+            }
+            if cfg.checkpoint_interval > 0 && state.next_batch % cfg.checkpoint_interval == 0 {
+                save_checkpoint(run, &params, &opt, &state, &cfg)?;
+            }
+        }
+        // Validation: loss, perplexity, and BLEU of greedy translations.
+        let train_secs = epoch_start.elapsed().as_secs_f64();
+        let val_loss = evaluate_loss(&model, &valid, cfg.max_tokens, dev)?;
+        let hyps = translate_lines(
+            &model,
+            &tokenizer,
+            &valid.pairs.src,
+            &greedy_opts,
+            dev,
+            |_, _| {},
+        )?;
+        let val_bleu = bleu(&hyps, &valid.pairs.tgt)?;
+        let secs = epoch_start.elapsed().as_secs_f64();
+        progress.line(&"-".repeat(89));
+        progress.line(&format!(
+            "| end of epoch {epoch:3} | time: {secs:6.1}s (train {train_secs:.1}s) | valid loss {val_loss:5.3} | valid ppl {:7.2} | valid BLEU {val_bleu:5.2} (greedy)",
+            val_loss.exp()
+        ));
+        progress.line(&"-".repeat(89));
+        metrics::append(
+            &metrics_path(run),
+            &Metric::Valid {
+                step: state.step,
+                epoch,
+                loss: val_loss,
+                ppl: val_loss.exp(),
+                epoch_seconds: secs,
+                weights: Weights::Sgd,
+                bleu: Some(val_bleu),
+            },
+        )?;
+        if state.best_bleu.is_none_or(|b| val_bleu > b) {
+            state.best_bleu = Some(val_bleu);
+            state.best_epoch = epoch;
+            save_weights(&best_path(run), &params, &model_cfg)?;
+        }
+        state.epoch += 1;
+        state.next_batch = 0;
+        save_checkpoint(run, &params, &opt, &state, &cfg)?;
+        metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
+    }
+
+    // Test the best model with beam search.
+    let mut test = None;
+    if let Some(src) = &files.test {
+        let best = load_run(run, dev)?;
+        let data = EncodedSplit::encode(src.read()?, &tokenizer);
+        let loss = evaluate_loss(&best.model, &data, cfg.max_tokens, dev)?;
+        let t = Instant::now();
+        let hyps = translate_lines(
+            &best.model,
+            &tokenizer,
+            &data.pairs.src,
+            &cfg.decode_options(cfg.beam),
+            dev,
+            |done, total| progress.batch(cfg.epochs + 1, done, total),
+        )?;
+        let b = bleu(&hyps, &data.pairs.tgt)?;
+        let lc = corpus_bleu(&hyps, &data.pairs.tgt, &BleuOptions::lowercased_tokens())
+            .map_err(|e| Error::Usage(e.to_string()))?;
+        checkpoint::write_atomic(&run.join("test.hyp"), (hyps.join("\n") + "\n").as_bytes())?;
+        progress.line(&"=".repeat(89));
+        progress.line(&format!(
+            "| End of training | best epoch {} | test loss {loss:5.3} | test ppl {:7.2} | test BLEU {b:5.2} (sacreBLEU, beam {}, {:.1}s)",
+            state.best_epoch,
+            loss.exp(),
+            cfg.beam,
+            t.elapsed().as_secs_f64()
+        ));
+        progress.line(&format!("| {}: {:.2}", lc.options.label(), lc.score));
+        progress.line(&"=".repeat(89));
+        if !state.finished {
+            metrics::append(
+                &metrics_path(run),
+                &Metric::Test {
+                    step: state.step,
+                    loss,
+                    ppl: loss.exp(),
+                    weights: Weights::Sgd,
+                    bleu: Some(b),
+                },
+            )?;
+        }
+        test = Some((loss, b));
+    }
+    if !state.finished {
+        state.finished = true;
+        save_checkpoint(run, &params, &opt, &state, &cfg)?;
+    }
+    Ok(MtSummary {
+        state,
+        test,
+        step_losses,
+    })
+}

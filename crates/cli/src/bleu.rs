@@ -98,7 +98,8 @@ impl From<SmoothArg> for Smoothing {
 
 /// A file's lines as the sacreBLEU command line reads them (split on "\n", right-stripped).
 fn read_segments(path: &Path, flag: &str) -> Result<Vec<String>> {
-    let bytes = std::fs::read(path).with_context(|| {
+    // `.gz` files (as Multi30k is distributed) are decompressed.
+    let bytes = transformer_text::parallel::read_bytes(path).with_context(|| {
         format!(
             "cannot read the {flag} file {}: check the path (one segment per line, UTF-8)",
             path.display()

@@ -366,7 +366,9 @@ pub fn run(cmd: LmCommand) -> Result<()> {
             );
         }
         LmCommand::ImportTorch(args) => {
-            let cfg = lm::import_torch(&args.state_dict, &args.vocab, args.nhead, &args.out)?;
+            let (cfg, layout) =
+                lm::import_torch(&args.state_dict, &args.vocab, args.nhead, &args.out)?;
+            println!("detected {}", layout.describe());
             println!(
                 "imported: vocab {}, d_model {}, nhead {}, d_hid {}, {} layers -> {}",
                 cfg.ntoken,

@@ -10,8 +10,8 @@ use std::time::Instant;
 use transformer_text::parallel::{read_lines, read_lines_from};
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
 use transformer_text::score::chrf::{corpus_chrf, ChrfOptions};
-use transformer_train::lm::Progress;
-use transformer_train::mt::{self, Corpus, MtTrainConfig, MtTrainOptions};
+use transformer_train::mt::{self, Corpus, MtPreset, MtTrainConfig, MtTrainOptions};
+use transformer_train::runner::Progress;
 
 #[derive(Subcommand)]
 pub enum MtCommand {
@@ -69,6 +69,14 @@ pub struct TrainArgs {
     /// Stop after this many steps in this invocation (continue later with --resume).
     #[arg(long)]
     max_steps: Option<usize>,
+    /// Model sizes: small (3+3 layers, d_model 256, 8 heads, FFN 512, dropout 0.1), or the
+    /// paper's base (6+6, 512, 8, 2048, 0.1) or big (6+6, 1024, 16, 4096, 0.3); the size
+    /// flags below override single values [default: small]
+    #[arg(long)]
+    preset: Option<MtPreset>,
+    /// Pre-norm layers (LayerNorm before each sublayer) instead of the paper's post-norm.
+    #[arg(long)]
+    norm_first: bool,
     /// Joint BPE vocabulary size [default: 8000]
     #[arg(long)]
     vocab_size: Option<usize>,
@@ -117,6 +125,10 @@ pub struct TrainArgs {
     /// Seed for initialisation, batch order and dropout [default: 1]
     #[arg(long)]
     seed: Option<u64>,
+    /// Decay per step of a moving average of the weights, validated beside the trained
+    /// weights every epoch (the better by BLEU is kept); 0 turns it off [default: 0.999]
+    #[arg(long)]
+    average_decay: Option<f64>,
 }
 
 impl TrainArgs {
@@ -125,6 +137,12 @@ impl TrainArgs {
             Some(p) => MtTrainConfig::from_toml_file(p)?,
             None => MtTrainConfig::default(),
         };
+        if let Some(p) = self.preset {
+            c.apply_preset(p);
+        }
+        if self.norm_first {
+            c.norm_first = true;
+        }
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v.into(); } )* };
         }
@@ -140,7 +158,8 @@ impl TrainArgs {
             epochs,
             max_tokens,
             beam,
-            seed
+            seed,
+            average_decay
         );
         for (dst, src) in [
             (&mut c.train_src, &self.train_src),
@@ -190,7 +209,7 @@ pub struct DecodeArgs {
     /// See --max-len-a [default: the run's, 10]
     #[arg(long)]
     max_len_b: Option<usize>,
-    /// Beam scores are divided by length^P (0 = raw log-probabilities) [default: the run's, 1.0]
+    /// Beam scores are divided by length^P (0 = raw log-probabilities) [default: the run's, 1.5]
     #[arg(long)]
     length_penalty: Option<f64>,
 }
@@ -315,6 +334,15 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 std::fs::write(p, hyps.join("\n") + "\n")
                     .with_context(|| format!("cannot write {}", p.display()))?;
             }
+            let data = mt::EncodedSplit::encode(
+                transformer_text::parallel::Pairs {
+                    src: src.clone(),
+                    tgt: refs.clone(),
+                },
+                &run.tokenizer,
+            );
+            let loss = mt::evaluate_loss(&run.model, &data, run.config.max_tokens, &device)?;
+            let word_ppl = mt::word_perplexity(loss, &data);
             let b = corpus_bleu(&hyps, &refs, &BleuOptions::default())?;
             let c = corpus_chrf(&hyps, &refs, &ChrfOptions::default())?;
             let lc = corpus_bleu(&hyps, &refs, &BleuOptions::lowercased_tokens())?;
@@ -331,6 +359,9 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                     "lowercased_token_bleu": lc.score,
                     "lowercased_token_bleu_label": lc.options.label(),
                     "sentences": src.len(),
+                    "loss": loss,
+                    "ppl": loss.exp(),
+                    "word_ppl": word_ppl,
                     "beam": opts.beam,
                     "seconds": secs,
                 });
@@ -339,6 +370,10 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 println!("{}", b.format_with_signature());
                 println!("{}", c.format_with_signature());
                 println!("{}: {:.2}", lc.options.label(), lc.score);
+                println!(
+                    "loss {loss:.4} per subword token, perplexity {:.2} (per word: {word_ppl:.2})",
+                    loss.exp()
+                );
                 println!(
                     "{} sentences, beam {}, {:.1}s ({:.1} sentences/s)",
                     src.len(),

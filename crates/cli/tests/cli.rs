@@ -132,3 +132,100 @@ fn bad_input_gives_errors_that_say_what_to_do() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("--resume"));
 }
+
+/// The older tutorial's state dict (the embedding named `encoder`, the output layer
+/// `decoder`) imports to the same model: the fixture's tensors under the older names give
+/// PyTorch's perplexity too. An unknown layout is refused with the names it expected.
+#[test]
+fn older_tutorial_layout_imports_to_the_same_model() {
+    let dir = temp_dir("import-older");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tensors = candle_core::safetensors::load(
+        fixture("state_dict.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let rename = |name: &str| match name {
+        "embedding.weight" => "encoder.weight".to_string(),
+        "linear.weight" => "decoder.weight".to_string(),
+        "linear.bias" => "decoder.bias".to_string(),
+        n => n.to_string(),
+    };
+    let older: std::collections::HashMap<String, candle_core::Tensor> = tensors
+        .iter()
+        .map(|(n, t)| (rename(n), t.clone()))
+        .collect();
+    assert!(older.contains_key("encoder.weight") && !older.contains_key("embedding.weight"));
+    let path = dir.join("older.safetensors");
+    candle_core::safetensors::save(&older, &path).unwrap();
+    let run = dir.join("run");
+    let out = transformer(&[
+        "lm",
+        "import-torch",
+        "--state-dict",
+        s(&path),
+        "--vocab",
+        s(&fixture("vocab.txt")),
+        "--nhead",
+        "4",
+        "--out",
+        s(&run),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("older tutorial's layout"));
+    let out = transformer(&[
+        "lm",
+        "eval",
+        "--run",
+        s(&run),
+        "--text",
+        s(&fixture("text.txt")),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
+    let (g, w) = (
+        got["ppl"].as_f64().unwrap(),
+        want["ppl_f64"].as_f64().unwrap(),
+    );
+    assert!(((g - w) / w).abs() < 1e-6, "ours {g}, PyTorch {w}");
+
+    // Neither layout: an error naming what it expected.
+    let unknown: std::collections::HashMap<String, candle_core::Tensor> = tensors
+        .iter()
+        .map(|(n, t)| (n.replace("embedding", "emb"), t.clone()))
+        .collect();
+    let path = dir.join("unknown.safetensors");
+    candle_core::safetensors::save(&unknown, &path).unwrap();
+    let out = transformer(&[
+        "lm",
+        "import-torch",
+        "--state-dict",
+        s(&path),
+        "--vocab",
+        s(&fixture("vocab.txt")),
+        "--nhead",
+        "4",
+        "--out",
+        s(&dir.join("never")),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("embedding.weight")
+            && err.contains("encoder.weight")
+            && err.contains("emb.weight"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

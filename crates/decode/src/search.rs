@@ -88,16 +88,40 @@ struct Row {
     attention: Vec<Vec<f32>>,
 }
 
-fn last_tokens(rows: &[Row], bos: u32) -> Vec<u32> {
-    rows.iter()
-        .map(|r| *r.tokens.last().unwrap_or(&bos))
-        .collect()
+impl Row {
+    /// The start of a search: one empty row per sentence.
+    fn one_per_sentence(n: usize) -> Vec<Row> {
+        (0..n)
+            .map(|s| Row {
+                sentence: s,
+                tokens: Vec::new(),
+                score: 0.0,
+                attention: Vec::new(),
+            })
+            .collect()
+    }
 }
 
-fn attention_rows(att: &Option<Tensor>) -> Result<Option<Vec<Vec<f32>>>> {
-    att.as_ref()
+/// Feeds every row's last token (`<bos>` first) and returns each row's next-token
+/// log-probabilities and, when asked for, its attention (flattened).
+#[allow(clippy::type_complexity)]
+fn next_step<M: StepModel>(
+    model: &M,
+    state: &mut M::State,
+    rows: &[Row],
+    opts: &DecodeOptions,
+) -> Result<(Vec<Vec<f32>>, Option<Vec<Vec<f32>>>)> {
+    let last: Vec<u32> = rows
+        .iter()
+        .map(|r| *r.tokens.last().unwrap_or(&opts.bos))
+        .collect();
+    let out = model.step(state, &last, opts.want_attention)?;
+    let att = out
+        .attention
+        .as_ref()
         .map(|a| a.flatten_from(1)?.to_vec2::<f32>())
-        .transpose()
+        .transpose()?;
+    Ok((log_softmax_rows(&out.logits)?, att))
 }
 
 /// Greedy decoding: at every step the most likely token. Returns one hypothesis per source
@@ -149,22 +173,9 @@ fn pick_each_step<M: StepModel>(
     let src_lens = model.src_lens(&state);
     let n = src_lens.len();
     let mut done: Vec<Option<Hypothesis>> = vec![None; n];
-    let mut rows: Vec<Row> = (0..n)
-        .map(|s| Row {
-            sentence: s,
-            tokens: Vec::new(),
-            score: 0.0,
-            attention: Vec::new(),
-        })
-        .collect();
+    let mut rows = Row::one_per_sentence(n);
     while !rows.is_empty() {
-        let out = model.step(
-            &mut state,
-            &last_tokens(&rows, opts.bos),
-            opts.want_attention,
-        )?;
-        let lp = log_softmax_rows(&out.logits)?;
-        let att = attention_rows(&out.attention)?;
+        let (lp, att) = next_step(model, &mut state, &rows, opts)?;
         let mut keep = Vec::with_capacity(rows.len());
         for (i, row) in rows.iter_mut().enumerate() {
             if let Some(a) = &att {
@@ -224,22 +235,9 @@ pub fn beam_search<M: StepModel>(
     let n = src_lens.len();
     let mut finished: Vec<Vec<Hypothesis>> = vec![Vec::new(); n];
     // Live rows, grouped by sentence; at the start one per sentence.
-    let mut rows: Vec<Row> = (0..n)
-        .map(|s| Row {
-            sentence: s,
-            tokens: Vec::new(),
-            score: 0.0,
-            attention: Vec::new(),
-        })
-        .collect();
+    let mut rows = Row::one_per_sentence(n);
     while !rows.is_empty() {
-        let out = model.step(
-            &mut state,
-            &last_tokens(&rows, opts.bos),
-            opts.want_attention,
-        )?;
-        let lp = log_softmax_rows(&out.logits)?;
-        let att = attention_rows(&out.attention)?;
+        let (lp, att) = next_step(model, &mut state, &rows, opts)?;
         let mut next_rows: Vec<Row> = Vec::with_capacity(n * k);
         let mut parents: Vec<u32> = Vec::with_capacity(n * k);
         let mut start = 0;

@@ -42,10 +42,113 @@ pub fn from_torch(state: &HashMap<String, Tensor>) -> Result<HashMap<String, Ten
     Ok(out)
 }
 
+/// Which version of PyTorch's nn.Transformer language-model tutorial a state dict comes
+/// from: the two name the embedding and the output layer differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LmLayout {
+    /// The current tutorial: `embedding.weight`, `linear.weight`, `linear.bias`.
+    Newer,
+    /// The older tutorial, which most translated write-ups follow: `encoder.weight` (the
+    /// embedding) and `decoder.weight`, `decoder.bias` (the output layer).
+    Older,
+}
+
+impl LmLayout {
+    /// A phrase for the log.
+    pub fn describe(self) -> &'static str {
+        match self {
+            LmLayout::Newer => "the current tutorial's layout (embedding / linear)",
+            LmLayout::Older => "the older tutorial's layout (encoder / decoder)",
+        }
+    }
+}
+
+/// The older tutorial's names and this crate's, in that order.
+const OLDER_NAMES: [(&str, &str); 3] = [
+    ("encoder.weight", "embedding.weight"),
+    ("decoder.weight", "linear.weight"),
+    ("decoder.bias", "linear.bias"),
+];
+
+/// Detects which tutorial version wrote `state` and renames the older version's embedding
+/// and output layer to this crate's names (`transformer_encoder.*` is the same in both and
+/// never touched). An unknown layout is an error that lists the names expected.
+pub fn lm_from_torch_layout(
+    mut state: HashMap<String, Tensor>,
+) -> std::result::Result<(HashMap<String, Tensor>, LmLayout), String> {
+    let has = |n: &str| state.contains_key(n);
+    let layout = if has("embedding.weight") && has("linear.weight") && has("linear.bias") {
+        LmLayout::Newer
+    } else if OLDER_NAMES.iter().all(|(old, _)| has(old)) {
+        LmLayout::Older
+    } else {
+        let mut found: Vec<&String> = state
+            .keys()
+            .filter(|k| !k.starts_with("transformer_encoder.layers."))
+            .collect();
+        found.sort();
+        return Err(format!(
+            "not a state dict of PyTorch's nn.Transformer language-model tutorial: expected \
+             embedding.weight, linear.weight and linear.bias (the current tutorial) or \
+             encoder.weight, decoder.weight and decoder.bias (the older one), beside \
+             transformer_encoder.layers.N.*; found {found:?}"
+        ));
+    };
+    if layout == LmLayout::Older {
+        for (old, new) in OLDER_NAMES {
+            let t = state.remove(old).expect("checked above");
+            state.insert(new.to_string(), t);
+        }
+    }
+    Ok((state, layout))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    fn lm_state(names: &[&str]) -> HashMap<String, Tensor> {
+        names
+            .iter()
+            .map(|n| {
+                let t = Tensor::new(&[n.len() as f32], &Device::Cpu).unwrap();
+                (n.to_string(), t)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn both_tutorial_layouts_are_recognised() {
+        let layer = "transformer_encoder.layers.0.linear1.weight";
+        let newer = lm_state(&["embedding.weight", "linear.weight", "linear.bias", layer]);
+        let (out, layout) = lm_from_torch_layout(newer.clone()).unwrap();
+        assert_eq!(layout, LmLayout::Newer);
+        assert_eq!(out.len(), newer.len());
+        let older = lm_state(&["encoder.weight", "decoder.weight", "decoder.bias", layer]);
+        let (out, layout) = lm_from_torch_layout(older).unwrap();
+        assert_eq!(layout, LmLayout::Older);
+        let mut names: Vec<&String> = out.keys().collect();
+        names.sort();
+        assert_eq!(
+            names,
+            vec!["embedding.weight", "linear.bias", "linear.weight", layer]
+        );
+        // The values move with their names.
+        assert_eq!(
+            out["embedding.weight"].to_vec1::<f32>().unwrap(),
+            vec!["encoder.weight".len() as f32]
+        );
+        let err = lm_from_torch_layout(lm_state(&["emb.weight", "out.weight", layer])).unwrap_err();
+        for name in [
+            "embedding.weight",
+            "encoder.weight",
+            "decoder.bias",
+            "emb.weight",
+        ] {
+            assert!(err.contains(name), "{err}");
+        }
+    }
 
     #[test]
     fn packed_projection_is_split_in_qkv_order() -> Result<()> {

@@ -201,6 +201,28 @@ impl ParamBuilder {
         Ok(var.as_tensor().clone())
     }
 
+    /// Re-initialises the parameter `<prefix>.<name>` (created earlier) from `init`, with the
+    /// builder's RNG.
+    pub fn reinit(&self, name: &str, init: Init) -> Result<()> {
+        let full = self.pp(name).prefix;
+        let st = self.state.borrow();
+        let var = st
+            .params
+            .get(&full)
+            .ok_or_else(|| candle_core::Error::Msg(format!("no parameter {full}")))?;
+        let n = var.elem_count();
+        let values: Vec<f64> = match init {
+            Init::Zeros => vec![0.0; n],
+            Init::Ones => vec![1.0; n],
+            Init::Uniform(a) => uniform(&st.rng, n, a),
+            Init::XavierUniform { fan_in, fan_out } => {
+                uniform(&st.rng, n, (6.0 / (fan_in + fan_out) as f64).sqrt())
+            }
+        };
+        let t = Tensor::from_vec(values, var.shape(), var.device())?;
+        var.set(&t.to_dtype(var.dtype())?)
+    }
+
     /// Re-initialises every parameter under this prefix with `rank` dimensions
     /// (`nn.Transformer` applies Xavier-uniform to all matrices after construction).
     pub fn reinit_xavier_matrices(&self) -> Result<()> {

@@ -193,6 +193,17 @@ impl Seq2Seq {
         };
         let transformer = Transformer::new(&pb.pp("transformer"), tcfg)?;
         pb.reinit_xavier_matrices()?;
+        if cfg.share_embeddings {
+            // One matrix is both the input embedding (scaled by sqrt(C)) and the output layer.
+            // Xavier over (V, C) gives rows of norm about 0.25: inputs a quarter of the
+            // positional encoding's size and near-zero logits that take many steps to grow.
+            // Entries of standard deviation C^-1/2 (as fairseq initialises shared embeddings)
+            // give unit-variance inputs and unit-scale logits from the start.
+            pb.reinit(
+                "src_embedding.weight",
+                Init::Uniform((3.0 / c as f64).sqrt()),
+            )?;
+        }
         let pos_encoder =
             PositionalEncoding::new(c, tcfg.max_len, tcfg.dropout, pb.dtype(), &pb.device())?;
         Ok(Self {

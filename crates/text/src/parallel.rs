@@ -43,6 +43,12 @@ impl Pairs {
 
 /// Reads a whole text file (gzip when the name ends in `.gz`) as UTF-8 lines, trimmed.
 pub fn read_lines(path: &Path) -> Result<Vec<String>> {
+    let bytes = read_bytes(path)?;
+    lines_of(path, &bytes)
+}
+
+/// The bytes of a file, decompressed when its name ends in `.gz`.
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     let file = std::fs::File::open(path).map_err(|source| {
         if source.kind() == std::io::ErrorKind::NotFound {
             Error::FileNotFound { path: path.into() }
@@ -72,7 +78,7 @@ pub fn read_lines(path: &Path) -> Result<Vec<String>> {
                 source,
             })?;
     }
-    lines_of(path, &bytes)
+    Ok(bytes)
 }
 
 /// Splits bytes into trimmed UTF-8 lines; an invalid byte is an error naming its line.
@@ -110,19 +116,7 @@ pub fn read_pair_files(src: &Path, tgt: &Path) -> Result<Pairs> {
 pub fn read_tsv_pairs(path: &Path, src_col: usize, tgt_col: usize) -> Result<Pairs> {
     let mut pairs = Pairs::default();
     let needed = src_col.max(tgt_col) + 1;
-    let file = std::fs::File::open(path).map_err(|source| Error::Io {
-        action: "read",
-        path: path.into(),
-        source,
-    })?;
-    let mut bytes = Vec::new();
-    BufReader::new(file)
-        .read_to_end(&mut bytes)
-        .map_err(|source| Error::Io {
-            action: "read",
-            path: path.into(),
-            source,
-        })?;
+    let bytes = read_bytes(path)?;
     for (i, line) in lines_of(path, &bytes)?.iter().enumerate() {
         if line.is_empty() {
             continue;

@@ -193,8 +193,17 @@ impl Subword {
 
     /// Parses the bytes of a `tokenizer.json`; `path` names it in errors.
     pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
-        let inner = Tokenizer::from_bytes(bytes)
-            .map_err(|e| tok_err(path, format!("not a usable tokenizer.json: {e}")))?;
+        // The `tokenizers` crate panics (an `expect` inside its decoder deserializer) on some
+        // damaged files instead of returning an error; a damaged file must be an error here.
+        let parsed = std::panic::catch_unwind(|| Tokenizer::from_bytes(bytes)).map_err(|_| {
+            tok_err(
+                path,
+                "not a usable tokenizer.json (damaged or truncated): copy it again from the \
+                 run that wrote it",
+            )
+        })?;
+        let inner =
+            parsed.map_err(|e| tok_err(path, format!("not a usable tokenizer.json: {e}")))?;
         Self::checked(inner, path)
     }
 }

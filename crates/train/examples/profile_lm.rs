@@ -212,8 +212,10 @@ fn main() -> candle_core::Result<()> {
         });
         // The weight average's update, which `transformer lm train` makes every
         // AVERAGE_EVERY-th step (so its cost per step is this divided by that).
-        let mut avg =
-            transformer_train::average::WeightAverage::new(&cfg, &params, 0.999, 1).unwrap();
+        let mut avg = transformer_train::average::WeightAverage::new(&params, 0.999, 1, |pb| {
+            TransformerLm::new(pb, &cfg)
+        })
+        .unwrap();
         let mut n = 0;
         time("  weight average update (one)", 5, || {
             n += 1;

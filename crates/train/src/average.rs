@@ -21,29 +21,40 @@
 
 use crate::error::Result;
 use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Tensor, Var};
-use transformer_model::{LmConfig, ParamBuilder, Params, TransformerLm};
+use transformer_model::{ParamBuilder, Params};
 
-/// The moving average of a [`TransformerLm`]'s weights, itself a model that evaluates.
-pub struct WeightAverage {
+/// Prefix of the average's tensors in a checkpoint (`average.<parameter name>`).
+pub const CHECKPOINT_PREFIX: &str = "average.";
+
+/// The moving average of a model's weights, itself a model (`M`: a language model, a
+/// translation model) that evaluates and decodes like the one it averages.
+pub struct WeightAverage<M> {
     /// Per optimizer step.
     pub decay: f64,
     /// Optimizer steps between updates.
     pub every: usize,
     /// Updates made so far.
     pub updates: u64,
-    pub model: TransformerLm,
+    pub model: M,
     pub params: Params,
 }
 
-impl WeightAverage {
-    /// An average that starts at the weights in `start` (the same model configuration).
-    pub fn new(cfg: &LmConfig, start: &Params, decay: f64, every: usize) -> Result<Self> {
+impl<M> WeightAverage<M> {
+    /// An average that starts at the weights in `start`; `build` makes a second model of the
+    /// same configuration (the parameters it registers are overwritten from `start`, in
+    /// registration order).
+    pub fn new(
+        start: &Params,
+        decay: f64,
+        every: usize,
+        build: impl FnOnce(&ParamBuilder) -> transformer_model::Result<M>,
+    ) -> Result<Self> {
         let device = start
             .iter()
             .next()
             .map_or(candle_core::Device::Cpu, |(_, v)| v.device().clone());
         let pb = ParamBuilder::new(DType::F32, &device, 0);
-        let model = TransformerLm::new(&pb, cfg)?;
+        let model = build(&pb)?;
         let params = pb.params();
         for ((_, a), (_, w)) in params.iter().zip(start.iter()) {
             a.set(w.as_tensor())?;
@@ -134,7 +145,7 @@ impl InplaceOp2 for Toward {
 mod tests {
     use super::*;
     use candle_core::Device;
-    use transformer_model::Rng;
+    use transformer_model::{LmConfig, Rng, TransformerLm};
 
     fn flat(params: &Params) -> Vec<f64> {
         params
@@ -166,7 +177,8 @@ mod tests {
         TransformerLm::new(&pb, &cfg)?;
         let weights = pb.params();
         let (decay, every) = (0.9, 3);
-        let mut avg = WeightAverage::new(&cfg, &weights, decay, every)?;
+        let mut avg =
+            WeightAverage::new(&weights, decay, every, |pb| TransformerLm::new(pb, &cfg))?;
         let mut reference = flat(&weights);
         let rng = Rng::new(9);
         let mut n = 0f64;

@@ -8,6 +8,15 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// Fault injection for the kill-and-resume tests: sleeps as many milliseconds as the
+/// environment variable `var` says (nothing when it is unset), so that a test can kill a
+/// training process at a chosen moment on a machine of any speed.
+pub fn test_pause(var: &str) {
+    if let Some(ms) = std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 /// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = tmp_path(path);
@@ -19,6 +28,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     f.write_all(bytes).map_err(io)?;
     f.sync_all().map_err(io)?;
     drop(f);
+    // Hold the finished temporary file before the rename, so that the kill-and-resume tests
+    // can kill the process mid-save.
+    test_pause("TRANSFORMER_TEST_SAVE_DELAY_MS");
     std::fs::rename(&tmp, path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod mt;
 pub mod optim;
 mod par;
+pub mod runner;
 pub mod runtime;
 
 pub use clip::clip_grad_norm;

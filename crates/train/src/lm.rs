@@ -26,18 +26,17 @@
 //! | `metrics.jsonl` | one JSON object per log line, validation and test result |
 //! | `loss.svg` | training and validation loss against the step |
 
-use crate::average::WeightAverage;
+use crate::average::{WeightAverage, CHECKPOINT_PREFIX as AVERAGE_PREFIX};
 use crate::checkpoint;
 use crate::clip::clip_coefficient_with;
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metric, Weights};
 use crate::optim::Sgd;
+use crate::runner::{check_format, open_run_dir, params_tensors, save_tagged, state_meta};
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 use transformer_model::kernels::Precision;
 use transformer_model::{DirectGrads, LmConfig, Mode, ParamBuilder, Params, Rng, TransformerLm};
@@ -49,8 +48,6 @@ use transformer_text::Vocab;
 pub const CHECKPOINT_FORMAT: &str = "transformer-lm-checkpoint/1";
 /// Format tag of model-only weight files (`best.safetensors`).
 pub const WEIGHTS_FORMAT: &str = "transformer-lm-weights/1";
-/// Prefix of the weight average's tensors in a checkpoint.
-const AVERAGE_PREFIX: &str = "average.";
 /// Optimizer steps between updates of the weight average: each update is one pass over all
 /// the weights (2 reads, 1 write of 12 M floats, several ms on a 2-core machine), and a
 /// horizon of thousands of steps loses nothing by sampling every fourth iterate.
@@ -356,37 +353,10 @@ pub struct TrainState {
     pub best_sgd_val_loss: Option<f64>,
 }
 
-/// Callbacks for the front end: log lines and per-batch progress.
-pub trait Progress {
-    /// A line of the tutorial's log (printed as is).
-    fn line(&mut self, line: &str);
-    /// Called after every training batch.
-    fn batch(&mut self, _epoch: usize, _done: usize, _total: usize) {}
-}
-
-/// Prints log lines to stdout.
-pub struct PrintProgress;
-
-impl Progress for PrintProgress {
-    fn line(&mut self, line: &str) {
-        println!("{line}");
-    }
-}
+pub use crate::runner::{PrintProgress, Progress};
 
 /// How to run [`train`].
-#[derive(Debug, Clone)]
-pub struct TrainOptions {
-    pub config: LmTrainConfig,
-    pub out: PathBuf,
-    /// Continue the run in `out` from its checkpoint (the saved config is used).
-    pub resume: bool,
-    /// Stop (as if interrupted) after this many optimizer steps in this invocation.
-    pub stop_after_steps: Option<usize>,
-    /// When set (by a Ctrl-C handler, say), save a checkpoint after the current batch and
-    /// return; `--resume` continues from there.
-    pub interrupt: Option<Arc<AtomicBool>>,
-    pub device: Device,
-}
+pub type TrainOptions = crate::runner::RunOptions<LmTrainConfig>;
 
 /// What a finished (or stopped) run reports.
 #[derive(Debug, Clone)]
@@ -397,23 +367,13 @@ pub struct Summary {
     pub step_losses: Vec<f64>,
 }
 
-pub fn config_path(run: &Path) -> PathBuf {
-    run.join("config.toml")
-}
+pub use crate::runner::{best_path, checkpoint_path, config_path, metrics_path};
+
 pub fn vocab_path(run: &Path) -> PathBuf {
     run.join("vocab.txt")
 }
-pub fn checkpoint_path(run: &Path) -> PathBuf {
-    run.join("checkpoint.safetensors")
-}
-pub fn best_path(run: &Path) -> PathBuf {
-    run.join("best.safetensors")
-}
 pub fn best_sgd_path(run: &Path) -> PathBuf {
     run.join("best-sgd.safetensors")
-}
-pub fn metrics_path(run: &Path) -> PathBuf {
-    run.join("metrics.jsonl")
 }
 
 /// The default data folder: `../shared/data/wikitext-2` from the working directory, if it
@@ -423,17 +383,10 @@ pub fn default_data_dir() -> Option<PathBuf> {
     p.is_dir().then_some(p)
 }
 
-fn params_tensors(params: &Params) -> Vec<(String, Tensor)> {
-    params
-        .iter()
-        .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
-        .collect()
-}
-
 fn save_checkpoint(
     run: &Path,
     params: &Params,
-    average: Option<&WeightAverage>,
+    average: Option<&WeightAverage<TransformerLm>>,
     state: &TrainState,
     cfg: &LmTrainConfig,
 ) -> Result<()> {
@@ -445,41 +398,25 @@ fn save_checkpoint(
                 .map(|(n, t)| (format!("{AVERAGE_PREFIX}{n}"), t)),
         );
     }
-    let meta = HashMap::from([
-        ("format".to_string(), CHECKPOINT_FORMAT.to_string()),
-        (
-            "state".to_string(),
-            serde_json::to_string(state).expect("state serializes"),
-        ),
-        ("config".to_string(), cfg.to_toml()),
-    ]);
-    checkpoint::save(&checkpoint_path(run), &tensors, meta)
+    save_tagged(
+        &checkpoint_path(run),
+        &tensors,
+        CHECKPOINT_FORMAT,
+        state_meta(state, cfg.to_toml()),
+    )
 }
 
 /// Saves model weights with the config needed to rebuild the model.
 pub fn save_weights(path: &Path, params: &Params, model: &LmConfig) -> Result<()> {
-    let meta = HashMap::from([
-        ("format".to_string(), WEIGHTS_FORMAT.to_string()),
-        (
-            "model".to_string(),
+    save_tagged(
+        path,
+        &params_tensors(params),
+        WEIGHTS_FORMAT,
+        [(
+            "model",
             serde_json::to_string(model).expect("config serializes"),
-        ),
-    ]);
-    checkpoint::save(path, &params_tensors(params), meta)
-}
-
-fn check_format(path: &Path, meta: &HashMap<String, String>, want: &str) -> Result<()> {
-    match meta.get("format") {
-        Some(f) if f == want => Ok(()),
-        Some(f) => Err(Error::Checkpoint {
-            path: path.into(),
-            msg: format!("format {f:?}, expected {want:?}"),
-        }),
-        None => Err(Error::Checkpoint {
-            path: path.into(),
-            msg: format!("no format tag (expected {want:?})"),
-        }),
-    }
+        )],
+    )
 }
 
 /// A trained model loaded from a run directory (its best weights, or the latest checkpoint
@@ -577,23 +514,7 @@ fn load_model(
 pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary> {
     let run = &opts.out;
     let dev = &opts.device;
-    let resuming = opts.resume && checkpoint_path(run).exists();
-    if opts.resume && !resuming {
-        return Err(Error::Usage(format!(
-            "{}: nothing to resume (no checkpoint.safetensors); start the run without --resume",
-            run.display()
-        )));
-    }
-    if !opts.resume && checkpoint_path(run).exists() {
-        return Err(Error::Usage(format!(
-            "{} already holds a run: pass --resume to continue it, or choose another --out",
-            run.display()
-        )));
-    }
-    std::fs::create_dir_all(run).map_err(|source| Error::Io {
-        path: run.clone(),
-        source,
-    })?;
+    let resuming = open_run_dir(run, opts.resume)?;
 
     // Configuration, vocabulary, weights and state: fresh or from the checkpoint.
     let (cfg, vocab, saved) = if resuming {
@@ -656,10 +577,10 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
     };
     let mut average = if cfg.average_decay > 0.0 {
         Some(WeightAverage::new(
-            &model_cfg,
             &params,
             cfg.average_decay,
             AVERAGE_EVERY,
+            |pb| TransformerLm::new(pb, &model_cfg),
         )?)
     } else {
         None
@@ -740,11 +661,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                     step_losses,
                 });
             }
-            if opts
-                .interrupt
-                .as_ref()
-                .is_some_and(|f| f.load(Ordering::SeqCst))
-            {
+            if opts.interrupted() {
                 save_checkpoint(run, &params, average.as_ref(), &state, &cfg)?;
                 progress.line(&format!(
                     "interrupted: checkpoint saved after step {}",
@@ -908,7 +825,8 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
     })
 }
 
-/// Imports the tutorial's PyTorch `TransformerModel` saved with
+/// Imports the tutorial's PyTorch `TransformerModel` (either tutorial version's names, see
+/// [`transformer_model::import::LmLayout`]) saved with
 /// `safetensors.torch.save_file(model.state_dict(), FILE)` and its vocabulary (one token per
 /// line in index order) into a new run directory that `eval` and `generate` can use. Sizes
 /// are read from the tensors; the head count is not stored by PyTorch and must be given.
@@ -917,13 +835,15 @@ pub fn import_torch(
     vocab_file: &Path,
     nhead: usize,
     out: &Path,
-) -> Result<LmConfig> {
+) -> Result<(LmConfig, transformer_model::import::LmLayout)> {
     let dev = Device::Cpu;
     let (tensors, _) = checkpoint::load(state_dict, &dev)?;
     let bad = |msg: String| Error::Checkpoint {
         path: state_dict.to_path_buf(),
         msg,
     };
+    let (tensors, layout) =
+        transformer_model::import::lm_from_torch_layout(tensors).map_err(bad)?;
     let dims = |name: &str| -> Result<Vec<usize>> {
         tensors.get(name).map(|t| t.dims().to_vec()).ok_or_else(|| {
             bad(format!(
@@ -976,7 +896,7 @@ pub fn import_torch(
     checkpoint::write_atomic(&config_path(out), train_cfg.to_toml().as_bytes())?;
     vocab.save(&vocab_path(out))?;
     save_weights(&best_path(out), &params, &config)?;
-    Ok(config)
+    Ok((config, layout))
 }
 
 /// Loss, perplexity and token count of a text file under a run's model, evaluated like the

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 use transformer_model::Rng;
-use transformer_train::lm::Progress;
 use transformer_train::mt::{self, MtTrainConfig, MtTrainOptions};
+use transformer_train::runner::Progress;
 
 struct Quiet;
 impl Progress for Quiet {

@@ -1,0 +1,227 @@
+//! `transformer mt` end to end: a run killed with SIGKILL at several moments (one of them in
+//! the middle of writing a checkpoint) and resumed each time ends with exactly the result of
+//! the run that was never interrupted; translate and eval on the trained run.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_transformer"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mt-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A toy language pair: each source word maps to one target word, order reversed.
+fn write_corpus(dir: &Path) {
+    let src = [
+        "ein", "hund", "läuft", "schnell", "zwei", "katzen", "schlafen", "im", "haus",
+    ];
+    let tgt = [
+        "a", "dog", "runs", "fast", "two", "cats", "sleep", "in", "house",
+    ];
+    for (split, n) in [("train", 300), ("valid", 20), ("test", 20)] {
+        let (mut s, mut t) = (String::new(), String::new());
+        for i in 0..n {
+            let len = 2 + (i * 7 + split.len()) % 5;
+            let ids: Vec<usize> = (0..len).map(|j| (i * 13 + j * 5 + j * j) % 9).collect();
+            s.push_str(&(ids.iter().map(|&k| src[k]).collect::<Vec<_>>().join(" ") + " .\n"));
+            t.push_str(
+                &(ids
+                    .iter()
+                    .rev()
+                    .map(|&k| tgt[k])
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    + " .\n"),
+            );
+        }
+        std::fs::write(dir.join(format!("{split}.de")), s).unwrap();
+        std::fs::write(dir.join(format!("{split}.en")), t).unwrap();
+    }
+    let d = dir.display();
+    std::fs::write(
+        dir.join("config.toml"),
+        format!(
+            "train_src = \"{d}/train.de\"\ntrain_tgt = \"{d}/train.en\"\n\
+             valid_src = \"{d}/valid.de\"\nvalid_tgt = \"{d}/valid.en\"\n\
+             test_src = \"{d}/test.de\"\ntest_tgt = \"{d}/test.en\"\n\
+             vocab_size = 60\nd_model = 32\nnhead = 4\nencoder_layers = 2\n\
+             decoder_layers = 2\ndim_feedforward = 64\nwarmup = 30\nlr_factor = 0.1\n\
+             epochs = 3\nmax_tokens = 160\nlog_interval = 4\ncheckpoint_interval = 5\nbeam = 2\n"
+        ),
+    )
+    .unwrap();
+}
+
+/// Every training step of these runs is slowed by a pause, so that kills land between the
+/// moments the test chooses on a machine of any speed.
+const STEP_DELAY_MS: &str = "25";
+
+fn train(dir: &Path, out: &Path, resume: bool, save_delay_ms: Option<u64>) -> Child {
+    let mut c = bin();
+    c.args(["mt", "train", "--config"])
+        .arg(dir.join("config.toml"))
+        .arg("--out")
+        .arg(out)
+        .env("TRANSFORMER_TEST_STEP_DELAY_MS", STEP_DELAY_MS)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if resume {
+        c.arg("--resume");
+    }
+    if let Some(ms) = save_delay_ms {
+        c.env("TRANSFORMER_TEST_SAVE_DELAY_MS", ms.to_string());
+    }
+    c.spawn().expect("starts")
+}
+
+/// The last step the run's log reports (0 before its first log line).
+fn logged_step(run: &Path) -> u64 {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["step"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+/// (kind, step, loss) of every line of metrics.jsonl: what must not change.
+fn losses(run: &Path) -> Vec<(String, u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["kind"].as_str().unwrap().to_string(),
+                v["step"].as_u64().unwrap(),
+                v["loss"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
+    candle_core::safetensors::load(path, &candle_core::Device::Cpu)
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| (n, t.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+        .collect()
+}
+
+#[test]
+fn killed_runs_resume_to_the_uninterrupted_result() {
+    let dir = temp_dir("kill");
+    write_corpus(&dir);
+    let whole = dir.join("whole");
+    let status = train(&dir, &whole, false, None).wait().unwrap();
+    assert!(status.success());
+
+    // Kill moments: after the first log line (step 4) and before the first checkpoint (step
+    // 5), in the middle of writing a checkpoint (the temporary file is held 400 ms before
+    // its rename), and at later steps.
+    let out = dir.join("killed");
+    let mut kills = 0;
+    let plan: [(Option<u64>, Option<u64>); 5] = [
+        (Some(4), None),
+        (None, Some(400)),
+        (Some(18), None),
+        (None, Some(400)),
+        (Some(33), None),
+    ];
+    for (at_step, mid_save) in plan {
+        let resume = out.join("checkpoint.safetensors").exists();
+        if mid_save.is_some() {
+            // A torn write from an earlier kill is left behind (and ignored on resume); clear
+            // it so that this kill waits for a new one.
+            let _ = std::fs::remove_file(out.join("checkpoint.safetensors.tmp"));
+        }
+        let mut child = train(&dir, &out, resume, mid_save);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "a run failed instead of resuming");
+                break;
+            }
+            let due = match at_step {
+                Some(step) => logged_step(&out) >= step,
+                None => out.join("checkpoint.safetensors.tmp").exists(),
+            };
+            if due {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    assert_eq!(kills, 5, "every planned kill lands before the run ends");
+    // A torn write never replaces a checkpoint: what is on disk loads.
+    let resume = out.join("checkpoint.safetensors").exists();
+    let status = train(&dir, &out, resume, None).wait().unwrap();
+    assert!(status.success());
+
+    assert_eq!(losses(&whole), losses(&out));
+    for f in ["best.safetensors", "checkpoint.safetensors"] {
+        assert_eq!(weights(&whole.join(f)), weights(&out.join(f)), "{f}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(whole.join("test.hyp")).unwrap(),
+        std::fs::read_to_string(out.join("test.hyp")).unwrap()
+    );
+
+    // The trained run translates stdin and scores a file.
+    let mut child = bin()
+        .args(["mt", "translate", "--run"])
+        .arg(&whole)
+        .args(["--beam", "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"ein hund .\n\nzwei katzen schlafen .\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert_eq!(text.lines().count(), 3, "{text}");
+    assert_eq!(
+        text.lines().nth(1),
+        Some(""),
+        "an empty line translates to an empty line"
+    );
+    let o = bin()
+        .args(["mt", "eval", "--run"])
+        .arg(&whole)
+        .arg("--src")
+        .arg(dir.join("test.de"))
+        .arg("--ref")
+        .arg(dir.join("test.en"))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for key in [
+        "bleu",
+        "chrf",
+        "sentences",
+        "signature",
+        "lowercased_token_bleu",
+    ] {
+        assert!(!v[key].is_null(), "{key} missing in {v}");
+    }
+    assert_eq!(v["sentences"], 20);
+}

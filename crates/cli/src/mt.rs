@@ -107,7 +107,7 @@ pub struct TrainArgs {
     /// Multiplies the schedule's learning rate [default: 0.4]
     #[arg(long)]
     lr_factor: Option<f64>,
-    /// Epochs [default: 10]
+    /// Epochs [default: 20]
     #[arg(long)]
     epochs: Option<usize>,
     /// Padded tokens per side and batch [default: 2048]
@@ -209,7 +209,7 @@ pub struct DecodeArgs {
     /// See --max-len-a [default: the run's, 10]
     #[arg(long)]
     max_len_b: Option<usize>,
-    /// Beam scores are divided by length^P (0 = raw log-probabilities) [default: the run's, 1.5]
+    /// Beam scores are divided by length^P (0 = raw log-probabilities) [default: the run's, 1.0]
     #[arg(long)]
     length_penalty: Option<f64>,
 }

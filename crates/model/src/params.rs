@@ -27,6 +27,18 @@ pub enum Init {
 }
 
 impl Init {
+    /// `n` values drawn (where random) from `rng`.
+    fn values(self, rng: &Rng, n: usize) -> Vec<f64> {
+        match self {
+            Init::Zeros => vec![0.0; n],
+            Init::Ones => vec![1.0; n],
+            Init::Uniform(a) => uniform(rng, n, a),
+            Init::XavierUniform { fan_in, fan_out } => {
+                uniform(rng, n, (6.0 / (fan_in + fan_out) as f64).sqrt())
+            }
+        }
+    }
+
     /// PyTorch's `nn.Linear` default for weight and bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
     /// (kaiming_uniform with a = sqrt(5) reduces to this bound).
     pub fn torch_linear(fan_in: usize) -> Self {
@@ -185,15 +197,7 @@ impl ParamBuilder {
     pub fn var(&self, name: &str, shape: impl Into<Shape>, init: Init) -> Result<Tensor> {
         let shape = shape.into();
         let mut st = self.state.borrow_mut();
-        let n = shape.elem_count();
-        let values: Vec<f64> = match init {
-            Init::Zeros => vec![0.0; n],
-            Init::Ones => vec![1.0; n],
-            Init::Uniform(a) => uniform(&st.rng, n, a),
-            Init::XavierUniform { fan_in, fan_out } => {
-                uniform(&st.rng, n, (6.0 / (fan_in + fan_out) as f64).sqrt())
-            }
-        };
+        let values = init.values(&st.rng, shape.elem_count());
         let t = Tensor::from_vec(values, shape, &st.device)?.to_dtype(st.dtype)?;
         let var = Var::from_tensor(&t)?;
         let full = self.pp(name).prefix;
@@ -210,15 +214,7 @@ impl ParamBuilder {
             .params
             .get(&full)
             .ok_or_else(|| candle_core::Error::Msg(format!("no parameter {full}")))?;
-        let n = var.elem_count();
-        let values: Vec<f64> = match init {
-            Init::Zeros => vec![0.0; n],
-            Init::Ones => vec![1.0; n],
-            Init::Uniform(a) => uniform(&st.rng, n, a),
-            Init::XavierUniform { fan_in, fan_out } => {
-                uniform(&st.rng, n, (6.0 / (fan_in + fan_out) as f64).sqrt())
-            }
-        };
+        let values = init.values(&st.rng, var.elem_count());
         let t = Tensor::from_vec(values, var.shape(), var.device())?;
         var.set(&t.to_dtype(var.dtype())?)
     }

@@ -93,3 +93,36 @@ fn shared_embeddings_are_one_matrix() -> Result<()> {
     assert!(err.contains("joint vocabulary"), "{err}");
     Ok(())
 }
+
+/// The shared matrix starts with entries of standard deviation d_model^-1/2 (so embeddings
+/// scaled by sqrt(d_model) have unit variance); separate embeddings keep Xavier over (V, C).
+#[test]
+fn shared_embedding_starts_at_unit_scale() -> Result<()> {
+    let std_of = |share: bool, name: &str| -> Result<f64> {
+        let cfg = Seq2SeqConfig {
+            src_vocab: 2000,
+            tgt_vocab: 2000,
+            ..config(share)
+        };
+        let pb = ParamBuilder::new(DType::F64, &Device::Cpu, 5);
+        Seq2Seq::with_config(&pb, &cfg)?;
+        let w = pb.params().get(name).unwrap().as_tensor().clone();
+        let mean = w.mean_all()?.to_scalar::<f64>()?;
+        let var = w.sqr()?.mean_all()?.to_scalar::<f64>()? - mean * mean;
+        Ok(var.sqrt())
+    };
+    let d = TransformerConfig::tiny().d_model as f64;
+    let shared = std_of(true, "src_embedding.weight")?;
+    assert!(
+        (shared * d.sqrt() - 1.0).abs() < 0.02,
+        "shared embedding std {shared}, expected {}",
+        d.powf(-0.5)
+    );
+    let separate = std_of(false, "src_embedding.weight")?;
+    let xavier = (2.0 / (2000.0 + d)).sqrt();
+    assert!(
+        (separate / xavier - 1.0).abs() < 0.02,
+        "separate embedding std {separate}, expected Xavier's {xavier}"
+    );
+    Ok(())
+}

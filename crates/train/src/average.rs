@@ -21,6 +21,7 @@
 
 use crate::error::Result;
 use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Tensor, Var};
+use std::collections::HashMap;
 use transformer_model::{ParamBuilder, Params};
 
 /// Prefix of the average's tensors in a checkpoint (`average.<parameter name>`).
@@ -68,6 +69,34 @@ impl<M> WeightAverage<M> {
         })
     }
 
+    /// The average's tensors as a checkpoint stores them (`average.<name>`).
+    pub fn checkpoint_tensors(&self) -> Vec<(String, Tensor)> {
+        crate::runner::params_tensors(&self.params)
+            .into_iter()
+            .map(|(n, t)| (format!("{CHECKPOINT_PREFIX}{n}"), t))
+            .collect()
+    }
+
+    /// Restores the average from a checkpoint's tensors (taking the `average.*` ones out of
+    /// `tensors`) as it stood after optimizer step `step`: it has been updated after every
+    /// `every`-th step since step 0.
+    pub fn restore(
+        &mut self,
+        tensors: &mut HashMap<String, Tensor>,
+        step: usize,
+        path: &std::path::Path,
+    ) -> Result<()> {
+        let saved = take_average(tensors);
+        self.params
+            .assign(&saved)
+            .map_err(|e| crate::error::Error::Checkpoint {
+                path: path.into(),
+                msg: format!("the weight average: {e}"),
+            })?;
+        self.updates = (step / self.every) as u64;
+        Ok(())
+    }
+
     /// The weight the average keeps at the next update.
     fn keep(&self) -> f64 {
         let n = self.updates as f64;
@@ -87,6 +116,14 @@ impl<M> WeightAverage<M> {
         self.updates += 1;
         Ok(())
     }
+}
+
+/// Takes a checkpoint's `average.*` tensors out of `tensors`, under the parameters' names.
+pub fn take_average(tensors: &mut HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    tensors
+        .extract_if(|name, _| name.starts_with(CHECKPOINT_PREFIX))
+        .map(|(name, t)| (name[CHECKPOINT_PREFIX.len()..].to_string(), t))
+        .collect()
 }
 
 /// `avg += rate * (w - avg)`, in place on contiguous CPU f32 tensors (one pass, no

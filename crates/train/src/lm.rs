@@ -35,7 +35,6 @@ use crate::optim::Sgd;
 use crate::runner::{check_format, open_run_dir, params_tensors, save_tagged, state_meta};
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use transformer_model::kernels::Precision;
@@ -392,11 +391,7 @@ fn save_checkpoint(
 ) -> Result<()> {
     let mut tensors = params_tensors(params);
     if let Some(avg) = average {
-        tensors.extend(
-            params_tensors(&avg.params)
-                .into_iter()
-                .map(|(n, t)| (format!("{AVERAGE_PREFIX}{n}"), t)),
-        );
+        tensors.extend(avg.checkpoint_tensors());
     }
     save_tagged(
         &checkpoint_path(run),
@@ -586,22 +581,13 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         None
     };
     if let Some((mut tensors, saved_state)) = saved {
-        let saved_average: HashMap<String, Tensor> = tensors
-            .extract_if(|name, _| name.starts_with(AVERAGE_PREFIX))
-            .map(|(name, t)| (name[AVERAGE_PREFIX.len()..].to_string(), t))
-            .collect();
+        if let Some(avg) = &mut average {
+            avg.restore(&mut tensors, saved_state.step, &checkpoint_path(run))?;
+        } else {
+            crate::average::take_average(&mut tensors);
+        }
         params.assign(&tensors)?;
         state = saved_state;
-        if let Some(avg) = &mut average {
-            avg.params
-                .assign(&saved_average)
-                .map_err(|e| Error::Checkpoint {
-                    path: checkpoint_path(run),
-                    msg: format!("the weight average: {e}"),
-                })?;
-            // It has been updated after every AVERAGE_EVERY-th step since step 0.
-            avg.updates = (state.step / AVERAGE_EVERY) as u64;
-        }
         metrics::truncate_after(&metrics_path(run), state.step)?;
         progress.line(&format!(
             "resuming {} at epoch {} batch {} (step {})",

@@ -32,7 +32,6 @@ use crate::runner::{
 };
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use transformer_decode::{beam_search, greedy, DecodeOptions, Hypothesis};
@@ -195,6 +194,9 @@ pub struct MtTrainConfig {
     pub lr_factor: f64,
     /// Gradient-norm clipping threshold.
     pub clip: f64,
+    /// Passes over the training data. 20 for Multi30k: its validation BLEU (greedy) is
+    /// 38.05 after 10 epochs and 40.39 after 20, and the weight average's validation loss is
+    /// still falling at epoch 18 (about 25 minutes on a 2-core AMD Zen 5, 2026-11-25).
     pub epochs: usize,
     /// Padded tokens per side and batch.
     pub max_tokens: usize,
@@ -213,8 +215,9 @@ pub struct MtTrainConfig {
     pub average_decay: f64,
     /// Beam size for the final test translation.
     pub beam: usize,
-    /// Beam scores divided by length^length_penalty. 1.5 was chosen by validation BLEU on
-    /// Multi30k (beam 5: 0 gave 34.88, 0.6 35.57, 1.0 36.08, 1.5 36.20, 2.0 34.39).
+    /// Beam scores divided by length^length_penalty. 1.0 was chosen by validation BLEU of
+    /// the default Multi30k model (beam 5, sacreBLEU on val, 2026-11-25: 0.6 gave 40.92,
+    /// 1.0 41.25, 1.5 41.22, 2.0 39.88).
     pub length_penalty: f64,
     pub max_len_a: f64,
     pub max_len_b: usize,
@@ -244,7 +247,7 @@ impl Default for MtTrainConfig {
             warmup: 400,
             lr_factor: 0.4,
             clip: 1.0,
-            epochs: 10,
+            epochs: 20,
             max_tokens: 2048,
             max_sentence_tokens: 128,
             log_interval: 50,
@@ -254,7 +257,7 @@ impl Default for MtTrainConfig {
             seed: 1,
             average_decay: DEFAULT_AVERAGE_DECAY,
             beam: 5,
-            length_penalty: 1.5,
+            length_penalty: 1.0,
             max_len_a: 1.2,
             max_len_b: 10,
         }
@@ -612,11 +615,7 @@ fn save_checkpoint(
         tensors.push((format!("{ADAM_V}{i}"), v.clone()));
     }
     if let Some(avg) = average {
-        tensors.extend(
-            params_tensors(&avg.params)
-                .into_iter()
-                .map(|(n, t)| (format!("{AVERAGE_PREFIX}{n}"), t)),
-        );
+        tensors.extend(avg.checkpoint_tensors());
     }
     save_tagged(
         &checkpoint_path(run),
@@ -823,10 +822,11 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         None
     };
     if let Some((_, mut tensors, saved_state, adam_step)) = saved {
-        let saved_average: HashMap<String, Tensor> = tensors
-            .extract_if(|name, _| name.starts_with(AVERAGE_PREFIX))
-            .map(|(name, t)| (name[AVERAGE_PREFIX.len()..].to_string(), t))
-            .collect();
+        if let Some(avg) = &mut average {
+            avg.restore(&mut tensors, saved_state.step, &checkpoint_path(run))?;
+        } else {
+            crate::average::take_average(&mut tensors);
+        }
         for (i, (m, v)) in opt.moments.iter_mut().enumerate() {
             let bad = |what: &str| Error::Checkpoint {
                 path: checkpoint_path(run),
@@ -845,16 +845,6 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             msg: e.to_string(),
         })?;
         state = saved_state;
-        if let Some(avg) = &mut average {
-            avg.params
-                .assign(&saved_average)
-                .map_err(|e| Error::Checkpoint {
-                    path: checkpoint_path(run),
-                    msg: format!("the weight average: {e}"),
-                })?;
-            // It has been updated after every AVERAGE_EVERY-th step since step 0.
-            avg.updates = (state.step / AVERAGE_EVERY) as u64;
-        }
         metrics::truncate_after(&metrics_path(run), state.step)?;
         progress.line(&format!(
             "resuming {} at epoch {} batch {} (step {})",

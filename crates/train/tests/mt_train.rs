@@ -180,3 +180,62 @@ fn bad_input_names_the_file_and_the_fix() {
         .to_string();
     assert!(err.contains("language-model run"), "{err}");
 }
+
+/// The weight average is a read-out: the same step losses with and without it; both sets of
+/// weights are validated every epoch, and the best model is the one with the higher
+/// validation BLEU.
+#[test]
+fn weight_average_is_a_read_out() {
+    use transformer_train::metrics::{self, Metric, Weights};
+    let dir = temp_dir("average");
+    write_corpus(&dir);
+    let cfg = MtTrainConfig {
+        epochs: 4,
+        average_decay: 0.99,
+        ..small_config(&dir)
+    };
+    let with = mt::train(&opts(&cfg, &dir.join("with"), false, None), &mut Quiet).unwrap();
+    let plain = MtTrainConfig {
+        average_decay: 0.0,
+        ..cfg.clone()
+    };
+    let without = mt::train(&opts(&plain, &dir.join("without"), false, None), &mut Quiet).unwrap();
+    assert_eq!(with.step_losses, without.step_losses);
+
+    let valid: Vec<(usize, Weights, f64)> = metrics::read(&dir.join("with/metrics.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| match m {
+            Metric::Valid {
+                epoch,
+                weights,
+                bleu,
+                ..
+            } => Some((epoch, weights, bleu.unwrap())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        valid.len(),
+        8,
+        "both weights validated every epoch: {valid:?}"
+    );
+    let best = valid
+        .iter()
+        .fold(None::<&(usize, Weights, f64)>, |b, v| match b {
+            Some(b) if b.2 >= v.2 => Some(b),
+            _ => Some(v),
+        })
+        .unwrap();
+    assert_eq!(
+        (with.state.best_epoch, with.state.best_weights),
+        (best.0, best.1)
+    );
+    // Without an average only the trained weights are validated.
+    let n = metrics::read(&dir.join("without/metrics.jsonl"))
+        .unwrap()
+        .iter()
+        .filter(|m| matches!(m, Metric::Valid { .. }))
+        .count();
+    assert_eq!(n, 4);
+}

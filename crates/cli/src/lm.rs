@@ -301,6 +301,7 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 out: args.out.clone(),
                 resume: args.resume,
                 stop_after_steps: args.max_steps,
+                crash_after_steps: None,
                 interrupt: Some(interrupt_flag()),
                 device,
             };

@@ -288,6 +288,7 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 out: args.out.clone(),
                 resume: args.resume,
                 stop_after_steps: args.max_steps,
+                crash_after_steps: None,
                 interrupt: Some(interrupt_flag()),
                 device,
             };

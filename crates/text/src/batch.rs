@@ -142,6 +142,19 @@ impl Batched {
         }
     }
 
+    /// Window `index` of [`windows`](Self::windows) (starting at row `index * bptt`).
+    ///
+    /// # Panics
+    /// If `bptt` is 0 or the window is past the end.
+    pub fn window(&self, index: usize, bptt: usize) -> Batch {
+        assert!(
+            index < self.num_windows(bptt),
+            "window {index} of {}",
+            self.num_windows(bptt)
+        );
+        get_batch(self, index * bptt, bptt)
+    }
+
     /// How many windows [`windows`](Self::windows) yields: `len(range(0, rows - 1, bptt))`
     /// `= ceil((rows - 1) / bptt)`.
     ///

@@ -26,17 +26,19 @@
 //! | `metrics.jsonl` | one JSON object per log line, validation and test result |
 //! | `loss.svg` | training and validation loss against the step |
 
-use crate::average::{WeightAverage, CHECKPOINT_PREFIX as AVERAGE_PREFIX};
+use crate::average::CHECKPOINT_PREFIX as AVERAGE_PREFIX;
 use crate::checkpoint;
 use crate::clip::clip_coefficient_with;
 use crate::error::{Error, Result};
-use crate::metrics::{self, Metric, Weights};
+use crate::metrics::{Metric, Weights};
 use crate::optim::Sgd;
-use crate::runner::{check_format, open_run_dir, params_tensors, save_tagged, state_meta};
+use crate::runner::{
+    self, check_format, open_run_dir, params_tensors, predates_averaging, save_tagged, LogWindow,
+    RunState, Saved, StepStats, Task, Validation,
+};
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 use transformer_model::kernels::Precision;
 use transformer_model::{DirectGrads, LmConfig, Mode, ParamBuilder, Params, Rng, TransformerLm};
 use transformer_text::batch::{batchify, Batch, Batched};
@@ -324,33 +326,8 @@ pub fn evaluate(
     Ok(total / (data.rows - 1) as f64)
 }
 
-/// Where a run stands; saved in every checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainState {
-    /// The epoch in progress (1-based); `epochs + 1` once training is over.
-    pub epoch: usize,
-    /// Index of the next window of this epoch.
-    pub next_window: usize,
-    /// Optimizer steps taken.
-    pub step: usize,
-    /// Dropout RNG `(seed, counter)`.
-    pub rng: (u64, u64),
-    pub best_val_loss: Option<f64>,
-    /// Sum of the training losses since the last log line, and how many.
-    pub log_loss_sum: f64,
-    pub log_batches: usize,
-    /// Whether the test evaluation has been done.
-    pub finished: bool,
-    /// Which weights `best.safetensors` holds, and from the end of which epoch.
-    #[serde(default)]
-    pub best_weights: Weights,
-    #[serde(default)]
-    pub best_epoch: usize,
-    /// The lowest validation loss of the SGD weights alone, whose model is
-    /// `best-sgd.safetensors` (kept only when weights are averaged).
-    #[serde(default)]
-    pub best_sgd_val_loss: Option<f64>,
-}
+/// Where a run stands; saved in every checkpoint (the runner's, for every task).
+pub type TrainState = RunState;
 
 pub use crate::runner::{PrintProgress, Progress};
 
@@ -380,25 +357,6 @@ pub fn best_sgd_path(run: &Path) -> PathBuf {
 pub fn default_data_dir() -> Option<PathBuf> {
     let p = PathBuf::from("../shared/data/wikitext-2");
     p.is_dir().then_some(p)
-}
-
-fn save_checkpoint(
-    run: &Path,
-    params: &Params,
-    average: Option<&WeightAverage<TransformerLm>>,
-    state: &TrainState,
-    cfg: &LmTrainConfig,
-) -> Result<()> {
-    let mut tensors = params_tensors(params);
-    if let Some(avg) = average {
-        tensors.extend(avg.checkpoint_tensors());
-    }
-    save_tagged(
-        &checkpoint_path(run),
-        &tensors,
-        CHECKPOINT_FORMAT,
-        state_meta(state, cfg.to_toml()),
-    )
 }
 
 /// Saves model weights with the config needed to rebuild the model.
@@ -505,34 +463,209 @@ fn load_model(
     Ok((model, params, config))
 }
 
-/// Trains (or resumes) a run; see the module docs for the loop and the files.
+/// The language model as a task on the [`crate::runner`]: the tutorial's windows, step,
+/// log lines, validation (lower loss is better) and test.
+struct LmTask {
+    cfg: LmTrainConfig,
+    model_cfg: LmConfig,
+    data: LmData,
+    model: TransformerLm,
+    params: Params,
+    step: LmStep,
+    device: Device,
+    /// Windows per epoch (all, or `max_batches`), and the count the tutorial's log prints.
+    epoch_windows: usize,
+    label_batches: usize,
+}
+
+impl Task for LmTask {
+    type Model = TransformerLm;
+    const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
+    // With an average, the best SGD weights are kept apart too, for the tutorial's own test
+    // figure.
+    const BEST_TRAINED_FILE: Option<&'static str> = Some("best-sgd.safetensors");
+
+    fn epochs(&self) -> usize {
+        self.cfg.epochs
+    }
+    fn checkpoint_interval(&self) -> usize {
+        self.cfg.checkpoint_interval
+    }
+    fn config_toml(&self) -> String {
+        self.cfg.to_toml()
+    }
+    fn model(&self) -> &TransformerLm {
+        &self.model
+    }
+    fn params(&self) -> &Params {
+        &self.params
+    }
+    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<TransformerLm> {
+        TransformerLm::new(pb, &self.model_cfg)
+    }
+    fn save_weights(&self, path: &Path, params: &Params) -> Result<()> {
+        save_weights(path, params, &self.model_cfg)
+    }
+
+    fn start_epoch(&mut self, epoch: usize) -> Result<usize> {
+        self.step.opt.lr = self.cfg.lr_at_epoch(epoch);
+        Ok(self.epoch_windows)
+    }
+
+    fn train_step(&mut self, index: usize, _step: usize, rng: &Rng) -> Result<StepStats> {
+        let w = self.data.train.window(index, self.cfg.bptt);
+        let (input, target) = window_tensors(&w, &self.device)?;
+        let loss = self
+            .step
+            .run(&self.model, &input, &target, rng, self.cfg.precision)?;
+        Ok(StepStats {
+            loss,
+            nll: loss,
+            tokens: w.seq_len * w.batch_size,
+        })
+    }
+
+    /// The tutorial logs after batch indices 200, 400, ... (0-based), averaging over
+    /// `log_interval` batches whatever the count.
+    fn log_due(&self, index: usize, _batches: usize) -> bool {
+        index % self.cfg.log_interval == 0 && index > 0
+    }
+
+    fn log_line(&self, w: &LogWindow) -> (String, Metric) {
+        let cur = w.loss_sum / self.cfg.log_interval as f64;
+        let ms = w.seconds * 1e3 / w.count as f64;
+        let lr = self.step.opt.lr;
+        let (epoch, batch, label) = (w.epoch, w.index, self.label_batches);
+        (
+            format!(
+                "| epoch {epoch:3} | {batch:5}/{label:5} batches | lr {lr:02.2} | ms/batch {ms:5.2} | loss {cur:5.2} | ppl {:8.2}",
+                cur.exp()
+            ),
+            Metric::Train {
+                step: w.step,
+                epoch,
+                batch,
+                batches: label,
+                lr,
+                ms_per_batch: ms,
+                loss: cur,
+                ppl: cur.exp(),
+            },
+        )
+    }
+
+    fn validate(&self, model: &TransformerLm) -> Result<Validation> {
+        Ok(Validation {
+            loss: evaluate(model, &self.data.valid, self.cfg.bptt, &self.device)?,
+            bleu: None,
+        })
+    }
+    fn figure(&self, v: &Validation) -> f64 {
+        v.loss
+    }
+    fn better(&self, new: f64, best: f64) -> bool {
+        new < best
+    }
+
+    fn epoch_lines(
+        &self,
+        epoch: usize,
+        secs: f64,
+        _train_seconds: f64,
+        validated: &[(Weights, Validation)],
+    ) -> Vec<String> {
+        let mut lines = vec!["-".repeat(89)];
+        for (weights, v) in validated {
+            let loss = v.loss;
+            lines.push(match weights {
+                Weights::Sgd => format!(
+                    "| end of epoch {epoch:3} | time: {secs:5.2}s | valid loss {loss:5.2} | valid ppl {:8.2}",
+                    loss.exp()
+                ),
+                Weights::Average => format!(
+                    "| weight average   | decay {:<9} | valid loss {loss:5.2} | valid ppl {:8.2}",
+                    self.cfg.average_decay,
+                    loss.exp()
+                ),
+            });
+        }
+        lines.push("-".repeat(89));
+        lines
+    }
+
+    /// The best model, and the best SGD weights where the average won (the tutorial's own
+    /// result).
+    fn test(
+        &mut self,
+        run: &Path,
+        state: &RunState,
+        progress: &mut dyn Progress,
+    ) -> Result<(Vec<Metric>, Option<f64>)> {
+        let (cfg, dev) = (&self.cfg, &self.device);
+        let best = load_run(run, dev)?;
+        let test_loss = evaluate(&best.model, &self.data.test, cfg.bptt, dev)?;
+        let mut tests = vec![(state.best_weights, test_loss)];
+        progress.line(&"=".repeat(89));
+        progress.line(&format!(
+            "| End of training | test loss {test_loss:5.2} | test ppl {:8.2}",
+            test_loss.exp()
+        ));
+        if cfg.average_decay > 0.0 {
+            progress.line(&format!(
+                "| best model by validation: {} after epoch {}",
+                state.best_weights.describe(),
+                state.best_epoch
+            ));
+        }
+        if state.best_weights == Weights::Average {
+            let (sgd, _, _) = load_model(
+                &best_sgd_path(run),
+                WEIGHTS_FORMAT,
+                self.data.vocab.len(),
+                dev,
+            )?;
+            let sgd_loss = evaluate(&sgd, &self.data.test, cfg.bptt, dev)?;
+            progress.line(&format!(
+                "| best SGD weights (the tutorial's read-out) | test loss {sgd_loss:5.2} | test ppl {:8.2}",
+                sgd_loss.exp()
+            ));
+            tests.push((Weights::Sgd, sgd_loss));
+        }
+        progress.line(&"=".repeat(89));
+        let records = tests
+            .into_iter()
+            .map(|(weights, loss)| Metric::Test {
+                step: state.step,
+                loss,
+                ppl: loss.exp(),
+                weights,
+                bleu: None,
+            })
+            .collect();
+        Ok((records, Some(test_loss)))
+    }
+}
+
+/// Trains (or resumes) a run on the [`crate::runner`]; see the module docs for the loop and
+/// the files.
 pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary> {
     let run = &opts.out;
     let dev = &opts.device;
     let resuming = open_run_dir(run, opts.resume)?;
 
-    // Configuration, vocabulary, weights and state: fresh or from the checkpoint.
+    // Configuration, vocabulary and checkpoint: fresh or from the checkpoint.
     let (cfg, vocab, saved) = if resuming {
-        let (tensors, meta) = checkpoint::load(&checkpoint_path(run), dev)?;
-        check_format(&checkpoint_path(run), &meta, CHECKPOINT_FORMAT)?;
-        let bad = |msg: String| Error::Checkpoint {
+        let saved = Saved::load(run, CHECKPOINT_FORMAT, dev)?;
+        let text = saved.config_text(run)?;
+        let mut cfg: LmTrainConfig = toml::from_str(text).map_err(|e| Error::Checkpoint {
             path: checkpoint_path(run),
-            msg,
-        };
-        let text = meta.get("config").ok_or_else(|| bad("no config".into()))?;
-        let mut cfg: LmTrainConfig = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+            msg: e.to_string(),
+        })?;
         // A run from before weight averaging existed continues as it was configured: without.
-        if toml::from_str::<toml::Table>(text).is_ok_and(|t| !t.contains_key("average_decay")) {
+        if predates_averaging(text) {
             cfg.average_decay = 0.0;
         }
-        let state: TrainState =
-            serde_json::from_str(meta.get("state").ok_or_else(|| bad("no state".into()))?)
-                .map_err(|e| bad(e.to_string()))?;
-        (
-            cfg,
-            Some(Vocab::load(&vocab_path(run))?),
-            Some((tensors, state)),
-        )
+        (cfg, Some(Vocab::load(&vocab_path(run))?), Some(saved))
     } else {
         (opts.config.clone(), None, None)
     };
@@ -557,46 +690,6 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
     let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
     let model = TransformerLm::new(&pb, &model_cfg)?;
     let params = pb.params();
-    let mut state = TrainState {
-        epoch: 1,
-        next_window: 0,
-        step: 0,
-        rng: (cfg.seed.wrapping_add(1), 0),
-        best_val_loss: None,
-        log_loss_sum: 0.0,
-        log_batches: 0,
-        finished: false,
-        best_weights: Weights::Sgd,
-        best_epoch: 0,
-        best_sgd_val_loss: None,
-    };
-    let mut average = if cfg.average_decay > 0.0 {
-        Some(WeightAverage::new(
-            &params,
-            cfg.average_decay,
-            AVERAGE_EVERY,
-            |pb| TransformerLm::new(pb, &model_cfg),
-        )?)
-    } else {
-        None
-    };
-    if let Some((mut tensors, saved_state)) = saved {
-        if let Some(avg) = &mut average {
-            avg.restore(&mut tensors, saved_state.step, &checkpoint_path(run))?;
-        } else {
-            crate::average::take_average(&mut tensors);
-        }
-        params.assign(&tensors)?;
-        state = saved_state;
-        metrics::truncate_after(&metrics_path(run), state.step)?;
-        progress.line(&format!(
-            "resuming {} at epoch {} batch {} (step {})",
-            run.display(),
-            state.epoch,
-            state.next_window,
-            state.step
-        ));
-    }
     if cfg.eos_per_line {
         progress.line(
             "data: an <eos> token after every line, empty lines included (the older tutorial's \
@@ -615,199 +708,37 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
                 .to_string(),
         });
     }
-    let rng = Rng::from_state(state.rng.0, state.rng.1);
-    let mut step = LmStep::new(params.vars(), cfg.lr, cfg.clip);
     let num_windows = data.train.num_windows(cfg.bptt);
     let epoch_windows = cfg.max_batches.map_or(num_windows, |m| m.min(num_windows));
     // The tutorial labels its log lines with len(train_data) // bptt.
     let label_batches = cfg
         .max_batches
         .map_or(data.train.tutorial_num_batches(cfg.bptt), |_| epoch_windows);
-    let mut step_losses = Vec::new();
-    let mut steps_here = 0usize;
-
-    while state.epoch <= cfg.epochs {
-        let epoch = state.epoch;
-        step.opt.lr = cfg.lr_at_epoch(epoch);
-        let epoch_start = Instant::now();
-        let mut log_start = Instant::now();
-        for (batch, w) in data
-            .train
-            .windows(cfg.bptt)
-            .enumerate()
-            .skip(state.next_window)
-        {
-            if batch >= epoch_windows {
-                break;
-            }
-            if opts.stop_after_steps == Some(steps_here) {
-                return Ok(Summary {
-                    state,
-                    test_loss: None,
-                    step_losses,
-                });
-            }
-            if opts.interrupted() {
-                save_checkpoint(run, &params, average.as_ref(), &state, &cfg)?;
-                progress.line(&format!(
-                    "interrupted: checkpoint saved after step {}",
-                    state.step
-                ));
-                return Ok(Summary {
-                    state,
-                    test_loss: None,
-                    step_losses,
-                });
-            }
-            let (input, target) = window_tensors(&w, dev)?;
-            let loss = step.run(&model, &input, &target, &rng, cfg.precision)?;
-            step_losses.push(loss);
-            steps_here += 1;
-            state.step += 1;
-            if let Some(avg) = &mut average {
-                avg.after_step(state.step, &params)?;
-            }
-            state.next_window = batch + 1;
-            state.rng = rng.state();
-            state.log_loss_sum += loss;
-            state.log_batches += 1;
-            progress.batch(epoch, batch + 1, epoch_windows);
-            if batch % cfg.log_interval == 0 && batch > 0 {
-                let cur = state.log_loss_sum / cfg.log_interval as f64;
-                let ms = log_start.elapsed().as_secs_f64() * 1e3 / state.log_batches as f64;
-                progress.line(&format!(
-                    "| epoch {epoch:3} | {batch:5}/{label_batches:5} batches | lr {:02.2} | ms/batch {ms:5.2} | loss {cur:5.2} | ppl {:8.2}",
-                    step.opt.lr,
-                    cur.exp()
-                ));
-                metrics::append(
-                    &metrics_path(run),
-                    &Metric::Train {
-                        step: state.step,
-                        epoch,
-                        batch,
-                        batches: label_batches,
-                        lr: step.opt.lr,
-                        ms_per_batch: ms,
-                        loss: cur,
-                        ppl: cur.exp(),
-                    },
-                )?;
-                state.log_loss_sum = 0.0;
-                state.log_batches = 0;
-                log_start = Instant::now();
-            }
-            if cfg.checkpoint_interval > 0
-                && state.next_window.is_multiple_of(cfg.checkpoint_interval)
-            {
-                save_checkpoint(run, &params, average.as_ref(), &state, &cfg)?;
-            }
-        }
-        let val_loss = evaluate(&model, &data.valid, cfg.bptt, dev)?;
-        let secs = epoch_start.elapsed().as_secs_f64();
-        let mut validated = vec![(Weights::Sgd, val_loss, &params)];
-        if let Some(avg) = &average {
-            let avg_loss = evaluate(&avg.model, &data.valid, cfg.bptt, dev)?;
-            validated.push((Weights::Average, avg_loss, &avg.params));
-        }
-        progress.line(&"-".repeat(89));
-        progress.line(&format!(
-            "| end of epoch {epoch:3} | time: {secs:5.2}s | valid loss {val_loss:5.2} | valid ppl {:8.2}",
-            val_loss.exp()
-        ));
-        if let Some(&(_, avg_loss, _)) = validated.get(1) {
-            progress.line(&format!(
-                "| weight average   | decay {:<9} | valid loss {avg_loss:5.2} | valid ppl {:8.2}",
-                cfg.average_decay,
-                avg_loss.exp()
-            ));
-        }
-        progress.line(&"-".repeat(89));
-        for &(weights, loss, p) in &validated {
-            metrics::append(
-                &metrics_path(run),
-                &Metric::Valid {
-                    step: state.step,
-                    epoch,
-                    loss,
-                    ppl: loss.exp(),
-                    epoch_seconds: secs,
-                    weights,
-                    bleu: None,
-                },
-            )?;
-            // With an average, the best SGD weights are kept apart too, for the tutorial's
-            // own test figure.
-            if average.is_some()
-                && weights == Weights::Sgd
-                && state.best_sgd_val_loss.is_none_or(|b| loss < b)
-            {
-                state.best_sgd_val_loss = Some(loss);
-                save_weights(&best_sgd_path(run), p, &model_cfg)?;
-            }
-            if state.best_val_loss.is_none_or(|b| loss < b) {
-                state.best_val_loss = Some(loss);
-                state.best_weights = weights;
-                state.best_epoch = epoch;
-                save_weights(&best_path(run), p, &model_cfg)?;
-            }
-        }
-        state.epoch += 1;
-        state.next_window = 0;
-        state.log_loss_sum = 0.0;
-        state.log_batches = 0;
-        save_checkpoint(run, &params, average.as_ref(), &state, &cfg)?;
-        metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
-    }
-
-    // Test the best model, and the best SGD weights where the average won (the tutorial's
-    // own result).
-    let best = load_run(run, dev)?;
-    let test_loss = evaluate(&best.model, &data.test, cfg.bptt, dev)?;
-    let mut tests = vec![(state.best_weights, test_loss)];
-    progress.line(&"=".repeat(89));
-    progress.line(&format!(
-        "| End of training | test loss {test_loss:5.2} | test ppl {:8.2}",
-        test_loss.exp()
-    ));
-    if average.is_some() {
-        progress.line(&format!(
-            "| best model by validation: {} after epoch {}",
-            state.best_weights.describe(),
-            state.best_epoch
-        ));
-    }
-    if state.best_weights == Weights::Average {
-        let (sgd, _, _) = load_model(&best_sgd_path(run), WEIGHTS_FORMAT, data.vocab.len(), dev)?;
-        let sgd_loss = evaluate(&sgd, &data.test, cfg.bptt, dev)?;
-        progress.line(&format!(
-            "| best SGD weights (the tutorial's read-out) | test loss {sgd_loss:5.2} | test ppl {:8.2}",
-            sgd_loss.exp()
-        ));
-        tests.push((Weights::Sgd, sgd_loss));
-    }
-    progress.line(&"=".repeat(89));
-    if !state.finished {
-        for (weights, loss) in tests {
-            metrics::append(
-                &metrics_path(run),
-                &Metric::Test {
-                    step: state.step,
-                    loss,
-                    ppl: loss.exp(),
-                    weights,
-                    bleu: None,
-                },
-            )?;
-        }
-        state.finished = true;
-        save_checkpoint(run, &params, average.as_ref(), &state, &cfg)?;
-    }
-    metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
+    let mut task = LmTask {
+        step: LmStep::new(params.vars(), cfg.lr, cfg.clip),
+        model_cfg,
+        data,
+        model,
+        params,
+        device: dev.clone(),
+        epoch_windows,
+        label_batches,
+        cfg,
+    };
+    let (seed, decay) = (task.cfg.seed, task.cfg.average_decay);
+    let s = runner::run(
+        &mut task,
+        opts,
+        saved,
+        seed.wrapping_add(1),
+        decay,
+        AVERAGE_EVERY,
+        progress,
+    )?;
     Ok(Summary {
-        state,
-        test_loss: Some(test_loss),
-        step_losses,
+        state: s.state,
+        test_loss: s.test_loss,
+        step_losses: s.step_losses,
     })
 }
 

@@ -119,18 +119,35 @@ pub fn read(path: &Path) -> Result<Vec<Metric>> {
         .collect()
 }
 
-/// Keeps only the metrics up to `step` (what a resumed run has not yet redone).
+/// Keeps only the metrics up to `step` (what a resumed run has not yet redone). The kept
+/// lines are written back as they were, so their numbers stay exact to the last digit (a
+/// parse and re-serialisation of a float can move it by an ulp).
 pub fn truncate_after(path: &Path, step: usize) -> Result<()> {
-    let kept: Vec<Metric> = read(path)?
-        .into_iter()
-        .filter(|m| m.step() <= step)
-        .collect();
-    let mut text = String::new();
-    for m in &kept {
-        text.push_str(&serde_json::to_string(m).expect("metrics serialize"));
-        text.push('\n');
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(source) => {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut kept = String::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let m: Metric = serde_json::from_str(line).map_err(|e| Error::Config {
+            path: path.to_path_buf(),
+            msg: format!("line {}: {e}", i + 1),
+        })?;
+        if m.step() <= step {
+            kept.push_str(line);
+            kept.push('\n');
+        }
     }
-    crate::checkpoint::write_atomic(path, text.as_bytes())
+    crate::checkpoint::write_atomic(path, kept.as_bytes())
 }
 
 /// Writes an SVG line chart of training loss (per log interval) and validation loss (per

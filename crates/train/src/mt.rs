@@ -21,17 +21,19 @@
 //! | `loss.svg` | training and validation loss against the step |
 //! | `test.hyp` | the test set's translations by the best model |
 
-use crate::average::{WeightAverage, CHECKPOINT_PREFIX as AVERAGE_PREFIX};
+use crate::average::CHECKPOINT_PREFIX as AVERAGE_PREFIX;
 use crate::checkpoint;
 use crate::clip::clip_grad_norm;
 use crate::error::{Error, Result};
-use crate::metrics::{self, Metric, Weights};
+use crate::metrics::{Metric, Weights};
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
-    load_tagged, meta_json, open_run_dir, params_tensors, save_tagged, state_meta, Progress,
+    self, load_tagged, meta_json, open_run_dir, params_tensors, predates_averaging, save_tagged,
+    LogWindow, Progress, RunState, Saved, StepStats, Task, Validation,
 };
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use transformer_decode::{beam_search, greedy, DecodeOptions, Hypothesis};
@@ -454,28 +456,8 @@ pub fn tokenizer_path(run: &Path) -> PathBuf {
     run.join("tokenizer.json")
 }
 
-/// Where a run stands; saved in every checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MtState {
-    /// The epoch in progress (1-based); `epochs + 1` once training is over.
-    pub epoch: usize,
-    /// Index of the next batch of this epoch.
-    pub next_batch: usize,
-    /// Optimizer steps taken.
-    pub step: usize,
-    /// Dropout RNG `(seed, counter)`.
-    pub rng: (u64, u64),
-    pub best_bleu: Option<f64>,
-    pub best_epoch: usize,
-    /// Which weights scored `best_bleu`: the trained ones or their moving average.
-    #[serde(default)]
-    pub best_weights: Weights,
-    pub log_loss_sum: f64,
-    pub log_nll_sum: f64,
-    pub log_batches: usize,
-    pub log_tokens: usize,
-    pub finished: bool,
-}
+/// Where a run stands; saved in every checkpoint (the runner's, for every task).
+pub type MtState = RunState;
 
 /// How to run [`train`].
 pub type MtTrainOptions = crate::runner::RunOptions<MtTrainConfig>;
@@ -601,32 +583,6 @@ pub fn bleu(hyps: &[String], refs: &[String]) -> Result<f64> {
         .map_err(|e| Error::Usage(e.to_string()))
 }
 
-fn save_checkpoint(
-    run: &Path,
-    params: &Params,
-    opt: &Adam,
-    average: Option<&WeightAverage<Seq2Seq>>,
-    state: &MtState,
-    cfg: &MtTrainConfig,
-) -> Result<()> {
-    let mut tensors = params_tensors(params);
-    for (i, (m, v)) in opt.moments.iter().enumerate() {
-        tensors.push((format!("{ADAM_M}{i}"), m.clone()));
-        tensors.push((format!("{ADAM_V}{i}"), v.clone()));
-    }
-    if let Some(avg) = average {
-        tensors.extend(avg.checkpoint_tensors());
-    }
-    save_tagged(
-        &checkpoint_path(run),
-        &tensors,
-        CHECKPOINT_FORMAT,
-        state_meta(state, cfg.to_toml())
-            .into_iter()
-            .chain([("adam_step", opt.step.to_string())]),
-    )
-}
-
 /// Saves model weights with the model config needed to rebuild it.
 pub fn save_weights(path: &Path, params: &Params, model: &Seq2SeqConfig) -> Result<()> {
     save_tagged(
@@ -705,37 +661,295 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
     })
 }
 
-/// Trains (or resumes) a run; see the module docs for the loop and the files.
+/// Translation as a task on the [`crate::runner`]: length-bucketed batches in a new order
+/// every epoch, the label-smoothed step with Adam and the warm-up schedule, validation by
+/// loss and greedy BLEU (higher BLEU is better), beam-search BLEU on the test set.
+struct MtTask {
+    cfg: MtTrainConfig,
+    model_cfg: Seq2SeqConfig,
+    model: Seq2Seq,
+    params: Params,
+    vars: Vec<candle_core::Var>,
+    opt: Adam,
+    schedule: NoamSchedule,
+    tokenizer: Subword,
+    train: EncodedSplit,
+    keep: Vec<usize>,
+    valid: EncodedSplit,
+    test_files: Option<PairSource>,
+    device: Device,
+    /// This epoch's batches.
+    batches: Vec<PairBatch>,
+    /// The test loss and sacreBLEU of the best model, once tested.
+    test: Option<(f64, f64)>,
+}
+
+impl Task for MtTask {
+    type Model = Seq2Seq;
+    const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
+
+    fn epochs(&self) -> usize {
+        self.cfg.epochs
+    }
+    fn checkpoint_interval(&self) -> usize {
+        self.cfg.checkpoint_interval
+    }
+    fn config_toml(&self) -> String {
+        self.cfg.to_toml()
+    }
+    fn model(&self) -> &Seq2Seq {
+        &self.model
+    }
+    fn params(&self) -> &Params {
+        &self.params
+    }
+    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<Seq2Seq> {
+        Seq2Seq::with_config(pb, &self.model_cfg)
+    }
+    fn save_weights(&self, path: &Path, params: &Params) -> Result<()> {
+        save_weights(path, params, &self.model_cfg)
+    }
+
+    fn start_epoch(&mut self, epoch: usize) -> Result<usize> {
+        let sp = self.tokenizer.specials();
+        let seed = self
+            .cfg
+            .seed
+            .wrapping_mul(1_000_003)
+            .wrapping_add(epoch as u64);
+        self.batches = pair_batches(
+            &self.train.src,
+            &self.train.tgt,
+            &self.keep,
+            self.cfg.max_tokens,
+            sp,
+            seed,
+        );
+        Ok(self
+            .cfg
+            .max_batches
+            .map_or(self.batches.len(), |m| m.min(self.batches.len())))
+    }
+
+    fn train_step(&mut self, index: usize, step: usize, rng: &Rng) -> Result<StepStats> {
+        let sp = self.tokenizer.specials();
+        let b = &self.batches[index];
+        let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
+        let masks = Seq2SeqMasks::new(&src, &tgt_in, sp.pad)?;
+        let l = self.model.loss(
+            &src,
+            &tgt_in,
+            &tgt_out,
+            &masks,
+            sp.pad,
+            self.cfg.label_smoothing,
+            Mode::Train(rng),
+        )?;
+        let mut grads = l.loss.backward()?;
+        clip_grad_norm(&mut grads, &self.vars, self.cfg.clip)?;
+        self.opt.lr = self.schedule.lr(step + 1);
+        self.opt.step(&grads)?;
+        Ok(StepStats {
+            loss: l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            nll: l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            tokens: b.tgt_tokens,
+        })
+    }
+
+    fn log_due(&self, index: usize, batches: usize) -> bool {
+        (index + 1).is_multiple_of(self.cfg.log_interval) || index + 1 == batches
+    }
+
+    fn log_line(&self, w: &LogWindow) -> (String, Metric) {
+        let n = w.count.max(1) as f64;
+        let (cur, cur_nll) = (w.loss_sum / n, w.nll_sum / n);
+        let ms = w.seconds * 1e3 / n;
+        let (epoch, batch, batches, lr) = (w.epoch, w.index + 1, w.batches, self.opt.lr);
+        (
+            format!(
+                "| epoch {epoch:3} | {batch:5}/{batches:5} batches | lr {lr:.2e} | ms/batch {ms:6.1} | tok/s {:6.0} | loss {cur:5.2} | ppl {:7.2}",
+                w.tokens as f64 / w.seconds.max(1e-9),
+                cur_nll.exp()
+            ),
+            Metric::Train {
+                step: w.step,
+                epoch,
+                batch,
+                batches,
+                lr,
+                ms_per_batch: ms,
+                loss: cur,
+                ppl: cur_nll.exp(),
+            },
+        )
+    }
+
+    fn validate(&self, model: &Seq2Seq) -> Result<Validation> {
+        let dev = &self.device;
+        let loss = evaluate_loss(model, &self.valid, self.cfg.max_tokens, dev)?;
+        let greedy = self.cfg.decode_options(1);
+        let hyps = translate_lines(
+            model,
+            &self.tokenizer,
+            &self.valid.pairs.src,
+            &greedy,
+            dev,
+            |_, _| {},
+        )?;
+        Ok(Validation {
+            loss,
+            bleu: Some(bleu(&hyps, &self.valid.pairs.tgt)?),
+        })
+    }
+    fn figure(&self, v: &Validation) -> f64 {
+        v.bleu.unwrap_or(f64::NEG_INFINITY)
+    }
+    fn better(&self, new: f64, best: f64) -> bool {
+        new > best
+    }
+
+    fn epoch_lines(
+        &self,
+        epoch: usize,
+        secs: f64,
+        train_secs: f64,
+        validated: &[(Weights, Validation)],
+    ) -> Vec<String> {
+        let mut lines = vec!["-".repeat(89)];
+        for (weights, v) in validated {
+            let head = match weights {
+                Weights::Sgd => {
+                    format!("| end of epoch {epoch:3} | time: {secs:6.1}s (train {train_secs:.1}s)")
+                }
+                Weights::Average => format!(
+                    "| weight average (decay {}) {:>w$}",
+                    self.cfg.average_decay,
+                    "",
+                    w = 9usize.saturating_sub(self.cfg.average_decay.to_string().len())
+                ),
+            };
+            lines.push(format!(
+                "{head} | valid loss {:5.3} | valid ppl {:7.2} | valid BLEU {:5.2} (greedy)",
+                v.loss,
+                v.loss.exp(),
+                v.bleu.unwrap_or(0.0)
+            ));
+        }
+        lines.push("-".repeat(89));
+        lines
+    }
+
+    fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {
+        let mut tensors = Vec::new();
+        for (i, (m, v)) in self.opt.moments.iter().enumerate() {
+            tensors.push((format!("{ADAM_M}{i}"), m.clone()));
+            tensors.push((format!("{ADAM_V}{i}"), v.clone()));
+        }
+        (tensors, vec![("adam_step", self.opt.step.to_string())])
+    }
+
+    fn restore_optimizer(
+        &mut self,
+        tensors: &mut HashMap<String, Tensor>,
+        meta: &HashMap<String, String>,
+        path: &Path,
+    ) -> Result<()> {
+        let bad = |msg: String| Error::Checkpoint {
+            path: path.into(),
+            msg,
+        };
+        for (i, (m, v)) in self.opt.moments.iter_mut().enumerate() {
+            *m = tensors
+                .remove(&format!("{ADAM_M}{i}"))
+                .ok_or_else(|| bad(format!("no Adam first moment for parameter {i}")))?;
+            *v = tensors
+                .remove(&format!("{ADAM_V}{i}"))
+                .ok_or_else(|| bad(format!("no Adam second moment for parameter {i}")))?;
+        }
+        self.opt.step = meta
+            .get("adam_step")
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("no adam_step".into()))?;
+        Ok(())
+    }
+
+    /// The best model translates the test set with beam search.
+    fn test(
+        &mut self,
+        run: &Path,
+        state: &RunState,
+        progress: &mut dyn Progress,
+    ) -> Result<(Vec<Metric>, Option<f64>)> {
+        let Some(src) = &self.test_files else {
+            return Ok((Vec::new(), None));
+        };
+        let (cfg, dev) = (&self.cfg, &self.device);
+        let best = load_run(run, dev)?;
+        let data = EncodedSplit::encode(src.read()?, &self.tokenizer);
+        let loss = evaluate_loss(&best.model, &data, cfg.max_tokens, dev)?;
+        let t = Instant::now();
+        let hyps = translate_lines(
+            &best.model,
+            &self.tokenizer,
+            &data.pairs.src,
+            &cfg.decode_options(cfg.beam),
+            dev,
+            |done, total| progress.batch(cfg.epochs + 1, done, total),
+        )?;
+        let b = bleu(&hyps, &data.pairs.tgt)?;
+        let lc = corpus_bleu(&hyps, &data.pairs.tgt, &BleuOptions::lowercased_tokens())
+            .map_err(|e| Error::Usage(e.to_string()))?;
+        checkpoint::write_atomic(&run.join("test.hyp"), (hyps.join("\n") + "\n").as_bytes())?;
+        progress.line(&"=".repeat(89));
+        progress.line(&format!(
+            "| End of training | best: {} of epoch {} | test loss {loss:5.3} | test ppl {:7.2} (per word {:.2}) | test BLEU {b:5.2} (sacreBLEU, beam {}, {:.1}s)",
+            match state.best_weights {
+                Weights::Sgd => "the trained weights",
+                Weights::Average => "the weight average",
+            },
+            state.best_epoch,
+            loss.exp(),
+            word_perplexity(loss, &data),
+            cfg.beam,
+            t.elapsed().as_secs_f64()
+        ));
+        progress.line(&format!("| {}: {:.2}", lc.options.label(), lc.score));
+        progress.line(&"=".repeat(89));
+        self.test = Some((loss, b));
+        let record = Metric::Test {
+            step: state.step,
+            loss,
+            ppl: loss.exp(),
+            weights: state.best_weights,
+            bleu: Some(b),
+        };
+        Ok((vec![record], Some(loss)))
+    }
+}
+
+/// Trains (or resumes) a run on the [`crate::runner`]; see the module docs for the loop and
+/// the files.
 pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSummary> {
     let run = &opts.out;
     let dev = &opts.device;
     let resuming = open_run_dir(run, opts.resume)?;
 
-    // Configuration, tokenizer, weights and state: fresh or from the checkpoint.
-    let saved = if resuming {
-        let (tensors, meta) = load_tagged(&checkpoint_path(run), CHECKPOINT_FORMAT, dev)?;
-        let bad = |msg: String| Error::Checkpoint {
+    // Configuration, tokenizer and checkpoint: fresh or from the checkpoint.
+    let (cfg, saved) = if resuming {
+        let saved = Saved::load(run, CHECKPOINT_FORMAT, dev)?;
+        let text = saved.config_text(run)?;
+        let mut cfg: MtTrainConfig = toml::from_str(text).map_err(|e| Error::Checkpoint {
             path: checkpoint_path(run),
-            msg,
-        };
-        let text = meta.get("config").ok_or_else(|| bad("no config".into()))?;
-        let mut cfg: MtTrainConfig = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+            msg: e.to_string(),
+        })?;
         // A run from before weight averaging existed continues as it was configured: without.
-        if toml::from_str::<toml::Table>(text).is_ok_and(|t| !t.contains_key("average_decay")) {
+        if predates_averaging(text) {
             cfg.average_decay = 0.0;
         }
-        let state: MtState = meta_json(&checkpoint_path(run), &meta, "state")?;
-        let adam_step: u64 = meta
-            .get("adam_step")
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| bad("no adam_step".into()))?;
-        Some((cfg, tensors, state, adam_step))
+        (cfg, Some(saved))
     } else {
-        None
+        (opts.config.clone(), None)
     };
-    let cfg = saved
-        .as_ref()
-        .map_or_else(|| opts.config.clone(), |s| s.0.clone());
     cfg.validate()?;
     let files = cfg.sources()?;
 
@@ -791,69 +1005,6 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     let model = Seq2Seq::with_config(&pb, &model_cfg)?;
     let params = pb.params();
     let vars = params.vars();
-    let mut opt = Adam::new(vars.clone(), 0.0)?;
-    let schedule = NoamSchedule {
-        d_model: cfg.d_model,
-        warmup: cfg.warmup,
-        factor: cfg.lr_factor,
-    };
-    let mut state = MtState {
-        epoch: 1,
-        next_batch: 0,
-        step: 0,
-        rng: (cfg.seed.wrapping_add(1), 0),
-        best_bleu: None,
-        best_epoch: 0,
-        best_weights: Weights::Sgd,
-        log_loss_sum: 0.0,
-        log_nll_sum: 0.0,
-        log_batches: 0,
-        log_tokens: 0,
-        finished: false,
-    };
-    let mut average = if cfg.average_decay > 0.0 {
-        Some(WeightAverage::new(
-            &params,
-            cfg.average_decay,
-            AVERAGE_EVERY,
-            |pb| Seq2Seq::with_config(pb, &model_cfg),
-        )?)
-    } else {
-        None
-    };
-    if let Some((_, mut tensors, saved_state, adam_step)) = saved {
-        if let Some(avg) = &mut average {
-            avg.restore(&mut tensors, saved_state.step, &checkpoint_path(run))?;
-        } else {
-            crate::average::take_average(&mut tensors);
-        }
-        for (i, (m, v)) in opt.moments.iter_mut().enumerate() {
-            let bad = |what: &str| Error::Checkpoint {
-                path: checkpoint_path(run),
-                msg: format!("no Adam {what} moment for parameter {i}"),
-            };
-            *m = tensors
-                .remove(&format!("{ADAM_M}{i}"))
-                .ok_or_else(|| bad("first"))?;
-            *v = tensors
-                .remove(&format!("{ADAM_V}{i}"))
-                .ok_or_else(|| bad("second"))?;
-        }
-        opt.step = adam_step;
-        params.assign(&tensors).map_err(|e| Error::Checkpoint {
-            path: checkpoint_path(run),
-            msg: e.to_string(),
-        })?;
-        state = saved_state;
-        metrics::truncate_after(&metrics_path(run), state.step)?;
-        progress.line(&format!(
-            "resuming {} at epoch {} batch {} (step {})",
-            run.display(),
-            state.epoch,
-            state.next_batch,
-            state.step
-        ));
-    }
     progress.line(&format!(
         "model: {} parameters ({}+{} layers, d_model {}, {} heads, FFN {}, shared embeddings: {})",
         params.num_elements(),
@@ -864,232 +1015,40 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         cfg.dim_feedforward,
         cfg.share_embeddings
     ));
-    let sp = tokenizer.specials();
-    let rng = Rng::from_state(state.rng.0, state.rng.1);
-    let mut step_losses = Vec::new();
-    let mut steps_here = 0usize;
-    let greedy_opts = cfg.decode_options(1);
-
-    while state.epoch <= cfg.epochs {
-        let epoch = state.epoch;
-        let batches = pair_batches(
-            &train_data.src,
-            &train_data.tgt,
-            &keep,
-            cfg.max_tokens,
-            sp,
-            cfg.seed.wrapping_mul(1_000_003).wrapping_add(epoch as u64),
-        );
-        let n_batches = cfg
-            .max_batches
-            .map_or(batches.len(), |m| m.min(batches.len()));
-        let epoch_start = Instant::now();
-        let mut log_start = Instant::now();
-        for (i, b) in batches
-            .iter()
-            .enumerate()
-            .take(n_batches)
-            .skip(state.next_batch)
-        {
-            if opts.stop_after_steps == Some(steps_here) || opts.interrupted() {
-                save_checkpoint(run, &params, &opt, average.as_ref(), &state, &cfg)?;
-                progress.line(&format!(
-                    "stopped: checkpoint saved after step {}",
-                    state.step
-                ));
-                return Ok(MtSummary {
-                    state,
-                    test: None,
-                    step_losses,
-                });
-            }
-            let (src, tgt_in, tgt_out) = batch_tensors(b, dev)?;
-            let masks = Seq2SeqMasks::new(&src, &tgt_in, sp.pad)?;
-            let l = model.loss(
-                &src,
-                &tgt_in,
-                &tgt_out,
-                &masks,
-                sp.pad,
-                cfg.label_smoothing,
-                Mode::Train(&rng),
-            )?;
-            let mut grads = l.loss.backward()?;
-            clip_grad_norm(&mut grads, &vars, cfg.clip)?;
-            opt.lr = schedule.lr(state.step + 1);
-            opt.step(&grads)?;
-            if let Some(avg) = &mut average {
-                avg.after_step(state.step + 1, &params)?;
-            }
-            let loss = l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            let nll = l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            step_losses.push(loss);
-            steps_here += 1;
-            state.step += 1;
-            state.next_batch = i + 1;
-            state.rng = rng.state();
-            state.log_loss_sum += loss;
-            state.log_nll_sum += nll;
-            state.log_batches += 1;
-            state.log_tokens += b.tgt_tokens;
-            progress.batch(epoch, i + 1, n_batches);
-            checkpoint::test_pause("TRANSFORMER_TEST_STEP_DELAY_MS");
-            if (i + 1) % cfg.log_interval == 0 || i + 1 == n_batches {
-                let n = state.log_batches.max(1) as f64;
-                let (cur, cur_nll) = (state.log_loss_sum / n, state.log_nll_sum / n);
-                let secs = log_start.elapsed().as_secs_f64();
-                let ms = secs * 1e3 / n;
-                progress.line(&format!(
-                    "| epoch {epoch:3} | {:5}/{n_batches:5} batches | lr {:.2e} | ms/batch {ms:6.1} | tok/s {:6.0} | loss {cur:5.2} | ppl {:7.2}",
-                    i + 1,
-                    opt.lr,
-                    state.log_tokens as f64 / secs.max(1e-9),
-                    cur_nll.exp()
-                ));
-                metrics::append(
-                    &metrics_path(run),
-                    &Metric::Train {
-                        step: state.step,
-                        epoch,
-                        batch: i + 1,
-                        batches: n_batches,
-                        lr: opt.lr,
-                        ms_per_batch: ms,
-                        loss: cur,
-                        ppl: cur_nll.exp(),
-                    },
-                )?;
-                state.log_loss_sum = 0.0;
-                state.log_nll_sum = 0.0;
-                state.log_batches = 0;
-                state.log_tokens = 0;
-                log_start = Instant::now();
-            }
-            if cfg.checkpoint_interval > 0 && state.next_batch % cfg.checkpoint_interval == 0 {
-                save_checkpoint(run, &params, &opt, average.as_ref(), &state, &cfg)?;
-            }
-        }
-        // Validation: loss, perplexity, and BLEU of greedy translations, of the trained
-        // weights and of their moving average; the better by BLEU is the best model.
-        let train_secs = epoch_start.elapsed().as_secs_f64();
-        let mut candidates = vec![(Weights::Sgd, &model, &params)];
-        if let Some(avg) = &average {
-            candidates.push((Weights::Average, &avg.model, &avg.params));
-        }
-        let mut validated = Vec::new();
-        for (weights, m, _) in &candidates {
-            let loss = evaluate_loss(m, &valid, cfg.max_tokens, dev)?;
-            let hyps = translate_lines(
-                m,
-                &tokenizer,
-                &valid.pairs.src,
-                &greedy_opts,
-                dev,
-                |_, _| {},
-            )?;
-            validated.push((*weights, loss, bleu(&hyps, &valid.pairs.tgt)?));
-        }
-        let secs = epoch_start.elapsed().as_secs_f64();
-        progress.line(&"-".repeat(89));
-        for &(weights, val_loss, val_bleu) in &validated {
-            let head = match weights {
-                Weights::Sgd => {
-                    format!("| end of epoch {epoch:3} | time: {secs:6.1}s (train {train_secs:.1}s)")
-                }
-                Weights::Average => format!(
-                    "| weight average (decay {}) {:>w$}",
-                    cfg.average_decay,
-                    "",
-                    w = 9usize.saturating_sub(cfg.average_decay.to_string().len())
-                ),
-            };
-            progress.line(&format!(
-                "{head} | valid loss {val_loss:5.3} | valid ppl {:7.2} | valid BLEU {val_bleu:5.2} (greedy)",
-                val_loss.exp()
-            ));
-            metrics::append(
-                &metrics_path(run),
-                &Metric::Valid {
-                    step: state.step,
-                    epoch,
-                    loss: val_loss,
-                    ppl: val_loss.exp(),
-                    epoch_seconds: secs,
-                    weights,
-                    bleu: Some(val_bleu),
-                },
-            )?;
-        }
-        progress.line(&"-".repeat(89));
-        for (&(weights, _, val_bleu), (_, _, p)) in validated.iter().zip(&candidates) {
-            if state.best_bleu.is_none_or(|b| val_bleu > b) {
-                state.best_bleu = Some(val_bleu);
-                state.best_epoch = epoch;
-                state.best_weights = weights;
-                save_weights(&best_path(run), p, &model_cfg)?;
-            }
-        }
-        state.epoch += 1;
-        state.next_batch = 0;
-        save_checkpoint(run, &params, &opt, average.as_ref(), &state, &cfg)?;
-        metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
-    }
-
-    // Test the best model with beam search.
-    let mut test = None;
-    if let Some(src) = &files.test {
-        let best = load_run(run, dev)?;
-        let data = EncodedSplit::encode(src.read()?, &tokenizer);
-        let loss = evaluate_loss(&best.model, &data, cfg.max_tokens, dev)?;
-        let t = Instant::now();
-        let hyps = translate_lines(
-            &best.model,
-            &tokenizer,
-            &data.pairs.src,
-            &cfg.decode_options(cfg.beam),
-            dev,
-            |done, total| progress.batch(cfg.epochs + 1, done, total),
-        )?;
-        let b = bleu(&hyps, &data.pairs.tgt)?;
-        let lc = corpus_bleu(&hyps, &data.pairs.tgt, &BleuOptions::lowercased_tokens())
-            .map_err(|e| Error::Usage(e.to_string()))?;
-        checkpoint::write_atomic(&run.join("test.hyp"), (hyps.join("\n") + "\n").as_bytes())?;
-        progress.line(&"=".repeat(89));
-        progress.line(&format!(
-            "| End of training | best: {} of epoch {} | test loss {loss:5.3} | test ppl {:7.2} (per word {:.2}) | test BLEU {b:5.2} (sacreBLEU, beam {}, {:.1}s)",
-            match state.best_weights {
-                Weights::Sgd => "the trained weights",
-                Weights::Average => "the weight average",
-            },
-            state.best_epoch,
-            loss.exp(),
-            word_perplexity(loss, &data),
-            cfg.beam,
-            t.elapsed().as_secs_f64()
-        ));
-        progress.line(&format!("| {}: {:.2}", lc.options.label(), lc.score));
-        progress.line(&"=".repeat(89));
-        if !state.finished {
-            metrics::append(
-                &metrics_path(run),
-                &Metric::Test {
-                    step: state.step,
-                    loss,
-                    ppl: loss.exp(),
-                    weights: state.best_weights,
-                    bleu: Some(b),
-                },
-            )?;
-        }
-        test = Some((loss, b));
-    }
-    if !state.finished {
-        state.finished = true;
-        save_checkpoint(run, &params, &opt, average.as_ref(), &state, &cfg)?;
-    }
+    let mut task = MtTask {
+        opt: Adam::new(vars.clone(), 0.0)?,
+        schedule: NoamSchedule {
+            d_model: cfg.d_model,
+            warmup: cfg.warmup,
+            factor: cfg.lr_factor,
+        },
+        vars,
+        model_cfg,
+        model,
+        params,
+        tokenizer,
+        train: train_data,
+        keep,
+        valid,
+        test_files: files.test,
+        device: dev.clone(),
+        batches: Vec::new(),
+        test: None,
+        cfg,
+    };
+    let (seed, decay) = (task.cfg.seed, task.cfg.average_decay);
+    let s = runner::run(
+        &mut task,
+        opts,
+        saved,
+        seed.wrapping_add(1),
+        decay,
+        AVERAGE_EVERY,
+        progress,
+    )?;
     Ok(MtSummary {
-        state,
-        test,
-        step_losses,
+        state: s.state,
+        test: task.test,
+        step_losses: s.step_losses,
     })
 }

@@ -6,14 +6,18 @@
 //! the same order on these pieces: data, model, optimizer, then per batch step / log /
 //! checkpoint, per epoch validate / keep the best / checkpoint / plot, at the end test.
 
+use crate::average::WeightAverage;
 use crate::checkpoint;
 use crate::error::{Error, Result};
+use crate::metrics::{self, Metric, Weights};
 use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use transformer_model::Params;
+use std::time::Instant;
+use transformer_model::{ParamBuilder, Params, Rng};
 
 /// Callbacks for the front end: log lines and per-batch progress.
 pub trait Progress {
@@ -41,8 +45,12 @@ pub struct RunOptions<C> {
     pub out: PathBuf,
     /// Continue the run in `out` from its checkpoint.
     pub resume: bool,
-    /// Stop (as if interrupted) after this many optimizer steps in this invocation.
+    /// Stop after this many optimizer steps in this invocation, saving a checkpoint
+    /// (`--resume` continues exactly there).
     pub stop_after_steps: Option<usize>,
+    /// Stop after this many steps without saving, as a killed process would (tests: resume
+    /// then starts from the last periodic checkpoint).
+    pub crash_after_steps: Option<usize>,
     /// When set (by a Ctrl-C handler, say), save a checkpoint after the current batch and
     /// return; `--resume` continues from there.
     pub interrupt: Option<Arc<AtomicBool>>,
@@ -190,5 +198,434 @@ pub fn meta_json<T: serde::de::DeserializeOwned>(
     serde_json::from_str(text).map_err(|e| Error::Checkpoint {
         path: path.into(),
         msg: format!("{key}: {e}"),
+    })
+}
+
+/// Where a run stands, for every task; saved in every checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    /// The epoch in progress (1-based); `epochs + 1` once training is over.
+    pub epoch: usize,
+    /// Index of the next batch of this epoch.
+    #[serde(alias = "next_window")]
+    pub next_batch: usize,
+    /// Optimizer steps taken.
+    pub step: usize,
+    /// Dropout RNG `(seed, counter)`.
+    pub rng: (u64, u64),
+    /// The best model's validation figure (the task's: the LM's loss, translation's BLEU).
+    #[serde(alias = "best_val_loss", alias = "best_bleu")]
+    pub best: Option<f64>,
+    /// Which weights `best.safetensors` holds, and from the end of which epoch.
+    #[serde(default)]
+    pub best_weights: Weights,
+    #[serde(default)]
+    pub best_epoch: usize,
+    /// The best figure of the trained weights alone, when the task keeps them apart from an
+    /// average that may win ([`Task::BEST_TRAINED_FILE`]).
+    #[serde(default, alias = "best_sgd_val_loss")]
+    pub best_trained: Option<f64>,
+    /// Sums over the batches since the last log line.
+    pub log_loss_sum: f64,
+    #[serde(default)]
+    pub log_nll_sum: f64,
+    pub log_batches: usize,
+    #[serde(default)]
+    pub log_tokens: usize,
+    /// Whether the test has been run.
+    pub finished: bool,
+}
+
+impl RunState {
+    /// A fresh run's state; `rng_seed` seeds dropout.
+    pub fn new(rng_seed: u64) -> Self {
+        Self {
+            epoch: 1,
+            next_batch: 0,
+            step: 0,
+            rng: (rng_seed, 0),
+            best: None,
+            best_weights: Weights::Sgd,
+            best_epoch: 0,
+            best_trained: None,
+            log_loss_sum: 0.0,
+            log_nll_sum: 0.0,
+            log_batches: 0,
+            log_tokens: 0,
+            finished: false,
+        }
+    }
+}
+
+/// What one training step reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    /// The loss that was differentiated.
+    pub loss: f64,
+    /// The plain cross-entropy (equal to `loss` without label smoothing).
+    pub nll: f64,
+    /// Target tokens in the batch.
+    pub tokens: usize,
+}
+
+/// The batches since the last log line, for a task's log line.
+#[derive(Debug, Clone, Copy)]
+pub struct LogWindow {
+    pub epoch: usize,
+    /// 0-based index of the batch just done, and the epoch's batch count.
+    pub index: usize,
+    pub batches: usize,
+    /// Optimizer steps taken.
+    pub step: usize,
+    pub loss_sum: f64,
+    pub nll_sum: f64,
+    pub count: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+}
+
+/// One validation of one set of weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Validation {
+    /// Mean cross-entropy per target token.
+    pub loss: f64,
+    /// Translation: corpus BLEU of the validation set.
+    pub bleu: Option<f64>,
+}
+
+/// A training task on the runner: what it trains, on which batches, how a step goes, how
+/// it validates and tests. The runner owns the rest: the loop, stops and checkpoints, the
+/// weight average, the log and metrics, best-model selection, plots and resume.
+pub trait Task {
+    /// The model (the trained one, and the weight average's).
+    type Model;
+    /// The format tag of this task's checkpoints.
+    const CHECKPOINT_FORMAT: &'static str;
+    /// With a weight average, the file that keeps the best trained weights apart from
+    /// `best.safetensors` (which the average may win), or `None` not to keep them.
+    const BEST_TRAINED_FILE: Option<&'static str> = None;
+
+    fn epochs(&self) -> usize;
+    /// Batches between resumable checkpoints (0: at epoch ends only).
+    fn checkpoint_interval(&self) -> usize;
+    /// The task's configuration as saved in checkpoints.
+    fn config_toml(&self) -> String;
+    /// The model being trained and its parameters.
+    fn model(&self) -> &Self::Model;
+    fn params(&self) -> &Params;
+    /// A second model of the same configuration (the weight average's).
+    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<Self::Model>;
+    /// Saves weights with what it takes to rebuild the model.
+    fn save_weights(&self, path: &Path, params: &Params) -> Result<()>;
+
+    /// Prepares `epoch` (1-based: its batch order, its learning rate); returns its number of
+    /// batches.
+    fn start_epoch(&mut self, epoch: usize) -> Result<usize>;
+    /// One optimizer step on batch `index` of the epoch; `step` steps came before it.
+    fn train_step(&mut self, index: usize, step: usize, rng: &Rng) -> Result<StepStats>;
+    /// Whether a log line is due after batch `index` (0-based) of `batches`.
+    fn log_due(&self, index: usize, batches: usize) -> bool;
+    /// The log line for the batches since the last one, and its record.
+    fn log_line(&self, w: &LogWindow) -> (String, Metric);
+
+    /// Validation loss (and score) of a model.
+    fn validate(&self, model: &Self::Model) -> Result<Validation>;
+    /// The figure best-model selection compares.
+    fn figure(&self, v: &Validation) -> f64;
+    /// Whether `new` beats `best` (the LM: a lower loss; translation: a higher BLEU).
+    fn better(&self, new: f64, best: f64) -> bool;
+    /// The end-of-epoch log lines.
+    fn epoch_lines(
+        &self,
+        epoch: usize,
+        seconds: f64,
+        train_seconds: f64,
+        validated: &[(Weights, Validation)],
+    ) -> Vec<String>;
+
+    /// Optimizer state for checkpoints: tensors and metadata (none for plain SGD).
+    fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {
+        (Vec::new(), Vec::new())
+    }
+    /// Restores the optimizer from a checkpoint's tensors (taking its own out) and metadata.
+    fn restore_optimizer(
+        &mut self,
+        _tensors: &mut HashMap<String, Tensor>,
+        _meta: &HashMap<String, String>,
+        _path: &Path,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// After the last epoch: tests the best model (and the best trained weights where
+    /// the average won); returns the records to append and the test loss of the best model
+    /// (`None` without a test set).
+    fn test(
+        &mut self,
+        run: &Path,
+        state: &RunState,
+        progress: &mut dyn Progress,
+    ) -> Result<(Vec<Metric>, Option<f64>)>;
+}
+
+/// A checkpoint to resume from: its tensors (weights, optimizer, average), metadata and
+/// state.
+pub struct Saved {
+    pub tensors: HashMap<String, Tensor>,
+    pub meta: HashMap<String, String>,
+    pub state: RunState,
+}
+
+impl Saved {
+    /// Loads `run`'s checkpoint, checks its tag, and parses its state.
+    pub fn load(run: &Path, format: &str, device: &Device) -> Result<Self> {
+        let path = checkpoint_path(run);
+        let (tensors, meta) = load_tagged(&path, format, device)?;
+        let state = meta_json(&path, &meta, "state")?;
+        Ok(Self {
+            tensors,
+            meta,
+            state,
+        })
+    }
+
+    /// The configuration the checkpoint was written with, as TOML text.
+    pub fn config_text(&self, run: &Path) -> Result<&str> {
+        self.meta
+            .get("config")
+            .map(String::as_str)
+            .ok_or_else(|| Error::Checkpoint {
+                path: checkpoint_path(run),
+                msg: "no config in the metadata".into(),
+            })
+    }
+}
+
+/// Whether a checkpoint's configuration predates weight averaging (no `average_decay`): such
+/// a run continues as it was configured, without an average.
+pub fn predates_averaging(config_toml: &str) -> bool {
+    toml::from_str::<toml::Table>(config_toml).is_ok_and(|t| !t.contains_key("average_decay"))
+}
+
+/// What a finished (or stopped) run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub state: RunState,
+    /// The best model's test loss, once tested.
+    pub test_loss: Option<f64>,
+    /// The loss of every step taken in this invocation.
+    pub step_losses: Vec<f64>,
+}
+
+fn save_run_checkpoint<T: Task>(
+    run: &Path,
+    task: &T,
+    average: Option<&WeightAverage<T::Model>>,
+    state: &RunState,
+) -> Result<()> {
+    let mut tensors = params_tensors(task.params());
+    let (opt_tensors, opt_meta) = task.optimizer_state();
+    tensors.extend(opt_tensors);
+    if let Some(avg) = average {
+        tensors.extend(avg.checkpoint_tensors());
+    }
+    save_tagged(
+        &checkpoint_path(run),
+        &tensors,
+        T::CHECKPOINT_FORMAT,
+        state_meta(state, task.config_toml())
+            .into_iter()
+            .chain(opt_meta),
+    )
+}
+
+/// Trains `task` in the run directory `opts.out` (already opened with [`open_run_dir`]),
+/// from `saved` when resuming (else dropout starts from `dropout_seed`); `average_decay` > 0 validates a moving average of the
+/// weights beside them, updated every `average_every` steps.
+///
+/// The loop, in a fixed order: per batch, stop if asked (saving a checkpoint), one step,
+/// update the average, log when due, checkpoint every `checkpoint_interval` batches; per
+/// epoch, validate the trained weights and the average, keep the better as the best model,
+/// checkpoint, plot; at the end, test the best model.
+pub fn run<T: Task, C>(
+    task: &mut T,
+    opts: &RunOptions<C>,
+    saved: Option<Saved>,
+    dropout_seed: u64,
+    average_decay: f64,
+    average_every: usize,
+    progress: &mut dyn Progress,
+) -> Result<RunSummary> {
+    let run = &opts.out;
+    let mut average = if average_decay > 0.0 {
+        Some(WeightAverage::new(
+            task.params(),
+            average_decay,
+            average_every,
+            |pb| task.build_model(pb),
+        )?)
+    } else {
+        None
+    };
+    let mut state = RunState::new(dropout_seed);
+    if let Some(mut saved) = saved {
+        let path = checkpoint_path(run);
+        match &mut average {
+            Some(avg) => avg.restore(&mut saved.tensors, saved.state.step, &path)?,
+            None => {
+                crate::average::take_average(&mut saved.tensors);
+            }
+        }
+        task.restore_optimizer(&mut saved.tensors, &saved.meta, &path)?;
+        task.params()
+            .assign(&saved.tensors)
+            .map_err(|e| Error::Checkpoint {
+                path: path.clone(),
+                msg: e.to_string(),
+            })?;
+        state = saved.state;
+        metrics::truncate_after(&metrics_path(run), state.step)?;
+        progress.line(&format!(
+            "resuming {} at epoch {} batch {} (step {})",
+            run.display(),
+            state.epoch,
+            state.next_batch,
+            state.step
+        ));
+    }
+    let rng = Rng::from_state(state.rng.0, state.rng.1);
+    let mut step_losses = Vec::new();
+    let stopped = |state: RunState, step_losses: Vec<f64>| RunSummary {
+        state,
+        test_loss: None,
+        step_losses,
+    };
+
+    while state.epoch <= task.epochs() {
+        let epoch = state.epoch;
+        let batches = task.start_epoch(epoch)?;
+        let epoch_start = Instant::now();
+        let mut log_start = Instant::now();
+        for index in state.next_batch..batches {
+            let taken = step_losses.len();
+            if opts.crash_after_steps == Some(taken) {
+                return Ok(stopped(state, step_losses));
+            }
+            if opts.stop_after_steps == Some(taken) || opts.interrupted() {
+                save_run_checkpoint(run, task, average.as_ref(), &state)?;
+                progress.line(&format!(
+                    "stopped: checkpoint saved after step {}",
+                    state.step
+                ));
+                return Ok(stopped(state, step_losses));
+            }
+            let s = task.train_step(index, state.step, &rng)?;
+            step_losses.push(s.loss);
+            state.step += 1;
+            if let Some(avg) = &mut average {
+                avg.after_step(state.step, task.params())?;
+            }
+            state.next_batch = index + 1;
+            state.rng = rng.state();
+            state.log_loss_sum += s.loss;
+            state.log_nll_sum += s.nll;
+            state.log_batches += 1;
+            state.log_tokens += s.tokens;
+            progress.batch(epoch, index + 1, batches);
+            crate::checkpoint::test_pause("TRANSFORMER_TEST_STEP_DELAY_MS");
+            if task.log_due(index, batches) {
+                let (line, metric) = task.log_line(&LogWindow {
+                    epoch,
+                    index,
+                    batches,
+                    step: state.step,
+                    loss_sum: state.log_loss_sum,
+                    nll_sum: state.log_nll_sum,
+                    count: state.log_batches,
+                    tokens: state.log_tokens,
+                    seconds: log_start.elapsed().as_secs_f64(),
+                });
+                progress.line(&line);
+                metrics::append(&metrics_path(run), &metric)?;
+                state.log_loss_sum = 0.0;
+                state.log_nll_sum = 0.0;
+                state.log_batches = 0;
+                state.log_tokens = 0;
+                log_start = Instant::now();
+            }
+            let every = task.checkpoint_interval();
+            if every > 0 && state.next_batch.is_multiple_of(every) {
+                save_run_checkpoint(run, task, average.as_ref(), &state)?;
+            }
+        }
+
+        // Validation of the trained weights and of their average; the better is the best
+        // model.
+        let train_seconds = epoch_start.elapsed().as_secs_f64();
+        let mut validated = vec![(Weights::Sgd, task.validate(task.model())?)];
+        if let Some(avg) = &average {
+            validated.push((Weights::Average, task.validate(&avg.model)?));
+        }
+        let seconds = epoch_start.elapsed().as_secs_f64();
+        for line in task.epoch_lines(epoch, seconds, train_seconds, &validated) {
+            progress.line(&line);
+        }
+        for &(weights, v) in &validated {
+            metrics::append(
+                &metrics_path(run),
+                &Metric::Valid {
+                    step: state.step,
+                    epoch,
+                    loss: v.loss,
+                    ppl: v.loss.exp(),
+                    epoch_seconds: seconds,
+                    weights,
+                    bleu: v.bleu,
+                },
+            )?;
+            let params = match weights {
+                Weights::Sgd => task.params(),
+                Weights::Average => &average.as_ref().expect("validated").params,
+            };
+            let figure = task.figure(&v);
+            if let Some(file) = T::BEST_TRAINED_FILE {
+                if average.is_some()
+                    && weights == Weights::Sgd
+                    && state.best_trained.is_none_or(|b| task.better(figure, b))
+                {
+                    state.best_trained = Some(figure);
+                    task.save_weights(&run.join(file), params)?;
+                }
+            }
+            if state.best.is_none_or(|b| task.better(figure, b)) {
+                state.best = Some(figure);
+                state.best_weights = weights;
+                state.best_epoch = epoch;
+                task.save_weights(&best_path(run), params)?;
+            }
+        }
+        state.epoch += 1;
+        state.next_batch = 0;
+        state.log_loss_sum = 0.0;
+        state.log_nll_sum = 0.0;
+        state.log_batches = 0;
+        state.log_tokens = 0;
+        save_run_checkpoint(run, task, average.as_ref(), &state)?;
+        metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
+    }
+
+    let (records, test_loss) = task.test(run, &state, progress)?;
+    if !state.finished {
+        for m in &records {
+            metrics::append(&metrics_path(run), m)?;
+        }
+        state.finished = true;
+        save_run_checkpoint(run, task, average.as_ref(), &state)?;
+    }
+    metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
+    Ok(RunSummary {
+        state,
+        test_loss,
+        step_losses,
     })
 }

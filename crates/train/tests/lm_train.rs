@@ -74,6 +74,7 @@ fn fresh(cfg: LmTrainConfig, out: PathBuf) -> TrainOptions {
         out,
         resume: false,
         stop_after_steps: None,
+        crash_after_steps: None,
         interrupt: None,
         device: Device::Cpu,
     }
@@ -98,7 +99,8 @@ fn resumed_run_matches_uninterrupted_run() {
         config: cfg.clone(),
         out,
         resume,
-        stop_after_steps: stop,
+        stop_after_steps: None,
+        crash_after_steps: stop,
         interrupt: None,
         device: Device::Cpu,
     };
@@ -288,6 +290,7 @@ fn interrupt_checkpoints_the_exact_step() {
         out,
         resume,
         stop_after_steps: None,
+        crash_after_steps: None,
         interrupt: flag,
         device: Device::Cpu,
     };
@@ -333,7 +336,8 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
             config: cfg.clone(),
             out,
             resume,
-            stop_after_steps: stop,
+            stop_after_steps: None,
+            crash_after_steps: stop,
             interrupt: None,
             device: Device::Cpu,
         };
@@ -461,6 +465,7 @@ fn eos_per_line_runs_evaluate_their_own_way() {
         out: run.clone(),
         resume: false,
         stop_after_steps: None,
+        crash_after_steps: None,
         interrupt: None,
         device: Device::Cpu,
     };
@@ -528,7 +533,7 @@ fn weight_average_is_a_read_out() {
         .chain(&sgd)
         .copied()
         .fold(f64::INFINITY, f64::min);
-    assert_eq!(b.state.best_val_loss, Some(best));
+    assert_eq!(b.state.best, Some(best));
     let winner = if avg.contains(&best) {
         Weights::Average
     } else {
@@ -577,7 +582,7 @@ fn checkpoint_from_before_averaging_resumes_without_it() {
     let a = lm::train(&fresh(cfg.clone(), straight.clone()), &mut Quiet).unwrap();
     let old = temp_dir("old-split");
     let stopped = TrainOptions {
-        stop_after_steps: Some(7),
+        crash_after_steps: Some(7),
         ..fresh(cfg.clone(), old.clone())
     };
     lm::train(&stopped, &mut Quiet).unwrap();

@@ -74,6 +74,7 @@ fn opts(cfg: &MtTrainConfig, out: &Path, resume: bool, stop: Option<usize>) -> M
         out: out.to_path_buf(),
         resume,
         stop_after_steps: stop,
+        crash_after_steps: None,
         interrupt: None,
         device: candle_core::Device::Cpu,
     }

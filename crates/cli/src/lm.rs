@@ -306,8 +306,24 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 device,
             };
             let mut console = Console::new("batches");
-            let summary = lm::train(&opts, &mut console)?;
+            let summary = lm::train(&opts, &mut console);
             console.finish();
+            // The library says what the data folder must hold; the flag that sets it is ours.
+            let summary = summary.map_err(|e| {
+                let data_error = matches!(
+                    &e,
+                    transformer_train::Error::Text(
+                        transformer_text::Error::MissingDataDir { .. }
+                            | transformer_text::Error::MissingSplit { .. }
+                    )
+                );
+                let e = anyhow::Error::from(e);
+                if data_error {
+                    e.context("the data folder is wrong: pass --data DIR")
+                } else {
+                    e
+                }
+            })?;
             if summary.test_loss.is_none() {
                 println!(
                     "stopped after {} steps; continue with: transformer lm train --out {} --resume",

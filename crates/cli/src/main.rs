@@ -5,11 +5,13 @@
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
 use std::time::Instant;
 use transformer_model::{
-    Activation, LmConfig, ParamBuilder, Rng, Seq2Seq, TransformerConfig, TransformerLm,
+    Activation, LmConfig, ParamBuilder, Seq2Seq, TransformerConfig, TransformerLm,
 };
 use transformer_train::copy_task::{self, CopyTaskConfig};
+use transformer_train::runner::RunOptions;
 
 mod bench;
 mod bleu;
@@ -76,6 +78,10 @@ struct CopyArgs {
     /// Print the loss every N steps.
     #[arg(long, default_value_t = 100)]
     log_every: usize,
+    /// Keep the run directory here (config, checkpoint, best weights, metrics, loss plot);
+    /// without it the run lives in a temporary folder removed at the end.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -167,38 +173,42 @@ fn copy(args: CopyArgs) -> Result<()> {
         cfg.vocab, cfg.seq_len, cfg.batch_size, m.d_model, m.nhead, m.num_encoder_layers,
         m.num_decoder_layers, m.dim_feedforward, m.dropout
     );
-    let start = Instant::now();
-    let every = args.log_every.max(1);
-    let trained = copy_task::train(&cfg, &dev, |step, loss, lr| {
-        if step % every == 0 || step == 1 || step == cfg.steps {
-            let elapsed = start.elapsed().as_secs_f64();
-            let eta = elapsed / step as f64 * (cfg.steps - step) as f64;
-            println!(
-                "step {step:>5}/{} | lr {lr:.2e} | loss {loss:.4} | {:.1} ms/step | eta {eta:.0}s",
-                cfg.steps,
-                1e3 * elapsed / step as f64
-            );
-        }
-    })?;
-    println!(
-        "trained in {:.1}s, {} parameters",
-        start.elapsed().as_secs_f64(),
-        trained.params.num_elements()
-    );
-
-    let held_out = CopyTaskConfig {
-        batch_size: 100,
-        ..cfg.clone()
+    let (out, temporary) = match &args.out {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("transformer-copy-{}", std::process::id())),
+            true,
+        ),
     };
-    let src = copy_task::random_batch(&Rng::new(args.seed ^ 0xdead_beef), &held_out, &dev)?;
-    let acc = copy_task::copy_accuracy(&trained.model, &src)?;
-    let decoded = copy_task::greedy_copies(&trained.model, &src)?;
-    for (row, out) in src.to_vec2::<u32>()?.iter().zip(&decoded).take(3) {
-        println!("  source {:?}\n  greedy {:?}", &row[1..], out);
+    if temporary {
+        let _ = std::fs::remove_dir_all(&out);
     }
+    let opts = RunOptions {
+        config: CopyTaskConfig {
+            log_every: args.log_every.max(1),
+            ..cfg
+        },
+        out: out.clone(),
+        resume: false,
+        stop_after_steps: None,
+        crash_after_steps: None,
+        interrupt: None,
+        device: dev,
+    };
+    let start = Instant::now();
+    let mut console = lm::Console::new("steps");
+    let summary = copy_task::train(&opts, &mut console);
+    console.finish();
+    if temporary {
+        let _ = std::fs::remove_dir_all(&out);
+    } else {
+        println!("run directory: {}", out.display());
+    }
+    let summary = summary?;
     println!(
-        "exact copies on 100 held-out sequences: {:.0}%",
-        100.0 * acc
+        "{} parameters, {:.1}s in all",
+        summary.parameters,
+        start.elapsed().as_secs_f64()
     );
     Ok(())
 }

@@ -131,6 +131,26 @@ fn bad_input_gives_errors_that_say_what_to_do() {
     let out = transformer(&["lm", "train", "--help"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("--resume"));
+
+    // A data folder that does not exist: the folder, what it must hold, and the flag.
+    let run = std::env::temp_dir().join(format!("cli-nodata-{}", std::process::id()));
+    let out = transformer(&[
+        "lm",
+        "train",
+        "--data",
+        "/nonexistent/wikitext",
+        "--out",
+        s(&run),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/nonexistent/wikitext")
+            && err.contains("train.txt")
+            && err.contains("--data"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(run);
 }
 
 /// The older tutorial's state dict (the embedding named `encoder`, the output layer

@@ -166,7 +166,9 @@ pub fn build_vocab_with(train_path: &Path, line_end: LineEnd) -> Result<Vocab> {
     Ok(counts_of(train_path, None, line_end)?.into_vocab())
 }
 
-fn split_paths(dir: &Path) -> Result<[PathBuf; 3]> {
+/// The train, valid and test files of a corpus folder; a missing folder or file is an error
+/// that names it and what the folder must hold.
+pub fn split_paths(dir: &Path) -> Result<[PathBuf; 3]> {
     if !dir.is_dir() {
         return Err(Error::MissingDataDir {
             dir: dir.to_path_buf(),
@@ -358,9 +360,7 @@ mod tests {
         let err = Corpus::load(&dir.join("nope")).unwrap_err().to_string();
         assert!(err.starts_with("data directory "), "{err}");
         assert!(
-            err.contains(
-                "pass --data DIR pointing at a folder with train.txt, valid.txt, test.txt"
-            ),
+            err.contains("choose a data folder that holds train.txt, valid.txt and test.txt"),
             "{err}"
         );
 
@@ -386,9 +386,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(
-                "pass --data DIR pointing at a folder with train.txt, valid.txt, test.txt"
-            ),
+            text.contains("choose a data folder that holds train.txt, valid.txt and test.txt"),
             "{text}"
         );
 

@@ -16,8 +16,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// The data directory given for a corpus does not exist.
     #[error(
-        "data directory {} does not exist: pass --data DIR pointing at a folder with \
-         train.txt, valid.txt, test.txt (WikiText-2's tokenized splits)",
+        "data directory {} does not exist: choose a data folder that holds train.txt, \
+         valid.txt and test.txt (WikiText-2's tokenized splits)",
         .dir.display()
     )]
     MissingDataDir {
@@ -27,8 +27,8 @@ pub enum Error {
 
     /// One split file of a corpus directory is missing.
     #[error(
-        "the {split} split {} does not exist: pass --data DIR pointing at a folder with \
-         train.txt, valid.txt, test.txt (WikiText-2's tokenized splits)",
+        "the {split} split {} does not exist: choose a data folder that holds train.txt, \
+         valid.txt and test.txt (WikiText-2's tokenized splits)",
         .path.display()
     )]
     MissingSplit {
@@ -247,8 +247,8 @@ impl fmt::Display for VocabProblem {
 fn split_hint(split: Option<Split>) -> String {
     match split {
         Some(split) => format!(
-            "; the {split} split must hold text: pass --data DIR pointing at a folder with \
-             WikiText-2's train.txt, valid.txt, test.txt"
+            "; the {split} split must hold text: choose a data folder that holds \
+             WikiText-2's train.txt, valid.txt and test.txt"
         ),
         None => String::new(),
     }

@@ -4,16 +4,28 @@
 //! memory, training and decoding end to end.
 
 use crate::clip::clip_grad_norm;
+use crate::error::Result;
 use crate::loss::cross_entropy;
+use crate::metrics::{Metric, Weights};
 use crate::optim::{Adam, NoamSchedule};
-use candle_core::{DType, Device, Result, Tensor};
+use crate::runner::{
+    self, open_run_dir, params_tensors, save_tagged, LogWindow, Progress, RunOptions, RunState,
+    Saved, StepStats, Task, Validation,
+};
+use candle_core::{DType, Device, Tensor, Var};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{Mode, ParamBuilder, Params, Rng, Seq2Seq, TransformerConfig};
 
 pub const PAD: u32 = 0;
 pub const BOS: u32 = 1;
+/// Format tags of the copy task's checkpoints and weight files.
+pub const CHECKPOINT_FORMAT: &str = "transformer-copy-checkpoint/1";
+pub const WEIGHTS_FORMAT: &str = "transformer-copy-weights/1";
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CopyTaskConfig {
     pub model: TransformerConfig,
     /// Symbols 0..vocab (0 = padding, 1 = start).
@@ -26,6 +38,8 @@ pub struct CopyTaskConfig {
     /// Multiplies the Noam learning rate.
     pub lr_factor: f64,
     pub seed: u64,
+    /// A log line every this many steps.
+    pub log_every: usize,
 }
 
 impl Default for CopyTaskConfig {
@@ -42,12 +56,17 @@ impl Default for CopyTaskConfig {
             warmup: 100,
             lr_factor: 1.0,
             seed: 1,
+            log_every: 100,
         }
     }
 }
 
 /// A batch of random sequences; returned as `(B, seq_len)` u32 ids.
-pub fn random_batch(rng: &Rng, cfg: &CopyTaskConfig, device: &Device) -> Result<Tensor> {
+pub fn random_batch(
+    rng: &Rng,
+    cfg: &CopyTaskConfig,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
     let u = rng.uniform_vec(cfg.batch_size * cfg.seq_len);
     let ids: Vec<u32> = u
         .iter()
@@ -63,60 +82,268 @@ pub fn random_batch(rng: &Rng, cfg: &CopyTaskConfig, device: &Device) -> Result<
     Tensor::from_vec(ids, (cfg.batch_size, cfg.seq_len), device)
 }
 
-/// A trained model with its parameters and the loss of every step.
-pub struct Trained {
-    pub model: Seq2Seq,
-    pub params: Params,
-    pub losses: Vec<f64>,
+/// The teacher-forced loss of a batch: predict `data[1..]` from `data[..-1]`, the source
+/// being the whole sequence.
+fn batch_loss(model: &Seq2Seq, data: &Tensor, cfg: &CopyTaskConfig, mode: Mode) -> Result<Tensor> {
+    let (b, s) = data.dims2()?;
+    let t = s - 1;
+    let (tgt_in, tgt_out) = (data.narrow(1, 0, t)?, data.narrow(1, 1, t)?);
+    let masks = Seq2SeqMasks::new(data, &tgt_in, PAD)?;
+    let logits = model.forward(data, &tgt_in, &masks, mode)?;
+    let (loss, _) = cross_entropy(
+        &logits.reshape((b * t, cfg.vocab))?,
+        &tgt_out.flatten_all()?,
+        Some(PAD),
+    )?;
+    Ok(loss)
 }
 
-/// Trains from scratch; `on_step(step, loss, lr)` is called after every step.
+/// The copy task on the [`crate::runner`]: one epoch of `steps` random batches, Adam with
+/// the warm-up schedule; validated (teacher-forced loss) and tested (exact greedy copies) on
+/// held-out batches.
+struct CopyTask {
+    cfg: CopyTaskConfig,
+    model: Seq2Seq,
+    params: Params,
+    vars: Vec<Var>,
+    opt: Adam,
+    schedule: NoamSchedule,
+    device: Device,
+    /// Held-out sequences (their own seed): validation and test.
+    held_out: Tensor,
+    /// Exact copies of the best model on the held-out sequences, once tested.
+    accuracy: Option<f64>,
+}
+
+impl Task for CopyTask {
+    type Model = Seq2Seq;
+    const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
+
+    fn epochs(&self) -> usize {
+        1
+    }
+    fn checkpoint_interval(&self) -> usize {
+        0
+    }
+    fn config_toml(&self) -> String {
+        toml::to_string(&self.cfg).expect("config serializes")
+    }
+    fn model(&self) -> &Seq2Seq {
+        &self.model
+    }
+    fn params(&self) -> &Params {
+        &self.params
+    }
+    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<Seq2Seq> {
+        Seq2Seq::new(pb, &self.cfg.model, self.cfg.vocab, self.cfg.vocab)
+    }
+    fn save_weights(&self, path: &Path, params: &Params) -> Result<()> {
+        save_tagged(path, &params_tensors(params), WEIGHTS_FORMAT, [])
+    }
+
+    fn start_epoch(&mut self, _epoch: usize) -> Result<usize> {
+        Ok(self.cfg.steps)
+    }
+
+    /// The batch is drawn from the run's RNG (resumed with it), then dropout from the same.
+    fn train_step(&mut self, _index: usize, step: usize, rng: &Rng) -> Result<StepStats> {
+        let data = random_batch(rng, &self.cfg, &self.device)?;
+        let loss = batch_loss(&self.model, &data, &self.cfg, Mode::Train(rng))?;
+        let mut grads = loss.backward()?;
+        clip_grad_norm(&mut grads, &self.vars, 1.0)?;
+        self.opt.lr = self.schedule.lr(step + 1);
+        self.opt.step(&grads)?;
+        let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        Ok(StepStats {
+            loss,
+            nll: loss,
+            tokens: self.cfg.batch_size * (self.cfg.seq_len - 1),
+        })
+    }
+
+    fn log_due(&self, index: usize, batches: usize) -> bool {
+        index == 0 || (index + 1).is_multiple_of(self.cfg.log_every.max(1)) || index + 1 == batches
+    }
+
+    fn log_line(&self, w: &LogWindow) -> (String, Metric) {
+        let loss = w.loss_sum / w.count.max(1) as f64;
+        let ms = w.seconds * 1e3 / w.count.max(1) as f64;
+        let lr = self.opt.lr;
+        (
+            format!(
+                "step {:>5}/{} | lr {lr:.2e} | loss {loss:.4} | {ms:.1} ms/step",
+                w.index + 1,
+                w.batches
+            ),
+            Metric::Train {
+                step: w.step,
+                epoch: w.epoch,
+                batch: w.index + 1,
+                batches: w.batches,
+                lr,
+                ms_per_batch: ms,
+                loss,
+                ppl: loss.exp(),
+            },
+        )
+    }
+
+    fn validate(&self, model: &Seq2Seq) -> Result<Validation> {
+        let loss = batch_loss(model, &self.held_out, &self.cfg, Mode::Eval)?;
+        Ok(Validation {
+            loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            bleu: None,
+        })
+    }
+    fn figure(&self, v: &Validation) -> f64 {
+        v.loss
+    }
+    fn better(&self, new: f64, best: f64) -> bool {
+        new < best
+    }
+
+    fn epoch_lines(
+        &self,
+        _epoch: usize,
+        secs: f64,
+        _train_seconds: f64,
+        validated: &[(Weights, Validation)],
+    ) -> Vec<String> {
+        validated
+            .iter()
+            .map(|(w, v)| {
+                format!(
+                    "trained in {secs:.1}s; held-out loss of {}: {:.4}",
+                    w.describe(),
+                    v.loss
+                )
+            })
+            .collect()
+    }
+
+    fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {
+        self.opt.checkpoint_state()
+    }
+
+    fn restore_optimizer(
+        &mut self,
+        tensors: &mut HashMap<String, Tensor>,
+        meta: &HashMap<String, String>,
+        path: &Path,
+    ) -> Result<()> {
+        self.opt.restore_checkpoint_state(tensors, meta, path)
+    }
+
+    /// Exact greedy copies of the held-out sequences by the best model.
+    fn test(
+        &mut self,
+        run: &Path,
+        state: &RunState,
+        progress: &mut dyn Progress,
+    ) -> Result<(Vec<Metric>, Option<f64>)> {
+        let pb = ParamBuilder::new(DType::F32, &self.device, 0);
+        let best = self.build_model(&pb)?;
+        let (tensors, _) =
+            runner::load_tagged(&crate::runner::best_path(run), WEIGHTS_FORMAT, &self.device)?;
+        pb.params().assign(&tensors)?;
+        let loss = self.validate(&best)?.loss;
+        let acc = copy_accuracy(&best, &self.held_out)?;
+        let decoded = greedy_copies(&best, &self.held_out)?;
+        for (row, out) in self.held_out.to_vec2::<u32>()?.iter().zip(&decoded).take(3) {
+            progress.line(&format!("  source {:?}\n  greedy {:?}", &row[1..], out));
+        }
+        progress.line(&format!(
+            "exact copies on {} held-out sequences: {:.0}%",
+            decoded.len(),
+            100.0 * acc
+        ));
+        self.accuracy = Some(acc);
+        let record = Metric::Test {
+            step: state.step,
+            loss,
+            ppl: loss.exp(),
+            weights: state.best_weights,
+            bleu: None,
+        };
+        Ok((vec![record], Some(loss)))
+    }
+}
+
+/// A finished copy-task run: the loss of every step and the exact-copy rate of the trained
+/// model on 100 held-out sequences.
+pub struct CopySummary {
+    pub losses: Vec<f64>,
+    pub accuracy: Option<f64>,
+    pub parameters: usize,
+}
+
+/// Trains the copy task from scratch (or resumes it) in the run directory `opts.out`.
 pub fn train(
-    cfg: &CopyTaskConfig,
-    device: &Device,
-    mut on_step: impl FnMut(usize, f64, f64),
-) -> Result<Trained> {
-    let pb = ParamBuilder::new(DType::F32, device, cfg.seed);
+    opts: &RunOptions<CopyTaskConfig>,
+    progress: &mut dyn Progress,
+) -> Result<CopySummary> {
+    let run = &opts.out;
+    let dev = &opts.device;
+    let resuming = open_run_dir(run, opts.resume)?;
+    let (cfg, saved) = if resuming {
+        let saved = Saved::load(run, CHECKPOINT_FORMAT, dev)?;
+        let cfg: CopyTaskConfig = toml::from_str(saved.config_text(run)?).map_err(|e| {
+            crate::error::Error::Checkpoint {
+                path: crate::runner::checkpoint_path(run),
+                msg: e.to_string(),
+            }
+        })?;
+        (cfg, Some(saved))
+    } else {
+        (opts.config.clone(), None)
+    };
+    let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
     let model = Seq2Seq::new(&pb, &cfg.model, cfg.vocab, cfg.vocab)?;
     let params = pb.params();
     let vars = params.vars();
-    let mut opt = Adam::new(vars.clone(), 0.0)?;
-    let schedule = NoamSchedule {
-        d_model: cfg.model.d_model,
-        warmup: cfg.warmup,
-        factor: cfg.lr_factor,
-    };
-    let rng = Rng::new(cfg.seed.wrapping_add(1));
-    let mut losses = Vec::with_capacity(cfg.steps);
-    for step in 1..=cfg.steps {
-        let data = random_batch(&rng, cfg, device)?;
-        // Teacher forcing: predict tgt[1..] from tgt[..-1]; the source is the whole sequence.
-        let t = cfg.seq_len - 1;
-        let (tgt_in, tgt_out) = (data.narrow(1, 0, t)?, data.narrow(1, 1, t)?);
-        let masks = Seq2SeqMasks::new(&data, &tgt_in, PAD)?;
-        let logits = model.forward(&data, &tgt_in, &masks, Mode::Train(&rng))?;
-        let (loss, _) = cross_entropy(
-            &logits.reshape((cfg.batch_size * t, cfg.vocab))?,
-            &tgt_out.flatten_all()?,
-            Some(PAD),
-        )?;
-        let mut grads = loss.backward()?;
-        clip_grad_norm(&mut grads, &vars, 1.0)?;
-        opt.lr = schedule.lr(step);
-        opt.step(&grads)?;
-        let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        losses.push(loss);
-        on_step(step, loss, opt.lr);
-    }
-    Ok(Trained {
+    let held_out = random_batch(
+        &Rng::new(cfg.seed ^ 0xdead_beef),
+        &CopyTaskConfig {
+            batch_size: 100,
+            ..cfg.clone()
+        },
+        dev,
+    )?;
+    let mut task = CopyTask {
+        opt: Adam::new(vars.clone(), 0.0)?,
+        schedule: NoamSchedule {
+            d_model: cfg.model.d_model,
+            warmup: cfg.warmup,
+            factor: cfg.lr_factor,
+        },
+        vars,
         model,
         params,
-        losses,
+        device: dev.clone(),
+        held_out,
+        accuracy: None,
+        cfg,
+    };
+    let parameters = task.params.num_elements();
+    let seed = task.cfg.seed;
+    let s = runner::run(
+        &mut task,
+        opts,
+        saved,
+        seed.wrapping_add(1),
+        0.0,
+        1,
+        progress,
+    )?;
+    Ok(CopySummary {
+        losses: s.step_losses,
+        accuracy: task.accuracy,
+        parameters,
     })
 }
 
 /// Greedy-decodes `src` (B, seq_len): `seq_len - 1` symbols per row (no end token).
-pub fn greedy_copies(model: &Seq2Seq, src: &Tensor) -> Result<Vec<Vec<u32>>> {
+pub fn greedy_copies(model: &Seq2Seq, src: &Tensor) -> candle_core::Result<Vec<Vec<u32>>> {
     let (_, s) = src.dims2()?;
     let opts = transformer_decode::DecodeOptions {
         beam: 1,
@@ -135,7 +362,7 @@ pub fn greedy_copies(model: &Seq2Seq, src: &Tensor) -> Result<Vec<Vec<u32>>> {
 }
 
 /// Greedy-decodes `src` (B, seq_len) and returns the fraction of sequences copied exactly.
-pub fn copy_accuracy(model: &Seq2Seq, src: &Tensor) -> Result<f64> {
+pub fn copy_accuracy(model: &Seq2Seq, src: &Tensor) -> candle_core::Result<f64> {
     let (b, _) = src.dims2()?;
     let decoded = greedy_copies(model, src)?;
     let rows = src.to_vec2::<u32>()?;

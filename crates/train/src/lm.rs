@@ -223,6 +223,7 @@ impl LmData {
     /// Reads `dir`/{train,valid,test}.txt; the vocabulary is built from train unless given
     /// (a resumed run uses the one it saved).
     pub fn load(dir: &Path, cfg: &LmTrainConfig, vocab: Option<Vocab>) -> Result<Self> {
+        transformer_text::corpus::split_paths(dir)?;
         let vocab = match vocab {
             Some(v) => v,
             None => build_vocab_with(&dir.join(Split::Train.file_name()), cfg.line_end())?,

@@ -50,8 +50,6 @@ use transformer_text::subword::{BpeOptions, Subword, TextTokenizer};
 pub const CHECKPOINT_FORMAT: &str = "transformer-mt-checkpoint/1";
 /// Format tag of translation weight files.
 pub const WEIGHTS_FORMAT: &str = "transformer-mt-weights/1";
-const ADAM_M: &str = "adam.m.";
-const ADAM_V: &str = "adam.v.";
 
 /// The bundled corpora, read in place from the shared data folder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -840,12 +838,7 @@ impl Task for MtTask {
     }
 
     fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {
-        let mut tensors = Vec::new();
-        for (i, (m, v)) in self.opt.moments.iter().enumerate() {
-            tensors.push((format!("{ADAM_M}{i}"), m.clone()));
-            tensors.push((format!("{ADAM_V}{i}"), v.clone()));
-        }
-        (tensors, vec![("adam_step", self.opt.step.to_string())])
+        self.opt.checkpoint_state()
     }
 
     fn restore_optimizer(
@@ -854,23 +847,7 @@ impl Task for MtTask {
         meta: &HashMap<String, String>,
         path: &Path,
     ) -> Result<()> {
-        let bad = |msg: String| Error::Checkpoint {
-            path: path.into(),
-            msg,
-        };
-        for (i, (m, v)) in self.opt.moments.iter_mut().enumerate() {
-            *m = tensors
-                .remove(&format!("{ADAM_M}{i}"))
-                .ok_or_else(|| bad(format!("no Adam first moment for parameter {i}")))?;
-            *v = tensors
-                .remove(&format!("{ADAM_V}{i}"))
-                .ok_or_else(|| bad(format!("no Adam second moment for parameter {i}")))?;
-        }
-        self.opt.step = meta
-            .get("adam_step")
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| bad("no adam_step".into()))?;
-        Ok(())
+        self.opt.restore_checkpoint_state(tensors, meta, path)
     }
 
     /// The best model translates the test set with beam search.

@@ -147,6 +147,10 @@ impl InplaceOp2 for Axpy {
     }
 }
 
+/// Prefixes of Adam's moments in checkpoints.
+pub const ADAM_M: &str = "adam.m.";
+pub const ADAM_V: &str = "adam.v.";
+
 /// Adam (Kingma & Ba 2015) with bias correction, the paper's optimizer (section 5.3:
 /// beta1 0.9, beta2 0.98, eps 1e-9). Its moments are public for checkpoints.
 #[derive(Debug, Clone)]
@@ -163,6 +167,43 @@ pub struct Adam {
 }
 
 impl Adam {
+    /// The optimizer's state as a checkpoint stores it: tensors `adam.m.<i>`, `adam.v.<i>`
+    /// (one pair per parameter, in order) and the step count as metadata `adam_step`.
+    pub fn checkpoint_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {
+        let mut tensors = Vec::with_capacity(2 * self.moments.len());
+        for (i, (m, v)) in self.moments.iter().enumerate() {
+            tensors.push((format!("{ADAM_M}{i}"), m.clone()));
+            tensors.push((format!("{ADAM_V}{i}"), v.clone()));
+        }
+        (tensors, vec![("adam_step", self.step.to_string())])
+    }
+
+    /// Restores what [`Adam::checkpoint_state`] saved, taking its tensors out of `tensors`;
+    /// `path` names the checkpoint in errors.
+    pub fn restore_checkpoint_state(
+        &mut self,
+        tensors: &mut std::collections::HashMap<String, Tensor>,
+        meta: &std::collections::HashMap<String, String>,
+        path: &std::path::Path,
+    ) -> crate::error::Result<()> {
+        let bad = |msg: String| crate::error::Error::Checkpoint {
+            path: path.into(),
+            msg,
+        };
+        for (i, (m, v)) in self.moments.iter_mut().enumerate() {
+            *m = tensors
+                .remove(&format!("{ADAM_M}{i}"))
+                .ok_or_else(|| bad(format!("no Adam first moment for parameter {i}")))?;
+            *v = tensors
+                .remove(&format!("{ADAM_V}{i}"))
+                .ok_or_else(|| bad(format!("no Adam second moment for parameter {i}")))?;
+        }
+        self.step = meta
+            .get("adam_step")
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("no adam_step".into()))?;
+        Ok(())
+    }
     /// Section 5.3's hyper-parameters; `lr` is usually set each step by [`NoamSchedule`].
     pub fn new(vars: Vec<Var>, lr: f64) -> Result<Self> {
         let moments = vars

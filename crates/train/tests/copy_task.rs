@@ -1,26 +1,39 @@
-//! End to end: the copy task trains from scratch and decodes its inputs back.
+//! End to end: the copy task trains from scratch on the runner and decodes its inputs back;
+//! stopped midway and resumed, it gives the same losses and the same result.
 
-use candle_core::{Device, Result};
-use transformer_model::Rng;
-use transformer_train::copy_task::{copy_accuracy, random_batch, train, CopyTaskConfig};
+use candle_core::Device;
+use transformer_train::copy_task::{train, CopyTaskConfig};
+use transformer_train::runner::{Progress, RunOptions};
+
+struct Quiet;
+impl Progress for Quiet {
+    fn line(&mut self, _: &str) {}
+}
+
+fn opts(name: &str, resume: bool, stop: Option<usize>) -> RunOptions<CopyTaskConfig> {
+    let out = std::env::temp_dir().join(format!("copy-test-{name}-{}", std::process::id()));
+    if !resume {
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    RunOptions {
+        config: CopyTaskConfig::default(),
+        out,
+        resume,
+        stop_after_steps: stop,
+        crash_after_steps: None,
+        interrupt: None,
+        device: Device::Cpu,
+    }
+}
 
 #[test]
-fn copy_task_trains_and_decodes_inputs_back() -> Result<()> {
+fn copy_task_trains_and_decodes_inputs_back() {
     let cfg = CopyTaskConfig::default();
-    let dev = Device::Cpu;
     let start = std::time::Instant::now();
-    let trained = train(&cfg, &dev, |_, _, _| {})?;
-    let first: f64 = trained.losses[..10].iter().sum::<f64>() / 10.0;
-    let last: f64 = trained.losses[cfg.steps - 10..].iter().sum::<f64>() / 10.0;
-    let src = random_batch(
-        &Rng::new(12345),
-        &CopyTaskConfig {
-            batch_size: 64,
-            ..cfg.clone()
-        },
-        &dev,
-    )?;
-    let acc = copy_accuracy(&trained.model, &src)?;
+    let whole = train(&opts("whole", false, None), &mut Quiet).unwrap();
+    let first: f64 = whole.losses[..10].iter().sum::<f64>() / 10.0;
+    let last: f64 = whole.losses[cfg.steps - 10..].iter().sum::<f64>() / 10.0;
+    let acc = whole.accuracy.unwrap();
     eprintln!(
         "copy task: loss {first:.3} -> {last:.3} in {} steps, {:.1}s; exact copies {:.1}%",
         cfg.steps,
@@ -37,5 +50,16 @@ fn copy_task_trains_and_decodes_inputs_back() -> Result<()> {
         "only {:.0}% of sequences copied exactly",
         100.0 * acc
     );
-    Ok(())
+
+    // Stopped after 300 steps (with a checkpoint) and resumed: the same run.
+    let part = train(&opts("split", false, Some(300)), &mut Quiet).unwrap();
+    assert!(part.accuracy.is_none());
+    let rest = train(&opts("split", true, None), &mut Quiet).unwrap();
+    let mut all = part.losses;
+    all.extend(rest.losses);
+    assert_eq!(all, whole.losses);
+    assert_eq!(rest.accuracy, whole.accuracy);
+    for name in ["whole", "split"] {
+        let _ = std::fs::remove_dir_all(opts(name, true, None).out);
+    }
 }

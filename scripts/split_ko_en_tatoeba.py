@@ -5,7 +5,7 @@ md5 of the English text mod 20 = 0 -> valid, 1 -> test, else train), with JHE de
 added to train.
 
     python3 scripts/split_ko_en_tatoeba.py ../shared/data/ko-en runs/ko-en-split
-    transformer mt train --out runs/ko-en-tatoeba --vocab-size 4000 --dropout 0.3 --epochs 30 \\
+    transformer mt train --out runs/ko-en-tatoeba --vocab-size 4000 --dropout 0.3 --epochs 60 \\
         --train-src runs/ko-en-split/train.ko --train-tgt runs/ko-en-split/train.en \\
         --valid-src runs/ko-en-split/valid.ko --valid-tgt runs/ko-en-split/valid.en \\
         --test-src runs/ko-en-split/test.ko --test-tgt runs/ko-en-split/test.en

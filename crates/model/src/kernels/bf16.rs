@@ -11,7 +11,7 @@
 //! Inline assembly is stable, so the AMX micro-kernel is ten instructions of it. On the
 //! project's 2-core Sapphire Rapids it runs the language-model loss's block products at
 //! 440-480 GFLOP/s on one core with the operands in cache (250-300 per core with both busy),
-//! against 120-150 for gemm's fp32 AVX-512 kernels (`../shared/NOTES.md`; the `speed` test
+//! against 120-150 for gemm's fp32 AVX-512 kernels on the same machine (the `speed` test
 //! below). The AVX512-BF16 intrinsics are stable; on a Zen 5 core `vdpbf16ps` peaks at twice
 //! the fp32 FMA rate (462 vs 232 GFLOP/s per core, measured on the 2-core AMD EPYC).
 //!

@@ -8,8 +8,8 @@
 //! blocks of that size with `mmap` and returns them with `munmap`, so every step touches about
 //! 30,000 new pages, each a page fault (11% of a step went to page faults, measured with perf
 //! on the project's 2-core machines). With the thresholds below, glibc serves them from its
-//! heap and keeps freed memory for the next step instead; the process's peak memory is what it was, it is only not handed
-//! back between steps.
+//! heap and keeps freed memory for the next step instead; the process's peak memory is what
+//! it was, it is only not handed back between steps.
 //!
 //! # A shorter spin for candle's thread pool ([`shorter_pool_spin`])
 //! candle's CPU pool workers spin for 25,000 `pause` instructions (a millisecond or more)

@@ -195,12 +195,6 @@ impl Task for CopyTask {
             bleu: None,
         })
     }
-    fn figure(&self, v: &Validation) -> f64 {
-        v.loss
-    }
-    fn better(&self, new: f64, best: f64) -> bool {
-        new < best
-    }
 
     fn epoch_lines(
         &self,

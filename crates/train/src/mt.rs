@@ -29,7 +29,7 @@ use crate::metrics::{Metric, Weights};
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
     self, load_tagged, meta_json, open_run_dir, params_tensors, predates_averaging, save_tagged,
-    LogWindow, Progress, RunState, Saved, StepStats, Task, Validation,
+    LogWindow, Progress, RunState, Saved, Selection, StepStats, Task, Validation,
 };
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -685,6 +685,7 @@ struct MtTask {
 impl Task for MtTask {
     type Model = Seq2Seq;
     const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
+    const SELECTION: Selection = Selection::HigherBleu;
 
     fn epochs(&self) -> usize {
         self.cfg.epochs
@@ -798,12 +799,6 @@ impl Task for MtTask {
             loss,
             bleu: Some(bleu(&hyps, &self.valid.pairs.tgt)?),
         })
-    }
-    fn figure(&self, v: &Validation) -> f64 {
-        v.bleu.unwrap_or(f64::NEG_INFINITY)
-    }
-    fn better(&self, new: f64, best: f64) -> bool {
-        new > best
     }
 
     fn epoch_lines(

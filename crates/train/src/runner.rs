@@ -293,6 +293,33 @@ pub struct Validation {
     pub bleu: Option<f64>,
 }
 
+/// What best-model selection compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection {
+    /// The lower validation loss (the language model, the copy task).
+    LowerLoss,
+    /// The higher validation BLEU (translation).
+    HigherBleu,
+}
+
+impl Selection {
+    /// The figure compared.
+    pub fn figure(self, v: &Validation) -> f64 {
+        match self {
+            Selection::LowerLoss => v.loss,
+            Selection::HigherBleu => v.bleu.unwrap_or(f64::NEG_INFINITY),
+        }
+    }
+
+    /// Whether `new` beats `best`.
+    pub fn better(self, new: f64, best: f64) -> bool {
+        match self {
+            Selection::LowerLoss => new < best,
+            Selection::HigherBleu => new > best,
+        }
+    }
+}
+
 /// A training task on the runner: what it trains, on which batches, how a step goes, how
 /// it validates and tests. The runner owns the rest: the loop, stops and checkpoints, the
 /// weight average, the log and metrics, best-model selection, plots and resume.
@@ -330,10 +357,8 @@ pub trait Task {
 
     /// Validation loss (and score) of a model.
     fn validate(&self, model: &Self::Model) -> Result<Validation>;
-    /// The figure best-model selection compares.
-    fn figure(&self, v: &Validation) -> f64;
-    /// Whether `new` beats `best` (the LM: a lower loss; translation: a higher BLEU).
-    fn better(&self, new: f64, best: f64) -> bool;
+    /// How the best model is chosen from validations.
+    const SELECTION: Selection = Selection::LowerLoss;
     /// The end-of-epoch log lines.
     fn epoch_lines(
         &self,
@@ -587,17 +612,19 @@ pub fn run<T: Task, C>(
                 Weights::Sgd => task.params(),
                 Weights::Average => &average.as_ref().expect("validated").params,
             };
-            let figure = task.figure(&v);
+            let figure = T::SELECTION.figure(&v);
             if let Some(file) = T::BEST_TRAINED_FILE {
                 if average.is_some()
                     && weights == Weights::Sgd
-                    && state.best_trained.is_none_or(|b| task.better(figure, b))
+                    && state
+                        .best_trained
+                        .is_none_or(|b| T::SELECTION.better(figure, b))
                 {
                     state.best_trained = Some(figure);
                     task.save_weights(&run.join(file), params)?;
                 }
             }
-            if state.best.is_none_or(|b| task.better(figure, b)) {
+            if state.best.is_none_or(|b| T::SELECTION.better(figure, b)) {
                 state.best = Some(figure);
                 state.best_weights = weights;
                 state.best_epoch = epoch;

@@ -92,14 +92,14 @@ use std::sync::Mutex;
 /// is 1.4 MB (f32), which stays in this CPU's 2 MB L2 between the product that writes it and
 /// the passes that read it. Measured for the three products at the tutorial's shapes (2
 /// threads, row-major logits): 256: 250 ms, 512: 221 ms, 1024: 232 ms, 2048: 247 ms; with the
-/// final transposed layout 256 to 2048 were within the noise of a shared machine. Session 6,
-/// each step alternating between two sizes in one process: the bf16 step is 0.8-2.4% slower
+/// final transposed layout 256 to 2048 were within the noise of a shared machine. On the
+/// 2-core Sapphire Rapids (commit 8200a72, 2026-11-24), each step alternating between two sizes in one process: the bf16 step is 0.8-2.4% slower
 /// with 256 (3 runs of 28 pairs).
 pub const BLOCK: usize = 512;
 
 /// Vocabulary columns per block with the gemm crate's products (f32 without bf16 products, f64): the
 /// fp32 training step is 1.1-2.7% faster than with 512 (paired medians 0.973 / 0.986 / 0.985
-/// / 0.980 / 0.989 over 5 runs of 28 alternating pairs, session 6, noisy minutes; 128 was
+/// / 0.980 / 0.989 over 5 runs of 28 alternating pairs, Sapphire Rapids, 2026-11-24, noisy minutes; 128 was
 /// 2.3-2.9% slower than 256), evaluation the same (0.993-1.008).
 pub const GEMM_BLOCK: usize = 256;
 

@@ -10,7 +10,9 @@ use std::time::Instant;
 use transformer_text::parallel::{read_lines, read_lines_from};
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
 use transformer_text::score::chrf::{corpus_chrf, ChrfOptions};
-use transformer_train::mt::{self, Corpus, MtPreset, MtTrainConfig, MtTrainOptions};
+use transformer_train::mt::{
+    self, Arch, Corpus, MtPreset, MtTrainConfig, MtTrainOptions, TokenizerKind,
+};
 use transformer_train::runner::Progress;
 
 #[derive(Subcommand)]
@@ -77,6 +79,20 @@ pub struct TrainArgs {
     /// Pre-norm layers (LayerNorm before each sublayer) instead of the paper's post-norm.
     #[arg(long)]
     norm_first: bool,
+    /// Model: transformer, or a recurrent baseline: gru (no attention: the source as one
+    /// fixed-size vector), gru-dot (dot-product attention, Luong) or gru-bahdanau (additive
+    /// attention, Bahdanau) [default: transformer]
+    #[arg(long)]
+    arch: Option<Arch>,
+    /// GRU units per encoder direction of the recurrent models; the decoder has twice as
+    /// many, and the embeddings are --d-model wide [default: 256]
+    #[arg(long)]
+    rnn_hidden: Option<usize>,
+    /// Tokens: bpe (joint subwords, exact detokenization) or words (lowercased words, rare
+    /// ones as <unk>: the published Multi30k baselines' vocabulary, for a perplexity per
+    /// word comparable with theirs; score its BLEU lowercased) [default: bpe]
+    #[arg(long)]
+    tokenizer: Option<TokenizerKind>,
     /// Joint BPE vocabulary size [default: 8000]
     #[arg(long)]
     vocab_size: Option<usize>,
@@ -147,6 +163,9 @@ impl TrainArgs {
             ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v.into(); } )* };
         }
         set!(
+            arch,
+            rnn_hidden,
+            tokenizer,
             vocab_size,
             d_model,
             nhead,

@@ -86,6 +86,8 @@ struct Row {
     tokens: Vec<u32>,
     score: f64,
     attention: Vec<Vec<f32>>,
+    /// Whether this row is the greedy path (every token the most likely one).
+    greedy: bool,
 }
 
 impl Row {
@@ -97,6 +99,7 @@ impl Row {
                 tokens: Vec::new(),
                 score: 0.0,
                 attention: Vec::new(),
+                greedy: true,
             })
             .collect()
     }
@@ -220,7 +223,9 @@ fn pick_each_step<M: StepModel>(
 /// hypotheses. A sentence
 /// is done when it has `beam` finished hypotheses whose worst normalised score no live
 /// hypothesis can still beat, or when it reaches its length limit (its live hypotheses are
-/// then finished as they are). The best finished hypothesis by normalised score is returned.
+/// then finished as they are). The greedy path is carried along (one extra row while it is
+/// outside the beam), so with `length_penalty` 0 the result never scores below
+/// [`greedy`]'s. The best finished hypothesis by normalised score is returned.
 ///
 /// # Shapes
 /// src (B, S) u32 padded with `opts.pad`
@@ -278,6 +283,11 @@ pub fn beam_search<M: StepModel>(
                     }
                 }
             }
+            // The greedy row's own next step, which the beam must not lose (below).
+            let greedy_next = (start..end)
+                .find(|&r| rows[r].greedy)
+                .map(|r| (r, argmax(&lp[r])));
+            let mut greedy_kept = false;
             let mut live = 0;
             for (rank, &(s, r, t)) in cand.iter().enumerate() {
                 let parent = &rows[r];
@@ -290,6 +300,7 @@ pub fn beam_search<M: StepModel>(
                     // As fairseq: an ending counts only from among the k best extensions
                     // (so beam 1 is exactly greedy).
                     if rank < k && finished[sentence].len() < k {
+                        greedy_kept |= greedy_next == Some((r, t));
                         finished[sentence].push(Hypothesis {
                             tokens: parent.tokens.clone(),
                             score: s,
@@ -299,6 +310,8 @@ pub fn beam_search<M: StepModel>(
                     }
                 } else if live < k {
                     live += 1;
+                    let greedy = greedy_next == Some((r, t));
+                    greedy_kept |= greedy;
                     let mut tokens = parent.tokens.clone();
                     tokens.push(t);
                     next_rows.push(Row {
@@ -306,6 +319,40 @@ pub fn beam_search<M: StepModel>(
                         tokens,
                         score: s,
                         attention,
+                        greedy,
+                    });
+                    parents.push(r as u32);
+                }
+            }
+            // Beam search alone can end below greedy decoding: the greedy path may fall out of
+            // the beam while the prefixes that pushed it out end badly. So the greedy path is
+            // carried along as one extra row while it is outside the beam, and its ending
+            // joins the finished list: the result never scores below greedy decoding
+            // (length_penalty 0; otherwise by normalised score among what was found).
+            if let (Some((r, t)), false) = (greedy_next, greedy_kept) {
+                let parent = &rows[r];
+                let s = parent.score + lp[r][t as usize] as f64;
+                let mut attention = Vec::new();
+                if let Some(a) = &att {
+                    attention = parent.attention.clone();
+                    attention.push(a[r].clone());
+                }
+                let mut tokens = parent.tokens.clone();
+                if t == opts.eos {
+                    finished[sentence].push(Hypothesis {
+                        tokens,
+                        score: s,
+                        finished: true,
+                        attention,
+                    });
+                } else {
+                    tokens.push(t);
+                    next_rows.push(Row {
+                        sentence,
+                        tokens,
+                        score: s,
+                        attention,
+                        greedy: true,
                     });
                     parents.push(r as u32);
                 }

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Result, Tensor};
 use transformer_model::seq2seq::Seq2SeqMasks;
-use transformer_model::{DecodeState, Mask, Mode, Seq2Seq};
+use transformer_model::{DecodeState, Mask, Mode, RnnSeq2Seq, RnnState, Seq2Seq};
 
 /// What one decoding step returns.
 #[derive(Debug, Clone)]
@@ -73,6 +73,35 @@ impl StepModel for Seq2Seq {
     }
 
     fn select_rows(&self, state: &mut DecodeState, rows: &[u32]) -> Result<()> {
+        state.select_rows(rows)
+    }
+}
+
+/// The recurrent encoder-decoders ([`RnnSeq2Seq`]): the state is the encoder outputs and the
+/// decoder's hidden state; attention weights come as (B, 1, 1, S).
+impl StepModel for RnnSeq2Seq {
+    type State = RnnState;
+
+    fn start(&self, src: &Tensor, pad: u32) -> Result<RnnState> {
+        RnnSeq2Seq::start(self, src, pad)
+    }
+
+    fn src_lens(&self, state: &RnnState) -> Vec<usize> {
+        state.src_lens.clone()
+    }
+
+    fn step(&self, state: &mut RnnState, tokens: &[u32], attention: bool) -> Result<StepOutput> {
+        let ids = Tensor::new(tokens, self.generator_device())?;
+        let (logits, weights) = RnnSeq2Seq::step(self, state, &ids, attention)?;
+        Ok(StepOutput {
+            logits,
+            attention: weights
+                .map(|w| w.unsqueeze(1)?.unsqueeze(1)?.to_dtype(DType::F32))
+                .transpose()?,
+        })
+    }
+
+    fn select_rows(&self, state: &mut RnnState, rows: &[u32]) -> Result<()> {
         state.select_rows(rows)
     }
 }

@@ -38,6 +38,7 @@ pub mod encoder;
 pub mod error;
 pub mod feed_forward;
 pub mod grads;
+pub mod gru;
 pub mod import;
 pub mod kernels;
 pub mod layer_norm;
@@ -48,6 +49,7 @@ pub mod multi_head;
 pub mod params;
 pub mod positional;
 pub mod rng;
+pub mod rnn;
 pub mod seq2seq;
 pub mod transformer;
 
@@ -68,6 +70,7 @@ pub use multi_head::{KvCache, MultiHeadAttention};
 pub use params::{Init, ParamBuilder, Params};
 pub use positional::PositionalEncoding;
 pub use rng::Rng;
+pub use rnn::{RnnAttention, RnnSeq2Seq, RnnSeq2SeqConfig, RnnState};
 pub use seq2seq::{DecodeState, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss};
 pub use transformer::Transformer;
 

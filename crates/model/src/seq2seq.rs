@@ -104,6 +104,55 @@ pub struct Seq2SeqLoss {
     pub nll: Tensor,
 }
 
+/// Cross-entropy of `targets` under the output layer `generator` applied to `h`, over the
+/// rows whose target is not `pad_id`, with label smoothing `eps`: the target distribution is
+/// `1 - eps` on the right token plus `eps / V` on every token, as PyTorch's
+/// `CrossEntropyLoss(label_smoothing=eps, ignore_index=pad)`. Every sequence-to-sequence model
+/// ends in it (the Transformer and the recurrent baselines).
+///
+/// Computed without the (N, V) logits in memory: the output layer, log-softmax and negative
+/// log-likelihood are one fused op ([`crate::kernels::linear_cross_entropy`]), and the
+/// smoothing term needs no softmax, because
+/// `(1 - eps) (lse - z_y) + eps mean_j (lse - z_j) = nll + eps (z_y - mean_j z_j)`,
+/// where `z_y = h . W_y + b_y` and `mean_j z_j = h . mean_j W_j + mean_j b_j`.
+///
+/// # Shapes
+/// h (N, C), targets (N,) u32 -> scalars
+pub fn label_smoothed_loss(
+    h: &Tensor,
+    generator: &Linear,
+    targets: &Tensor,
+    pad_id: u32,
+    eps: f64,
+) -> Result<Seq2SeqLoss> {
+    let w = generator.weight();
+    let bias = generator.bias().expect("the output layer has a bias");
+    let nll = crate::kernels::linear_cross_entropy(h, w, bias, targets, Some(pad_id))?;
+    if eps == 0.0 {
+        return Ok(Seq2SeqLoss {
+            nll: nll.detach(),
+            loss: nll,
+        });
+    }
+    let keep = targets.ne(pad_id)?;
+    let count = keep.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+    let safe = keep.where_cond(targets, &targets.zeros_like()?)?;
+    // (N, C) . (N, C) -> (N,): the logit of each target token.
+    let z_y = ((h * w.index_select(&safe, 0)?)?.sum(D::Minus1)? + bias.index_select(&safe, 0)?)?;
+    // (N, C) @ (C, 1) -> (N,): the mean logit over the vocabulary.
+    let w_mean = w.mean(0)?.unsqueeze(1)?;
+    let z_mean = h
+        .matmul(&w_mean)?
+        .squeeze(1)?
+        .broadcast_add(&bias.mean_all()?)?;
+    let gap = ((z_y - z_mean)? * keep.to_dtype(h.dtype())?)?;
+    let smooth = (gap.sum_all()? * (eps / count.max(1.0)))?;
+    Ok(Seq2SeqLoss {
+        nll: nll.detach(),
+        loss: (nll + smooth)?,
+    })
+}
+
 /// What incremental decoding keeps between steps for a batch of B rows (sentences, or
 /// sentences x beams): the encoder-decoder keys and values of every layer (computed once),
 /// the self-attention cache of every layer, the source padding mask and the position of the
@@ -310,15 +359,8 @@ impl Seq2Seq {
     }
 
     /// Cross-entropy of `tgt_out` given `src` and `tgt_in`, over the positions whose target is
-    /// not `pad_id`, with label smoothing `eps` (Szegedy et al. 2016; section 5.4 uses 0.1):
-    /// the target distribution is `1 - eps` on the right token plus `eps / V` on every token,
-    /// as PyTorch's `CrossEntropyLoss(label_smoothing=eps, ignore_index=pad)`.
-    ///
-    /// Computed without the (N, V) logits in memory: the output layer, log-softmax and
-    /// negative log-likelihood are one fused op ([`crate::kernels::linear_cross_entropy`]),
-    /// and the smoothing term needs no softmax, because
-    /// `(1 - eps) (lse - z_y) + eps mean_j (lse - z_j) = nll + eps (z_y - mean_j z_j)`,
-    /// where `z_y = h . W_y + b_y` and `mean_j z_j = h . mean_j W_j + mean_j b_j`.
+    /// not `pad_id`, with label smoothing `eps` (Szegedy et al. 2016; section 5.4 uses 0.1);
+    /// see [`label_smoothed_loss`].
     ///
     /// # Shapes
     /// src (B, S), tgt_in (B, T), tgt_out (B, T) u32 -> scalars
@@ -335,35 +377,13 @@ impl Seq2Seq {
         let memory = self.encode(src, Some(&masks.src), mode)?;
         let h = self.decode_hidden(tgt_in, &memory, Some(&masks.tgt), Some(&masks.memory), mode)?;
         let (b, t, c) = h.dims3()?;
-        let h = h.reshape((b * t, c))?;
-        let targets = tgt_out.flatten_all()?;
-        let w = self.generator.weight();
-        let bias = self.generator.bias().expect("the output layer has a bias");
-        let nll = crate::kernels::linear_cross_entropy(&h, w, bias, &targets, Some(pad_id))?;
-        if eps == 0.0 {
-            return Ok(Seq2SeqLoss {
-                nll: nll.detach(),
-                loss: nll,
-            });
-        }
-        let keep = targets.ne(pad_id)?;
-        let count = keep.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
-        let safe = keep.where_cond(&targets, &targets.zeros_like()?)?;
-        // (N, C) . (N, C) -> (N,): the logit of each target token.
-        let z_y = ((h.clone() * w.index_select(&safe, 0)?)?.sum(D::Minus1)?
-            + bias.index_select(&safe, 0)?)?;
-        // (N, C) @ (C, 1) -> (N,): the mean logit over the vocabulary.
-        let w_mean = w.mean(0)?.unsqueeze(1)?;
-        let z_mean = h
-            .matmul(&w_mean)?
-            .squeeze(1)?
-            .broadcast_add(&bias.mean_all()?)?;
-        let gap = ((z_y - z_mean)? * keep.to_dtype(h.dtype())?)?;
-        let smooth = (gap.sum_all()? * (eps / count.max(1.0)))?;
-        Ok(Seq2SeqLoss {
-            nll: nll.detach(),
-            loss: (nll + smooth)?,
-        })
+        label_smoothed_loss(
+            &h.reshape((b * t, c))?,
+            &self.generator,
+            &tgt_out.flatten_all()?,
+            pad_id,
+            eps,
+        )
     }
 
     /// Encodes a batch of sources once and prepares incremental decoding.

@@ -11,17 +11,27 @@
 //!   become `<unk>`;
 //! - decoder: metaspace (pieces concatenated, `▁` back to spaces, the leading one dropped).
 //!
+//! A second kind, [`Subword::train_words`], is the word vocabulary of the published Multi30k
+//! baselines: text lowercased, punctuation split off, one token per word, every word seen
+//! fewer than twice mapped to `<unk>`. It exists so that a perplexity can be measured the
+//! way those baselines measure it (per lowercased word, rare words sharing `<unk>`); it
+//! decodes to the tokens joined by spaces, which sacreBLEU's mixed-case score penalises, so
+//! its BLEU is read in the lowercased-token convention.
+//!
 //! Every tokenizer has four special tokens with fixed ids ([`Specials`]): `<pad>` 0,
 //! `<bos>` 1, `<eos>` 2, `<unk>` 3.
 
 use crate::error::{Error, Result};
 use std::path::Path;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::models::wordlevel::{WordLevel, WordLevelTrainerBuilder};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::normalizers::unicode::NFKC;
+use tokenizers::normalizers::utils::{Lowercase, Sequence as Normalizers};
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::punctuation::Punctuation;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
 use tokenizers::{AddedToken, Tokenizer};
 
 /// The ids every model needs beyond the text's own tokens.
@@ -83,7 +93,7 @@ impl Default for BpeOptions {
     }
 }
 
-/// A trained subword tokenizer (BPE) with the fixed [`Specials`].
+/// A trained tokenizer (BPE subwords, or lowercased words) with the fixed [`Specials`].
 #[derive(Clone)]
 pub struct Subword {
     inner: Tokenizer,
@@ -146,6 +156,46 @@ impl Subword {
                         .collect(),
                 )
                 .build(),
+        );
+        tokenizer
+            .train(&mut trainer, texts)
+            .map_err(|e| tok_err(origin, e))?;
+        Self::checked(tokenizer, origin)
+    }
+
+    /// Trains a word vocabulary on `texts`: NFKC and lowercase, split at whitespace and
+    /// around every punctuation character, and every word seen at least `min_frequency`
+    /// times gets an id (the others become `<unk>`). Decoding joins the words with spaces.
+    pub fn train_words<S: AsRef<str> + Send>(
+        texts: impl Iterator<Item = S> + Send,
+        min_frequency: u64,
+        origin: &Path,
+    ) -> Result<Self> {
+        let model = WordLevel::builder()
+            .unk_token(SPECIAL_TOKENS[3].to_string())
+            .build()
+            .map_err(|e| tok_err(origin, e))?;
+        let mut tokenizer = Tokenizer::new(model);
+        tokenizer
+            .with_normalizer(Some(Normalizers::new(vec![NFKC.into(), Lowercase.into()])))
+            .map_err(|e| tok_err(origin, e))?;
+        tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![
+            WhitespaceSplit.into(),
+            Punctuation::default().into(),
+        ])));
+        let mut trainer = TrainerWrapper::WordLevelTrainer(
+            WordLevelTrainerBuilder::default()
+                .min_frequency(min_frequency)
+                .vocab_size(usize::MAX)
+                .show_progress(false)
+                .special_tokens(
+                    SPECIAL_TOKENS
+                        .iter()
+                        .map(|t| AddedToken::from(*t, true))
+                        .collect(),
+                )
+                .build()
+                .map_err(|e| tok_err(origin, e))?,
         );
         tokenizer
             .train(&mut trainer, texts)
@@ -285,6 +335,36 @@ mod tests {
         assert!(ids.contains(&3), "{ids:?}");
         assert_eq!(t.decode(&[1, t.encode("Two")[0], 2, 0]), "Two");
         assert!(t.encode("   ").is_empty());
+    }
+
+    #[test]
+    fn words_lowercase_split_punctuation_and_map_rare_words_to_unk() {
+        let text = [
+            "Two young, White males are outside.",
+            "Two dogs are outside.",
+            "A zebra.",
+        ];
+        let many = text.iter().take(2).cycle().take(4).chain(&text[2..]);
+        let t = Subword::train_words(many, 2, Path::new("test")).unwrap();
+        assert_eq!(t.specials(), Specials::FIXED);
+        // "a" and "zebra" were seen once: <unk>. Everything else has its own id.
+        let ids = t.encode("TWO young, white zebra.");
+        assert_eq!(ids.len(), 6, "{ids:?}");
+        assert_eq!(ids.iter().filter(|&&i| i == 3).count(), 1, "{ids:?}");
+        assert_eq!(
+            t.decode(&t.encode("Two young, White males.")),
+            "two young , white males ."
+        );
+        let dir = std::env::temp_dir().join(format!("words-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("tokenizer.json");
+        t.save(&p).unwrap();
+        let u = Subword::load(&p).unwrap();
+        assert_eq!(
+            u.encode("Two DOGS, outside!"),
+            t.encode("two dogs , outside !")
+        );
+        assert_eq!(u.vocab_size(), t.vocab_size());
     }
 
     #[test]

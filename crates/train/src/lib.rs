@@ -11,6 +11,7 @@ pub mod lm;
 pub mod loss;
 pub mod metrics;
 pub mod mt;
+pub mod mt_model;
 pub mod optim;
 mod par;
 pub mod runner;

@@ -14,7 +14,7 @@
 //! | file | what |
 //! |---|---|
 //! | `config.toml` | the resolved configuration |
-//! | `tokenizer.json` | the joint BPE tokenizer (source and target) |
+//! | `tokenizer.json` | the joint tokenizer (source and target; BPE unless `--tokenizer words`) |
 //! | `checkpoint.safetensors` | latest resumable state: weights, Adam moments, position, RNG |
 //! | `best.safetensors` | the weights with the best validation BLEU so far |
 //! | `metrics.jsonl` | log lines, validation and test results |
@@ -37,14 +37,15 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use transformer_decode::{beam_search, greedy, DecodeOptions, Hypothesis};
-use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{
-    Mode, ParamBuilder, Params, Rng, Seq2Seq, Seq2SeqConfig, TransformerConfig,
+    Mode, ParamBuilder, Params, Rng, RnnSeq2SeqConfig, Seq2SeqConfig, TransformerConfig,
 };
 use transformer_text::bucket::{make_batch, pair_batches, source_batches, PairBatch};
 use transformer_text::parallel::{keep_for_training, PairFilter, PairSource, Pairs};
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
 use transformer_text::subword::{BpeOptions, Subword, TextTokenizer};
+
+pub use crate::mt_model::{Arch, MtModel, MtModelConfig};
 
 /// Format tag of translation checkpoints.
 pub const CHECKPOINT_FORMAT: &str = "transformer-mt-checkpoint/1";
@@ -153,6 +154,30 @@ impl std::str::FromStr for MtPreset {
     }
 }
 
+/// How text becomes tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TokenizerKind {
+    /// Joint byte-pair encoding of `vocab_size` subwords; decodes to the exact text.
+    #[default]
+    Bpe,
+    /// Lowercased words, punctuation split off, words seen fewer than twice as `<unk>`: the
+    /// vocabulary of the published Multi30k baselines, for a perplexity measured as theirs
+    /// is (per word). `vocab_size` does not apply.
+    Words,
+}
+
+impl std::str::FromStr for TokenizerKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "bpe" => Ok(TokenizerKind::Bpe),
+            "words" => Ok(TokenizerKind::Words),
+            _ => Err(format!("unknown tokenizer {s:?}: use bpe or words")),
+        }
+    }
+}
+
 /// The default decay of the weight average.
 pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
 /// Optimizer steps between updates of the weight average.
@@ -174,6 +199,14 @@ pub struct MtTrainConfig {
     pub valid_tgt: Option<PathBuf>,
     pub test_src: Option<PathBuf>,
     pub test_tgt: Option<PathBuf>,
+    /// The model: the Transformer, or a recurrent baseline (`gru`, `gru-dot`,
+    /// `gru-bahdanau`).
+    pub arch: Arch,
+    /// GRU units per encoder direction for the recurrent models (the decoder has twice as
+    /// many); their embeddings are `d_model` wide.
+    pub rnn_hidden: usize,
+    /// Subword BPE (the default) or lowercased words; one tokenizer for both languages.
+    pub tokenizer: TokenizerKind,
     /// Joint BPE vocabulary size (source and target share one tokenizer).
     pub vocab_size: usize,
     /// One matrix for both embeddings and the output layer (section 3.4).
@@ -234,6 +267,9 @@ impl Default for MtTrainConfig {
             valid_tgt: None,
             test_src: None,
             test_tgt: None,
+            arch: Arch::Transformer,
+            rnn_hidden: 256,
+            tokenizer: TokenizerKind::Bpe,
             vocab_size: 8000,
             share_embeddings: true,
             d_model: 256,
@@ -311,8 +347,26 @@ impl MtTrainConfig {
         }
     }
 
+    /// The configuration of the model `arch` names, for a joint vocabulary of `vocab`.
+    pub fn model_config(&self, vocab: usize) -> MtModelConfig {
+        match self.arch.rnn_attention() {
+            None => MtModelConfig::Transformer(self.model(vocab)),
+            Some(attention) => MtModelConfig::Rnn(RnnSeq2SeqConfig {
+                src_vocab: vocab,
+                tgt_vocab: vocab,
+                emb: self.d_model,
+                hidden: self.rnn_hidden,
+                dropout: self.dropout,
+                attention,
+            }),
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
-        self.model(self.vocab_size).validate()?;
+        match self.model_config(self.vocab_size) {
+            MtModelConfig::Transformer(c) => c.validate()?,
+            MtModelConfig::Rnn(c) => c.validate().map_err(Error::Usage)?,
+        }
         for (name, v) in [
             ("epochs", self.epochs),
             ("max_tokens", self.max_tokens),
@@ -481,7 +535,7 @@ pub fn batch_tensors(b: &PairBatch, dev: &Device) -> Result<(Tensor, Tensor, Ten
 
 /// Mean cross-entropy per target token (no smoothing) over a split, teacher-forced.
 pub fn evaluate_loss(
-    model: &Seq2Seq,
+    model: &MtModel,
     data: &EncodedSplit,
     max_tokens: usize,
     dev: &Device,
@@ -492,8 +546,7 @@ pub fn evaluate_loss(
     let (mut total, mut tokens) = (0.0, 0usize);
     for b in &batches {
         let (src, tgt_in, tgt_out) = batch_tensors(b, dev)?;
-        let masks = Seq2SeqMasks::new(&src, &tgt_in, sp.pad)?;
-        let l = model.loss(&src, &tgt_in, &tgt_out, &masks, sp.pad, 0.0, Mode::Eval)?;
+        let l = model.loss(&src, &tgt_in, &tgt_out, sp.pad, 0.0, Mode::Eval)?;
         total += l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()? * b.tgt_tokens as f64;
         tokens += b.tgt_tokens;
     }
@@ -523,7 +576,7 @@ pub fn word_perplexity(loss_per_token: f64, data: &EncodedSplit) -> f64 {
 /// Translates token sequences in batches (greedy for beam 1, else beam search); returns one
 /// hypothesis per input, in input order. `on_batch(done, total)` reports progress.
 pub fn translate_ids(
-    model: &Seq2Seq,
+    model: &MtModel,
     src: &[Vec<u32>],
     opts: &DecodeOptions,
     dev: &Device,
@@ -555,7 +608,7 @@ pub fn translate_ids(
 
 /// Translates sentences with a tokenizer; returns the detokenized outputs in order.
 pub fn translate_lines(
-    model: &Seq2Seq,
+    model: &MtModel,
     tok: &Subword,
     lines: &[String],
     opts: &DecodeOptions,
@@ -582,7 +635,7 @@ pub fn bleu(hyps: &[String], refs: &[String]) -> Result<f64> {
 }
 
 /// Saves model weights with the model config needed to rebuild it.
-pub fn save_weights(path: &Path, params: &Params, model: &Seq2SeqConfig) -> Result<()> {
+pub fn save_weights(path: &Path, params: &Params, model: &MtModelConfig) -> Result<()> {
     save_tagged(
         path,
         &params_tensors(params),
@@ -596,10 +649,10 @@ pub fn save_weights(path: &Path, params: &Params, model: &Seq2SeqConfig) -> Resu
 
 /// A trained translation model loaded from a run directory.
 pub struct LoadedMt {
-    pub model: Seq2Seq,
+    pub model: MtModel,
     pub params: Params,
     pub config: MtTrainConfig,
-    pub model_config: Seq2SeqConfig,
+    pub model_config: MtModelConfig,
     pub tokenizer: Subword,
 }
 
@@ -641,10 +694,10 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
     } else {
         let (mut tensors, _) = load_tagged(&path, CHECKPOINT_FORMAT, device)?;
         tensors.retain(|n, _| !n.starts_with("adam.") && !n.starts_with(AVERAGE_PREFIX));
-        (tensors, config.model(tokenizer.vocab_size()))
+        (tensors, config.model_config(tokenizer.vocab_size()))
     };
     let pb = ParamBuilder::new(DType::F32, device, 0);
-    let model = Seq2Seq::with_config(&pb, &model_config)?;
+    let model = MtModel::build(&pb, &model_config)?;
     let params = pb.params();
     params.assign(&tensors).map_err(|e| Error::Checkpoint {
         path: path.clone(),
@@ -664,8 +717,8 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
 /// loss and greedy BLEU (higher BLEU is better), beam-search BLEU on the test set.
 struct MtTask {
     cfg: MtTrainConfig,
-    model_cfg: Seq2SeqConfig,
-    model: Seq2Seq,
+    model_cfg: MtModelConfig,
+    model: MtModel,
     params: Params,
     vars: Vec<candle_core::Var>,
     opt: Adam,
@@ -683,7 +736,7 @@ struct MtTask {
 }
 
 impl Task for MtTask {
-    type Model = Seq2Seq;
+    type Model = MtModel;
     const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
     const SELECTION: Selection = Selection::HigherBleu;
 
@@ -696,14 +749,14 @@ impl Task for MtTask {
     fn config_toml(&self) -> String {
         self.cfg.to_toml()
     }
-    fn model(&self) -> &Seq2Seq {
+    fn model(&self) -> &MtModel {
         &self.model
     }
     fn params(&self) -> &Params {
         &self.params
     }
-    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<Seq2Seq> {
-        Seq2Seq::with_config(pb, &self.model_cfg)
+    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<MtModel> {
+        MtModel::build(pb, &self.model_cfg)
     }
     fn save_weights(&self, path: &Path, params: &Params) -> Result<()> {
         save_weights(path, params, &self.model_cfg)
@@ -734,12 +787,10 @@ impl Task for MtTask {
         let sp = self.tokenizer.specials();
         let b = &self.batches[index];
         let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
-        let masks = Seq2SeqMasks::new(&src, &tgt_in, sp.pad)?;
         let l = self.model.loss(
             &src,
             &tgt_in,
             &tgt_out,
-            &masks,
             sp.pad,
             self.cfg.label_smoothing,
             Mode::Train(rng),
@@ -783,7 +834,7 @@ impl Task for MtTask {
         )
     }
 
-    fn validate(&self, model: &Seq2Seq) -> Result<Validation> {
+    fn validate(&self, model: &MtModel) -> Result<Validation> {
         let dev = &self.device;
         let loss = evaluate_loss(model, &self.valid, self.cfg.max_tokens, dev)?;
         let greedy = self.cfg.decode_options(1);
@@ -935,14 +986,17 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             PairSource::Files { src, .. } => src.clone(),
             PairSource::Tsv { path, .. } => path.clone(),
         };
-        let tok = Subword::train_bpe(
-            texts,
-            BpeOptions {
-                vocab_size: cfg.vocab_size,
-                min_frequency: 2,
-            },
-            &origin,
-        )?;
+        let tok = match cfg.tokenizer {
+            TokenizerKind::Bpe => Subword::train_bpe(
+                texts,
+                BpeOptions {
+                    vocab_size: cfg.vocab_size,
+                    min_frequency: 2,
+                },
+                &origin,
+            )?,
+            TokenizerKind::Words => Subword::train_words(texts, 2, &origin)?,
+        };
         tok.save(&tokenizer_path(run))?;
         tok
     };
@@ -963,8 +1017,12 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     }
     let vocab = tokenizer.vocab_size();
     progress.line(&format!(
-        "data: {stats}; validation {} pairs; joint BPE vocabulary {vocab} ({:.1}s)",
+        "data: {stats}; validation {} pairs; joint {} vocabulary {vocab} ({:.1}s)",
         valid.src.len(),
+        match cfg.tokenizer {
+            TokenizerKind::Bpe => "BPE",
+            TokenizerKind::Words => "lowercased-word",
+        },
         t0.elapsed().as_secs_f64()
     ));
     if !resuming {
@@ -972,21 +1030,32 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         let _ = std::fs::remove_file(metrics_path(run));
     }
 
-    let model_cfg = cfg.model(vocab);
+    let model_cfg = cfg.model_config(vocab);
     let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
-    let model = Seq2Seq::with_config(&pb, &model_cfg)?;
+    let model = MtModel::build(&pb, &model_cfg)?;
     let params = pb.params();
     let vars = params.vars();
-    progress.line(&format!(
-        "model: {} parameters ({}+{} layers, d_model {}, {} heads, FFN {}, shared embeddings: {})",
-        params.num_elements(),
-        cfg.encoder_layers,
-        cfg.decoder_layers,
-        cfg.d_model,
-        cfg.nhead,
-        cfg.dim_feedforward,
-        cfg.share_embeddings
-    ));
+    progress.line(&match &model_cfg {
+        MtModelConfig::Transformer(_) => format!(
+            "model: Transformer, {} parameters ({}+{} layers, d_model {}, {} heads, FFN {}, shared embeddings: {})",
+            params.num_elements(),
+            cfg.encoder_layers,
+            cfg.decoder_layers,
+            cfg.d_model,
+            cfg.nhead,
+            cfg.dim_feedforward,
+            cfg.share_embeddings
+        ),
+        MtModelConfig::Rnn(c) => format!(
+            "model: {}, {} parameters (embeddings {}, bidirectional GRU encoder {} x 2, GRU decoder {}, attention: {:?})",
+            cfg.arch.name(),
+            params.num_elements(),
+            c.emb,
+            c.hidden,
+            2 * c.hidden,
+            c.attention
+        ),
+    });
     let mut task = MtTask {
         opt: Adam::new(vars.clone(), 0.0)?,
         schedule: NoamSchedule {

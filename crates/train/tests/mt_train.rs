@@ -240,3 +240,50 @@ fn weight_average_is_a_read_out() {
         .count();
     assert_eq!(n, 4);
 }
+
+#[test]
+fn recurrent_baselines_train_translate_and_resume_exactly() {
+    let dir = temp_dir("rnn");
+    write_corpus(&dir);
+    for arch in [mt::Arch::Gru, mt::Arch::GruDot, mt::Arch::GruBahdanau] {
+        let cfg = MtTrainConfig {
+            arch,
+            rnn_hidden: 32,
+            lr_factor: 0.3,
+            ..small_config(&dir)
+        };
+        let run = dir.join(arch.name());
+        let whole = mt::train(&opts(&cfg, &run, false, None), &mut Quiet).unwrap();
+        let losses = &whole.step_losses;
+        let (test_loss, test_bleu) = whole.test.unwrap();
+        eprintln!(
+            "{arch:?}: loss {} -> {}, test loss {test_loss}, BLEU {test_bleu}",
+            losses[0],
+            losses.last().unwrap()
+        );
+        assert!(
+            losses.last().unwrap() < &(losses[0] * 0.6),
+            "{arch:?}: the loss did not fall: {} -> {}",
+            losses[0],
+            losses.last().unwrap()
+        );
+        // The run directory holds what translating needs, under the model's architecture.
+        let loaded = mt::load_run(&run, &candle_core::Device::Cpu).unwrap();
+        assert!(matches!(loaded.model, mt::MtModel::Rnn(_)), "{arch:?}");
+        if arch == mt::Arch::GruBahdanau {
+            assert!(test_bleu > 10.0, "{arch:?}: test BLEU {test_bleu}");
+            // Stopped mid-epoch and resumed: the same losses, bit for bit.
+            let out = dir.join("rnn-parts");
+            let mut parts = Vec::new();
+            for (resume, stop) in [(false, Some(13)), (true, None)] {
+                let s = mt::train(&opts(&cfg, &out, resume, stop), &mut Quiet).unwrap();
+                parts.extend(s.step_losses);
+            }
+            assert_eq!(&parts, losses);
+            assert_eq!(
+                std::fs::read_to_string(run.join("test.hyp")).unwrap(),
+                std::fs::read_to_string(out.join("test.hyp")).unwrap()
+            );
+        }
+    }
+}

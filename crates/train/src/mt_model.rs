@@ -1,0 +1,156 @@
+//! The translation architectures behind one type: the Transformer and the recurrent
+//! baselines train, decode and are scored by the same code ([`crate::mt`]).
+
+use candle_core::{Result, Tensor};
+use serde::{Deserialize, Serialize};
+use transformer_decode::{StepModel, StepOutput};
+use transformer_model::seq2seq::Seq2SeqMasks;
+use transformer_model::{
+    DecodeState, Mode, ParamBuilder, RnnAttention, RnnSeq2Seq, RnnSeq2SeqConfig, RnnState, Seq2Seq,
+    Seq2SeqConfig, Seq2SeqLoss,
+};
+
+/// Which model `transformer mt train` builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Arch {
+    /// The Transformer (the default).
+    #[default]
+    Transformer,
+    /// A bidirectional GRU encoder and a GRU decoder without attention: the source reaches
+    /// the decoder as one fixed-size vector.
+    Gru,
+    /// The GRU encoder-decoder with dot-product (Luong) attention.
+    GruDot,
+    /// The GRU encoder-decoder with additive (Bahdanau) attention.
+    GruBahdanau,
+}
+
+impl Arch {
+    /// The recurrent decoder's attention, `None` for the Transformer.
+    pub fn rnn_attention(self) -> Option<RnnAttention> {
+        match self {
+            Arch::Transformer => None,
+            Arch::Gru => Some(RnnAttention::None),
+            Arch::GruDot => Some(RnnAttention::Dot),
+            Arch::GruBahdanau => Some(RnnAttention::Bahdanau),
+        }
+    }
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Transformer => "transformer",
+            Arch::Gru => "gru",
+            Arch::GruDot => "gru-dot",
+            Arch::GruBahdanau => "gru-bahdanau",
+        }
+    }
+}
+
+impl std::str::FromStr for Arch {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        [
+            Arch::Transformer,
+            Arch::Gru,
+            Arch::GruDot,
+            Arch::GruBahdanau,
+        ]
+        .into_iter()
+        .find(|a| a.name() == s)
+        .ok_or_else(|| {
+            format!("unknown architecture {s:?}: use transformer, gru, gru-dot or gru-bahdanau")
+        })
+    }
+}
+
+/// A model's configuration as saved beside its weights. (Untagged, and recurrent first: a
+/// Transformer's configuration, as weight files have always held it, has no `attention`.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MtModelConfig {
+    Rnn(RnnSeq2SeqConfig),
+    Transformer(Seq2SeqConfig),
+}
+
+/// A translation model of any architecture.
+#[derive(Debug, Clone)]
+pub enum MtModel {
+    Transformer(Seq2Seq),
+    Rnn(RnnSeq2Seq),
+}
+
+impl MtModel {
+    /// Builds the model `cfg` describes.
+    pub fn build(pb: &ParamBuilder, cfg: &MtModelConfig) -> transformer_model::Result<Self> {
+        Ok(match cfg {
+            MtModelConfig::Transformer(c) => MtModel::Transformer(Seq2Seq::with_config(pb, c)?),
+            MtModelConfig::Rnn(c) => MtModel::Rnn(RnnSeq2Seq::new(pb, c)?),
+        })
+    }
+
+    /// Label-smoothed cross-entropy of `tgt_out` over its non-padding positions, and the plain
+    /// negative log-likelihood.
+    ///
+    /// # Shapes
+    /// src (B, S), tgt_in (B, T), tgt_out (B, T) u32 -> scalars
+    pub fn loss(
+        &self,
+        src: &Tensor,
+        tgt_in: &Tensor,
+        tgt_out: &Tensor,
+        pad: u32,
+        eps: f64,
+        mode: Mode,
+    ) -> Result<Seq2SeqLoss> {
+        match self {
+            MtModel::Transformer(m) => {
+                let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
+                m.loss(src, tgt_in, tgt_out, &masks, pad, eps, mode)
+            }
+            MtModel::Rnn(m) => m.loss(src, tgt_in, tgt_out, pad, eps, mode),
+        }
+    }
+}
+
+/// [`MtModel`]'s decoding state.
+pub enum MtState {
+    Transformer(DecodeState),
+    Rnn(RnnState),
+}
+
+impl StepModel for MtModel {
+    type State = MtState;
+
+    fn start(&self, src: &Tensor, pad: u32) -> Result<MtState> {
+        Ok(match self {
+            MtModel::Transformer(m) => MtState::Transformer(StepModel::start(m, src, pad)?),
+            MtModel::Rnn(m) => MtState::Rnn(StepModel::start(m, src, pad)?),
+        })
+    }
+
+    fn src_lens(&self, state: &MtState) -> Vec<usize> {
+        match state {
+            MtState::Transformer(s) => s.src_lens.clone(),
+            MtState::Rnn(s) => s.src_lens.clone(),
+        }
+    }
+
+    fn step(&self, state: &mut MtState, tokens: &[u32], attention: bool) -> Result<StepOutput> {
+        match (self, state) {
+            (MtModel::Transformer(m), MtState::Transformer(s)) => {
+                StepModel::step(m, s, tokens, attention)
+            }
+            (MtModel::Rnn(m), MtState::Rnn(s)) => StepModel::step(m, s, tokens, attention),
+            _ => candle_core::bail!("a decoding state of another architecture"),
+        }
+    }
+
+    fn select_rows(&self, state: &mut MtState, rows: &[u32]) -> Result<()> {
+        match state {
+            MtState::Transformer(s) => s.select_rows(rows),
+            MtState::Rnn(s) => s.select_rows(rows),
+        }
+    }
+}

@@ -2,6 +2,10 @@
 //! validated into the libraries' configs (which say what to change when they are wrong),
 //! then run.
 
+// The argument structs' doc comments are clap's `--help` text, in which `<unk>` and `<eos>`
+// are meant literally, not as HTML tags.
+#![allow(rustdoc::invalid_html_tags)]
+
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 use clap::{Parser, Subcommand, ValueEnum};

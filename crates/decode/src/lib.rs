@@ -3,6 +3,46 @@
 //! One interface ([`StepModel`]: encode once, step with a cache, select rows) and the
 //! searches written once against it ([`greedy`], [`beam_search`], [`sample_decode`]), plus
 //! the language model's sampling ([`generate_lm`]).
+//!
+//! # Example
+//! Greedy and beam search with an untrained encoder-decoder on the CPU:
+//!
+//! ```
+//! use candle_core::{DType, Device, Tensor};
+//! use transformer_decode::{beam_search, greedy, DecodeOptions};
+//! use transformer_model::{ParamBuilder, Seq2Seq, TransformerConfig};
+//!
+//! // 12 tokens on both sides: 0 = padding, 1 = <bos>, 2 = <eos> (the options' defaults).
+//! let device = Device::Cpu;
+//! let pb = ParamBuilder::new(DType::F32, &device, 7);
+//! let model = Seq2Seq::new(&pb, &TransformerConfig::tiny(), 12, 12)?;
+//!
+//! // Two sources, the second padded: (B, S) = (2, 5).
+//! let src = Tensor::new(&[[5u32, 6, 7, 8, 2], [9, 10, 2, 0, 0]], &device)?;
+//! let opts = DecodeOptions {
+//!     beam: 1,
+//!     max_len_a: 1.0,
+//!     max_len_b: 2,
+//!     length_penalty: 0.0,
+//!     ..DecodeOptions::default()
+//! };
+//! let out = greedy(&model, &src, &opts)?;
+//! assert_eq!(out.len(), 2);
+//! for (hyp, src_len) in out.iter().zip([5, 3]) {
+//!     // Each output ends with <eos> (not in `tokens`) or at `max_len_a * src_len + max_len_b`.
+//!     assert!(hyp.tokens.len() <= opts.max_len(src_len));
+//!     assert!(hyp.finished || hyp.tokens.len() == opts.max_len(src_len));
+//! }
+//!
+//! // Without length normalisation, beam search never scores below greedy.
+//! let beams = beam_search(&model, &src, &DecodeOptions { beam: 4, ..opts })?;
+//! for (b, g) in beams.iter().zip(&out) {
+//!     assert!(b.score >= g.score - 1e-6);
+//! }
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod search;
 pub mod step;

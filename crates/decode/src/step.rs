@@ -28,11 +28,16 @@ pub struct StepOutput {
 pub trait StepModel {
     /// Everything kept between steps.
     type State;
+    /// Encodes a batch of sources and returns the state before the first step.
+    ///
     /// # Shapes
     /// src (B, S) u32, padded with `pad`
     fn start(&self, src: &Tensor, pad: u32) -> Result<Self::State>;
     /// Source lengths (without padding) of the state's rows.
     fn src_lens(&self, state: &Self::State) -> Vec<usize>;
+    /// Feeds one token per row and returns the next token's logits (and, with `attention`,
+    /// the step's attention over the source).
+    ///
     /// # Shapes
     /// tokens: one per row -> logits (B, V)
     fn step(&self, state: &mut Self::State, tokens: &[u32], attention: bool) -> Result<StepOutput>;

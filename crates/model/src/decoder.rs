@@ -21,6 +21,8 @@ pub struct DecoderWeights {
     pub cross_attn: Tensor,
 }
 
+/// One decoder layer: masked self-attention, encoder-decoder attention and a feed-forward
+/// network, each a residual sub-layer with layer normalisation (post-norm or `norm_first`).
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     self_attn: MultiHeadAttention,
@@ -35,6 +37,8 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// Creates the layer's parameters under `pb` with PyTorch's names (`self_attn`,
+    /// `multihead_attn`, `linear1`, `linear2`, `norm1`..`norm3`).
     pub fn new(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
         let mha = |name| {
             MultiHeadAttention::new(&pb.pp(name), spec.d_model, spec.nhead, spec.dropout, true)
@@ -84,6 +88,8 @@ impl DecoderLayer {
         })
     }
 
+    /// Runs the layer on all target positions at once and returns both attentions' weights.
+    ///
     /// # Shapes
     /// - x (B, T, C), memory (B, S, C)
     /// - self_mask broadcastable to (B, H, T, T), memory_mask to (B, H, T, S)
@@ -203,6 +209,8 @@ impl Decoder {
         Ok(Self { layers, norm })
     }
 
+    /// Runs every layer, then the final norm if any, on all target positions at once.
+    ///
     /// # Shapes
     /// x (B, T, C), memory (B, S, C) -> (B, T, C)
     pub fn forward(

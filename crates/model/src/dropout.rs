@@ -9,11 +9,14 @@ use candle_core::Tensor;
 /// Passed by value through every forward: modules hold no mode of their own.
 #[derive(Debug, Clone, Copy)]
 pub enum Mode<'a> {
+    /// Evaluation: dropout is the identity and nothing is drawn from an RNG.
     Eval,
+    /// Training: dropout is active and draws its masks from this RNG.
     Train(&'a Rng),
 }
 
 impl Mode<'_> {
+    /// True for [`Mode::Train`].
     pub fn is_train(&self) -> bool {
         matches!(self, Mode::Train(_))
     }
@@ -33,6 +36,7 @@ impl Dropout {
         Self { p }
     }
 
+    /// The probability of zeroing an element.
     pub fn p(&self) -> f64 {
         self.p
     }

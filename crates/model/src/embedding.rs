@@ -5,6 +5,7 @@ use crate::params::{Init, ParamBuilder};
 use crate::Result;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 
+/// A token embedding table: id `i` maps to row `i` of a learned (V, C) weight.
 #[derive(Debug, Clone)]
 pub struct Embedding {
     /// (V, C)
@@ -12,6 +13,8 @@ pub struct Embedding {
 }
 
 impl Embedding {
+    /// Creates the (`vocab`, `dim`) table as the parameter `weight` under `pb`, initialised
+    /// with `init`.
     pub fn new(pb: &ParamBuilder, vocab: usize, dim: usize, init: Init) -> Result<Self> {
         Ok(Self {
             weight: pb.var("weight", (vocab, dim), init)?,
@@ -23,6 +26,8 @@ impl Embedding {
         &self.weight
     }
 
+    /// Looks up the vectors of `ids` (each below V).
+    ///
     /// # Shapes
     /// ids (...) u32 -> (..., C)
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {

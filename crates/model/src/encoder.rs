@@ -17,12 +17,19 @@ use candle_core::Tensor;
 /// The sizes and options one layer needs (a view of the model configs).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerSpec {
+    /// Model width C (`d_model`).
     pub d_model: usize,
+    /// Attention heads H; must divide `d_model`.
     pub nhead: usize,
+    /// Inner feed-forward width F (`d_ff`).
     pub dim_feedforward: usize,
+    /// Dropout probability for the residual, attention and feed-forward dropouts.
     pub dropout: f64,
+    /// Feed-forward activation.
     pub activation: Activation,
+    /// Epsilon added to the variance in each layer norm.
     pub layer_norm_eps: f64,
+    /// Pre-norm (`x + f(norm(x))`) instead of post-norm (`norm(x + f(x))`).
     pub norm_first: bool,
 }
 
@@ -69,6 +76,8 @@ pub(crate) fn residual(
     }
 }
 
+/// One encoder layer: self-attention and a feed-forward network, each a residual sub-layer
+/// with layer normalisation (post-norm or `norm_first`).
 #[derive(Debug, Clone)]
 pub struct EncoderLayer {
     self_attn: MultiHeadAttention,
@@ -80,6 +89,8 @@ pub struct EncoderLayer {
 }
 
 impl EncoderLayer {
+    /// Creates the layer's parameters under `pb` with PyTorch's names (`self_attn`,
+    /// `linear1`, `linear2`, `norm1`, `norm2`).
     pub fn new(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
         Ok(Self {
             self_attn: MultiHeadAttention::new(
@@ -252,6 +263,8 @@ impl Encoder {
         Ok(Self { layers, norm })
     }
 
+    /// Runs every layer, then the final norm if any.
+    ///
     /// # Shapes
     /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
     pub fn forward(&self, x: &Tensor, mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
@@ -317,6 +330,7 @@ impl Encoder {
             .0)
     }
 
+    /// The number of layers N in the stack.
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }

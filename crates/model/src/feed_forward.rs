@@ -9,6 +9,7 @@ use crate::params::ParamBuilder;
 use crate::Result;
 use candle_core::Tensor;
 
+/// The position-wise feed-forward network, (B, T, C) -> (B, T, F) -> (B, T, C).
 #[derive(Debug, Clone)]
 pub struct FeedForward {
     linear1: Linear,
@@ -40,6 +41,8 @@ impl FeedForward {
         (&self.linear1, &self.linear2, self.activation, self.dropout)
     }
 
+    /// `linear2(dropout(activation(linear1(x))))`, position by position.
+    ///
     /// # Shapes
     /// (B, T, C) -> (B, T, F) -> (B, T, C)
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {

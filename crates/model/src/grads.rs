@@ -87,19 +87,25 @@ pub enum GradView<'a> {
     /// f64) where the op that wrote it took it (for the clipping norm, without another
     /// pass over memory).
     Dense {
+        /// The gradient, row-major in the parameter's shape.
         values: &'a [f32],
+        /// The sum of squares of `values`, when the writing op computed it.
         sum_sq: Option<f64>,
     },
     /// Only these rows of a `(rows, dim)` parameter are non-zero; `ids` are distinct and
     /// `rows[k * dim..(k + 1) * dim]` is the gradient of row `ids[k]`.
     Rows {
+        /// The non-zero rows' indices, distinct.
         ids: &'a [u32],
+        /// The rows' gradients, `ids.len() * dim` values, row `k` for `ids[k]`.
         rows: &'a [f32],
+        /// The parameter's row width (its second dimension).
         dim: usize,
     },
 }
 
 impl DirectGrads {
+    /// An empty store: no parameter has a gradient yet.
     pub fn new() -> Self {
         Self::default()
     }

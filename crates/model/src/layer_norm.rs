@@ -10,6 +10,7 @@ use crate::params::{Init, ParamBuilder};
 use crate::Result;
 use candle_core::Tensor;
 
+/// Layer normalisation over the last dimension (C) with a learned scale and shift.
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
     /// (C,)
@@ -20,6 +21,7 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
+    /// Creates `weight` (ones) and `bias` (zeros) of size `dim` under `pb`, as PyTorch does.
     pub fn new(pb: &ParamBuilder, dim: usize, eps: f64) -> Result<Self> {
         Ok(Self {
             weight: pb.var("weight", dim, Init::Ones)?,
@@ -33,6 +35,8 @@ impl LayerNorm {
         (&self.weight, &self.bias, self.eps)
     }
 
+    /// Normalises each vector over its last dimension, then scales and shifts it.
+    ///
     /// # Shapes
     /// (..., C) -> (..., C)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {

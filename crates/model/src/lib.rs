@@ -28,6 +28,55 @@
 //! - Parameter names are PyTorch's (`encoder.layers.0.self_attn.out_proj.weight`), except that
 //!   PyTorch's packed `in_proj_weight`/`in_proj_bias` are split into `q_proj`, `k_proj`,
 //!   `v_proj` (see [`import`]). Names are the checkpoint contract.
+//!
+//! # Example
+//! A language model and an encoder-decoder at toy sizes, built with a seeded
+//! [`ParamBuilder`] and run on the CPU:
+//!
+//! ```
+//! use candle_core::{DType, Device, Tensor};
+//! use transformer_model::seq2seq::Seq2SeqMasks;
+//! use transformer_model::{
+//!     LmConfig, Mode, ParamBuilder, Rng, Seq2Seq, TransformerConfig, TransformerLm,
+//! };
+//!
+//! let device = Device::Cpu;
+//!
+//! // The tutorial's language model with V 50, C 16, 2 heads, F 32, one layer.
+//! let pb = ParamBuilder::new(DType::F32, &device, 42);
+//! let cfg = LmConfig {
+//!     ntoken: 50,
+//!     d_model: 16,
+//!     nhead: 2,
+//!     d_hid: 32,
+//!     nlayers: 1,
+//!     ..LmConfig::default()
+//! };
+//! let lm = TransformerLm::new(&pb, &cfg)?;
+//! let ids = Tensor::new(&[[1u32, 2, 3, 4], [5, 6, 7, 8]], &device)?; // (B, T) = (2, 4)
+//! let logits = lm.forward(&ids, Mode::Eval)?;
+//! assert_eq!(logits.dims(), &[2, 4, 50]); // (B, T, V)
+//!
+//! // A training loss (dropout drawn from `rng`) and its gradients.
+//! let targets = Tensor::new(&[[2u32, 3, 4, 5], [6, 7, 8, 9]], &device)?;
+//! let rng = Rng::new(1);
+//! let loss = lm.loss(&ids, &targets, Mode::Train(&rng))?;
+//! let grads = loss.backward()?;
+//! let params = pb.params();
+//! assert!(params.vars().iter().all(|v| grads.get(v.as_tensor()).is_some()));
+//!
+//! // An encoder-decoder (2 + 2 layers, C 32, 4 heads) from 20 source to 30 target tokens.
+//! let pb = ParamBuilder::new(DType::F32, &device, 42);
+//! let model = Seq2Seq::new(&pb, &TransformerConfig::tiny(), 20, 30)?;
+//! let src = Tensor::new(&[[3u32, 4, 5, 0]], &device)?; // (B, S), 0 = padding
+//! let tgt_in = Tensor::new(&[[1u32, 6, 7]], &device)?; // (B, T), 1 = start symbol
+//! let masks = Seq2SeqMasks::new(&src, &tgt_in, 0)?;
+//! let logits = model.forward(&src, &tgt_in, &masks, Mode::Eval)?;
+//! assert_eq!(logits.dims(), &[1, 3, 30]); // (B, T, V)
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod attention;
 pub mod config;

@@ -4,6 +4,7 @@ use crate::params::{Init, ParamBuilder};
 use crate::Result;
 use candle_core::Tensor;
 
+/// A fully connected layer `y = x W^T + b`, weight (out, in), optional bias (out,).
 #[derive(Debug, Clone)]
 pub struct Linear {
     /// (out, in)
@@ -41,14 +42,18 @@ impl Linear {
         Self { weight, bias }
     }
 
+    /// The weight, (out, in).
     pub fn weight(&self) -> &Tensor {
         &self.weight
     }
 
+    /// The bias, (out,), if the layer has one.
     pub fn bias(&self) -> Option<&Tensor> {
         self.bias.as_ref()
     }
 
+    /// `x W^T + b` over the last dimension.
+    ///
     /// # Shapes
     /// (..., in) -> (..., out)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {

@@ -18,6 +18,7 @@ use crate::positional::PositionalEncoding;
 use crate::Result;
 use candle_core::Tensor;
 
+/// The tutorial's causal Transformer language model: token ids (B, T) -> logits (B, T, V).
 #[derive(Debug, Clone)]
 pub struct TransformerLm {
     pos_encoder: PositionalEncoding,

@@ -9,6 +9,7 @@
 use crate::Result;
 use candle_core::{DType, Device, Tensor};
 
+/// An attention mask: a `u8` tensor broadcastable to (B, H, T, S), 1 = may attend.
 #[derive(Debug, Clone)]
 pub struct Mask {
     /// u8, (B | 1, 1, T | 1, S), 1 = may attend

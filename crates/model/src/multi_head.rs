@@ -25,6 +25,7 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// An empty cache.
     pub fn new() -> Self {
         Self::default()
     }
@@ -34,6 +35,7 @@ impl KvCache {
         self.kv.as_ref().map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
     }
 
+    /// True before the first step (no position cached).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -64,6 +66,8 @@ impl KvCache {
     }
 }
 
+/// Multi-head attention with separate query, key, value and output projections (C, C)
+/// and H heads of D = C / H dimensions; dropout on the attention weights.
 #[derive(Debug, Clone)]
 pub struct MultiHeadAttention {
     q_proj: Linear,
@@ -110,6 +114,7 @@ impl MultiHeadAttention {
         })
     }
 
+    /// The number of heads H.
     pub fn nhead(&self) -> usize {
         self.nhead
     }
@@ -124,6 +129,8 @@ impl MultiHeadAttention {
         self.dropout
     }
 
+    /// Splits the last dimension into H heads of D and moves the heads before the positions.
+    ///
     /// # Shapes
     /// (B, T, C) -> (B, H, T, D)
     pub fn split_heads(&self, x: &Tensor) -> Result<Tensor> {

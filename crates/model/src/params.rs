@@ -15,13 +15,17 @@ use std::rc::Rc;
 /// How a new parameter is filled.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Init {
+    /// All zeros.
     Zeros,
+    /// All ones.
     Ones,
     /// U(-a, a).
     Uniform(f64),
     /// Glorot & Bengio (2010): U(-b, b), b = sqrt(6 / (fan_in + fan_out)).
     XavierUniform {
+        /// Input units (the number of columns of a `(out, in)` weight).
         fan_in: usize,
+        /// Output units (the number of rows of a `(out, in)` weight).
         fan_out: usize,
     },
 }
@@ -59,18 +63,22 @@ impl Params {
         self.vars.iter().map(|(n, v)| (n.as_str(), v))
     }
 
+    /// The parameters' full dotted names, in creation order.
     pub fn names(&self) -> Vec<&str> {
         self.vars.iter().map(|(n, _)| n.as_str()).collect()
     }
 
+    /// The parameter with this full dotted name.
     pub fn get(&self, name: &str) -> Option<&Var> {
         self.index.get(name).map(|&i| &self.vars[i].1)
     }
 
+    /// The number of parameters (tensors, not scalars; see [`Params::num_elements`]).
     pub fn len(&self) -> usize {
         self.vars.len()
     }
 
+    /// True when no parameter has been created.
     pub fn is_empty(&self) -> bool {
         self.vars.is_empty()
     }
@@ -160,6 +168,8 @@ pub struct ParamBuilder {
 }
 
 impl ParamBuilder {
+    /// A root builder (empty prefix) with a fresh registry whose parameters have `dtype`,
+    /// live on `device` and are drawn from an RNG seeded with `seed`.
     pub fn new(dtype: DType, device: &Device, seed: u64) -> Self {
         Self {
             state: Rc::new(RefCell::new(BuilderState {
@@ -185,10 +195,12 @@ impl ParamBuilder {
         }
     }
 
+    /// The dtype of the parameters this builder creates.
     pub fn dtype(&self) -> DType {
         self.state.borrow().dtype
     }
 
+    /// The device the parameters are created on.
     pub fn device(&self) -> Device {
         self.state.borrow().device.clone()
     }
@@ -219,8 +231,9 @@ impl ParamBuilder {
         var.set(&t.to_dtype(var.dtype())?)
     }
 
-    /// Re-initialises every parameter under this prefix with `rank` dimensions
-    /// (`nn.Transformer` applies Xavier-uniform to all matrices after construction).
+    /// Re-initialises every matrix (rank-2 parameter) under this prefix with Xavier-uniform
+    /// bounds, as `nn.Transformer` does after construction (the split q/k/v projections get
+    /// the packed `(3C, C)` matrix's bound).
     pub fn reinit_xavier_matrices(&self) -> Result<()> {
         let st = self.state.borrow();
         for (name, var) in st.params.iter() {

@@ -8,6 +8,8 @@ use crate::dropout::{Dropout, Mode};
 use crate::Result;
 use candle_core::{DType, Device, Tensor};
 
+/// The sinusoidal positional encodings, a fixed (max_len, C) table added to the embeddings,
+/// followed by dropout.
 #[derive(Debug, Clone)]
 pub struct PositionalEncoding {
     /// (max_len, C), not a parameter.
@@ -47,6 +49,7 @@ impl PositionalEncoding {
         Tensor::from_vec(pe, (max_len, d_model), device)
     }
 
+    /// The number of positions the table covers; longer sequences are an error.
     pub fn max_len(&self) -> usize {
         self.pe.dim(0).unwrap_or(0)
     }

@@ -36,6 +36,7 @@ pub struct Rng {
 }
 
 impl Rng {
+    /// A fresh stream for `seed` (counter 0).
     pub fn new(seed: u64) -> Self {
         Self::from_state(seed, 0)
     }

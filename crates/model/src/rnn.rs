@@ -48,7 +48,9 @@ pub enum RnnAttention {
 /// Sizes of a recurrent encoder-decoder.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RnnSeq2SeqConfig {
+    /// Source vocabulary size.
     pub src_vocab: usize,
+    /// Target vocabulary size V (the output layer's width).
     pub tgt_vocab: usize,
     /// Embedding width of both sides.
     pub emb: usize,
@@ -56,6 +58,7 @@ pub struct RnnSeq2SeqConfig {
     pub hidden: usize,
     /// Dropout on the embeddings.
     pub dropout: f64,
+    /// How the decoder attends over the encoder states.
     pub attention: RnnAttention,
 }
 

@@ -36,6 +36,8 @@ pub struct Seq2SeqMasks {
 }
 
 impl Seq2SeqMasks {
+    /// The masks for source ids `src` and decoder input ids `tgt`, padded with `pad_id`.
+    ///
     /// # Shapes
     /// src (B, S) u32, tgt (B, T) u32
     pub fn new(src: &Tensor, tgt: &Tensor, pad_id: u32) -> Result<Self> {
@@ -85,6 +87,8 @@ impl Seq2SeqConfig {
     }
 }
 
+/// The encoder-decoder Transformer with embeddings and output layer: source ids (B, S) and
+/// target ids (B, T) -> logits (B, T, V).
 #[derive(Debug, Clone)]
 pub struct Seq2Seq {
     src_embedding: Embedding,
@@ -275,6 +279,8 @@ impl Seq2Seq {
         self.pos_encoder.forward(&x, offset, mode)
     }
 
+    /// Embeds and encodes the source: the memory the decoder attends to.
+    ///
     /// # Shapes
     /// src (B, S) u32 -> memory (B, S, C)
     pub fn encode(&self, src: &Tensor, src_mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
@@ -345,6 +351,9 @@ impl Seq2Seq {
         Ok((self.generator.forward(&h)?, w))
     }
 
+    /// Next-token logits at every target position (teacher forcing): encode, then decode
+    /// `tgt_in` under the masks.
+    ///
     /// # Shapes
     /// src (B, S) u32, tgt_in (B, T) u32 -> logits (B, T, V)
     pub fn forward(

@@ -11,6 +11,8 @@ use crate::params::ParamBuilder;
 use crate::Result;
 use candle_core::Tensor;
 
+/// The encoder and decoder stacks of `torch.nn.Transformer`, on embedded inputs (B, S, C)
+/// and (B, T, C).
 #[derive(Debug, Clone)]
 pub struct Transformer {
     encoder: Encoder,
@@ -38,6 +40,8 @@ impl Transformer {
         self.encoder.forward(src, src_mask, mode)
     }
 
+    /// Runs the decoder stack over the embedded targets, attending to `memory`.
+    ///
     /// # Shapes
     /// tgt (B, T, C), memory (B, S, C) -> (B, T, C)
     pub fn decode(

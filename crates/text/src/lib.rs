@@ -11,6 +11,41 @@
 //! 4. [`batch`]: the stream becomes `bsz` columns (`batchify`) read in `bptt`-row windows
 //!    (`get_batch`), sequence-first like the tutorial.
 //!
+//! Translation adds subword tokenizers ([`subword`]), sentence pairs ([`parallel`]), batches
+//! of pairs of similar lengths ([`bucket`]) and sacreBLEU's BLEU and chrF ([`score`]).
+//!
+//! The steps on two lines in memory, and a BLEU score:
+//!
+//! ```
+//! use transformer_text::score::{corpus_bleu, BleuOptions};
+//! use transformer_text::{basic_english, batchify, Vocab};
+//!
+//! let lines = ["The cat sat on the mat.", "The dog sat on the log."];
+//! let tokens: Vec<String> = lines.iter().flat_map(|l| basic_english(l)).collect();
+//! assert_eq!(tokens[..7], ["the", "cat", "sat", "on", "the", "mat", "."]);
+//!
+//! // `<unk>` is id 0, then tokens by descending count: "the" (4 times) is id 1.
+//! let vocab = Vocab::build(&tokens);
+//! let ids = vocab.encode(&tokens);
+//! assert_eq!((ids[0], vocab.id("zebra")), (1, 0));
+//!
+//! // 14 ids in 2 columns of 7 rows, read in windows of at most 3 rows.
+//! let grid = batchify(&ids, 2)?;
+//! assert_eq!((grid.rows, grid.cols), (7, 2));
+//! let window = grid.windows(3).next().unwrap();
+//! assert_eq!((window.seq_len, window.batch_size), (3, 2));
+//! assert_eq!(window.target[..2], grid.row(1)[..]);
+//!
+//! // sacreBLEU's corpus BLEU (13a tokenizer, exp smoothing), one reference per line.
+//! let hyps = ["the cat sat on the mat"];
+//! let refs = ["the cat sat on the mat"];
+//! let bleu = corpus_bleu(&hyps, &refs, &BleuOptions::default())?;
+//! assert!((bleu.score - 100.0).abs() < 1e-9);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The WikiText-2 splits from their files:
+//!
 //! ```no_run
 //! use transformer_text::{batchify, Corpus};
 //!
@@ -21,6 +56,8 @@
 //! }
 //! # Ok::<(), transformer_text::Error>(())
 //! ```
+
+#![warn(missing_docs)]
 
 pub mod batch;
 pub mod bucket;

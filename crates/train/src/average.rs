@@ -36,7 +36,9 @@ pub struct WeightAverage<M> {
     pub every: usize,
     /// Updates made so far.
     pub updates: u64,
+    /// The averaged model; evaluate or decode with it.
     pub model: M,
+    /// The averaged model's parameters (the average itself), updated in place.
     pub params: Params,
 }
 

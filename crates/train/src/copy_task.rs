@@ -19,24 +19,34 @@ use std::path::Path;
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{Mode, ParamBuilder, Params, Rng, Seq2Seq, TransformerConfig};
 
+/// The padding symbol.
 pub const PAD: u32 = 0;
+/// The start symbol, the first position of every sequence.
 pub const BOS: u32 = 1;
-/// Format tags of the copy task's checkpoints and weight files.
+/// Format tag of the copy task's checkpoints.
 pub const CHECKPOINT_FORMAT: &str = "transformer-copy-checkpoint/1";
+/// Format tag of the copy task's weight files (`best` and `last`).
 pub const WEIGHTS_FORMAT: &str = "transformer-copy-weights/1";
 
+/// The copy task's settings: model, data and optimisation; [`Default`] is the Annotated
+/// Transformer's setup (a 2-layer model, 11 symbols, sequences of 10).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CopyTaskConfig {
+    /// The encoder-decoder's sizes.
     pub model: TransformerConfig,
     /// Symbols 0..vocab (0 = padding, 1 = start).
     pub vocab: usize,
     /// Sequence length including the start symbol.
     pub seq_len: usize,
+    /// Sequences per training batch.
     pub batch_size: usize,
+    /// Optimizer steps (one random batch each).
     pub steps: usize,
+    /// Warm-up steps of the Noam schedule.
     pub warmup: usize,
     /// Multiplies the Noam learning rate.
     pub lr_factor: f64,
+    /// Seeds the initial weights and the held-out set; `seed + 1` seeds the batches and dropout.
     pub seed: u64,
     /// A log line every this many steps.
     pub log_every: usize,
@@ -266,8 +276,12 @@ impl Task for CopyTask {
 /// A finished copy-task run: the loss of every step and the exact-copy rate of the trained
 /// model on 100 held-out sequences.
 pub struct CopySummary {
+    /// The training loss (mean cross-entropy, nats) of every step.
     pub losses: Vec<f64>,
+    /// The fraction of held-out sequences the best model copies exactly; `None` when the
+    /// test phase did not run.
     pub accuracy: Option<f64>,
+    /// The model's number of scalar parameters.
     pub parameters: usize,
 }
 

@@ -1,6 +1,40 @@
 //! Training: losses, optimizers, learning-rate schedules, gradient clipping, checkpoints,
 //! metrics, the tutorial's WikiText-2 language model loop, and the copy task (the Annotated
 //! Transformer's end-to-end smoke test).
+//!
+//! # Example
+//! The paper's learning-rate schedule, and a few clipped SGD steps on a cross-entropy:
+//!
+//! ```
+//! use candle_core::{DType, Device, Tensor, Var};
+//! use transformer_train::{clip_grad_norm, cross_entropy, NoamSchedule, Sgd};
+//!
+//! // Section 5.3: the rate rises for `warmup` steps, then decays as step^-0.5.
+//! let noam = NoamSchedule { d_model: 512, warmup: 4000, factor: 1.0 };
+//! assert!(noam.lr(1) < noam.lr(4000) && noam.lr(4000) > noam.lr(8000));
+//! assert!((noam.lr(4000) - (512.0f64 * 4000.0).powf(-0.5)).abs() < 1e-12);
+//!
+//! // Free logits for 3 positions over 4 tokens, the last position padding (target 0).
+//! let device = Device::Cpu;
+//! let logits = Var::zeros((3, 4), DType::F32, &device)?;
+//! let targets = Tensor::new(&[1u32, 3, 0], &device)?;
+//! let (first, counted) = cross_entropy(logits.as_tensor(), &targets, Some(0))?;
+//! assert_eq!(counted, 2);
+//! assert!((first.to_scalar::<f32>()? - 4f32.ln()).abs() < 1e-6); // uniform: ln V
+//!
+//! let mut sgd = Sgd::new(vec![logits.clone()], 1.0);
+//! for _ in 0..10 {
+//!     let (loss, _) = cross_entropy(logits.as_tensor(), &targets, Some(0))?;
+//!     let mut grads = loss.backward()?;
+//!     clip_grad_norm(&mut grads, sgd.vars(), 0.5)?; // gradient norm at most 0.5
+//!     sgd.step(&grads)?;
+//! }
+//! let (last, _) = cross_entropy(logits.as_tensor(), &targets, Some(0))?;
+//! assert!(last.to_scalar::<f32>()? < first.to_scalar::<f32>()?);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod average;
 pub mod checkpoint;

@@ -64,8 +64,11 @@ pub struct LmTrainConfig {
     pub emsize: usize,
     /// Feed-forward width (`d_hid`).
     pub nhid: usize,
+    /// Encoder layers (`nlayers`).
     pub nlayers: usize,
+    /// Attention heads; must divide `emsize`.
     pub nhead: usize,
+    /// Dropout probability of the positional encoding and every encoder layer.
     pub dropout: f64,
     /// SGD learning rate of the first epoch.
     pub lr: f64,
@@ -73,6 +76,7 @@ pub struct LmTrainConfig {
     pub gamma: f64,
     /// Gradient-norm clipping threshold.
     pub clip: f64,
+    /// Passes over the training split.
     pub epochs: usize,
     /// Training columns of `batchify`.
     pub batch_size: usize,
@@ -163,6 +167,7 @@ impl LmTrainConfig {
         }
     }
 
+    /// Checks the model sizes and that counts are positive and rates in range.
     pub fn validate(&self) -> Result<()> {
         self.model(1).validate()?;
         for (name, v) in [
@@ -201,6 +206,7 @@ impl LmTrainConfig {
         })
     }
 
+    /// The configuration as TOML, every key written (what `config.toml` holds).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("config serializes")
     }
@@ -213,9 +219,13 @@ impl LmTrainConfig {
 
 /// The three splits, tokenized and batchified, and the vocabulary.
 pub struct LmData {
+    /// The vocabulary, built from the training split.
     pub vocab: Vocab,
+    /// The training split in `batch_size` columns.
     pub train: Batched,
+    /// The validation split in `eval_batch_size` columns.
     pub valid: Batched,
+    /// The test split in `eval_batch_size` columns.
     pub test: Batched,
 }
 
@@ -338,7 +348,9 @@ pub type TrainOptions = crate::runner::RunOptions<LmTrainConfig>;
 /// What a finished (or stopped) run reports.
 #[derive(Debug, Clone)]
 pub struct Summary {
+    /// Where the run stands at the end of this invocation.
     pub state: TrainState,
+    /// The best model's test loss (mean cross-entropy, nats per token), once tested.
     pub test_loss: Option<f64>,
     /// The loss of every step taken in this invocation.
     pub step_losses: Vec<f64>,
@@ -346,9 +358,12 @@ pub struct Summary {
 
 pub use crate::runner::{best_path, checkpoint_path, config_path, metrics_path};
 
+/// `vocab.txt` in the run directory `run`.
 pub fn vocab_path(run: &Path) -> PathBuf {
     run.join("vocab.txt")
 }
+/// `best-sgd.safetensors` in the run directory `run`: the best SGD weights, kept apart
+/// from `best.safetensors` when the weight average wins.
 pub fn best_sgd_path(run: &Path) -> PathBuf {
     run.join("best-sgd.safetensors")
 }
@@ -376,15 +391,21 @@ pub fn save_weights(path: &Path, params: &Params, model: &LmConfig) -> Result<()
 /// A trained model loaded from a run directory (its best weights, or the latest checkpoint
 /// when no best model exists yet).
 pub struct LoadedLm {
+    /// The model, ready to evaluate or generate.
     pub model: TransformerLm,
+    /// Its parameters.
     pub params: Params,
+    /// Its configuration: the best weights' own, or derived from the run's configuration
+    /// when the weights come from a checkpoint.
     pub config: LmConfig,
+    /// The run's vocabulary (`vocab.txt`).
     pub vocab: Vocab,
     /// How the run's text was read (its `config.toml`; the newer tutorial's where there is
     /// none, as for imported models).
     pub line_end: LineEnd,
 }
 
+/// Loads the model of the run directory `run` onto `device`: see [`LoadedLm`].
 pub fn load_run(run: &Path, device: &Device) -> Result<LoadedLm> {
     if !run.is_dir() {
         return Err(Error::Usage(format!(
@@ -816,11 +837,15 @@ pub fn import_torch(
 /// columns, `bptt` windows, each window's loss weighted by its length).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct EvalResult {
+    /// Mean cross-entropy per predicted token, in nats.
     pub loss: f64,
+    /// Perplexity, `exp(loss)`.
     pub ppl: f64,
+    /// The number of predicted tokens.
     pub tokens: usize,
 }
 
+/// Evaluates the text file `text` under the loaded model; see [`EvalResult`].
 pub fn evaluate_file(
     lm: &LoadedLm,
     text: &Path,

@@ -17,6 +17,7 @@ pub enum Weights {
 }
 
 impl Weights {
+    /// The weights in words, for log lines ("the SGD weights", "the weight average").
     pub fn describe(self) -> &'static str {
         match self {
             Weights::Sgd => "the SGD weights",
@@ -31,21 +32,34 @@ impl Weights {
 pub enum Metric {
     /// Mean training loss over the last `log_interval` batches.
     Train {
+        /// Optimizer steps taken.
         step: usize,
+        /// The epoch (1-based).
         epoch: usize,
+        /// The batch within the epoch, as the log line numbers it.
         batch: usize,
+        /// The epoch's batch count, as the log line shows it.
         batches: usize,
+        /// The learning rate of the last step.
         lr: f64,
+        /// Mean wall-clock milliseconds per batch over the window.
         ms_per_batch: f64,
+        /// Mean training loss (the one differentiated; label-smoothed in translation), nats.
         loss: f64,
+        /// Perplexity: exp of the mean plain cross-entropy.
         ppl: f64,
     },
     /// End-of-epoch validation.
     Valid {
+        /// Optimizer steps taken.
         step: usize,
+        /// The epoch just finished (1-based).
         epoch: usize,
+        /// Mean cross-entropy per target token on the validation set, nats.
         loss: f64,
+        /// Perplexity, `exp(loss)`.
         ppl: f64,
+        /// Wall-clock seconds of the epoch, training and validation.
         epoch_seconds: f64,
         /// Absent in files written before weight averaging existed: the SGD weights.
         #[serde(default)]
@@ -57,9 +71,13 @@ pub enum Metric {
     /// Test at the end of training: of the best model by validation, and (when weights are
     /// averaged and the average won) of the best SGD weights too.
     Test {
+        /// Optimizer steps taken.
         step: usize,
+        /// Mean cross-entropy per target token on the test set, nats.
         loss: f64,
+        /// Perplexity, `exp(loss)`.
         ppl: f64,
+        /// Which weights were tested.
         #[serde(default)]
         weights: Weights,
         /// Translation: corpus BLEU (sacreBLEU's default) of the test set.
@@ -69,6 +87,7 @@ pub enum Metric {
 }
 
 impl Metric {
+    /// The optimizer step the record was taken at.
     pub fn step(&self) -> usize {
         match self {
             Metric::Train { step, .. } | Metric::Valid { step, .. } | Metric::Test { step, .. } => {
@@ -78,6 +97,7 @@ impl Metric {
     }
 }
 
+/// Appends `m` as one JSON line to the file at `path` (created if missing).
 pub fn append(path: &Path, m: &Metric) -> Result<()> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
@@ -96,6 +116,7 @@ pub fn append(path: &Path, m: &Metric) -> Result<()> {
     .map_err(io)
 }
 
+/// Reads a metrics file, one record per line; a missing file is no records.
 pub fn read(path: &Path) -> Result<Vec<Metric>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,

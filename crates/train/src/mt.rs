@@ -81,8 +81,11 @@ impl std::str::FromStr for Corpus {
 /// The train, validation and test sources of a corpus.
 #[derive(Debug, Clone)]
 pub struct CorpusFiles {
+    /// The training pairs, read in order and concatenated.
     pub train: Vec<PairSource>,
+    /// The validation pairs.
     pub valid: PairSource,
+    /// The test pairs, if the corpus has a test set.
     pub test: Option<PairSource>,
 }
 
@@ -193,11 +196,17 @@ pub struct MtTrainConfig {
     pub corpus: Option<Corpus>,
     /// The folder holding the bundled corpora.
     pub data: Option<PathBuf>,
+    /// Training source sentences, one per line (replaces the corpus's).
     pub train_src: Option<PathBuf>,
+    /// Training target sentences, line by line parallel to `train_src`.
     pub train_tgt: Option<PathBuf>,
+    /// Validation source sentences, one per line (replaces the corpus's).
     pub valid_src: Option<PathBuf>,
+    /// Validation target sentences, parallel to `valid_src`.
     pub valid_tgt: Option<PathBuf>,
+    /// Test source sentences, one per line (replaces the corpus's).
     pub test_src: Option<PathBuf>,
+    /// Test target sentences, parallel to `test_src`.
     pub test_tgt: Option<PathBuf>,
     /// The model: the Transformer, or a recurrent baseline (`gru`, `gru-dot`,
     /// `gru-bahdanau`).
@@ -211,11 +220,17 @@ pub struct MtTrainConfig {
     pub vocab_size: usize,
     /// One matrix for both embeddings and the output layer (section 3.4).
     pub share_embeddings: bool,
+    /// Model width (the recurrent models' embedding width).
     pub d_model: usize,
+    /// Attention heads; must divide `d_model`.
     pub nhead: usize,
+    /// Encoder layers N.
     pub encoder_layers: usize,
+    /// Decoder layers N.
     pub decoder_layers: usize,
+    /// Inner feed-forward width d_ff.
     pub dim_feedforward: usize,
+    /// Dropout probability (section 5.4); the recurrent models apply it to the embeddings.
     pub dropout: f64,
     /// Pre-norm layers instead of the paper's post-norm.
     pub norm_first: bool,
@@ -235,6 +250,8 @@ pub struct MtTrainConfig {
     pub max_tokens: usize,
     /// Training pairs with a side longer than this many subword tokens are skipped.
     pub max_sentence_tokens: usize,
+    /// Print and record the mean training loss every this many batches (and after the
+    /// epoch's last).
     pub log_interval: usize,
     /// Write a resumable checkpoint every this many batches (and at every epoch end).
     pub checkpoint_interval: usize,
@@ -242,6 +259,7 @@ pub struct MtTrainConfig {
     pub max_batches: Option<usize>,
     /// Validate on at most this many sentences (quick runs); all when absent.
     pub max_valid: Option<usize>,
+    /// Seeds the initial weights, the batch order of every epoch and (plus 1) dropout.
     pub seed: u64,
     /// Decay per step of the moving average of the weights that is validated beside the
     /// trained weights at every epoch end ([`crate::average`]); 0 turns it off.
@@ -252,7 +270,9 @@ pub struct MtTrainConfig {
     /// the default Multi30k model (beam 5, sacreBLEU on val, 2026-11-25: 0.6 gave 40.92,
     /// 1.0 41.25, 1.5 41.22, 2.0 39.88).
     pub length_penalty: f64,
+    /// Translations are at most `max_len_a * source_tokens + max_len_b` tokens long.
     pub max_len_a: f64,
+    /// See `max_len_a`.
     pub max_len_b: usize,
 }
 
@@ -362,6 +382,7 @@ impl MtTrainConfig {
         }
     }
 
+    /// Checks the model configuration and that counts are positive and rates in range.
     pub fn validate(&self) -> Result<()> {
         match self.model_config(self.vocab_size) {
             MtModelConfig::Transformer(c) => c.validate()?,
@@ -462,6 +483,7 @@ impl MtTrainConfig {
         Ok(files)
     }
 
+    /// Reads a TOML file of the same keys (any subset; the rest keep their defaults).
     pub fn from_toml_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
             path: path.into(),
@@ -473,6 +495,7 @@ impl MtTrainConfig {
         })
     }
 
+    /// The configuration as TOML, every key written (what `config.toml` holds).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("config serializes")
     }
@@ -481,12 +504,16 @@ impl MtTrainConfig {
 /// A split's sentences and their token ids (without `<bos>` / `<eos>`).
 #[derive(Debug, Clone)]
 pub struct EncodedSplit {
+    /// The sentence pairs as text.
     pub pairs: Pairs,
+    /// The source sentences' token ids, one list per sentence.
     pub src: Vec<Vec<u32>>,
+    /// The target sentences' token ids, one list per sentence.
     pub tgt: Vec<Vec<u32>>,
 }
 
 impl EncodedSplit {
+    /// Tokenizes both sides of `pairs` with `tok`.
     pub fn encode(pairs: Pairs, tok: &Subword) -> Self {
         let src = pairs.src.iter().map(|s| tok.encode(s)).collect();
         let tgt = pairs.tgt.iter().map(|s| tok.encode(s)).collect();
@@ -504,6 +531,7 @@ impl EncodedSplit {
 
 pub use crate::runner::{best_path, checkpoint_path, config_path, metrics_path};
 
+/// `tokenizer.json` in the run directory `run`: the run's tokenizer.
 pub fn tokenizer_path(run: &Path) -> PathBuf {
     run.join("tokenizer.json")
 }
@@ -517,6 +545,7 @@ pub type MtTrainOptions = crate::runner::RunOptions<MtTrainConfig>;
 /// What a finished (or stopped) run reports.
 #[derive(Debug, Clone)]
 pub struct MtSummary {
+    /// Where the run stands at the end of this invocation.
     pub state: MtState,
     /// Test loss and sacreBLEU of the best model, when a test set was given.
     pub test: Option<(f64, f64)>,
@@ -649,10 +678,16 @@ pub fn save_weights(path: &Path, params: &Params, model: &MtModelConfig) -> Resu
 
 /// A trained translation model loaded from a run directory.
 pub struct LoadedMt {
+    /// The model, ready to translate.
     pub model: MtModel,
+    /// Its parameters.
     pub params: Params,
+    /// The run's training configuration (`config.toml`).
     pub config: MtTrainConfig,
+    /// The model's configuration: the best weights' own, or derived from `config` when the
+    /// weights come from a checkpoint.
     pub model_config: MtModelConfig,
+    /// The run's tokenizer (`tokenizer.json`), for both languages.
     pub tokenizer: Subword,
 }
 

@@ -70,14 +70,18 @@ impl std::str::FromStr for Arch {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum MtModelConfig {
+    /// A GRU encoder-decoder.
     Rnn(RnnSeq2SeqConfig),
+    /// A Transformer encoder-decoder.
     Transformer(Seq2SeqConfig),
 }
 
 /// A translation model of any architecture.
 #[derive(Debug, Clone)]
 pub enum MtModel {
+    /// The Transformer encoder-decoder.
     Transformer(Seq2Seq),
+    /// A GRU encoder-decoder (with or without attention).
     Rnn(RnnSeq2Seq),
 }
 
@@ -116,7 +120,9 @@ impl MtModel {
 
 /// [`MtModel`]'s decoding state.
 pub enum MtState {
+    /// The Transformer's: projected encoder memory and self-attention caches.
     Transformer(DecodeState),
+    /// The GRU model's: encoder outputs and the decoder's hidden state.
     Rnn(RnnState),
 }
 

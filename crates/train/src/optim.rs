@@ -10,10 +10,12 @@ use transformer_model::grads::{DirectGrads, GradView};
 #[derive(Debug, Clone)]
 pub struct Sgd {
     vars: Vec<Var>,
+    /// The learning rate; set it between steps to follow a schedule.
     pub lr: f64,
 }
 
 impl Sgd {
+    /// An optimizer for `vars` with learning rate `lr`.
     pub fn new(vars: Vec<Var>, lr: f64) -> Self {
         Self { vars, lr }
     }
@@ -23,6 +25,7 @@ impl Sgd {
         &self.vars
     }
 
+    /// `p -= lr * g` for every parameter with a gradient in `grads`.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         self.step_scaled(grads, 1.0)
     }
@@ -147,8 +150,9 @@ impl InplaceOp2 for Axpy {
     }
 }
 
-/// Prefixes of Adam's moments in checkpoints.
+/// Prefix of Adam's first moments in checkpoints (`adam.m.<parameter index>`).
 pub const ADAM_M: &str = "adam.m.";
+/// Prefix of Adam's second moments in checkpoints (`adam.v.<parameter index>`).
 pub const ADAM_V: &str = "adam.v.";
 
 /// Adam (Kingma & Ba 2015) with bias correction, the paper's optimizer (section 5.3:
@@ -156,9 +160,13 @@ pub const ADAM_V: &str = "adam.v.";
 #[derive(Debug, Clone)]
 pub struct Adam {
     vars: Vec<Var>,
+    /// The learning rate; set it between steps to follow a schedule.
     pub lr: f64,
+    /// Decay rate of the first moment (the gradients' running mean).
     pub beta1: f64,
+    /// Decay rate of the second moment (the squared gradients' running mean).
     pub beta2: f64,
+    /// Added to the denominator `sqrt(v_hat)` for numerical stability.
     pub eps: f64,
     /// Steps taken so far.
     pub step: u64,
@@ -221,6 +229,7 @@ impl Adam {
         })
     }
 
+    /// One Adam update of every parameter with a gradient in `grads`; counts the step.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         self.step += 1;
         let t = self.step as i32;
@@ -243,8 +252,12 @@ impl Adam {
 /// `lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`.
 #[derive(Debug, Clone, Copy)]
 pub struct NoamSchedule {
+    /// The model width whose inverse square root scales the rate.
     pub d_model: usize,
+    /// Steps of linear warm-up; the rate peaks at step `warmup`, then decays as
+    /// `step^-0.5`.
     pub warmup: usize,
+    /// Multiplies the whole rate (1 in the paper).
     pub factor: f64,
 }
 

@@ -54,6 +54,7 @@ pub struct RunOptions<C> {
     /// When set (by a Ctrl-C handler, say), save a checkpoint after the current batch and
     /// return; `--resume` continues from there.
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// The device the model is built and trained on.
     pub device: Device,
 }
 
@@ -219,17 +220,21 @@ pub struct RunState {
     /// Which weights `best.safetensors` holds, and from the end of which epoch.
     #[serde(default)]
     pub best_weights: Weights,
+    /// The epoch at whose end the best model was validated (0 before the first).
     #[serde(default)]
     pub best_epoch: usize,
     /// The best figure of the trained weights alone, when the task keeps them apart from an
     /// average that may win ([`Task::BEST_TRAINED_FILE`]).
     #[serde(default, alias = "best_sgd_val_loss")]
     pub best_trained: Option<f64>,
-    /// Sums over the batches since the last log line.
+    /// The sum of the training losses ([`StepStats::loss`]) since the last log line.
     pub log_loss_sum: f64,
+    /// The sum of the plain cross-entropies ([`StepStats::nll`]) since the last log line.
     #[serde(default)]
     pub log_nll_sum: f64,
+    /// The number of batches since the last log line.
     pub log_batches: usize,
+    /// The number of target tokens since the last log line.
     #[serde(default)]
     pub log_tokens: usize,
     /// Whether the test has been run.
@@ -271,16 +276,23 @@ pub struct StepStats {
 /// The batches since the last log line, for a task's log line.
 #[derive(Debug, Clone, Copy)]
 pub struct LogWindow {
+    /// The epoch in progress (1-based).
     pub epoch: usize,
-    /// 0-based index of the batch just done, and the epoch's batch count.
+    /// 0-based index of the batch just done.
     pub index: usize,
+    /// The epoch's batch count.
     pub batches: usize,
     /// Optimizer steps taken.
     pub step: usize,
+    /// The sum of the window's training losses ([`StepStats::loss`]), one per batch.
     pub loss_sum: f64,
+    /// The sum of the window's plain cross-entropies ([`StepStats::nll`]), one per batch.
     pub nll_sum: f64,
+    /// The number of batches in the window.
     pub count: usize,
+    /// The number of target tokens in the window.
     pub tokens: usize,
+    /// Wall-clock seconds since the last log line (or the epoch's start).
     pub seconds: f64,
 }
 
@@ -332,6 +344,7 @@ pub trait Task {
     /// `best.safetensors` (which the average may win), or `None` not to keep them.
     const BEST_TRAINED_FILE: Option<&'static str> = None;
 
+    /// The number of epochs to train.
     fn epochs(&self) -> usize;
     /// Batches between resumable checkpoints (0: at epoch ends only).
     fn checkpoint_interval(&self) -> usize;
@@ -339,6 +352,7 @@ pub trait Task {
     fn config_toml(&self) -> String;
     /// The model being trained and its parameters.
     fn model(&self) -> &Self::Model;
+    /// The trained model's parameters, for the optimizer, checkpoints and the average.
     fn params(&self) -> &Params;
     /// A second model of the same configuration (the weight average's).
     fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<Self::Model>;
@@ -396,8 +410,11 @@ pub trait Task {
 /// A checkpoint to resume from: its tensors (weights, optimizer, average), metadata and
 /// state.
 pub struct Saved {
+    /// The named tensors: weights, optimizer state and the weight average (`average.*`).
     pub tensors: HashMap<String, Tensor>,
+    /// The string metadata: format tag, `state` (JSON), `config` (TOML) and the optimizer's.
     pub meta: HashMap<String, String>,
+    /// Where the run stood when the checkpoint was written.
     pub state: RunState,
 }
 
@@ -435,6 +452,7 @@ pub fn predates_averaging(config_toml: &str) -> bool {
 /// What a finished (or stopped) run reports.
 #[derive(Debug, Clone)]
 pub struct RunSummary {
+    /// Where the run stands at the end of this invocation.
     pub state: RunState,
     /// The best model's test loss, once tested.
     pub test_loss: Option<f64>,

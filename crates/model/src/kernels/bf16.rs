@@ -38,7 +38,7 @@
 //! with unit-size terms is then off by about `2^-9 * sqrt(K)` relative to its terms' scale
 //! (the tests bound it).
 
-/// The hardware that runs [`gemm_bf16`].
+/// The hardware that runs the bf16 matrix products (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// AMX-TILE and AMX-BF16.
@@ -78,7 +78,7 @@ pub fn backend() -> Option<Backend> {
     })
 }
 
-/// Whether [`gemm_bf16`] can run here ([`backend`]).
+/// Whether bf16 products can run here: some [`backend`] is available.
 pub fn available() -> bool {
     backend().is_some()
 }

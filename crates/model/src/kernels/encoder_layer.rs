@@ -75,6 +75,8 @@ pub struct EncoderLayerParams {
 pub type WeightBias<'a> = (&'a Tensor, &'a Tensor);
 
 impl EncoderLayerParams {
+    /// Collects the layer's weights and biases in the layouts above; the shapes are checked
+    /// when the layer runs.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         q: WeightBias,
@@ -140,8 +142,11 @@ impl EncoderLayerParams {
 /// The layer's options ([`crate::encoder::LayerSpec`] without what the parameters give).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EncoderLayerOptions {
+    /// Attention heads H; must divide C.
     pub nhead: usize,
+    /// Epsilon added to the variance in both layer norms.
     pub layer_norm_eps: f64,
+    /// Pre-norm instead of post-norm residual sub-layers.
     pub norm_first: bool,
 }
 
@@ -150,8 +155,11 @@ pub struct EncoderLayerOptions {
 /// sub-layer's output, the feed-forward hidden layer, the feed-forward sub-layer's output.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerDropout {
+    /// The probability of zeroing an element, in [0, 1).
     pub p: f64,
+    /// The RNG seed the streams are drawn under.
     pub seed: u64,
+    /// One RNG stream per dropout mask, in the order listed above.
     pub streams: [u64; 4],
 }
 

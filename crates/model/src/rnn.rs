@@ -4,13 +4,20 @@
 //! - [`RnnAttention::None`] (Cho et al. 2014; Sutskever et al. 2014): the decoder sees the
 //!   source only through one fixed-size vector `z`, made from the encoder's final states. `z`
 //!   is its initial state and is fed again at every step, in the GRU's input and in the output
-//!   layer's: `s_t = GRU([y_t; z], s_{t-1})`, logits from `[s_t; z; y_t]`.
+//!   layer's: `s_t = GRU([y_t; z], s_{t-1})`, output `o_t = tanh(W_o [s_t; z; y_t])`.
 //! - [`RnnAttention::Dot`] (Luong et al. 2015, dot score): `s_t = GRU(y_t, s_{t-1})`, scores
 //!   `s_t . h_i` over the encoder outputs `h_i`, weights `a_t = softmax(scores)`, context
-//!   `c_t = sum_i a_ti h_i`, and logits from `tanh(W_c [s_t; c_t])`.
+//!   `c_t = sum_i a_ti h_i`, output `o_t = tanh(W_o [s_t; c_t])` (Luong's attentional
+//!   hidden state).
 //! - [`RnnAttention::Bahdanau`] (Bahdanau et al. 2015, additive): scores
 //!   `v . tanh(W_b s_{t-1} + W_c h_i)` from the previous state, the context concatenated into
-//!   the GRU's input, `s_t = GRU([y_t; c_t], s_{t-1})`, logits from `[s_t; c_t; y_t]`.
+//!   the GRU's input, `s_t = GRU([y_t; c_t], s_{t-1})`, output `o_t = tanh(W_o [s_t; c_t;
+//!   y_t])` (Bahdanau's deep output, with tanh in place of maxout).
+//!
+//! All three end in the same output layer, logits `= W o_t + b` from `o_t` of `2 hidden`
+//! units: the models differ only in how the source reaches the decoder. (Feeding
+//! `[s_t; c_t; y_t]` to the vocabulary directly, as some tutorials do, makes the output layer
+//! 2.5 times as large at the default sizes, and it dominates the step.)
 //!
 //! The encoder is an embedding (with dropout) and one bidirectional GRU layer of `hidden`
 //! units per direction; its outputs `h_i` are both directions' states, `2 hidden` wide, and the
@@ -81,12 +88,12 @@ impl RnnSeq2SeqConfig {
         Ok(())
     }
 
-    /// Width of what the output layer reads.
-    fn features(&self) -> usize {
+    /// Width of what the output projection `W_o` reads.
+    fn output_inputs(&self) -> usize {
         let d = 2 * self.hidden;
         match self.attention {
             RnnAttention::None | RnnAttention::Bahdanau => d + d + self.emb,
-            RnnAttention::Dot => d,
+            RnnAttention::Dot => d + d,
         }
     }
 }
@@ -113,8 +120,8 @@ pub struct RnnSeq2Seq {
     bridge: Linear,
     decoder: GruDirection,
     additive: Option<Additive>,
-    /// Luong's `tanh(W_c [s; c])`.
-    combine: Option<Linear>,
+    /// `W_o`: the decoder's state and what it reads of the source -> `o_t` (2H).
+    output: Linear,
     generator: Linear,
     dropout: Dropout,
 }
@@ -163,7 +170,7 @@ impl RnnState {
 impl RnnSeq2Seq {
     /// Parameters: `src_embedding.weight`, `tgt_embedding.weight`, `encoder.*_l0[_reverse]`
     /// (PyTorch's GRU names), `bridge.*`, `decoder.*_l0`, `attention.{keys,query,v}.*`
-    /// (Bahdanau), `combine.*` (dot), `generator.*`. PyTorch's default initialisations:
+    /// (Bahdanau), `output.*`, `generator.*`. PyTorch's default initialisations:
     /// embeddings of unit variance, linear and GRU weights U(-1/sqrt(fan), 1/sqrt(fan)).
     pub fn new(pb: &ParamBuilder, cfg: &RnnSeq2SeqConfig) -> Result<Self> {
         cfg.validate().map_err(candle_core::Error::Msg)?;
@@ -191,11 +198,8 @@ impl RnnSeq2Seq {
             }
             _ => None,
         };
-        let combine = match cfg.attention {
-            RnnAttention::Dot => Some(Linear::new(&pb.pp("combine"), d + d, d, true)?),
-            _ => None,
-        };
-        let generator = Linear::new(&pb.pp("generator"), cfg.features(), cfg.tgt_vocab, true)?;
+        let output = Linear::new(&pb.pp("output"), cfg.output_inputs(), d, true)?;
+        let generator = Linear::new(&pb.pp("generator"), d, cfg.tgt_vocab, true)?;
         Ok(Self {
             cfg: cfg.clone(),
             src_embedding,
@@ -204,7 +208,7 @@ impl RnnSeq2Seq {
             bridge,
             decoder,
             additive,
-            combine,
+            output,
             generator,
             dropout: Dropout::new(cfg.dropout),
         })
@@ -282,7 +286,8 @@ impl RnnSeq2Seq {
     }
 
     /// One decoder step from the embedded previous token `y` (B, E): advances the state and
-    /// returns what the output layer reads (B, F) and, with attention, its weights (B, S).
+    /// returns what the output projection `W_o` reads (B, F) and, with attention, its
+    /// weights (B, S).
     fn advance(&self, st: &mut RnnState, y: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
         match self.cfg.attention {
             RnnAttention::None => {
@@ -296,9 +301,7 @@ impl RnnSeq2Seq {
                 let s = self.decoder.step(y, &st.state)?;
                 st.state = s.clone();
                 let (w, c) = self.attend(st, &s)?;
-                let combine = self.combine.as_ref().expect("dot attention has combine");
-                let out = combine.forward(&Tensor::cat(&[&s, &c], 1)?)?.tanh()?;
-                Ok((out, Some(w)))
+                Ok((Tensor::cat(&[&s, &c], 1)?, Some(w)))
             }
             RnnAttention::Bahdanau => {
                 let (w, c) = self.attend(st, &st.state)?;
@@ -309,11 +312,11 @@ impl RnnSeq2Seq {
         }
     }
 
-    /// The output layer's inputs for every target position (teacher forcing) and the
+    /// The output layer's inputs `o_t` for every target position (teacher forcing) and the
     /// attention weights of each position.
     ///
     /// # Shapes
-    /// src (B, S), tgt_in (B, T) u32 -> features (B, T, F), weights (B, T, S) when the
+    /// src (B, S), tgt_in (B, T) u32 -> features (B, T, 2H), weights (B, T, S) when the
     /// model attends
     pub fn decode_features(
         &self,
@@ -341,7 +344,9 @@ impl RnnSeq2Seq {
         } else {
             Some(Tensor::stack(&weights, 1)?)
         };
-        Ok((Tensor::stack(&feats, 1)?, weights))
+        // W_o and tanh for every position at once: one product instead of T.
+        let o = self.output.forward(&Tensor::stack(&feats, 1)?)?.tanh()?;
+        Ok((o, weights))
     }
 
     /// Logits for every target position (teacher forcing).
@@ -397,6 +402,7 @@ impl RnnSeq2Seq {
     ) -> Result<(Tensor, Option<Tensor>)> {
         let y = self.tgt_embedding.forward(tokens)?;
         let (f, w) = self.advance(state, &y)?;
+        let f = self.output.forward(&f)?.tanh()?;
         let bias = self.generator.bias().expect("the output layer has a bias");
         let logits = crate::kernels::linear_few_rows(&f, self.generator.weight(), bias)?;
         Ok((logits, if need_weights { w } else { None }))

@@ -12,7 +12,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::time::Instant;
 use transformer_model::{
-    Activation, LmConfig, ParamBuilder, Seq2Seq, TransformerConfig, TransformerLm,
+    Activation, LmConfig, ParamBuilder, PositionalEncoding, Seq2Seq, TransformerConfig,
+    TransformerLm,
 };
 use transformer_train::copy_task::{self, CopyTaskConfig};
 use transformer_train::runner::RunOptions;
@@ -60,6 +61,73 @@ enum Command {
     Info(InfoArgs),
     /// Score a translation: corpus BLEU and chrF as sacreBLEU computes them, with signatures.
     Bleu(bleu::BleuArgs),
+    /// Draw a picture of a building block (open the SVG in a browser).
+    #[command(subcommand)]
+    Show(ShowCommand),
+}
+
+#[derive(Subcommand)]
+enum ShowCommand {
+    /// The sinusoidal positional encoding (section 3.5) as a heatmap: one row per position,
+    /// one column per dimension; sines in even columns, cosines in odd ones, each pair a
+    /// lower frequency than the one before.
+    #[command(
+        after_help = "Example:\n  transformer show positional-encoding --d-model 128 --max-len 100 --out pe.svg"
+    )]
+    PositionalEncoding(PeArgs),
+}
+
+#[derive(clap::Args)]
+struct PeArgs {
+    /// Model width: columns of the picture (even).
+    #[arg(long, default_value_t = 128)]
+    d_model: usize,
+    /// Positions: rows of the picture.
+    #[arg(long, default_value_t = 100)]
+    max_len: usize,
+    /// The SVG file to write.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+fn show(cmd: ShowCommand) -> Result<()> {
+    match cmd {
+        ShowCommand::PositionalEncoding(a) => {
+            if a.d_model == 0 || a.d_model % 2 == 1 || a.max_len == 0 {
+                anyhow::bail!(
+                    "--d-model must be even and positive and --max-len positive (got {} and {})",
+                    a.d_model,
+                    a.max_len
+                );
+            }
+            if a.out.extension().and_then(|e| e.to_str()) != Some("svg") {
+                anyhow::bail!(
+                    "{}: the picture is written as SVG; name the file *.svg",
+                    a.out.display()
+                );
+            }
+            let pe = PositionalEncoding::table(a.d_model, a.max_len, &Device::Cpu)?
+                .to_dtype(DType::F32)?
+                .to_vec2::<f32>()?;
+            let map = transformer_train::viz::Heatmap {
+                title: format!(
+                    "Positional encoding, d_model {}, positions 0-{}: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)",
+                    a.d_model,
+                    a.max_len - 1
+                ),
+                rows: (0..a.max_len).map(|p| p.to_string()).collect(),
+                cols: (0..a.d_model).map(|i| i.to_string()).collect(),
+                values: pe,
+                scale: transformer_train::viz::Scale::Signed,
+                row_axis: "position".into(),
+                col_axis: "dimension".into(),
+            };
+            std::fs::write(&a.out, transformer_train::viz::heatmap_svg(&map))
+                .with_context(|| format!("writing {}", a.out.display()))?;
+            eprintln!("wrote {}", a.out.display());
+            Ok(())
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -145,6 +213,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Mt(cmd) => mt::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Bleu(args) => bleu::run(args),
+        Command::Show(cmd) => show(cmd),
     }
 }
 

@@ -14,6 +14,7 @@ use transformer_train::mt::{
     self, Arch, Corpus, MtPreset, MtTrainConfig, MtTrainOptions, TokenizerKind,
 };
 use transformer_train::runner::Progress;
+use transformer_train::viz;
 
 #[derive(Subcommand)]
 pub enum MtCommand {
@@ -34,6 +35,84 @@ pub enum MtCommand {
         after_help = "Example:\n  transformer mt eval --run runs/de-en --src test.de --ref test.en --beam 5 --json"
     )]
     Eval(EvalArgs),
+    /// Show attention: a heatmap (SVG) of which source tokens each target token attends to,
+    /// and an HTML page to explore every layer and head of a translation.
+    #[command(
+        after_help = "Examples:\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --out attention.svg\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --layer 2 --head 5 --out l2h5.svg\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --html attention.html\n\nFor the Transformer the heatmap is the encoder-decoder attention of one decoder layer\n(default: the last) averaged over its heads, or one --head; for gru-dot and gru-bahdanau\nit is their attention over the source. Open the SVG or HTML file in a browser."
+    )]
+    Attention(AttentionArgs),
+}
+
+#[derive(Args)]
+pub struct AttentionArgs {
+    #[command(flatten)]
+    decode: DecodeArgs,
+    /// The sentence to translate (the source language).
+    #[arg(long)]
+    src: String,
+    /// Write the heatmap here (SVG).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Write a self-contained HTML page exploring every attention here.
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// Decoder layer of the heatmap, from 1 [default: the last]
+    #[arg(long)]
+    layer: Option<usize>,
+    /// Attention head of the heatmap, from 1 [default: the average of the heads]
+    #[arg(long)]
+    head: Option<usize>,
+}
+
+/// The heatmap of `set`'s encoder-decoder attention at `layer` and `head` (1-based; `None`:
+/// the last layer, the heads averaged).
+fn cross_heatmap(
+    set: &viz::AttentionSet,
+    layer: Option<usize>,
+    head: Option<usize>,
+) -> Result<viz::Heatmap> {
+    let layers = set.cross.len();
+    let l = layer.unwrap_or(layers);
+    if l == 0 || l > layers {
+        bail!("--layer {l}: this model has {layers} decoder layer(s), numbered from 1");
+    }
+    let heads = &set.cross[l - 1];
+    let values: Vec<Vec<f32>> = match head {
+        Some(h) if h == 0 || h > heads.len() => bail!(
+            "--head {h}: this model has {} head(s) per layer, numbered from 1",
+            heads.len()
+        ),
+        Some(h) => heads[h - 1].clone(),
+        None => (0..heads[0].len())
+            .map(|i| {
+                (0..heads[0][i].len())
+                    .map(|j| heads.iter().map(|m| m[i][j]).sum::<f32>() / heads.len() as f32)
+                    .collect()
+            })
+            .collect(),
+    };
+    let which = match (set.model.as_str(), head) {
+        ("transformer", Some(h)) => format!("encoder-decoder attention, layer {l}, head {h}"),
+        ("transformer", None) => {
+            format!(
+                "encoder-decoder attention, layer {l}, average of {} heads",
+                heads.len()
+            )
+        }
+        (m, _) => format!("{m} attention"),
+    };
+    Ok(viz::Heatmap {
+        title: format!(
+            "{which}: \u{201c}{}\u{201d} \u{2192} \u{201c}{}\u{201d}",
+            set.source, set.translation
+        ),
+        rows: set.tgt_out_tokens.clone(),
+        cols: set.src_tokens.clone(),
+        values,
+        scale: viz::Scale::Unit,
+        row_axis: "output token".into(),
+        col_axis: "source token".into(),
+    })
 }
 
 #[derive(Args)]
@@ -300,6 +379,33 @@ fn translate_with_bar(
 pub fn run(cmd: MtCommand) -> Result<()> {
     let device = Device::Cpu;
     match cmd {
+        MtCommand::Attention(args) => {
+            if args.out.is_none() && args.html.is_none() {
+                bail!("nothing to write: give --out FILE.svg (a heatmap) and/or --html FILE.html (the explorer)");
+            }
+            if let Some(p) = &args.out {
+                if p.extension().and_then(|e| e.to_str()) != Some("svg") {
+                    bail!(
+                        "{}: the heatmap is written as SVG; name the file *.svg (any browser opens it)",
+                        p.display()
+                    );
+                }
+            }
+            let (run, opts) = load(&args.decode, &device)?;
+            let set = mt::attention_set(&run, &args.src, &opts, &device)?;
+            println!("{}", set.translation);
+            if let Some(p) = &args.out {
+                let map = cross_heatmap(&set, args.layer, args.head)?;
+                std::fs::write(p, viz::heatmap_svg(&map))
+                    .with_context(|| format!("writing {}", p.display()))?;
+                eprintln!("wrote {}", p.display());
+            }
+            if let Some(p) = &args.html {
+                std::fs::write(p, viz::attention_html(&set))
+                    .with_context(|| format!("writing {}", p.display()))?;
+                eprintln!("wrote {}", p.display());
+            }
+        }
         MtCommand::Train(args) => {
             let config = args.resolve()?;
             let opts = MtTrainOptions {

@@ -224,4 +224,72 @@ fn killed_runs_resume_to_the_uninterrupted_result() {
         assert!(!v[key].is_null(), "{key} missing in {v}");
     }
     assert_eq!(v["sentences"], 20);
+
+    // Attention pictures of the trained run: a heatmap with one cell per (output token,
+    // source token) and the explorer page with every layer's maps.
+    let (svg, html) = (dir.join("att.svg"), dir.join("att.html"));
+    let o = bin()
+        .args(["mt", "attention", "--run"])
+        .arg(&whole)
+        .args(["--src", "ein hund läuft .", "--head", "2", "--out"])
+        .arg(&svg)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let translation = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    let cells = svg.matches("class=\"cell\"").count();
+    assert!(cells >= 2 * 2, "{cells} cells for {translation:?}");
+    assert!(
+        svg.contains("layer 2, head 2") && svg.contains("&lt;eos&gt;"),
+        "{svg}"
+    );
+    let html = std::fs::read_to_string(&html).unwrap();
+    assert!(html.contains("\"encoder\":[[[[") && html.contains("\"cross\":[[[["));
+    // A head the model does not have is an error that says how many there are.
+    let o = bin()
+        .args(["mt", "attention", "--run"])
+        .arg(&whole)
+        .args(["--src", "ein hund .", "--head", "9", "--out"])
+        .arg(dir.join("bad.svg"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("4 head(s)"));
+}
+
+#[test]
+fn positional_encoding_picture_has_a_cell_per_position_and_dimension() {
+    let dir = temp_dir("pe");
+    let out = dir.join("pe.svg");
+    let o = bin()
+        .args([
+            "show",
+            "positional-encoding",
+            "--d-model",
+            "16",
+            "--max-len",
+            "10",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(svg.matches("class=\"cell\"").count(), 160);
+    // Position 0: sin 0 = 0 in even columns, cos 0 = 1 in odd ones.
+    assert!(
+        svg.contains("0 / 0: 0.000") && svg.contains("0 / 1: 1.000"),
+        "{svg}"
+    );
+    let o = bin()
+        .args(["show", "positional-encoding", "--d-model", "15", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("even"));
 }

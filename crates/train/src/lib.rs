@@ -50,6 +50,7 @@ pub mod optim;
 mod par;
 pub mod runner;
 pub mod runtime;
+pub mod viz;
 
 pub use clip::clip_grad_norm;
 pub use error::{Error, Result};

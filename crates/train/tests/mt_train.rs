@@ -270,6 +270,25 @@ fn recurrent_baselines_train_translate_and_resume_exactly() {
         // The run directory holds what translating needs, under the model's architecture.
         let loaded = mt::load_run(&run, &candle_core::Device::Cpu).unwrap();
         assert!(matches!(loaded.model, mt::MtModel::Rnn(_)), "{arch:?}");
+        // Its attention over the source, one row per output token, for pictures.
+        let sentence = std::fs::read_to_string(dir.join("test.de")).unwrap();
+        let sentence = sentence.lines().next().unwrap();
+        let greedy = loaded.config.decode_options(1);
+        let set = mt::attention_set(&loaded, sentence, &greedy, &candle_core::Device::Cpu);
+        if arch == mt::Arch::Gru {
+            let err = set.unwrap_err().to_string();
+            assert!(err.contains("no attention"), "{err}");
+        } else {
+            let set = set.unwrap();
+            assert_eq!(set.cross.len(), 1);
+            let rows = &set.cross[0][0];
+            assert_eq!(rows.len(), set.tgt_out_tokens.len());
+            for r in rows {
+                assert_eq!(r.len(), set.src_tokens.len());
+                assert!((r.iter().sum::<f32>() - 1.0).abs() < 1e-4);
+            }
+            assert!(set.encoder.is_empty() && set.decoder.is_empty());
+        }
         if arch == mt::Arch::GruBahdanau {
             assert!(test_bleu > 10.0, "{arch:?}: test BLEU {test_bleu}");
             // Stopped mid-epoch and resumed: the same losses, bit for bit.

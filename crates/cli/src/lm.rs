@@ -1,7 +1,7 @@
 //! `transformer lm ...`: the PyTorch tutorial's WikiText-2 language model.
 
 use anyhow::{Context, Result};
-use candle_core::Device;
+use candle_core::{DType, Device, Tensor};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
@@ -13,6 +13,7 @@ use transformer_model::kernels::Precision;
 use transformer_model::Rng;
 use transformer_text::basic_english;
 use transformer_train::lm::{self, LmTrainConfig, Progress, TrainOptions};
+use transformer_train::viz;
 
 #[derive(Subcommand)]
 pub enum LmCommand {
@@ -36,6 +37,12 @@ pub enum LmCommand {
         after_help = "Example:\n  transformer lm import-torch --state-dict model.safetensors --vocab vocab.txt --nhead 2 --out runs/torch"
     )]
     ImportTorch(ImportArgs),
+    /// Show attention: a heatmap (SVG) of which earlier words each word attends to, and an
+    /// HTML page to explore every layer and head.
+    #[command(
+        after_help = "Examples:\n  transformer lm attention --run runs/lm --text \"the game began in the first quarter\" --out lm-attention.svg\n  transformer lm attention --run runs/lm --text \"the game began\" --layer 1 --head 2 --out l1h2.svg --html lm-attention.html"
+    )]
+    Attention(AttentionArgs),
 }
 
 #[derive(Args)]
@@ -187,6 +194,28 @@ pub struct EvalArgs {
     /// Window length (the tutorial's 35).
     #[arg(long, default_value_t = 35)]
     bptt: usize,
+}
+
+#[derive(Args)]
+pub struct AttentionArgs {
+    /// Run directory of a trained (or imported) model.
+    #[arg(long)]
+    run: PathBuf,
+    /// The text whose self-attention to draw (tokenized like the training data).
+    #[arg(long)]
+    text: String,
+    /// Write the heatmap here (SVG).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Write a self-contained HTML page exploring every layer and head here.
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// Layer of the heatmap, from 1 [default: the last]
+    #[arg(long)]
+    layer: Option<usize>,
+    /// Attention head of the heatmap, from 1 [default: the average of the heads]
+    #[arg(long)]
+    head: Option<usize>,
 }
 
 #[derive(Args)]
@@ -346,6 +375,70 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                     r.ppl,
                     r.tokens
                 );
+            }
+        }
+        LmCommand::Attention(args) => {
+            anyhow::ensure!(
+                args.out.is_some() || args.html.is_some(),
+                "nothing to write: give --out FILE.svg (a heatmap) and/or --html FILE.html (the explorer)"
+            );
+            if let Some(p) = &args.out {
+                anyhow::ensure!(
+                    p.extension().and_then(|e| e.to_str()) == Some("svg"),
+                    "{}: the heatmap is written as SVG; name the file *.svg (any browser opens it)",
+                    p.display()
+                );
+            }
+            let loaded = lm::load_run(&args.run, &device)?;
+            let ids: Vec<u32> = loaded.vocab.encode(basic_english(&args.text));
+            anyhow::ensure!(!ids.is_empty(), "the text has no tokens after tokenization");
+            anyhow::ensure!(
+                ids.len() <= loaded.config.max_len,
+                "the text has {} tokens; the model has {} positions",
+                ids.len(),
+                loaded.config.max_len
+            );
+            let input = Tensor::from_vec(ids.clone(), (1, ids.len()), &device)?;
+            let maps = loaded
+                .model
+                .attention(&input)?
+                .iter()
+                .map(|w| w.squeeze(0)?.to_dtype(DType::F32)?.to_vec3::<f32>())
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            let tokens: Vec<String> = ids
+                .iter()
+                .map(|&i| loaded.vocab.token(i).to_string())
+                .collect();
+            if let Some(p) = &args.out {
+                let (values, which) = viz::select_map(&maps, args.layer, args.head)
+                    .map_err(|e| anyhow::anyhow!("--{e}"))?;
+                let map = viz::Heatmap {
+                    title: format!(
+                        "causal self-attention, {which}: \u{201c}{}\u{201d}",
+                        args.text
+                    ),
+                    rows: tokens.clone(),
+                    cols: tokens.clone(),
+                    values,
+                    scale: viz::Scale::Unit,
+                    row_axis: "word".into(),
+                    col_axis: "attends to".into(),
+                };
+                std::fs::write(p, viz::heatmap_svg(&map))
+                    .with_context(|| format!("writing {}", p.display()))?;
+                eprintln!("wrote {}", p.display());
+            }
+            if let Some(p) = &args.html {
+                let set = viz::AttentionSet {
+                    source: args.text.clone(),
+                    src_tokens: tokens,
+                    encoder: maps,
+                    model: "language model (causal self-attention)".into(),
+                    ..Default::default()
+                };
+                std::fs::write(p, viz::attention_html(&set))
+                    .with_context(|| format!("writing {}", p.display()))?;
+                eprintln!("wrote {}", p.display());
             }
         }
         LmCommand::Generate(args) => {

@@ -71,35 +71,11 @@ fn cross_heatmap(
     layer: Option<usize>,
     head: Option<usize>,
 ) -> Result<viz::Heatmap> {
-    let layers = set.cross.len();
-    let l = layer.unwrap_or(layers);
-    if l == 0 || l > layers {
-        bail!("--layer {l}: this model has {layers} decoder layer(s), numbered from 1");
-    }
-    let heads = &set.cross[l - 1];
-    let values: Vec<Vec<f32>> = match head {
-        Some(h) if h == 0 || h > heads.len() => bail!(
-            "--head {h}: this model has {} head(s) per layer, numbered from 1",
-            heads.len()
-        ),
-        Some(h) => heads[h - 1].clone(),
-        None => (0..heads[0].len())
-            .map(|i| {
-                (0..heads[0][i].len())
-                    .map(|j| heads.iter().map(|m| m[i][j]).sum::<f32>() / heads.len() as f32)
-                    .collect()
-            })
-            .collect(),
-    };
-    let which = match (set.model.as_str(), head) {
-        ("transformer", Some(h)) => format!("encoder-decoder attention, layer {l}, head {h}"),
-        ("transformer", None) => {
-            format!(
-                "encoder-decoder attention, layer {l}, average of {} heads",
-                heads.len()
-            )
-        }
-        (m, _) => format!("{m} attention"),
+    let (values, which) =
+        viz::select_map(&set.cross, layer, head).map_err(|e| anyhow::anyhow!("--{e}"))?;
+    let which = match set.model.as_str() {
+        "transformer" => format!("encoder-decoder attention, {which}"),
+        m => format!("{m} attention"),
     };
     Ok(viz::Heatmap {
         title: format!(

@@ -95,6 +95,32 @@ fn imported_torch_model_matches_pytorch_perplexity() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("the history of "), "{text}");
     assert_eq!(text.split_whitespace().count(), 3 + 12, "{text}");
+
+    // Its self-attention as a picture: one cell per (word, word) of the 4 tokens.
+    let (svg, html) = (run.join("a.svg"), run.join("a.html"));
+    let out = transformer(&[
+        "lm",
+        "attention",
+        "--run",
+        s(&run),
+        "--text",
+        "The history of the",
+        "--out",
+        s(&svg),
+        "--html",
+        s(&html),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(svg.matches("class=\"cell\"").count(), 16);
+    assert!(svg.contains("average of 4 heads"), "{svg}");
+    assert!(std::fs::read_to_string(&html)
+        .unwrap()
+        .contains("\"encoder\":[[[["));
     let _ = std::fs::remove_dir_all(run);
 }
 

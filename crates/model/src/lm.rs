@@ -110,6 +110,22 @@ impl TransformerLm {
         }
     }
 
+    /// Every layer's causal self-attention weights over `ids` (evaluation mode), for
+    /// pictures of which earlier word each word attends to.
+    ///
+    /// # Shapes
+    /// ids (B, T) u32 -> per layer (B, H, T, T)
+    pub fn attention(&self, ids: &Tensor) -> Result<Vec<Tensor>> {
+        let (_b, t) = ids.dims2()?;
+        let x = (self.embedding.forward(ids)? * (self.d_model as f64).sqrt())?;
+        let x = self.pos_encoder.forward(&x, 0, Mode::Eval)?;
+        let causal = Mask::causal(t, ids.device())?;
+        Ok(self
+            .transformer_encoder
+            .forward_with_weights(&x, Some(&causal), Mode::Eval)?
+            .1)
+    }
+
     /// Next-token logits at every position.
     ///
     /// # Shapes

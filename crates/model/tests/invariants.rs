@@ -62,6 +62,30 @@ fn lm_has_no_causal_leakage() -> Result<()> {
 }
 
 #[test]
+fn lm_attention_weights_are_causal_distributions() -> Result<()> {
+    let (lm, _) = tiny_lm(2)?;
+    let maps = lm.attention(&ids(&[&[3, 7, 1, 9, 4]])?)?;
+    assert_eq!(maps.len(), 2);
+    for m in maps {
+        assert_eq!(m.dims(), &[1, 2, 5, 5]);
+        let m = m
+            .squeeze(0)?
+            .to_dtype(candle_core::DType::F64)?
+            .to_vec3::<f64>()?;
+        for head in m {
+            for (i, row) in head.iter().enumerate() {
+                assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{row:?}");
+                assert!(
+                    row[i + 1..].iter().all(|&w| w == 0.0),
+                    "row {i} sees the future"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn decoder_has_no_causal_leakage() -> Result<()> {
     let (model, _) = tiny_seq2seq(2)?;
     let src = ids(&[&[1, 5, 6, 7, 8]])?;

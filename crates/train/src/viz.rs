@@ -213,6 +213,42 @@ pub fn heatmap_svg(h: &Heatmap) -> String {
     s
 }
 
+/// One map out of `[layer][head][query][key]` maps: `layer` and `head` count from 1; no
+/// layer means the last, no head the average of the layer's heads. Returns the map and a
+/// description ("layer 3, average of 8 heads"), or an error that says what exists.
+pub fn select_map(
+    maps: &[Vec<Vec<Vec<f32>>>],
+    layer: Option<usize>,
+    head: Option<usize>,
+) -> Result<(Vec<Vec<f32>>, String), String> {
+    let layers = maps.len();
+    let l = layer.unwrap_or(layers);
+    if l == 0 || l > layers {
+        return Err(format!(
+            "layer {l}: this model has {layers} layer(s) with attention, numbered from 1"
+        ));
+    }
+    let heads = &maps[l - 1];
+    match head {
+        Some(h) if h == 0 || h > heads.len() => Err(format!(
+            "head {h}: this model has {} head(s) per layer, numbered from 1",
+            heads.len()
+        )),
+        Some(h) => Ok((heads[h - 1].clone(), format!("layer {l}, head {h}"))),
+        None => {
+            let n = heads.len() as f32;
+            let avg = (0..heads[0].len())
+                .map(|i| {
+                    (0..heads[0][i].len())
+                        .map(|j| heads.iter().map(|m| m[i][j]).sum::<f32>() / n)
+                        .collect()
+                })
+                .collect();
+            Ok((avg, format!("layer {l}, average of {} heads", heads.len())))
+        }
+    }
+}
+
 /// Every attention of one translation, for [`attention_html`]: `[layer][head][query][key]`.
 #[derive(Debug, Clone, Default)]
 pub struct AttentionSet {
@@ -427,7 +463,10 @@ function highlight(i, row) {
     heads[c].classList.toggle("hot", row !== null && row[c - 1] >= Math.max(...row) * 0.5);
   }
 }
-text(document.getElementById("sentence"), DATA.model + ": \u201c" + DATA.source + "\u201d \u2192 \u201c" + DATA.translation + "\u201d");
+text(document.getElementById("sentence"), DATA.model + ": \u201c" + DATA.source + "\u201d" +
+  (DATA.translation ? " \u2192 \u201c" + DATA.translation + "\u201d" : ""));
+// A language model has only its (causal) self-attention.
+if (DATA.cross.length === 0) KINDS[1][1] = "causal self-attention (word -> earlier words)";
 KINDS.forEach(k => { if (DATA[k[0]].length > 0) option(kindSel, k[0], k[1]); });
 kindSel.addEventListener("change", () => { fillLayers(); draw(); });
 layerSel.addEventListener("change", draw);

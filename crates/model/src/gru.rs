@@ -20,7 +20,8 @@
 //! state, so the outputs and final states are those of `pack_padded_sequence` in PyTorch;
 //! outputs at padded positions are zero.
 //!
-//! Composed of candle primitives with a backward pass. The input projections of all time
+//! Composed of candle primitives with a backward pass, and the fused element-wise `tanh` and
+//! sigmoid of [`crate::kernels`]. The input projections of all time
 //! steps are one product before the time loop; inside it, one (B, H) x (H, 3H) product and
 //! the gates' element-wise ops per step.
 
@@ -29,10 +30,9 @@ use crate::params::{Init, ParamBuilder};
 use crate::Result;
 use candle_core::{Tensor, D};
 
-/// The logistic function as `(tanh(x / 2) + 1) / 2`: exact, and its backward never meets
-/// `exp` overflow (`1 / (1 + exp(-x))` gives NaN gradients for x below about -88 in f32).
+/// The logistic function (fused on the CPU: [`crate::kernels::sigmoid`]).
 pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
-    ((x * 0.5)?.tanh()? + 1.0)? * 0.5
+    crate::kernels::sigmoid(x)
 }
 
 /// One direction of one layer.
@@ -92,7 +92,8 @@ impl GruDirection {
             .broadcast_add(&self.bias_hh)?;
         let r = sigmoid(&(gi.narrow(1, 0, hs)? + gh.narrow(1, 0, hs)?)?)?;
         let z = sigmoid(&(gi.narrow(1, hs, hs)? + gh.narrow(1, hs, hs)?)?)?;
-        let n = (gi.narrow(1, 2 * hs, hs)? + (r * gh.narrow(1, 2 * hs, hs)?)?)?.tanh()?;
+        let n =
+            crate::kernels::tanh(&(gi.narrow(1, 2 * hs, hs)? + (r * gh.narrow(1, 2 * hs, hs)?)?)?)?;
         // (1 - z) n + z h = n + z (h - n)
         &n + (z * (h - &n)?)?
     }

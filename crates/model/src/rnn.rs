@@ -244,7 +244,7 @@ impl RnnSeq2Seq {
         let (outputs, finals) = self.encoder.forward(&x, Some(&src_lens), None, mode)?;
         // (2, B, H) -> (B, 2H): the forward direction's last state beside the reverse one's.
         let last = Tensor::cat(&[finals.get(0)?, finals.get(1)?], D::Minus1)?;
-        let state = self.bridge.forward(&last)?.tanh()?;
+        let state = crate::kernels::tanh(&self.bridge.forward(&last)?)?;
         let mask = Mask::key_padding_from_ids(src, pad_id)?
             .additive(outputs.dtype())?
             .reshape((b, s))?;
@@ -274,7 +274,8 @@ impl RnnSeq2Seq {
             (Some(a), Some(keys)) => {
                 // (B, S, 2H) + (B, 1, 2H) -> tanh -> v -> (B, S)
                 let q = a.query.forward(query)?.unsqueeze(1)?;
-                a.v.forward(&keys.broadcast_add(&q)?.tanh()?)?.squeeze(2)?
+                a.v.forward(&crate::kernels::tanh(&keys.broadcast_add(&q)?)?)?
+                    .squeeze(2)?
             }
             // (B, S, 2H) @ (B, 2H, 1) -> (B, S)
             _ => st.outputs.matmul(&query.unsqueeze(2)?)?.squeeze(2)?,
@@ -345,7 +346,7 @@ impl RnnSeq2Seq {
             Some(Tensor::stack(&weights, 1)?)
         };
         // W_o and tanh for every position at once: one product instead of T.
-        let o = self.output.forward(&Tensor::stack(&feats, 1)?)?.tanh()?;
+        let o = crate::kernels::tanh(&self.output.forward(&Tensor::stack(&feats, 1)?)?)?;
         Ok((o, weights))
     }
 
@@ -402,7 +403,7 @@ impl RnnSeq2Seq {
     ) -> Result<(Tensor, Option<Tensor>)> {
         let y = self.tgt_embedding.forward(tokens)?;
         let (f, w) = self.advance(state, &y)?;
-        let f = self.output.forward(&f)?.tanh()?;
+        let f = crate::kernels::tanh(&self.output.forward(&f)?)?;
         let bias = self.generator.bias().expect("the output layer has a bias");
         let logits = crate::kernels::linear_few_rows(&f, self.generator.weight(), bias)?;
         Ok((logits, if need_weights { w } else { None }))

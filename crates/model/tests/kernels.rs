@@ -7,7 +7,7 @@ use transformer_model::kernels::{
     attention, attention_reference, bf16, dropout, dropout_reference, layer_norm,
     layer_norm_reference, linear, linear_cross_entropy, linear_cross_entropy_reference,
     linear_cross_entropy_with, linear_few_rows, linear_few_rows_reference, linear_reference,
-    softmax_last_dim, softmax_last_dim_reference, Precision,
+    sigmoid, sigmoid_reference, softmax_last_dim, softmax_last_dim_reference, tanh, Precision,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -155,6 +155,60 @@ fn finite_difference_check(
             "{name}: input {i}: analytic vs finite differences {e:e}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tanh and sigmoid
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn tanh_and_sigmoid_match_candle_and_their_references() {
+    // Across the polynomial / exponential switch at 0.625, tiny and huge inputs, both signs,
+    // and more elements than one thread takes (the parallel split).
+    for (n, scale) in [(37, 0.7), (5000, 3.0), (70_001, 30.0)] {
+        for dtype in [DType::F32, DType::F64] {
+            let x = tensor(&[n], n as u64, scale, dtype);
+            let cot = tensor(&[n], 7, 1.0, dtype);
+            compare("tanh", &[x.clone()], &cot, |t| tanh(&t[0]), |t| t[0].tanh());
+            compare(
+                "sigmoid",
+                &[x],
+                &cot,
+                |t| sigmoid(&t[0]),
+                |t| sigmoid_reference(&t[0]),
+            );
+        }
+    }
+    // Per element, not only relative to the largest value: small arguments keep their
+    // relative precision, extremes saturate without NaN.
+    let xs = [
+        0.0f32, 1e-6, -3e-4, 0.3, -0.625, 0.626, 5.0, -9.0, 40.0, -100.0, 1e30,
+    ];
+    let x = Tensor::new(&xs[..], &Device::Cpu).unwrap();
+    let t = tanh(&x).unwrap().to_vec1::<f32>().unwrap();
+    let s = sigmoid(&x).unwrap().to_vec1::<f32>().unwrap();
+    for (i, &v) in xs.iter().enumerate() {
+        let (want_t, want_s) = ((v as f64).tanh(), 1.0 / (1.0 + (-(v as f64)).exp()));
+        assert!(
+            (t[i] as f64 - want_t).abs() <= 4.0 * f32::EPSILON as f64 * want_t.abs().max(1e-30),
+            "tanh({v}) = {} against {want_t}",
+            t[i]
+        );
+        assert!(
+            (s[i] as f64 - want_s).abs() <= 4.0 * f32::EPSILON as f64 * want_s.max(1e-30)
+                || want_s < 1e-37,
+            "sigmoid({v}) = {} against {want_s}",
+            s[i]
+        );
+    }
+}
+
+#[test]
+fn tanh_and_sigmoid_finite_differences() {
+    let x = tensor(&[3, 7], 11, 3.0, DType::F64);
+    let cot = tensor(&[3, 7], 12, 1.0, DType::F64);
+    finite_difference_check("tanh", &[x.clone()], &cot, |t| tanh(&t[0]));
+    finite_difference_check("sigmoid", &[x], &cot, |t| sigmoid(&t[0]));
 }
 
 // ---------------------------------------------------------------------------------------------

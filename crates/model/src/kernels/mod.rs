@@ -40,6 +40,7 @@
 //!
 //! The module docs of each kernel give its design and more numbers.
 
+mod activation;
 mod attention;
 pub mod bf16;
 mod cross_entropy;
@@ -52,6 +53,7 @@ mod linear;
 mod matmul;
 mod softmax;
 
+pub use activation::{sigmoid, sigmoid_reference, tanh};
 pub use attention::{attention, attention_reference};
 pub use cross_entropy::{
     linear_cross_entropy, linear_cross_entropy_direct, linear_cross_entropy_reference,

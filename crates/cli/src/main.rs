@@ -47,7 +47,8 @@ enum Command {
     /// The PyTorch tutorial's language model on WikiText-2: train, eval, generate, import.
     #[command(subcommand)]
     Lm(lm::LmCommand),
-    /// Translation: train an encoder-decoder Transformer, translate, score with BLEU.
+    /// Translation: train an encoder-decoder (the Transformer, or a recurrent baseline),
+    /// translate, score with BLEU and chrF, show attention.
     #[command(subcommand)]
     Mt(mt::MtCommand),
     /// Benchmark our implementation at fixed shapes (compare with PyTorch:

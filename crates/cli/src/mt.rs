@@ -21,7 +21,7 @@ pub enum MtCommand {
     /// Train a translation model: joint BPE tokens, Adam with warm-up, label smoothing;
     /// validation loss, perplexity and BLEU every epoch; beam-search BLEU on the test set.
     #[command(
-        after_help = "Examples:\n  transformer mt train --corpus multi30k-de-en --out runs/de-en\n  transformer mt train --corpus ko-en --out runs/ko-en\n  transformer mt train --train-src train.de --train-tgt train.en --valid-src val.de --valid-tgt val.en --out runs/mine\n  transformer mt train --out runs/de-en --resume      # continue after an interruption\n  transformer mt train --corpus multi30k-de-en --out runs/quick --epochs 1 --max-batches 50"
+        after_help = "Examples:\n  transformer mt train --corpus multi30k-de-en --out runs/de-en\n  transformer mt train --corpus ko-en --out runs/ko-en\n  transformer mt train --corpus multi30k-de-en --arch gru-bahdanau --epochs 10 --out runs/gru-bahdanau\n  transformer mt train --train-src train.de --train-tgt train.en --valid-src val.de --valid-tgt val.en --out runs/mine\n  transformer mt train --out runs/de-en --resume      # continue after an interruption\n  transformer mt train --corpus multi30k-de-en --out runs/quick --epochs 1 --max-batches 50"
     )]
     Train(Box<TrainArgs>),
     /// Translate sentences, one per line (stdin, or --src FILE), to stdout in the same order.

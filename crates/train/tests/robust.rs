@@ -38,7 +38,12 @@ fn damaged_checkpoints_are_errors() {
     };
     Seq2Seq::with_config(&pb, &cfg).unwrap();
     let good_path = dir().join("good.safetensors");
-    mt::save_weights(&good_path, &pb.params(), &cfg).unwrap();
+    mt::save_weights(
+        &good_path,
+        &pb.params(),
+        &mt::MtModelConfig::Transformer(cfg),
+    )
+    .unwrap();
     let good = std::fs::read(&good_path).unwrap();
     assert!(checkpoint::load(&good_path, &Device::Cpu).is_ok());
     let p = dir().join("bad.safetensors");

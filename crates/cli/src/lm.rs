@@ -204,18 +204,59 @@ pub struct AttentionArgs {
     /// The text whose self-attention to draw (tokenized like the training data).
     #[arg(long)]
     text: String,
+    #[command(flatten)]
+    picture: PictureArgs,
+}
+
+/// Where attention pictures go and which layer and head the heatmap shows (`lm attention`,
+/// `mt attention`).
+#[derive(Args)]
+pub struct PictureArgs {
     /// Write the heatmap here (SVG).
     #[arg(long)]
-    out: Option<PathBuf>,
+    pub out: Option<PathBuf>,
     /// Write a self-contained HTML page exploring every layer and head here.
     #[arg(long)]
-    html: Option<PathBuf>,
+    pub html: Option<PathBuf>,
     /// Layer of the heatmap, from 1 [default: the last]
     #[arg(long)]
-    layer: Option<usize>,
+    pub layer: Option<usize>,
     /// Attention head of the heatmap, from 1 [default: the average of the heads]
     #[arg(long)]
-    head: Option<usize>,
+    pub head: Option<usize>,
+}
+
+impl PictureArgs {
+    /// Something to write, and a heatmap file named `*.svg`; checked before any model loads.
+    pub fn check(&self) -> Result<()> {
+        anyhow::ensure!(
+            self.out.is_some() || self.html.is_some(),
+            "nothing to write: give --out FILE.svg (a heatmap) and/or --html FILE.html (the explorer)"
+        );
+        if let Some(p) = &self.out {
+            anyhow::ensure!(
+                p.extension().and_then(|e| e.to_str()) == Some("svg"),
+                "{}: the heatmap is written as SVG; name the file *.svg (any browser opens it)",
+                p.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Writes `map` to `--out` and the explorer page of `set` to `--html`, where given.
+    pub fn write(&self, map: Option<&viz::Heatmap>, set: &viz::AttentionSet) -> Result<()> {
+        if let (Some(p), Some(map)) = (&self.out, map) {
+            std::fs::write(p, viz::heatmap_svg(map))
+                .with_context(|| format!("writing {}", p.display()))?;
+            eprintln!("wrote {}", p.display());
+        }
+        if let Some(p) = &self.html {
+            std::fs::write(p, viz::attention_html(set))
+                .with_context(|| format!("writing {}", p.display()))?;
+            eprintln!("wrote {}", p.display());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Args)]
@@ -378,17 +419,8 @@ pub fn run(cmd: LmCommand) -> Result<()> {
             }
         }
         LmCommand::Attention(args) => {
-            anyhow::ensure!(
-                args.out.is_some() || args.html.is_some(),
-                "nothing to write: give --out FILE.svg (a heatmap) and/or --html FILE.html (the explorer)"
-            );
-            if let Some(p) = &args.out {
-                anyhow::ensure!(
-                    p.extension().and_then(|e| e.to_str()) == Some("svg"),
-                    "{}: the heatmap is written as SVG; name the file *.svg (any browser opens it)",
-                    p.display()
-                );
-            }
+            let pic = &args.picture;
+            pic.check()?;
             let loaded = lm::load_run(&args.run, &device)?;
             let ids: Vec<u32> = loaded.vocab.encode(basic_english(&args.text));
             anyhow::ensure!(!ids.is_empty(), "the text has no tokens after tokenization");
@@ -409,37 +441,33 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 .iter()
                 .map(|&i| loaded.vocab.token(i).to_string())
                 .collect();
-            if let Some(p) = &args.out {
-                let (values, which) = viz::select_map(&maps, args.layer, args.head)
-                    .map_err(|e| anyhow::anyhow!("--{e}"))?;
-                let map = viz::Heatmap {
-                    title: format!(
-                        "causal self-attention, {which}: \u{201c}{}\u{201d}",
-                        args.text
-                    ),
-                    rows: tokens.clone(),
-                    cols: tokens.clone(),
-                    values,
-                    scale: viz::Scale::Unit,
-                    row_axis: "word".into(),
-                    col_axis: "attends to".into(),
-                };
-                std::fs::write(p, viz::heatmap_svg(&map))
-                    .with_context(|| format!("writing {}", p.display()))?;
-                eprintln!("wrote {}", p.display());
-            }
-            if let Some(p) = &args.html {
-                let set = viz::AttentionSet {
-                    source: args.text.clone(),
-                    src_tokens: tokens,
-                    encoder: maps,
-                    model: "language model (causal self-attention)".into(),
-                    ..Default::default()
-                };
-                std::fs::write(p, viz::attention_html(&set))
-                    .with_context(|| format!("writing {}", p.display()))?;
-                eprintln!("wrote {}", p.display());
-            }
+            let map = match &pic.out {
+                Some(_) => {
+                    let (values, which) = viz::select_map(&maps, pic.layer, pic.head)
+                        .map_err(|e| anyhow::anyhow!("--{e}"))?;
+                    Some(viz::Heatmap {
+                        title: format!(
+                            "causal self-attention, {which}: \u{201c}{}\u{201d}",
+                            args.text
+                        ),
+                        rows: tokens.clone(),
+                        cols: tokens.clone(),
+                        values,
+                        scale: viz::Scale::Unit,
+                        row_axis: "word".into(),
+                        col_axis: "attends to".into(),
+                    })
+                }
+                None => None,
+            };
+            let set = viz::AttentionSet {
+                source: args.text.clone(),
+                src_tokens: tokens,
+                encoder: maps,
+                model: "language model (causal self-attention)".into(),
+                ..Default::default()
+            };
+            pic.write(map.as_ref(), &set)?;
         }
         LmCommand::Generate(args) => {
             let loaded = lm::load_run(&args.run, &device)?;

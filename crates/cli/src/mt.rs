@@ -50,18 +50,8 @@ pub struct AttentionArgs {
     /// The sentence to translate (the source language).
     #[arg(long)]
     src: String,
-    /// Write the heatmap here (SVG).
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Write a self-contained HTML page exploring every attention here.
-    #[arg(long)]
-    html: Option<PathBuf>,
-    /// Decoder layer of the heatmap, from 1 [default: the last]
-    #[arg(long)]
-    layer: Option<usize>,
-    /// Attention head of the heatmap, from 1 [default: the average of the heads]
-    #[arg(long)]
-    head: Option<usize>,
+    #[command(flatten)]
+    picture: crate::lm::PictureArgs,
 }
 
 /// The heatmap of `set`'s encoder-decoder attention at `layer` and `head` (1-based; `None`:
@@ -356,31 +346,16 @@ pub fn run(cmd: MtCommand) -> Result<()> {
     let device = Device::Cpu;
     match cmd {
         MtCommand::Attention(args) => {
-            if args.out.is_none() && args.html.is_none() {
-                bail!("nothing to write: give --out FILE.svg (a heatmap) and/or --html FILE.html (the explorer)");
-            }
-            if let Some(p) = &args.out {
-                if p.extension().and_then(|e| e.to_str()) != Some("svg") {
-                    bail!(
-                        "{}: the heatmap is written as SVG; name the file *.svg (any browser opens it)",
-                        p.display()
-                    );
-                }
-            }
+            args.picture.check()?;
             let (run, opts) = load(&args.decode, &device)?;
             let set = mt::attention_set(&run, &args.src, &opts, &device)?;
             println!("{}", set.translation);
-            if let Some(p) = &args.out {
-                let map = cross_heatmap(&set, args.layer, args.head)?;
-                std::fs::write(p, viz::heatmap_svg(&map))
-                    .with_context(|| format!("writing {}", p.display()))?;
-                eprintln!("wrote {}", p.display());
-            }
-            if let Some(p) = &args.html {
-                std::fs::write(p, viz::attention_html(&set))
-                    .with_context(|| format!("writing {}", p.display()))?;
-                eprintln!("wrote {}", p.display());
-            }
+            let pic = &args.picture;
+            let map = match &pic.out {
+                Some(_) => Some(cross_heatmap(&set, pic.layer, pic.head)?),
+                None => None,
+            };
+            pic.write(map.as_ref(), &set)?;
         }
         MtCommand::Train(args) => {
             let config = args.resolve()?;

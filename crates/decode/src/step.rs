@@ -131,14 +131,7 @@ impl StepModel for Recompute<'_> {
     fn start(&self, src: &Tensor, pad: u32) -> Result<RecomputeState> {
         let mask = Mask::key_padding_from_ids(src, pad)?;
         let memory = self.0.encode(src, Some(&mask), Mode::Eval)?;
-        let src_lens = src
-            .ne(pad)?
-            .to_dtype(DType::U32)?
-            .sum(1)?
-            .to_vec1::<u32>()?
-            .into_iter()
-            .map(|n| n as usize)
-            .collect::<Vec<_>>();
+        let src_lens = transformer_model::mask::lengths(src, pad)?;
         Ok(RecomputeState {
             memory,
             src: src.clone(),

@@ -19,6 +19,22 @@ pub struct Mask {
     may_mask_whole_rows: bool,
 }
 
+/// The number of tokens other than `pad_id` in each row of `ids` (padding comes after the
+/// tokens): the lengths decoding limits and recurrent layers need.
+///
+/// # Shapes
+/// ids (B, S) u32 -> B lengths
+pub fn lengths(ids: &Tensor, pad_id: u32) -> Result<Vec<usize>> {
+    Ok(ids
+        .ne(pad_id)?
+        .to_dtype(DType::U32)?
+        .sum(1)?
+        .to_vec1::<u32>()?
+        .into_iter()
+        .map(|n| n as usize)
+        .collect())
+}
+
 impl Mask {
     /// Wraps a `u8` keep-tensor of rank 2 `(T, S)`, 3 `(B, T, S)` or 4 `(B, 1, T, S)`.
     pub fn from_keep(keep: &Tensor) -> Result<Self> {

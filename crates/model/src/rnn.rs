@@ -37,7 +37,7 @@ use crate::mask::Mask;
 use crate::params::{Init, ParamBuilder};
 use crate::seq2seq::{label_smoothed_loss, Seq2SeqLoss};
 use crate::Result;
-use candle_core::{DType, Tensor, D};
+use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
 
 /// Which decoder.
@@ -230,14 +230,7 @@ impl RnnSeq2Seq {
     /// src (B, S) u32, padded with `pad_id`
     pub fn start_with(&self, src: &Tensor, pad_id: u32, mode: Mode) -> Result<RnnState> {
         let (b, s) = src.dims2()?;
-        let src_lens: Vec<usize> = src
-            .ne(pad_id)?
-            .to_dtype(DType::U32)?
-            .sum(1)?
-            .to_vec1::<u32>()?
-            .into_iter()
-            .map(|n| n as usize)
-            .collect();
+        let src_lens: Vec<usize> = crate::mask::lengths(src, pad_id)?;
         let x = self
             .dropout
             .forward(&self.src_embedding.forward(src)?, mode)?;

@@ -402,14 +402,7 @@ impl Seq2Seq {
     pub fn start(&self, src: &Tensor, pad_id: u32) -> Result<DecodeState> {
         let mask = Mask::key_padding_from_ids(src, pad_id)?;
         let memory = self.encode(src, Some(&mask), Mode::Eval)?;
-        let src_lens = src
-            .ne(pad_id)?
-            .to_dtype(DType::U32)?
-            .sum(1)?
-            .to_vec1::<u32>()?
-            .into_iter()
-            .map(|n| n as usize)
-            .collect();
+        let src_lens = crate::mask::lengths(src, pad_id)?;
         let decoder = self.transformer.decoder();
         Ok(DecodeState {
             memory_kv: decoder.project_memory(&memory)?,

@@ -1,14 +1,13 @@
 //! The searches against each other and against decoding without a cache, on small random
 //! Transformers in f64 (so that ties cannot flip between two equally correct computations).
 
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{DType, Device, Result};
 use transformer_decode::{beam_search, greedy, DecodeOptions, Recompute, StepModel};
 use transformer_model::{ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
 
-const PAD: u32 = 0;
-const BOS: u32 = 1;
-const EOS: u32 = 2;
-const VOCAB: usize = 13;
+mod common;
+
+use common::{opts, sources, BOS, EOS, PAD, VOCAB};
 
 fn model(seed: u64, share: bool) -> Result<Seq2Seq> {
     let pb = ParamBuilder::new(DType::F64, &Device::Cpu, seed);
@@ -24,33 +23,6 @@ fn model(seed: u64, share: bool) -> Result<Seq2Seq> {
             share_embeddings: share,
         },
     )
-}
-
-/// `n` sources of lengths 1..=7 (ids 3.., then padding).
-fn sources(n: usize, seed: u64) -> Result<Tensor> {
-    let s = 8;
-    let mut ids = vec![PAD; n * s];
-    for r in 0..n {
-        let len = 1 + (r * 5 + seed as usize) % 7;
-        for j in 0..len {
-            ids[r * s + j] = 3 + ((r * 31 + j * 17 + seed as usize * 7) % (VOCAB - 3)) as u32;
-        }
-        ids[r * s + len] = EOS;
-    }
-    Tensor::from_vec(ids, (n, s), &Device::Cpu)
-}
-
-fn opts(beam: usize) -> DecodeOptions {
-    DecodeOptions {
-        beam,
-        max_len_a: 1.0,
-        max_len_b: 4,
-        length_penalty: 0.0,
-        bos: BOS,
-        eos: EOS,
-        pad: PAD,
-        want_attention: false,
-    }
 }
 
 #[test]

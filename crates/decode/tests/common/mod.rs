@@ -1,0 +1,37 @@
+//! What the decoding tests share: special ids, padded random sources, search options.
+#![allow(dead_code)]
+
+use candle_core::{Device, Result, Tensor};
+use transformer_decode::DecodeOptions;
+
+pub const PAD: u32 = 0;
+pub const BOS: u32 = 1;
+pub const EOS: u32 = 2;
+pub const VOCAB: usize = 13;
+
+/// `n` sources of lengths 1..=7 (ids 3.., then padding).
+pub fn sources(n: usize, seed: u64) -> Result<Tensor> {
+    let s = 8;
+    let mut ids = vec![PAD; n * s];
+    for r in 0..n {
+        let len = 1 + (r * 5 + seed as usize) % 7;
+        for j in 0..len {
+            ids[r * s + j] = 3 + ((r * 31 + j * 17 + seed as usize * 7) % (VOCAB - 3)) as u32;
+        }
+        ids[r * s + len] = EOS;
+    }
+    Tensor::from_vec(ids, (n, s), &Device::Cpu)
+}
+
+pub fn opts(beam: usize) -> DecodeOptions {
+    DecodeOptions {
+        beam,
+        max_len_a: 1.0,
+        max_len_b: 4,
+        length_penalty: 0.0,
+        bos: BOS,
+        eos: EOS,
+        pad: PAD,
+        want_attention: false,
+    }
+}

@@ -91,6 +91,42 @@ struct Row {
 }
 
 impl Row {
+    /// This row's attention history with this step's row `r` of `att` appended (empty when
+    /// attention was not asked for).
+    fn attention_with(&self, att: &Option<Vec<Vec<f32>>>, r: usize) -> Vec<Vec<f32>> {
+        match att {
+            Some(a) => {
+                let mut h = self.attention.clone();
+                h.push(a[r].clone());
+                h
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// The hypothesis that ends this row here with `<eos>`, at total `score`.
+    fn ended(&self, score: f64, attention: Vec<Vec<f32>>) -> Hypothesis {
+        Hypothesis {
+            tokens: self.tokens.clone(),
+            score,
+            finished: true,
+            attention,
+        }
+    }
+
+    /// This row extended by token `t`, at total `score`.
+    fn extended(&self, t: u32, score: f64, attention: Vec<Vec<f32>>, greedy: bool) -> Row {
+        let mut tokens = self.tokens.clone();
+        tokens.push(t);
+        Row {
+            sentence: self.sentence,
+            tokens,
+            score,
+            attention,
+            greedy,
+        }
+    }
+
     /// The start of a search: one empty row per sentence.
     fn one_per_sentence(n: usize) -> Vec<Row> {
         (0..n)
@@ -291,36 +327,18 @@ pub fn beam_search<M: StepModel>(
             let mut live = 0;
             for (rank, &(s, r, t)) in cand.iter().enumerate() {
                 let parent = &rows[r];
-                let mut attention = Vec::new();
-                if let Some(a) = &att {
-                    attention = parent.attention.clone();
-                    attention.push(a[r].clone());
-                }
+                let greedy = greedy_next == Some((r, t));
                 if t == opts.eos {
                     // As fairseq: an ending counts only from among the k best extensions
                     // (so beam 1 is exactly greedy).
                     if rank < k && finished[sentence].len() < k {
-                        greedy_kept |= greedy_next == Some((r, t));
-                        finished[sentence].push(Hypothesis {
-                            tokens: parent.tokens.clone(),
-                            score: s,
-                            finished: true,
-                            attention,
-                        });
+                        greedy_kept |= greedy;
+                        finished[sentence].push(parent.ended(s, parent.attention_with(&att, r)));
                     }
                 } else if live < k {
                     live += 1;
-                    let greedy = greedy_next == Some((r, t));
                     greedy_kept |= greedy;
-                    let mut tokens = parent.tokens.clone();
-                    tokens.push(t);
-                    next_rows.push(Row {
-                        sentence,
-                        tokens,
-                        score: s,
-                        attention,
-                        greedy,
-                    });
+                    next_rows.push(parent.extended(t, s, parent.attention_with(&att, r), greedy));
                     parents.push(r as u32);
                 }
             }
@@ -332,28 +350,11 @@ pub fn beam_search<M: StepModel>(
             if let (Some((r, t)), false) = (greedy_next, greedy_kept) {
                 let parent = &rows[r];
                 let s = parent.score + lp[r][t as usize] as f64;
-                let mut attention = Vec::new();
-                if let Some(a) = &att {
-                    attention = parent.attention.clone();
-                    attention.push(a[r].clone());
-                }
-                let mut tokens = parent.tokens.clone();
+                let attention = parent.attention_with(&att, r);
                 if t == opts.eos {
-                    finished[sentence].push(Hypothesis {
-                        tokens,
-                        score: s,
-                        finished: true,
-                        attention,
-                    });
+                    finished[sentence].push(parent.ended(s, attention));
                 } else {
-                    tokens.push(t);
-                    next_rows.push(Row {
-                        sentence,
-                        tokens,
-                        score: s,
-                        attention,
-                        greedy: true,
-                    });
+                    next_rows.push(parent.extended(t, s, attention, true));
                     parents.push(r as u32);
                 }
             }

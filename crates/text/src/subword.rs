@@ -105,6 +105,14 @@ impl std::fmt::Debug for Subword {
     }
 }
 
+/// The four specials as the trainers take them (so they get ids 0-3 in order).
+fn special_tokens() -> Vec<AddedToken> {
+    SPECIAL_TOKENS
+        .iter()
+        .map(|t| AddedToken::from(*t, true))
+        .collect()
+}
+
 fn tok_err(path: &Path, msg: impl std::fmt::Display) -> Error {
     Error::Tokenizer {
         path: path.into(),
@@ -149,12 +157,7 @@ impl Subword {
                 .vocab_size(opts.vocab_size)
                 .min_frequency(opts.min_frequency)
                 .show_progress(false)
-                .special_tokens(
-                    SPECIAL_TOKENS
-                        .iter()
-                        .map(|t| AddedToken::from(*t, true))
-                        .collect(),
-                )
+                .special_tokens(special_tokens())
                 .build(),
         );
         tokenizer
@@ -188,12 +191,7 @@ impl Subword {
                 .min_frequency(min_frequency)
                 .vocab_size(usize::MAX)
                 .show_progress(false)
-                .special_tokens(
-                    SPECIAL_TOKENS
-                        .iter()
-                        .map(|t| AddedToken::from(*t, true))
-                        .collect(),
-                )
+                .special_tokens(special_tokens())
                 .build()
                 .map_err(|e| tok_err(origin, e))?,
         );

@@ -18,6 +18,81 @@ pub enum BenchCommand {
         after_help = "Examples:\n  transformer bench lm\n  transformer bench lm --repeats 5 --json\n  scripts/bench_vs_pytorch.sh   # the same measurements for PyTorch, side by side"
     )]
     Lm(LmBenchArgs),
+    /// The default translation model (3 + 3 layers, d_model 256, 8 heads, FFN 512, joint
+    /// vocabulary 8000 with shared embeddings): one training step (label smoothing 0.1,
+    /// clipping, Adam) on a fixed padded batch that `scripts/bench_mt_torch.py train` builds
+    /// identically (no data needed).
+    #[command(
+        after_help = "Examples:\n  transformer bench mt\n  transformer bench mt --batch 64 --repeats 5 --json\n  scripts/bench_mt_vs_pytorch.sh   # PyTorch and CTranslate2 side by side"
+    )]
+    Mt(MtBenchArgs),
+    /// Translation speed of a trained run: beam search (and greedy single-sentence latency)
+    /// over a source file, batched as `transformer mt translate` batches; with --dump, the
+    /// source and output token ids for the PyTorch and CTranslate2 scripts to decode and
+    /// compare against.
+    #[command(
+        after_help = "Example:\n  M=../shared/data/multi30k/task1/raw\n  transformer bench mt-decode --run runs/de-en --src $M/test_2016_flickr.de.gz --beam 5 --dump runs/bench --json"
+    )]
+    MtDecode(MtDecodeBenchArgs),
+}
+
+#[derive(Args)]
+#[command(args_override_self = true)]
+pub struct MtBenchArgs {
+    /// Sentences in the batch.
+    #[arg(long, default_value_t = 128)]
+    batch: usize,
+    /// Longest source row (rows are 0-5 tokens shorter, padded).
+    #[arg(long, default_value_t = 18)]
+    src_len: usize,
+    /// Longest target row (rows are 0-6 tokens shorter, padded).
+    #[arg(long, default_value_t = 18)]
+    tgt_len: usize,
+    /// Joint vocabulary size.
+    #[arg(long, default_value_t = 8000)]
+    vocab: usize,
+    /// Untimed repetitions before the measurement.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Timed repetitions (min and median are reported).
+    #[arg(long, default_value_t = 10)]
+    repeats: usize,
+    /// Seed for initialisation and dropout.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+#[command(args_override_self = true)]
+pub struct MtDecodeBenchArgs {
+    /// Run directory of a trained translation model.
+    #[arg(long)]
+    run: std::path::PathBuf,
+    /// Source sentences, one per line (.gz read as gzip).
+    #[arg(long)]
+    src: std::path::PathBuf,
+    /// Translate only the first N sentences.
+    #[arg(long)]
+    max_sentences: Option<usize>,
+    /// Beam size (1 = greedy).
+    #[arg(long, default_value_t = 5)]
+    beam: usize,
+    /// Greedy single-sentence latency over the first N sentences (0: skip).
+    #[arg(long, default_value_t = 50)]
+    latency_sentences: usize,
+    /// Timed passes over the file (the median is reported).
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Write src.ids (the encoder's input ids, one sentence per line) and hyp.ids (the
+    /// output ids) to this folder.
+    #[arg(long)]
+    dump: Option<std::path::PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -81,6 +156,8 @@ pub struct LmBenchArgs {
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Lm(args) => lm(args),
+        BenchCommand::Mt(args) => mt(args),
+        BenchCommand::MtDecode(args) => mt_decode(args),
     }
 }
 
@@ -294,6 +371,211 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         match peak_rss {
             Some(mb) => println!("peak RSS after the training steps: {mb:.0} MB"),
             None => println!("peak RSS: unavailable (no /proc/self/status)"),
+        }
+    }
+    Ok(())
+}
+
+/// The benchmark batch, identical to `scripts/bench_mt_torch.py`'s: row `i` has source length
+/// `S - i % 6` and target length `T - 5i % 7`; source ids `4 + (977 i + 7919 j + 13) mod
+/// (V - 4)`, target ids `y(i, j) = 4 + (131 i + 7919 j) mod (V - 4)`, `tgt_in = y(i, j)` and
+/// `tgt_out = y(i, j + 1)`; pad (id 0) elsewhere. Returns the tensors and the target tokens.
+fn mt_batch(a: &MtBenchArgs, dev: &Device) -> Result<(Tensor, Tensor, Tensor, usize)> {
+    let (b, s, t, v) = (a.batch, a.src_len, a.tgt_len, a.vocab);
+    let span = (v - 4) as u64;
+    let (mut src, mut tin, mut tout) = (vec![0u32; b * s], vec![0u32; b * t], vec![0u32; b * t]);
+    let mut tokens = 0;
+    for i in 0..b {
+        let sl = s - i % 6;
+        let tl = t - (i * 5) % 7;
+        for j in 0..sl {
+            src[i * s + j] = 4 + ((i as u64 * 977 + j as u64 * 7919 + 13) % span) as u32;
+        }
+        let y = |j: usize| 4 + ((i as u64 * 131 + j as u64 * 7919) % span) as u32;
+        for j in 0..tl {
+            tin[i * t + j] = y(j);
+            tout[i * t + j] = y(j + 1);
+        }
+        tokens += tl;
+    }
+    Ok((
+        Tensor::from_vec(src, (b, s), dev)?,
+        Tensor::from_vec(tin, (b, t), dev)?,
+        Tensor::from_vec(tout, (b, t), dev)?,
+        tokens,
+    ))
+}
+
+fn mt(a: MtBenchArgs) -> Result<()> {
+    use transformer_train::mt::{train_step, MtModel, MtTrainConfig};
+    use transformer_train::optim::Adam;
+    anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
+    anyhow::ensure!(
+        a.batch >= 1 && a.src_len >= 6 && a.tgt_len >= 7 && a.vocab > 4,
+        "--batch must be positive, --src-len at least 6, --tgt-len at least 7, --vocab above 4"
+    );
+    let dev = Device::Cpu;
+    let cfg = MtTrainConfig::default();
+    let model_cfg = cfg.model_config(a.vocab);
+    let pb = ParamBuilder::new(DType::F32, &dev, a.seed);
+    let model = MtModel::build(&pb, &model_cfg).context("building the model")?;
+    let params = pb.params();
+    let vars = params.vars();
+    let mut opt = Adam::new(vars.clone(), 5e-4)?;
+    let direct = transformer_model::DirectGrads::new();
+    let (src, tgt_in, tgt_out, tokens) = mt_batch(&a, &dev)?;
+    let rng = Rng::new(a.seed.wrapping_add(1));
+    let mut last = (f64::NAN, f64::NAN);
+    let train = time(a.warmup, a.repeats, || {
+        last = train_step(
+            &model,
+            &vars,
+            &mut opt,
+            &direct,
+            cfg.clip,
+            [&src, &tgt_in, &tgt_out],
+            0,
+            cfg.label_smoothing,
+            &rng,
+        )?;
+        Ok(())
+    })?;
+    let peak_rss = peak_rss_mb();
+    let threads = candle_core::utils::get_num_threads();
+    if a.json {
+        let out = serde_json::json!({
+            "impl": "transformer (candle-core 0.11, fp32)",
+            "train_step_ms": train.json(),
+            "tgt_tokens": tokens,
+            "tokens_per_s": tokens as f64 / (train.median / 1e3),
+            "peak_rss_mb": peak_rss,
+            "threads": threads,
+            "parameters": params.num_elements(),
+            "final_loss": last.0,
+            "shapes": {"batch": a.batch, "src_len": a.src_len, "tgt_len": a.tgt_len,
+                       "vocab": a.vocab, "warmup": a.warmup, "repeats": a.repeats},
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "translation model: 3 + 3 layers, d_model 256, 8 heads, FFN 512, vocabulary {} (shared); {} parameters; {} threads",
+            a.vocab,
+            params.num_elements(),
+            threads
+        );
+        println!(
+            "training step ({} x {} -> {}, {} target tokens; label smoothing 0.1, clip, Adam): best {:.1} ms, median {:.1} ms ({:.0} target tokens/s)",
+            a.batch,
+            a.src_len,
+            a.tgt_len,
+            tokens,
+            train.min,
+            train.median,
+            tokens as f64 / (train.median / 1e3)
+        );
+        if let Some(mb) = peak_rss {
+            println!("peak RSS: {mb:.0} MB");
+        }
+    }
+    Ok(())
+}
+
+fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
+    use transformer_decode::greedy;
+    use transformer_text::subword::TextTokenizer;
+    use transformer_train::mt::{load_run, translate_ids};
+    anyhow::ensure!(a.beam >= 1, "--beam must be at least 1 (1 = greedy)");
+    anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
+    let dev = Device::Cpu;
+    let run = load_run(&a.run, &dev)?;
+    let mut lines = transformer_text::parallel::read_lines(&a.src)?;
+    if let Some(n) = a.max_sentences {
+        lines.truncate(n);
+    }
+    let src: Vec<Vec<u32>> = lines
+        .iter()
+        .map(|l| run.tokenizer.encode(l))
+        .filter(|ids| !ids.is_empty())
+        .collect();
+    anyhow::ensure!(
+        !src.is_empty(),
+        "{}: no sentences to translate",
+        a.src.display()
+    );
+    let opts = run.config.decode_options(a.beam);
+    let mut hyps = Vec::new();
+    let mut secs = Vec::with_capacity(a.repeats);
+    for _ in 0..a.repeats {
+        let t = Instant::now();
+        hyps = translate_ids(&run.model, &src, &opts, &dev, |_, _| {})?;
+        secs.push(t.elapsed().as_secs_f64());
+    }
+    let peak_rss = peak_rss_mb();
+    let seconds = Stats::of(secs).median;
+    let tokens: usize = hyps.iter().map(|h| h.tokens.len()).sum();
+    // Greedy, one sentence at a time: the interactive case.
+    let sp = transformer_text::Specials::FIXED;
+    let greedy_opts = run.config.decode_options(1);
+    let n_lat = a.latency_sentences.min(src.len());
+    let mut lat = Vec::with_capacity(n_lat);
+    for ids in src.iter().take(n_lat) {
+        let mut row = ids.clone();
+        row.push(sp.eos);
+        let s = Tensor::from_vec(row, (1, ids.len() + 1), &dev)?;
+        let t = Instant::now();
+        greedy(&run.model, &s, &greedy_opts)?;
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let latency = (!lat.is_empty()).then(|| Stats::of(lat).median);
+    if let Some(dir) = &a.dump {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let join = |rows: &mut dyn Iterator<Item = Vec<u32>>| -> String {
+            rows.map(|r| r.iter().map(u32::to_string).collect::<Vec<_>>().join(" ") + "\n")
+                .collect()
+        };
+        let src_ids = join(&mut src.iter().map(|s| {
+            let mut r = s.clone();
+            r.push(sp.eos);
+            r
+        }));
+        let hyp_ids = join(&mut hyps.iter().map(|h| h.tokens.clone()));
+        for (name, text) in [("src.ids", src_ids), ("hyp.ids", hyp_ids)] {
+            let p = dir.join(name);
+            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
+        }
+    }
+    let threads = candle_core::utils::get_num_threads();
+    let (sps, tps) = (src.len() as f64 / seconds, tokens as f64 / seconds);
+    if a.json {
+        let out = serde_json::json!({
+            "impl": "transformer (candle-core 0.11, fp32)",
+            "sentences": src.len(),
+            "tokens": tokens,
+            "seconds": seconds,
+            "sentences_per_s": sps,
+            "tokens_per_s": tps,
+            "greedy_latency_ms": latency,
+            "beam": a.beam,
+            "length_penalty": opts.length_penalty,
+            "max_len_a": opts.max_len_a,
+            "max_len_b": opts.max_len_b,
+            "peak_rss_mb": peak_rss,
+            "threads": threads,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "{} sentences, beam {}: {:.2} s ({sps:.1} sentences/s, {tps:.0} tokens/s); {} threads",
+            src.len(),
+            a.beam,
+            seconds,
+            threads
+        );
+        if let Some(l) = latency {
+            println!("greedy, one sentence at a time: median {l:.1} ms over {n_lat} sentences");
+        }
+        if let Some(mb) = peak_rss {
+            println!("peak RSS: {mb:.0} MB");
         }
     }
     Ok(())

@@ -14,6 +14,7 @@ use crate::config::TransformerConfig;
 use crate::decoder::DecoderWeights;
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
+use crate::grads::DirectGrads;
 use crate::linear::Linear;
 use crate::mask::Mask;
 use crate::multi_head::KvCache;
@@ -21,7 +22,7 @@ use crate::params::{Init, ParamBuilder};
 use crate::positional::PositionalEncoding;
 use crate::transformer::Transformer;
 use crate::Result;
-use candle_core::{DType, Tensor, D};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 /// The masks one batch needs, built in one place from the token ids.
@@ -118,7 +119,8 @@ pub struct Seq2SeqLoss {
 /// log-likelihood are one fused op ([`crate::kernels::linear_cross_entropy`]), and the
 /// smoothing term needs no softmax, because
 /// `(1 - eps) (lse - z_y) + eps mean_j (lse - z_j) = nll + eps (z_y - mean_j z_j)`,
-/// where `z_y = h . W_y + b_y` and `mean_j z_j = h . mean_j W_j + mean_j b_j`.
+/// where `z_y = h . W_y + b_y` and `mean_j z_j = h . mean_j W_j + mean_j b_j`
+/// ([`crate::kernels::label_smoothing_term`]).
 ///
 /// # Shapes
 /// h (N, C), targets (N,) u32 -> scalars
@@ -129,28 +131,56 @@ pub fn label_smoothed_loss(
     pad_id: u32,
     eps: f64,
 ) -> Result<Seq2SeqLoss> {
+    label_smoothed_loss_with(h, generator, targets, pad_id, eps, None)
+}
+
+/// [`label_smoothed_loss`] whose output layer's weight and bias gradients go to `direct`
+/// when given (and they are CPU f32 variables), not to candle's `GradStore`.
+pub fn label_smoothed_loss_with(
+    h: &Tensor,
+    generator: &Linear,
+    targets: &Tensor,
+    pad_id: u32,
+    eps: f64,
+    direct: Option<&DirectGrads>,
+) -> Result<Seq2SeqLoss> {
+    use crate::kernels::{self, Precision};
     let w = generator.weight();
     let bias = generator.bias().expect("the output layer has a bias");
-    let nll = crate::kernels::linear_cross_entropy(h, w, bias, targets, Some(pad_id))?;
+    // Padding rows count for nothing, so the output layer runs on the other rows only: its
+    // three (rows x C x V) products are most of the step's arithmetic, and a length-bucketed
+    // Multi30k batch is about a sixth padding. The gather and its backward (a scatter into
+    // (N, C) zeros) cost N x C; the loss and every gradient are the same.
+    let ids = targets.flatten_all()?.to_vec1::<u32>()?;
+    let kept: Vec<u32> = (0..ids.len() as u32)
+        .filter(|&i| ids[i as usize] != pad_id)
+        .collect();
+    let (h, targets) = if !kept.is_empty() && kept.len() < ids.len() {
+        let idx = Tensor::new(kept.as_slice(), h.device())?;
+        (h.index_select(&idx, 0)?, targets.index_select(&idx, 0)?)
+    } else {
+        (h.clone(), targets.clone())
+    };
+    let (h, targets) = (&h, &targets);
+    let nll = match direct {
+        Some(d) => kernels::linear_cross_entropy_direct(
+            h,
+            w,
+            bias,
+            targets,
+            Some(pad_id),
+            Precision::F32,
+            d,
+        )?,
+        None => kernels::linear_cross_entropy(h, w, bias, targets, Some(pad_id))?,
+    };
     if eps == 0.0 {
         return Ok(Seq2SeqLoss {
             nll: nll.detach(),
             loss: nll,
         });
     }
-    let keep = targets.ne(pad_id)?;
-    let count = keep.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
-    let safe = keep.where_cond(targets, &targets.zeros_like()?)?;
-    // (N, C) . (N, C) -> (N,): the logit of each target token.
-    let z_y = ((h * w.index_select(&safe, 0)?)?.sum(D::Minus1)? + bias.index_select(&safe, 0)?)?;
-    // (N, C) @ (C, 1) -> (N,): the mean logit over the vocabulary.
-    let w_mean = w.mean(0)?.unsqueeze(1)?;
-    let z_mean = h
-        .matmul(&w_mean)?
-        .squeeze(1)?
-        .broadcast_add(&bias.mean_all()?)?;
-    let gap = ((z_y - z_mean)? * keep.to_dtype(h.dtype())?)?;
-    let smooth = (gap.sum_all()? * (eps / count.max(1.0)))?;
+    let smooth = kernels::label_smoothing_term(h, w, bias, targets, pad_id, eps, direct)?;
     Ok(Seq2SeqLoss {
         nll: nll.detach(),
         loss: (nll + smooth)?,
@@ -393,6 +423,58 @@ impl Seq2Seq {
             pad_id,
             eps,
         )
+    }
+
+    /// [`Self::loss`] whose backward pass delivers most parameter gradients to `grads`
+    /// instead of candle's `GradStore` (see [`crate::grads`]): the embeddings' rows, every
+    /// encoder layer that runs as one fused op, and the output layer's weight and bias; the
+    /// rest (the decoder layers, the final norms) through the graph as usual. An optimizer
+    /// reads both. The same loss as [`Self::loss`] with the same dropout, summed in another
+    /// order.
+    ///
+    /// # Shapes
+    /// src (B, S), tgt_in (B, T), tgt_out (B, T) u32 -> scalars
+    #[allow(clippy::too_many_arguments)]
+    pub fn loss_direct(
+        &self,
+        src: &Tensor,
+        tgt_in: &Tensor,
+        tgt_out: &Tensor,
+        masks: &Seq2SeqMasks,
+        pad_id: u32,
+        eps: f64,
+        mode: Mode,
+        grads: &DirectGrads,
+    ) -> Result<Seq2SeqLoss> {
+        let x = self.embed_direct(&self.src_embedding, src, mode, grads)?;
+        let memory = self
+            .transformer
+            .encode_direct(&x, Some(&masks.src), mode, grads)?;
+        let y = self.embed_direct(&self.tgt_embedding, tgt_in, mode, grads)?;
+        let h =
+            self.transformer
+                .decode(&y, &memory, Some(&masks.tgt), Some(&masks.memory), mode)?;
+        let (b, t, c) = h.dims3()?;
+        label_smoothed_loss_with(
+            &h.reshape((b * t, c))?,
+            &self.generator,
+            &tgt_out.flatten_all()?,
+            pad_id,
+            eps,
+            Some(grads),
+        )
+    }
+
+    /// [`Self::embed`] with the embedding's row gradients going to `grads`.
+    fn embed_direct(
+        &self,
+        emb: &Embedding,
+        ids: &Tensor,
+        mode: Mode,
+        grads: &DirectGrads,
+    ) -> Result<Tensor> {
+        let x = (emb.forward_direct(ids, grads)? * (self.d_model as f64).sqrt())?;
+        self.pos_encoder.forward(&x, 0, mode)
     }
 
     /// Encodes a batch of sources once and prepares incremental decoding.

@@ -40,6 +40,21 @@ impl Transformer {
         self.encoder.forward(src, src_mask, mode)
     }
 
+    /// [`Self::encode`] with the encoder layers' parameter gradients going to `grads` where
+    /// a layer runs as one fused op ([`Encoder::forward_direct`]).
+    ///
+    /// # Shapes
+    /// src (B, S, C), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)
+    pub fn encode_direct(
+        &self,
+        src: &Tensor,
+        src_mask: Option<&Mask>,
+        mode: Mode,
+        grads: &crate::grads::DirectGrads,
+    ) -> Result<Tensor> {
+        self.encoder.forward_direct(src, src_mask, mode, grads)
+    }
+
     /// Runs the decoder stack over the embedded targets, attending to `memory`.
     ///
     /// # Shapes

@@ -4,10 +4,11 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use transformer_model::kernels::{
-    attention, attention_reference, bf16, dropout, dropout_reference, layer_norm,
-    layer_norm_reference, linear, linear_cross_entropy, linear_cross_entropy_reference,
-    linear_cross_entropy_with, linear_few_rows, linear_few_rows_reference, linear_reference,
-    sigmoid, sigmoid_reference, softmax_last_dim, softmax_last_dim_reference, tanh, Precision,
+    attention, attention_reference, bf16, dropout, dropout_reference, label_smoothing_term,
+    label_smoothing_term_reference, layer_norm, layer_norm_reference, linear, linear_cross_entropy,
+    linear_cross_entropy_reference, linear_cross_entropy_with, linear_few_rows,
+    linear_few_rows_reference, linear_reference, sigmoid, sigmoid_reference, softmax_last_dim,
+    softmax_last_dim_reference, tanh, Precision,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -487,6 +488,76 @@ fn linear_cross_entropy_matches_reference() {
                 1.75,
             );
         }
+    }
+}
+
+/// The fused label-smoothing term against its composed reference (value and every gradient,
+/// f64 and f32, with ignored rows, a pad id outside the vocabulary and no ignored rows) and
+/// against finite differences; its gradients into `DirectGrads` equal those it returns to the
+/// graph.
+#[test]
+fn label_smoothing_term_matches_reference() {
+    for dtype in [DType::F64, DType::F32] {
+        for (k, (n, c, v, ignore)) in [
+            (7, 5, 13, (3u32, 3usize)),
+            (37, 64, 300, (0, 5)),
+            (20, 16, 50, (u32::MAX, 4)),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let k = k as u64 * 10;
+            let inputs = lce_inputs(n, c, v, 160 + k, dtype);
+            let t = targets(n, v, 170 + k, Some(ignore));
+            let cot = Tensor::new(1.75f64, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            compare(
+                &format!("label_smoothing_term N={n} C={c} V={v} {ignore:?} {dtype:?}"),
+                &inputs,
+                &cot,
+                |x| label_smoothing_term(&x[0], &x[1], &x[2], &t, ignore.0, 0.1, None),
+                |x| label_smoothing_term_reference(&x[0], &x[1], &x[2], &t, ignore.0, 0.1),
+            );
+        }
+    }
+    let inputs = lce_inputs(6, 4, 9, 190, DType::F64);
+    let t = targets(6, 9, 191, Some((2, 3)));
+    let one = Tensor::new(1f64, &Device::Cpu).unwrap();
+    finite_difference_check("label_smoothing_term", &inputs, &one, |x| {
+        label_smoothing_term(&x[0], &x[1], &x[2], &t, 2, 0.2, None)
+    });
+    // Into DirectGrads: the weight's and bias's gradients land there, the same values.
+    let inputs = lce_inputs(11, 8, 30, 200, DType::F32);
+    let t = targets(11, 30, 201, Some((0, 4)));
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|x| Var::from_tensor(x).unwrap())
+        .collect();
+    let direct = transformer_model::DirectGrads::new();
+    let f = |d: Option<&transformer_model::DirectGrads>| {
+        let [h, w, b] = [0, 1, 2].map(|i| vars[i].as_tensor());
+        label_smoothing_term(h, w, b, &t, 0, 0.1, d)
+            .unwrap()
+            .backward()
+            .unwrap()
+    };
+    let graph = f(None);
+    let store = f(Some(&direct));
+    for i in [1, 2] {
+        let x = vars[i].as_tensor();
+        assert!(
+            store.get(x).is_none(),
+            "input {i}: a direct gradient also in the store"
+        );
+        let got = direct.get(x).unwrap().expect("a direct gradient");
+        assert_close(
+            &format!("direct grad of input {i}"),
+            &got,
+            graph.get(x).unwrap(),
+            0.0,
+        );
     }
 }
 

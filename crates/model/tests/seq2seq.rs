@@ -126,3 +126,97 @@ fn shared_embedding_starts_at_unit_scale() -> Result<()> {
     );
     Ok(())
 }
+
+/// `loss_direct` (the training path: embeddings' rows, fused encoder layers and the output
+/// layer's gradients into `DirectGrads`) gives the loss and every gradient of `loss` (the
+/// plain `GradStore`), with dropout drawn from the same RNG, shared and separate embeddings,
+/// padded sources and targets; equal to rounding (the fused layers sum in another order).
+/// Each parameter's gradient is in exactly one of the two stores. Two steps in a row check
+/// that the kept buffers are overwritten, not accumulated.
+#[test]
+fn direct_gradients_equal_the_grad_store() -> Result<()> {
+    use transformer_model::{DirectGrads, Rng};
+    let dev = Device::Cpu;
+    for share in [false, true] {
+        let pb = ParamBuilder::new(DType::F32, &dev, 7);
+        let mut cfg = config(share);
+        cfg.transformer.dropout = 0.2;
+        let model = Seq2Seq::with_config(&pb, &cfg)?;
+        let params = pb.params();
+        let direct = DirectGrads::new();
+        for step in 0..2u32 {
+            let src = Tensor::new(&[[3u32, 4, 5 + step, 2, 0], [6, 7, 2, 0, 0]], &dev)?;
+            let tgt_in = Tensor::new(&[[1u32, 8, 9, 10], [1, 4 + step, 0, 0]], &dev)?;
+            let tgt_out = Tensor::new(&[[8u32, 9, 10, 2], [4 + step, 2, 0, 0]], &dev)?;
+            let masks = Seq2SeqMasks::new(&src, &tgt_in, PAD)?;
+            let rng = || Rng::new(11 + step as u64);
+            let plain = model.loss(
+                &src,
+                &tgt_in,
+                &tgt_out,
+                &masks,
+                PAD,
+                0.1,
+                Mode::Train(&rng()),
+            )?;
+            direct.clear();
+            let fast = model.loss_direct(
+                &src,
+                &tgt_in,
+                &tgt_out,
+                &masks,
+                PAD,
+                0.1,
+                Mode::Train(&rng()),
+                &direct,
+            )?;
+            let (a, b) = (
+                plain.loss.to_scalar::<f32>()?,
+                fast.loss.to_scalar::<f32>()?,
+            );
+            assert!(
+                (a - b).abs() <= 1e-5 * a.abs(),
+                "share {share}: losses {a} and {b}"
+            );
+            let (want, store) = (plain.loss.backward()?, fast.loss.backward()?);
+            let mut in_direct = 0;
+            for (name, var) in params.iter() {
+                let x = var.as_tensor();
+                let w = want.get(x).unwrap_or_else(|| panic!("{name}: no gradient"));
+                let got = match (store.get(x), direct.get(x)?) {
+                    (Some(g), None) => g.clone(),
+                    (None, Some(g)) => {
+                        in_direct += 1;
+                        g
+                    }
+                    (s, d) => panic!(
+                        "{name}: in the store {}, direct {}",
+                        s.is_some(),
+                        d.is_some()
+                    ),
+                };
+                let (w, g) = (
+                    w.flatten_all()?.to_vec1::<f32>()?,
+                    got.flatten_all()?.to_vec1::<f32>()?,
+                );
+                // The floor covers gradients that are zero in exact arithmetic (the key
+                // projection's bias: softmax ignores a shift shared by all keys).
+                let size = w.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+                let diff = w
+                    .iter()
+                    .zip(&g)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(
+                    diff <= 2e-5 * size,
+                    "share {share}, step {step}: {name} differs by {diff} (largest {size})"
+                );
+            }
+            // The embeddings, the output bias and the 3 x 16 encoder-layer parameters at least.
+            assert!(
+                in_direct >= 2 + 16,
+                "only {in_direct} gradients went direct"
+            );
+        }
+    }
+    Ok(())
+}

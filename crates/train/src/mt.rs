@@ -23,7 +23,7 @@
 
 use crate::average::CHECKPOINT_PREFIX as AVERAGE_PREFIX;
 use crate::checkpoint;
-use crate::clip::clip_grad_norm;
+use crate::clip::clip_coefficient_with;
 use crate::error::{Error, Result};
 use crate::metrics::{Metric, Weights};
 use crate::optim::{Adam, NoamSchedule};
@@ -38,7 +38,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use transformer_decode::{beam_search, greedy, DecodeOptions, Hypothesis};
 use transformer_model::{
-    Mode, ParamBuilder, Params, Rng, RnnSeq2SeqConfig, Seq2SeqConfig, TransformerConfig,
+    DirectGrads, Mode, ParamBuilder, Params, Rng, RnnSeq2SeqConfig, Seq2SeqConfig,
+    TransformerConfig,
 };
 use transformer_text::bucket::{make_batch, pair_batches, source_batches, PairBatch};
 use transformer_text::parallel::{keep_for_training, PairFilter, PairSource, Pairs};
@@ -602,6 +603,39 @@ pub fn word_perplexity(loss_per_token: f64, data: &EncodedSplit) -> f64 {
     (loss_per_token * subwords as f64 / words.max(1) as f64).exp()
 }
 
+/// One training step on one batch (`[src, tgt_in, tgt_out]`, padded with `pad`): the
+/// label-smoothed loss with dropout from `rng`, its gradient, clipping to norm `clip`, and
+/// one step of `opt` at its current learning rate. Returns the loss and the plain negative
+/// log-likelihood per target token. The training loop and `transformer bench mt` both take
+/// exactly this step.
+///
+/// `direct` holds the gradients that fused ops write outside candle's `GradStore`
+/// (`MtModel::loss_direct`); it is empty again when the step returns, its buffers kept for
+/// the next one.
+#[allow(clippy::too_many_arguments)]
+pub fn train_step(
+    model: &MtModel,
+    vars: &[candle_core::Var],
+    opt: &mut Adam,
+    direct: &DirectGrads,
+    clip: f64,
+    [src, tgt_in, tgt_out]: [&Tensor; 3],
+    pad: u32,
+    label_smoothing: f64,
+    rng: &Rng,
+) -> Result<(f64, f64)> {
+    let mode = Mode::Train(rng);
+    let l = model.loss_direct(src, tgt_in, tgt_out, pad, label_smoothing, mode, direct)?;
+    let grads = l.loss.backward()?;
+    let (_, coef) = clip_coefficient_with(&grads, direct, vars, clip)?;
+    opt.step_direct(&grads, direct, coef)?;
+    direct.clear();
+    Ok((
+        l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+        l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+    ))
+}
+
 /// Translates token sequences in batches (greedy for beam 1, else beam search); returns one
 /// hypothesis per input, in input order. `on_batch(done, total)` reports progress.
 pub fn translate_ids(
@@ -757,6 +791,8 @@ struct MtTask {
     params: Params,
     vars: Vec<candle_core::Var>,
     opt: Adam,
+    /// Gradients the fused ops write outside candle's `GradStore`, buffers reused.
+    direct: DirectGrads,
     schedule: NoamSchedule,
     tokenizer: Subword,
     train: EncodedSplit,
@@ -822,21 +858,21 @@ impl Task for MtTask {
         let sp = self.tokenizer.specials();
         let b = &self.batches[index];
         let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
-        let l = self.model.loss(
-            &src,
-            &tgt_in,
-            &tgt_out,
+        self.opt.lr = self.schedule.lr(step + 1);
+        let (loss, nll) = train_step(
+            &self.model,
+            &self.vars,
+            &mut self.opt,
+            &self.direct,
+            self.cfg.clip,
+            [&src, &tgt_in, &tgt_out],
             sp.pad,
             self.cfg.label_smoothing,
-            Mode::Train(rng),
+            rng,
         )?;
-        let mut grads = l.loss.backward()?;
-        clip_grad_norm(&mut grads, &self.vars, self.cfg.clip)?;
-        self.opt.lr = self.schedule.lr(step + 1);
-        self.opt.step(&grads)?;
         Ok(StepStats {
-            loss: l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-            nll: l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            loss,
+            nll,
             tokens: b.tgt_tokens,
         })
     }
@@ -1093,6 +1129,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     });
     let mut task = MtTask {
         opt: Adam::new(vars.clone(), 0.0)?,
+        direct: DirectGrads::new(),
         schedule: NoamSchedule {
             d_model: cfg.d_model,
             warmup: cfg.warmup,

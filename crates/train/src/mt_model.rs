@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use transformer_decode::{StepModel, StepOutput};
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{
-    DecodeState, Mode, ParamBuilder, RnnAttention, RnnSeq2Seq, RnnSeq2SeqConfig, RnnState, Seq2Seq,
-    Seq2SeqConfig, Seq2SeqLoss,
+    DecodeState, DirectGrads, Mode, ParamBuilder, RnnAttention, RnnSeq2Seq, RnnSeq2SeqConfig,
+    RnnState, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,
 };
 
 /// Which model `transformer mt train` builds.
@@ -112,6 +112,29 @@ impl MtModel {
             MtModel::Transformer(m) => {
                 let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
                 m.loss(src, tgt_in, tgt_out, &masks, pad, eps, mode)
+            }
+            MtModel::Rnn(m) => m.loss(src, tgt_in, tgt_out, pad, eps, mode),
+        }
+    }
+
+    /// [`Self::loss`] for training, with the Transformer's embedding, encoder-layer and
+    /// output-layer gradients going to `direct` (`Seq2Seq::loss_direct`); the recurrent
+    /// models' all go to candle's `GradStore`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn loss_direct(
+        &self,
+        src: &Tensor,
+        tgt_in: &Tensor,
+        tgt_out: &Tensor,
+        pad: u32,
+        eps: f64,
+        mode: Mode,
+        direct: &DirectGrads,
+    ) -> Result<Seq2SeqLoss> {
+        match self {
+            MtModel::Transformer(m) => {
+                let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
+                m.loss_direct(src, tgt_in, tgt_out, &masks, pad, eps, mode, direct)
             }
             MtModel::Rnn(m) => m.loss(src, tgt_in, tgt_out, pad, eps, mode),
         }

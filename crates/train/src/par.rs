@@ -50,6 +50,27 @@ pub fn zip_mut<T: Send + Sync>(dst: &mut [T], src: &[T], f: impl Fn(&mut [T], &[
     });
 }
 
+/// `f` on matching pieces of `dst`, `a` and `b` (same length), in parallel.
+pub fn zip3_mut<T: Send + Sync>(
+    dst: &mut [T],
+    a: &[T],
+    b: &[T],
+    f: impl Fn(&mut [T], &[T], &[T]) + Sync,
+) {
+    assert!(dst.len() == a.len() && a.len() == b.len());
+    let n = pieces(dst.len());
+    let per = dst.len().div_ceil(n).max(1);
+    if n == 1 {
+        return f(dst, a, b);
+    }
+    std::thread::scope(|s| {
+        let f = &f;
+        for ((d, a), b) in dst.chunks_mut(per).zip(a.chunks(per)).zip(b.chunks(per)) {
+            s.spawn(move || f(d, a, b));
+        }
+    });
+}
+
 /// Sum of squares in f64, with independent lanes so that it vectorises.
 pub fn sum_sq_f32(x: &[f32]) -> f64 {
     let mut acc = [0f64; 8];

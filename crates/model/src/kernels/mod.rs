@@ -51,6 +51,7 @@ mod float;
 mod layer_norm;
 mod linear;
 mod matmul;
+mod smoothing;
 mod softmax;
 
 pub use activation::{sigmoid, sigmoid_reference, tanh};
@@ -67,6 +68,7 @@ pub use encoder_layer::{
 pub use few_rows::{linear_few_rows, linear_few_rows_reference};
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use linear::{linear, linear_reference};
+pub use smoothing::{label_smoothing_term, label_smoothing_term_reference};
 pub use softmax::{softmax_last_dim, softmax_last_dim_reference};
 
 use candle_core::{bail, DType, Layout, Result, Storage, Tensor, WithDType};

@@ -1,0 +1,277 @@
+//! The label-smoothing part of a smoothed cross-entropy, fused: with the output layer
+//! `z = h W^T + b` (V classes) and smoothing `eps`,
+//! `(1 - eps) (lse - z_y) + eps mean_j (lse - z_j) = (lse - z_y) + eps (z_y - mean_j z_j)`,
+//! so the smoothed loss is the plain one ([`super::linear_cross_entropy`]) plus
+//! `eps / count * sum over counted rows n of (z_{n, y_n} - mean_j z_{n, j})`, which needs no
+//! softmax: `z_y = h . W_y + b_y` and `mean_j z_j = h . mean_j W_j + mean_j b_j`.
+//!
+//! # Why
+//! Composed of candle ops this term is an `index_select` of N weight rows, a product, two
+//! reductions, a matrix-vector product and their backward passes, whose weight gradient is a
+//! dense (V, C) `index_add` into zeros that lands in candle's `GradStore`. Fused, it is one
+//! pass over the rows forward and one backward, and the weight's and bias's gradients go to
+//! [`DirectGrads`] beside the output layer's own, so a model whose output layer writes there
+//! keeps every gradient of that matrix in one place.
+//!
+//! # Gradients
+//! With `k = g eps / count` (g the incoming gradient): `dh_n = k (W_{y_n} - mean_j W_j)` on
+//! counted rows (0 on ignored ones), `dW_j = k sum_{n: y_n = j} h_n - (k / V) sum_n h_n`,
+//! `db_j = k count_j - k count / V`. Sums over rows run in f64.
+
+use super::{cpu_slice, fused_applies};
+use crate::grads::DirectGrads;
+use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+
+/// `eps / count * sum over rows n whose target is not `ignore_index` of (z_{n, y_n} - mean_j
+/// z_{n, j})`, `z = hidden W^T + b`; 0 when no row counts. Added to the output layer's
+/// plain cross-entropy it gives the label-smoothed cross-entropy (module docs). With `direct`,
+/// the weight's and bias's gradients go there when they are CPU f32 variables.
+///
+/// # Shapes
+/// hidden (N, C), weight (V, C), bias (V,), targets (N,) u32 -> scalar
+pub fn label_smoothing_term(
+    hidden: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    targets: &Tensor,
+    ignore_index: u32,
+    eps: f64,
+    direct: Option<&DirectGrads>,
+) -> Result<Tensor> {
+    if !fused_applies(&[hidden, weight, bias]) {
+        return label_smoothing_term_reference(hidden, weight, bias, targets, ignore_index, eps);
+    }
+    let (n, c) = hidden.dims2()?;
+    let (v, wc) = weight.dims2()?;
+    if wc != c || bias.dims() != [v] || targets.elem_count() != n {
+        bail!(
+            "label smoothing: hidden {:?}, weight {:?}, bias {:?}, targets {:?} do not fit",
+            hidden.dims(),
+            weight.dims(),
+            bias.dims(),
+            targets.dims()
+        );
+    }
+    let ids = targets.flatten_all()?.to_vec1::<u32>()?;
+    let mut rows = Vec::with_capacity(n);
+    for &t in &ids {
+        if t == ignore_index {
+            rows.push(None);
+        } else if (t as usize) < v {
+            rows.push(Some(t as usize));
+        } else {
+            bail!("label smoothing: target {t} outside 0..{v}");
+        }
+    }
+    let op = SmoothingTerm {
+        rows,
+        eps,
+        direct: direct.cloned(),
+    };
+    hidden
+        .contiguous()?
+        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
+}
+
+/// [`label_smoothing_term`] composed of candle ops (the plain version the fused op is
+/// checked against, and the path for other devices and dtypes).
+pub fn label_smoothing_term_reference(
+    hidden: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    targets: &Tensor,
+    ignore_index: u32,
+    eps: f64,
+) -> Result<Tensor> {
+    let targets = targets.flatten_all()?;
+    let keep = targets.ne(ignore_index)?;
+    let count = keep.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+    let safe = keep.where_cond(&targets, &targets.zeros_like()?)?;
+    // (N, C) . (N, C) -> (N,): the logit of each target token.
+    let z_y = ((hidden * weight.index_select(&safe, 0)?)?.sum(D::Minus1)?
+        + bias.index_select(&safe, 0)?)?;
+    // (N, C) @ (C, 1) -> (N,): the mean logit over the vocabulary.
+    let w_mean = weight.mean(0)?.unsqueeze(1)?;
+    let z_mean = hidden
+        .matmul(&w_mean)?
+        .squeeze(1)?
+        .broadcast_add(&bias.mean_all()?)?;
+    let gap = ((z_y - z_mean)? * keep.to_dtype(hidden.dtype())?)?;
+    gap.sum_all()? * (eps / count.max(1.0))
+}
+
+struct SmoothingTerm {
+    /// Each row's target, `None` where it is ignored.
+    rows: Vec<Option<usize>>,
+    eps: f64,
+    direct: Option<DirectGrads>,
+}
+
+impl SmoothingTerm {
+    fn count(&self) -> usize {
+        self.rows.iter().filter(|r| r.is_some()).count()
+    }
+}
+
+/// `mean_j W_j` (C) and `mean_j b_j`, summed in f64.
+fn means<T: super::float::Float>(w: &[T], b: &[T], c: usize) -> (Vec<f64>, f64) {
+    let v = b.len();
+    let mut wbar = vec![0f64; c];
+    for row in w.chunks_exact(c) {
+        for (s, &x) in wbar.iter_mut().zip(row) {
+            *s += x.to_f64();
+        }
+    }
+    wbar.iter_mut().for_each(|s| *s /= v as f64);
+    let bbar = b.iter().map(|x| x.to_f64()).sum::<f64>() / v as f64;
+    (wbar, bbar)
+}
+
+fn forward<T: super::float::Float>(op: &SmoothingTerm, h: &[T], w: &[T], b: &[T]) -> f64 {
+    let c = w.len() / b.len().max(1);
+    let (wbar, bbar) = means(w, b, c);
+    let mut acc = 0f64;
+    for (hr, row) in h.chunks_exact(c).zip(&op.rows) {
+        let Some(y) = *row else { continue };
+        let wy = &w[y * c..(y + 1) * c];
+        let mut gap = b[y].to_f64() - bbar;
+        for ((&x, &wv), &m) in hr.iter().zip(wy).zip(&wbar) {
+            gap += x.to_f64() * (wv.to_f64() - m);
+        }
+        acc += gap;
+    }
+    op.eps / (op.count().max(1) as f64) * acc
+}
+
+/// `(dh, dW, db)` for incoming gradient `g` (see the module docs).
+fn backward<T: super::float::Float>(
+    op: &SmoothingTerm,
+    g: f64,
+    h: &[T],
+    w: &[T],
+    b: &[T],
+) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let (v, n) = (b.len(), op.rows.len());
+    let c = w.len() / v.max(1);
+    let count = op.count();
+    let k = g * op.eps / (count.max(1) as f64);
+    let (wbar, _) = means(w, b, c);
+    let mut dh = vec![T::ZERO; n * c];
+    let mut hsum = vec![0f64; c];
+    let mut per_row = vec![0f64; v * c];
+    let mut per_bias = vec![0f64; v];
+    for ((hr, dhr), row) in h.chunks_exact(c).zip(dh.chunks_exact_mut(c)).zip(&op.rows) {
+        let Some(y) = *row else { continue };
+        let wy = &w[y * c..(y + 1) * c];
+        for ((d, &wv), &m) in dhr.iter_mut().zip(wy).zip(&wbar) {
+            *d = T::from_f64(k * (wv.to_f64() - m));
+        }
+        for ((s, r), &x) in hsum
+            .iter_mut()
+            .zip(&mut per_row[y * c..(y + 1) * c])
+            .zip(hr)
+        {
+            *s += x.to_f64();
+            *r += x.to_f64();
+        }
+        per_bias[y] += 1.0;
+    }
+    let spread: Vec<f64> = hsum.iter().map(|s| k * s / v as f64).collect();
+    let dw = per_row
+        .chunks_exact(c)
+        .flat_map(|r| r.iter().zip(&spread).map(|(&x, &s)| T::from_f64(k * x - s)))
+        .collect();
+    let base = k * count as f64 / v as f64;
+    let db = per_bias
+        .iter()
+        .map(|&m| T::from_f64(k * m - base))
+        .collect();
+    (dh, dw, db)
+}
+
+impl CustomOp3 for SmoothingTerm {
+    fn name(&self) -> &'static str {
+        "kernels-label-smoothing-term"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let out = match s1 {
+            CpuStorage::F32(_) => {
+                let x = forward::<f32>(
+                    self,
+                    cpu_slice(s1, l1)?,
+                    cpu_slice(s2, l2)?,
+                    cpu_slice(s3, l3)?,
+                );
+                CpuStorage::F32(vec![x as f32])
+            }
+            CpuStorage::F64(_) => CpuStorage::F64(vec![forward::<f64>(
+                self,
+                cpu_slice(s1, l1)?,
+                cpu_slice(s2, l2)?,
+                cpu_slice(s3, l3)?,
+            )]),
+            _ => bail!("kernels-label-smoothing-term: only f32 and f64"),
+        };
+        Ok((out, Shape::from(())))
+    }
+
+    fn bwd(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let dev = hidden.device();
+        match hidden.dtype() {
+            DType::F32 => {
+                let (h, w, b) = (
+                    hidden.flatten_all()?.to_vec1::<f32>()?,
+                    weight.flatten_all()?.to_vec1::<f32>()?,
+                    bias.to_vec1::<f32>()?,
+                );
+                let (dh, dw, db) = backward(self, g, &h, &w, &b);
+                let dh = Tensor::from_vec(dh, hidden.shape(), dev)?;
+                let direct = self
+                    .direct
+                    .as_ref()
+                    .filter(|_| DirectGrads::accepts(weight) && DirectGrads::accepts(bias));
+                if let Some(direct) = direct {
+                    direct.put_dense(weight, dw);
+                    direct.put_dense(bias, db);
+                    return Ok((Some(dh), None, None));
+                }
+                Ok((
+                    Some(dh),
+                    Some(Tensor::from_vec(dw, weight.shape(), dev)?),
+                    Some(Tensor::from_vec(db, bias.shape(), dev)?),
+                ))
+            }
+            DType::F64 => {
+                let (h, w, b) = (
+                    hidden.flatten_all()?.to_vec1::<f64>()?,
+                    weight.flatten_all()?.to_vec1::<f64>()?,
+                    bias.to_vec1::<f64>()?,
+                );
+                let (dh, dw, db) = backward(self, g, &h, &w, &b);
+                Ok((
+                    Some(Tensor::from_vec(dh, hidden.shape(), dev)?),
+                    Some(Tensor::from_vec(dw, weight.shape(), dev)?),
+                    Some(Tensor::from_vec(db, bias.shape(), dev)?),
+                ))
+            }
+            dt => bail!("kernels-label-smoothing-term: unsupported dtype {dt:?}"),
+        }
+    }
+}

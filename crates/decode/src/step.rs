@@ -199,22 +199,14 @@ impl StepModel for Recompute<'_> {
     }
 }
 
-/// Log-softmax of every row of `logits` (B, V), in f64 arithmetic, returned as f32 rows.
+/// Log-softmax of every row of `logits` (B, V), returned as f32 rows
+/// (`transformer_model::kernels::log_softmax_rows_f32`).
 pub fn log_softmax_rows(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
-    let rows = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-    Ok(rows
-        .into_iter()
-        .map(|mut r| {
-            let max = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let lse = max as f64
-                + r.iter()
-                    .map(|&x| ((x - max) as f64).exp())
-                    .sum::<f64>()
-                    .ln();
-            for x in r.iter_mut() {
-                *x = (*x as f64 - lse) as f32;
-            }
-            r
-        })
-        .collect())
+    let (_, v) = logits.dims2()?;
+    let mut flat = logits
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    transformer_model::kernels::log_softmax_rows_f32(&mut flat, v);
+    Ok(flat.chunks_exact(v.max(1)).map(<[f32]>::to_vec).collect())
 }

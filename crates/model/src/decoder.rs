@@ -5,6 +5,7 @@
 use crate::dropout::{Dropout, Mode};
 use crate::encoder::{residual, LayerSpec};
 use crate::feed_forward::FeedForward;
+use crate::kernels;
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
 use crate::multi_head::{KvCache, MultiHeadAttention};
@@ -179,6 +180,11 @@ impl DecoderLayer {
     }
 }
 
+/// A weight and bias pair as references.
+fn pair(p: &(Tensor, Tensor)) -> (&Tensor, &Tensor) {
+    (&p.0, &p.1)
+}
+
 /// N decoder layers and an optional final LayerNorm (`nn.TransformerDecoder`'s `norm`).
 #[derive(Debug, Clone)]
 pub struct Decoder {
@@ -280,6 +286,58 @@ impl Decoder {
             x = norm.forward(&x)?;
         }
         Ok((x, weights))
+    }
+
+    /// The stack as one fused decoding step ([`kernels::DecoderStack`]) when it applies:
+    /// ReLU layers with biases, one layer-norm epsilon, CPU f32 contiguous parameters.
+    pub fn fused_stack(&self) -> Option<kernels::DecoderStack> {
+        let first = self.layers.first()?;
+        let (_, _, eps) = first.norm1.parts();
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let (linear1, linear2, activation, _) = l.ff.parts();
+            if activation != crate::config::Activation::Relu {
+                return None;
+            }
+            let affine = |lin: &'_ crate::linear::Linear| -> Option<(Tensor, Tensor)> {
+                Some((lin.weight().clone(), lin.bias()?.clone()))
+            };
+            let proj = |m: &MultiHeadAttention| -> Option<[(Tensor, Tensor); 4]> {
+                let [q, k, v, o] = m.projections();
+                Some([affine(q)?, affine(k)?, affine(v)?, affine(o)?])
+            };
+            let (sa, ca) = (proj(&l.self_attn)?, proj(&l.multihead_attn)?);
+            let (l1, l2) = (affine(linear1)?, affine(linear2)?);
+            let norms = [&l.norm1, &l.norm2, &l.norm3].map(|n| n.parts());
+            if norms.iter().any(|n| n.2 != eps) {
+                return None;
+            }
+            layers.push(kernels::DecoderLayerParams::new(
+                [pair(&sa[0]), pair(&sa[1]), pair(&sa[2]), pair(&sa[3])],
+                [pair(&ca[0]), pair(&ca[1]), pair(&ca[2]), pair(&ca[3])],
+                pair(&l1),
+                pair(&l2),
+                norms.map(|n| (n.0, n.1)),
+            ));
+        }
+        let final_norm = match &self.norm {
+            Some(n) => {
+                let (w, b, e) = n.parts();
+                if e != eps {
+                    return None;
+                }
+                Some((w.clone(), b.clone()))
+            }
+            None => None,
+        };
+        let stack = kernels::DecoderStack::new(
+            layers,
+            final_norm,
+            first.self_attn.nhead(),
+            eps,
+            first.norm_first,
+        );
+        stack.applies().then_some(stack)
     }
 
     /// Also returns every layer's attention weights.

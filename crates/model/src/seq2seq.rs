@@ -22,7 +22,7 @@ use crate::params::{Init, ParamBuilder};
 use crate::positional::PositionalEncoding;
 use crate::transformer::Transformer;
 use crate::Result;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// The masks one batch needs, built in one place from the token ids.
@@ -193,13 +193,27 @@ pub fn label_smoothed_loss_with(
 /// next token. Passed explicitly to [`Seq2Seq::step`]; the model holds no state.
 #[derive(Debug, Clone)]
 pub struct DecodeState {
-    memory_kv: Vec<(Tensor, Tensor)>,
-    caches: Vec<KvCache>,
-    memory_mask: Mask,
+    caches: Caches,
+    /// The output layer's weight transposed, (C, V), made at the first step with more rows
+    /// than [`crate::kernels::linear_few_rows`] takes ([`crate::kernels::linear_wt`]).
+    generator_t: Option<Tensor>,
     /// Target positions decoded so far.
     pub position: usize,
     /// Source length of every row (without padding), for the decoding length limit.
     pub src_lens: Vec<usize>,
+}
+
+/// The caches of the composed decoder layers, or of the fused decoding step.
+#[derive(Debug, Clone)]
+enum Caches {
+    /// Tensors per row, reordered by copying ([`crate::decoder::DecoderLayer::forward_step`]).
+    Tensors {
+        memory_kv: Vec<(Tensor, Tensor)>,
+        caches: Vec<KvCache>,
+        memory_mask: Mask,
+    },
+    /// [`crate::kernels::DecoderStack::step`]'s cache, reordered without copying.
+    Fused(crate::kernels::DecodeCache),
 }
 
 impl DecodeState {
@@ -208,22 +222,36 @@ impl DecodeState {
         self.src_lens.len()
     }
 
+    /// Whether the steps run as one fused op ([`crate::kernels::DecoderStack`]).
+    pub fn is_fused(&self) -> bool {
+        matches!(self.caches, Caches::Fused(_))
+    }
+
     /// Keeps rows `rows` in that order (repeats allowed): expands sentences into beams,
     /// follows hypotheses to their parents, drops finished sentences.
     ///
     /// # Shapes
     /// rows (B',) u32
     pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
-        let dev = self.memory_mask.keep().device().clone();
-        let idx = Tensor::new(rows, &dev)?;
-        for (k, v) in &mut self.memory_kv {
-            *k = k.index_select(&idx, 0)?;
-            *v = v.index_select(&idx, 0)?;
+        match &mut self.caches {
+            Caches::Fused(c) => c.select_rows(rows)?,
+            Caches::Tensors {
+                memory_kv,
+                caches,
+                memory_mask,
+            } => {
+                let dev = memory_mask.keep().device().clone();
+                let idx = Tensor::new(rows, &dev)?;
+                for (k, v) in memory_kv.iter_mut() {
+                    *k = k.index_select(&idx, 0)?;
+                    *v = v.index_select(&idx, 0)?;
+                }
+                for c in caches.iter_mut() {
+                    c.select_rows(&idx)?;
+                }
+                *memory_mask = memory_mask.select_rows(&idx)?;
+            }
         }
-        for c in &mut self.caches {
-            c.select_rows(&idx)?;
-        }
-        self.memory_mask = self.memory_mask.select_rows(&idx)?;
         self.src_lens = rows.iter().map(|&r| self.src_lens[r as usize]).collect();
         Ok(())
     }
@@ -477,19 +505,43 @@ impl Seq2Seq {
         self.pos_encoder.forward(&x, 0, mode)
     }
 
-    /// Encodes a batch of sources once and prepares incremental decoding.
+    /// Encodes a batch of sources once and prepares incremental decoding: as one fused op
+    /// per step where the decoder allows it ([`crate::decoder::Decoder::fused_stack`]: CPU
+    /// f32, ReLU), else through the composed layers.
     ///
     /// # Shapes
     /// src (B, S) u32, padded with `pad_id`
     pub fn start(&self, src: &Tensor, pad_id: u32) -> Result<DecodeState> {
+        self.start_with(src, pad_id, true)
+    }
+
+    /// [`Self::start`], through the composed layers whatever the decoder (`fused` false): the
+    /// plain version the fused step is checked against.
+    pub fn start_with(&self, src: &Tensor, pad_id: u32, fused: bool) -> Result<DecodeState> {
         let mask = Mask::key_padding_from_ids(src, pad_id)?;
-        let memory = self.encode(src, Some(&mask), Mode::Eval)?;
         let src_lens = crate::mask::lengths(src, pad_id)?;
         let decoder = self.transformer.decoder();
+        if let Some(stack) = decoder.fused_stack().filter(|_| fused) {
+            let memory = self.transformer.encode_no_grad(
+                &self.embed(&self.src_embedding, src, 0, Mode::Eval)?,
+                Some(&mask),
+            )?;
+            let keep = src.ne(pad_id)?.flatten_all()?.to_vec1::<u8>()?;
+            return Ok(DecodeState {
+                caches: Caches::Fused(stack.start(&memory, &keep)?),
+                generator_t: None,
+                position: 0,
+                src_lens,
+            });
+        }
+        let memory = self.encode(src, Some(&mask), Mode::Eval)?;
         Ok(DecodeState {
-            memory_kv: decoder.project_memory(&memory)?,
-            caches: vec![KvCache::new(); decoder.num_layers()],
-            memory_mask: mask,
+            caches: Caches::Tensors {
+                memory_kv: decoder.project_memory(&memory)?,
+                caches: vec![KvCache::new(); decoder.num_layers()],
+                memory_mask: mask,
+            },
+            generator_t: None,
             position: 0,
             src_lens,
         })
@@ -511,19 +563,74 @@ impl Seq2Seq {
         // (B,) -> (B, 1) -> (B, 1, C)
         let ids = tokens.unsqueeze(1)?;
         let y = self.embed(&self.tgt_embedding, &ids, state.position, Mode::Eval)?;
-        let (h, weights) = self.transformer.decoder().forward_step(
-            &y,
-            &mut state.caches,
-            &state.memory_kv,
-            None,
-            Some(&state.memory_mask),
-            Mode::Eval,
-        )?;
+        let decoder = self.transformer.decoder();
+        let (h, weights) = match &mut state.caches {
+            Caches::Tensors {
+                memory_kv,
+                caches,
+                memory_mask,
+            } => {
+                let (h, w) = decoder.forward_step(
+                    &y,
+                    caches,
+                    memory_kv,
+                    None,
+                    Some(memory_mask),
+                    Mode::Eval,
+                )?;
+                // (B, 1, C) -> (B, C)
+                (h.squeeze(1)?, Some(w))
+            }
+            Caches::Fused(cache) => {
+                let stack = decoder
+                    .fused_stack()
+                    .ok_or_else(|| candle_core::Error::Msg("the decoder no longer fuses".into()))?;
+                let rows = cache.rows();
+                let x = y.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                let (out, w) = stack.step(cache, x, need_weights)?;
+                let dev = y.device();
+                let h = Tensor::from_vec(out, (rows, self.d_model), dev)?.to_dtype(y.dtype())?;
+                let weights = match w {
+                    Some((self_w, cross_w)) => {
+                        let nhead = self_w[0].len() / rows / (state.position + 1);
+                        let s = cross_w[0].len() / rows / nhead;
+                        let per_layer = self_w
+                            .into_iter()
+                            .zip(cross_w)
+                            .map(|(sw, cw)| {
+                                Ok(DecoderWeights {
+                                    self_attn: Tensor::from_vec(
+                                        sw,
+                                        (rows, nhead, 1, state.position + 1),
+                                        dev,
+                                    )?,
+                                    cross_attn: Tensor::from_vec(cw, (rows, nhead, 1, s), dev)?,
+                                })
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        Some(per_layer)
+                    }
+                    None => None,
+                };
+                (h, weights)
+            }
+        };
         state.position += 1;
-        // (B, 1, C) -> (B, C) -> (B, V)
-        let h = h.squeeze(1)?;
         let bias = self.generator.bias().expect("the output layer has a bias");
-        let logits = crate::kernels::linear_few_rows(&h, self.generator.weight(), bias)?;
-        Ok((logits, need_weights.then_some(weights)))
+        let w = self.generator.weight();
+        let logits = if h.dim(0)? <= 8 {
+            crate::kernels::linear_few_rows(&h, w, bias)?
+        } else {
+            let wt = match &state.generator_t {
+                Some(wt) => wt.clone(),
+                None => {
+                    let wt = w.detach().t()?.contiguous()?;
+                    state.generator_t = Some(wt.clone());
+                    wt
+                }
+            };
+            crate::kernels::linear_wt(&h, &wt, bias)?
+        };
+        Ok((logits, weights.filter(|_| need_weights)))
     }
 }

@@ -55,6 +55,16 @@ impl Transformer {
         self.encoder.forward_direct(src, src_mask, mode, grads)
     }
 
+    /// [`Self::encode`] for evaluation without gradients: each encoder layer that can runs as
+    /// one fused op that builds no graph ([`Encoder::forward_no_grad`]).
+    ///
+    /// # Shapes
+    /// src (B, S, C), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)
+    pub fn encode_no_grad(&self, src: &Tensor, src_mask: Option<&Mask>) -> Result<Tensor> {
+        self.encoder
+            .forward_no_grad(&src.detach(), src_mask, Mode::Eval)
+    }
+
     /// Runs the decoder stack over the embedded targets, attending to `memory`.
     ///
     /// # Shapes

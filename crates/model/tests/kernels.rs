@@ -7,8 +7,8 @@ use transformer_model::kernels::{
     attention, attention_reference, bf16, dropout, dropout_reference, label_smoothing_term,
     label_smoothing_term_reference, layer_norm, layer_norm_reference, linear, linear_cross_entropy,
     linear_cross_entropy_reference, linear_cross_entropy_with, linear_few_rows,
-    linear_few_rows_reference, linear_reference, sigmoid, sigmoid_reference, softmax_last_dim,
-    softmax_last_dim_reference, tanh, Precision,
+    linear_few_rows_reference, linear_reference, log_softmax_rows_f32, sigmoid, sigmoid_reference,
+    softmax_last_dim, softmax_last_dim_reference, tanh, Precision,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -988,5 +988,34 @@ fn dropout_matches_reference_and_the_rng_rule() {
                 );
             }
         }
+    }
+}
+
+/// The vectorised row log-softmax against f64 arithmetic: large and small logits, rows
+/// split between threads, a row of `-inf` left as it is.
+#[test]
+fn log_softmax_rows_matches_f64() {
+    let (rows, width) = (70, 3001);
+    let mut x: Vec<f32> = values(rows * width, 5, 30.0)
+        .into_iter()
+        .map(|v| v as f32)
+        .collect();
+    x[..width].fill(f32::NEG_INFINITY);
+    x[width] = 1e4;
+    let want: Vec<f64> = x
+        .chunks_exact(width)
+        .flat_map(|r| {
+            let m = r.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+            let lse = m + r.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+            r.iter().map(move |&v| v as f64 - lse).collect::<Vec<_>>()
+        })
+        .collect();
+    log_softmax_rows_f32(&mut x, width);
+    assert!(x[..width].iter().all(|v| *v == f32::NEG_INFINITY));
+    for (i, (&got, &w)) in x.iter().zip(&want).enumerate().skip(width) {
+        assert!(
+            (got as f64 - w).abs() <= 2e-5 * w.abs().max(1.0),
+            "element {i}: {got} vs {w}"
+        );
     }
 }

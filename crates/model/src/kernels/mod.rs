@@ -44,6 +44,7 @@ mod activation;
 mod attention;
 pub mod bf16;
 mod cross_entropy;
+mod decoder_step;
 mod dropout;
 mod encoder_layer;
 mod few_rows;
@@ -60,16 +61,17 @@ pub use cross_entropy::{
     linear_cross_entropy, linear_cross_entropy_direct, linear_cross_entropy_reference,
     linear_cross_entropy_with, release_scratch,
 };
+pub use decoder_step::{DecodeCache, DecoderLayerParams, DecoderStack, StepWeights};
 pub use dropout::{dropout, dropout_reference};
 pub use encoder_layer::{
     encoder_layer, encoder_layer_applies, EncoderLayerOptions, EncoderLayerParams, LayerDropout,
     WeightBias,
 };
-pub use few_rows::{linear_few_rows, linear_few_rows_reference};
+pub use few_rows::{linear_few_rows, linear_few_rows_reference, linear_wt};
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use linear::{linear, linear_reference};
 pub use smoothing::{label_smoothing_term, label_smoothing_term_reference};
-pub use softmax::{softmax_last_dim, softmax_last_dim_reference};
+pub use softmax::{log_softmax_rows_f32, softmax_last_dim, softmax_last_dim_reference};
 
 use candle_core::{bail, DType, Layout, Result, Storage, Tensor, WithDType};
 

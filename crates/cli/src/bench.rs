@@ -80,6 +80,9 @@ pub struct MtDecodeBenchArgs {
     /// Beam size (1 = greedy).
     #[arg(long, default_value_t = 5)]
     beam: usize,
+    /// Sentences per batch [default: as `mt translate`, 128 decoder rows / beam].
+    #[arg(long)]
+    batch: Option<usize>,
     /// Greedy single-sentence latency over the first N sentences (0: skip).
     #[arg(long, default_value_t = 50)]
     latency_sentences: usize,
@@ -483,7 +486,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
 fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     use transformer_decode::greedy;
     use transformer_text::subword::TextTokenizer;
-    use transformer_train::mt::{load_run, translate_ids};
+    use transformer_train::mt::{load_run, translate_ids_batched, DECODE_BATCH_ROWS};
     anyhow::ensure!(a.beam >= 1, "--beam must be at least 1 (1 = greedy)");
     anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
     let dev = Device::Cpu;
@@ -503,11 +506,14 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
         a.src.display()
     );
     let opts = run.config.decode_options(a.beam);
+    let batch = a.batch.unwrap_or((DECODE_BATCH_ROWS / a.beam).max(1));
+    anyhow::ensure!(batch >= 1, "--batch must be at least 1");
+    let rows = batch * a.beam;
     let mut hyps = Vec::new();
     let mut secs = Vec::with_capacity(a.repeats);
     for _ in 0..a.repeats {
         let t = Instant::now();
-        hyps = translate_ids(&run.model, &src, &opts, &dev, |_, _| {})?;
+        hyps = translate_ids_batched(&run.model, &src, &opts, rows, &dev, |_, _| {})?;
         secs.push(t.elapsed().as_secs_f64());
     }
     let peak_rss = peak_rss_mb();
@@ -556,6 +562,7 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
             "tokens_per_s": tps,
             "greedy_latency_ms": latency,
             "beam": a.beam,
+            "batch": batch,
             "length_penalty": opts.length_penalty,
             "max_len_a": opts.max_len_a,
             "max_len_b": opts.max_len_b,

@@ -9,7 +9,7 @@
 //! [`DecodeOptions::length_penalty`], `len` counting `<eos>`; 0 ranks by raw score, 1 by the
 //! mean log-probability per token, as fairseq's `--lenpen`).
 
-use crate::step::{log_softmax_rows, StepModel};
+use crate::step::{log_softmax_flat, LogProbs, StepModel};
 use candle_core::{Result, Tensor};
 
 /// How to decode.
@@ -149,7 +149,7 @@ fn next_step<M: StepModel>(
     state: &mut M::State,
     rows: &[Row],
     opts: &DecodeOptions,
-) -> Result<(Vec<Vec<f32>>, Option<Vec<Vec<f32>>>)> {
+) -> Result<(LogProbs, Option<Vec<Vec<f32>>>)> {
     let last: Vec<u32> = rows
         .iter()
         .map(|r| *r.tokens.last().unwrap_or(&opts.bos))
@@ -160,7 +160,7 @@ fn next_step<M: StepModel>(
         .as_ref()
         .map(|a| a.flatten_from(1)?.to_vec2::<f32>())
         .transpose()?;
-    Ok((log_softmax_rows(&out.logits)?, att))
+    Ok((log_softmax_flat(&out.logits)?, att))
 }
 
 /// Greedy decoding: at every step the most likely token. Returns one hypothesis per source

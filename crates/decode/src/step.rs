@@ -199,14 +199,35 @@ impl StepModel for Recompute<'_> {
     }
 }
 
-/// Log-softmax of every row of `logits` (B, V), returned as f32 rows
+/// Log-probabilities of a batch of rows, `rows x width` in one buffer; `lp[r]` is row `r`.
+#[derive(Debug, Clone)]
+pub struct LogProbs {
+    data: Vec<f32>,
+    width: usize,
+}
+
+impl LogProbs {
+    /// Rows held.
+    pub fn rows(&self) -> usize {
+        self.data.len().checked_div(self.width).unwrap_or(0)
+    }
+}
+
+impl std::ops::Index<usize> for LogProbs {
+    type Output = [f32];
+    fn index(&self, r: usize) -> &[f32] {
+        &self.data[r * self.width..(r + 1) * self.width]
+    }
+}
+
+/// Log-softmax of every row of `logits` (B, V) into one buffer
 /// (`transformer_model::kernels::log_softmax_rows_f32`).
-pub fn log_softmax_rows(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
-    let (_, v) = logits.dims2()?;
-    let mut flat = logits
+pub fn log_softmax_flat(logits: &Tensor) -> Result<LogProbs> {
+    let (_, width) = logits.dims2()?;
+    let mut data = logits
         .to_dtype(DType::F32)?
         .flatten_all()?
         .to_vec1::<f32>()?;
-    transformer_model::kernels::log_softmax_rows_f32(&mut flat, v);
-    Ok(flat.chunks_exact(v.max(1)).map(<[f32]>::to_vec).collect())
+    transformer_model::kernels::log_softmax_rows_f32(&mut data, width);
+    Ok(LogProbs { data, width })
 }

@@ -636,18 +636,34 @@ pub fn train_step(
     ))
 }
 
-/// Translates token sequences in batches (greedy for beam 1, else beam search); returns one
-/// hypothesis per input, in input order. `on_batch(done, total)` reports progress.
+/// Decoder rows (sentences x beam) per batch when translating: [`translate_ids`]'s default.
+pub const DECODE_BATCH_ROWS: usize = 128;
+
+/// Translates token sequences in batches of at most [`DECODE_BATCH_ROWS`] decoder rows
+/// (greedy for beam 1, else beam search); returns one hypothesis per input, in input order.
+/// `on_batch(done, total)` reports progress.
 pub fn translate_ids(
     model: &MtModel,
     src: &[Vec<u32>],
     opts: &DecodeOptions,
     dev: &Device,
+    on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<Hypothesis>> {
+    translate_ids_batched(model, src, opts, DECODE_BATCH_ROWS, dev, on_batch)
+}
+
+/// [`translate_ids`] with at most `batch_rows` decoder rows (sentences x beam) per batch.
+pub fn translate_ids_batched(
+    model: &MtModel,
+    src: &[Vec<u32>],
+    opts: &DecodeOptions,
+    batch_rows: usize,
+    dev: &Device,
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<Vec<Hypothesis>> {
     let sp = transformer_text::Specials::FIXED;
-    // Rows per batch: beams multiply the decoder's rows.
-    let max_rows = (128 / opts.beam.max(1)).max(1);
+    // Sentences per batch: beams multiply the decoder's rows.
+    let max_rows = (batch_rows / opts.beam.max(1)).max(1);
     let groups = source_batches(src, 2048, max_rows);
     let mut out: Vec<Option<Hypothesis>> = vec![None; src.len()];
     let mut done = 0;

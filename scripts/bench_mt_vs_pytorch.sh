@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Benchmarks translation (the default `transformer mt` model: 3 + 3 layers, d_model 256,
+# 8 heads, FFN 512, joint vocabulary with shared embeddings) against PyTorch and CTranslate2
+# on this machine, in this invocation:
+#
+#   training  `transformer bench mt --json` against `scripts/bench_mt_torch.py train --json`
+#             (the same padded batch, label smoothing 0.1, clipping, Adam), fp32, and PyTorch's
+#             bf16 autocast beside it;
+#   decoding  beam search over test_2016_flickr with a trained run's weights:
+#             `transformer bench mt-decode` against PyTorch decoding the usual way
+#             (`scripts/bench_mt_torch.py decode`: the decoder rerun over the whole prefix at
+#             every step) and against CTranslate2 running the very same weights
+#             (`scripts/mt_to_ctranslate2.py`, `scripts/bench_mt_ct2.py`); the same beam,
+#             sentences per batch and threads, and the share of sentences each translates
+#             exactly as we do; greedy single-sentence latency beside CTranslate2's.
+#
+# Each measurement alternates the sides over ROUNDS rounds (ours first in odd rounds), so
+# every ratio comes from runs a minute apart. Prints a table and, last, the lines
+#   mt_train_speedup_vs_pytorch=X   PyTorch's median training step / ours
+#   mt_beam_speedup_vs_pytorch=X    PyTorch's beam-search seconds / ours
+#   mt_beam_vs_ctranslate2=X        CTranslate2's beam-search seconds / ours (>1: we are faster)
+#
+# Usage: scripts/bench_mt_vs_pytorch.sh
+# Environment:
+#   RUN        a trained run directory (default runs/de-en); when it does not exist a 2-epoch
+#              run is trained into runs/bench-de-en (about 3 minutes) and used instead
+#   SRC        source sentences (default ../shared/data/multi30k/task1/raw/test_2016_flickr.de.gz)
+#   SENTENCES  how many of them to translate (default 1000; PyTorch's prefix recomputation
+#              takes about 40 s per 100 sentences at beam 5 on 2 cores)
+#   BEAM (5), BATCH sentences per batch (25), THREADS (all cores), ROUNDS (3),
+#   REPEATS timed training steps per round (10), LATENCY sentences for greedy latency (50)
+#   PYTHON     a Python with torch and ctranslate2; otherwise .venv/bin/python in the
+#              repository root, created (pip install torch numpy safetensors ctranslate2) when
+#              missing.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+ROUNDS="${ROUNDS:-3}"
+REPEATS="${REPEATS:-10}"
+BEAM="${BEAM:-5}"
+BATCH="${BATCH:-25}"
+THREADS="${THREADS:-$(nproc)}"
+SENTENCES="${SENTENCES:-1000}"
+LATENCY="${LATENCY:-50}"
+SRC="${SRC:-../shared/data/multi30k/task1/raw/test_2016_flickr.de.gz}"
+RUN="${RUN:-runs/de-en}"
+
+say() { echo "[bench] $*" >&2; }
+
+say "building: cargo build --release -p transformer-cli"
+cargo build --release -p transformer-cli >&2
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/transformer"
+
+if [[ -n "${PYTHON:-}" ]]; then
+    PY="$PYTHON"
+else
+    PY="$ROOT/.venv/bin/python"
+    if [[ ! -x "$PY" ]]; then
+        say "no PYTHON set and no .venv: creating one with python3 -m venv .venv"
+        python3 -m venv "$ROOT/.venv"
+    fi
+fi
+if ! "$PY" -c "import torch, ctranslate2, safetensors" 2>/dev/null; then
+    if [[ "$PY" == "$ROOT/.venv/bin/python" ]]; then
+        say "installing torch, numpy, safetensors and ctranslate2 into .venv (a large download)"
+        "$ROOT/.venv/bin/pip" install torch numpy safetensors ctranslate2 >&2
+    else
+        echo "error: $PY cannot import torch, ctranslate2 and safetensors" >&2
+        exit 1
+    fi
+fi
+
+if [[ ! -f "$RUN/config.toml" ]]; then
+    RUN=runs/bench-de-en
+    if [[ ! -f "$RUN/best.safetensors" ]]; then
+        say "no trained run: training a 2-epoch one into $RUN (transformer mt train --corpus multi30k-de-en --epochs 2)"
+        "$BIN" mt train --corpus multi30k-de-en --epochs 2 --out "$RUN" >&2
+    fi
+fi
+
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+export CANDLE_NUM_THREADS="$THREADS" RAYON_NUM_THREADS="$THREADS"
+
+# The source ids and our outputs, for the other two to read and to compare with.
+"$BIN" bench mt-decode --run "$RUN" --src "$SRC" --max-sentences "$SENTENCES" --beam "$BEAM" \
+    --batch "$BATCH" --latency-sentences 0 --dump "$TMP/dump" --json > /dev/null
+say "converting $RUN to CTranslate2 (scripts/mt_to_ctranslate2.py)"
+"$PY" scripts/mt_to_ctranslate2.py --run "$RUN" --out "$TMP/ct2" >&2
+
+train_ours() { "$BIN" bench mt --json --repeats "$REPEATS" > "$TMP/train.ours.$1.json"; }
+train_torch() {
+    "$PY" scripts/bench_mt_torch.py train --json --repeats "$REPEATS" --threads "$THREADS" > "$TMP/train.torch.$1.json"
+    "$PY" scripts/bench_mt_torch.py train --json --repeats "$REPEATS" --threads "$THREADS" --precision bf16 > "$TMP/train.torch_bf16.$1.json"
+}
+decode_ours() {
+    "$BIN" bench mt-decode --run "$RUN" --src "$SRC" --max-sentences "$SENTENCES" --beam "$BEAM" \
+        --batch "$BATCH" --latency-sentences "$LATENCY" --json > "$TMP/decode.ours.$1.json"
+}
+decode_torch() {
+    "$PY" scripts/bench_mt_torch.py decode --run "$RUN" --src-ids "$TMP/dump/src.ids" \
+        --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$THREADS" \
+        --json > "$TMP/decode.torch.$1.json"
+}
+decode_ct2() {
+    "$PY" scripts/bench_mt_ct2.py --model "$TMP/ct2" --run "$RUN" --src-ids "$TMP/dump/src.ids" \
+        --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$THREADS" \
+        --greedy-latency "$LATENCY" --json > "$TMP/decode.ct2.$1.json"
+}
+for (( r = 1; r <= ROUNDS; r++ )); do
+    say "round $r of $ROUNDS"
+    if (( r % 2 == 1 )); then
+        train_ours "$r"; train_torch "$r"; decode_ours "$r"; decode_ct2 "$r"; decode_torch "$r"
+    else
+        train_torch "$r"; train_ours "$r"; decode_torch "$r"; decode_ct2 "$r"; decode_ours "$r"
+    fi
+done
+
+CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)"
+"$PY" - "$TMP" "$ROUNDS" "${CPU_MODEL:-unknown}" "$THREADS" "$(date -u '+%Y-%m-%d %H:%M UTC')" <<'EOF'
+import json, statistics, sys
+
+tmp, rounds, cpu, threads, date = sys.argv[1:6]
+R = range(1, int(rounds) + 1)
+load = lambda kind, side: [json.load(open(f"{tmp}/{kind}.{side}.{r}.json")) for r in R]
+to, tt, tb = load("train", "ours"), load("train", "torch"), load("train", "torch_bf16")
+do, dt, dc = load("decode", "ours"), load("decode", "torch"), load("decode", "ct2")
+ms = lambda j: j["train_step_ms"]["median"] if isinstance(j["train_step_ms"], dict) else j["train_step_ms"]
+med = statistics.median
+
+print(f"machine: {cpu}, {threads} threads; {date}; {rounds} alternating rounds")
+print(f"training batch: {to[0]['shapes']['batch']} sentences x {to[0]['shapes']['src_len']} -> "
+      f"{to[0]['shapes']['tgt_len']} tokens, {to[0]['tgt_tokens']} target tokens; "
+      f"decoding: {do[0]['sentences']} sentences, beam {do[0]['beam']}, {do[0]['batch']} sentences per batch")
+print()
+w = 46
+print(f"{'measurement':<{w}} {'ours':>10} {'other':>10} {'ratio':>7}   per round")
+print("-" * (w + 40))
+
+
+def row(name, ours, other, better="lower", fmt="{:10.1f}"):
+    rs = [(b / a if better == "lower" else a / b) for a, b in zip(ours, other) if a and b]
+    o, t = med(ours), med(other)
+    print(f"{name:<{w}} {fmt.format(o):>10} {fmt.format(t):>10} {med(rs):>6.2f}x   "
+          + " ".join(f"{x:.2f}" for x in rs))
+    return med(rs)
+
+
+train = row("train step ms: ours fp32 / PyTorch fp32", [ms(j) for j in to], [ms(j) for j in tt])
+row("train step ms: ours fp32 / PyTorch bf16 autocast", [ms(j) for j in to], [ms(j) for j in tb])
+row("train peak RSS MB: ours / PyTorch", [j["peak_rss_mb"] for j in to], [j["peak_rss_mb"] for j in tt])
+beam_pt = row("beam search s: ours / PyTorch (prefix rerun)", [j["seconds"] for j in do], [j["seconds"] for j in dt], fmt="{:10.2f}")
+beam_ct = row("beam search s: ours / CTranslate2", [j["seconds"] for j in do], [j["seconds"] for j in dc], fmt="{:10.2f}")
+row("beam sentences/s: ours / CTranslate2", [j["sentences_per_s"] for j in do], [j["sentences_per_s"] for j in dc], "higher")
+row("beam tokens/s: ours / CTranslate2", [j["tokens_per_s"] for j in do], [j["tokens_per_s"] for j in dc], "higher")
+row("greedy latency ms, 1 sentence: ours / CT2", [j["greedy_latency_ms"] for j in do], [j["greedy_latency_ms"] for j in dc], fmt="{:10.2f}")
+row("decoding peak RSS MB: ours / CTranslate2", [j["peak_rss_mb"] for j in do], [j["peak_rss_mb"] for j in dc])
+print("-" * (w + 40))
+print("ratio: how many times better ours is (>1: ours faster or smaller), median of the per-round ratios.")
+print(f"same translation as ours (token for token): PyTorch {med([j['same_as_ref'] for j in dt]):.1%}, "
+      f"CTranslate2 {med([j['same_as_ref'] for j in dc]):.1%} of the sentences")
+print(f"mt_train_speedup_vs_pytorch={train:.2f}")
+print(f"mt_beam_speedup_vs_pytorch={beam_pt:.2f}")
+print(f"mt_beam_vs_ctranslate2={beam_ct:.2f}")
+EOF

@@ -1,0 +1,177 @@
+"""Reading a `transformer mt` run directory from Python, for the translation benchmarks
+(`scripts/bench_mt_torch.py`, `scripts/mt_to_ctranslate2.py`, `scripts/bench_mt_ct2.py`).
+
+A run directory written by `transformer mt train --out DIR` holds:
+
+  - `config.toml`: the training configuration; decoding reads `beam`, `length_penalty`,
+    `max_len_a` and `max_len_b` from it (the longest output for a source of n tokens, its
+    `<eos>` included, is `floor(max_len_a * n + max_len_b)` tokens before `<eos>`);
+  - `best.safetensors`: the best weights, tagged `transformer-mt-weights/1`, with the model's
+    configuration as JSON under the metadata key `model`;
+  - `tokenizer.json`: the joint tokenizer, whose four special tokens have fixed ids
+    (`<pad>` 0, `<bos>` 1, `<eos>` 2, `<unk>` 3).
+
+Parameter names are PyTorch's `nn.Transformer` names under `transformer.`, except that each
+attention's packed `in_proj_weight` / `in_proj_bias` is stored as three projections
+`q_proj`, `k_proj`, `v_proj`; with shared embeddings the one embedding matrix is
+`src_embedding.weight` (also the output layer's weight) and the output bias is
+`generator.bias`.
+
+Only numpy, safetensors and the standard library are needed here (no torch).
+"""
+
+import json
+import math
+import os
+import tomllib
+from dataclasses import dataclass
+
+import numpy as np
+from safetensors import safe_open
+
+# The weights file's format tag (crates/train/src/mt.rs, WEIGHTS_FORMAT).
+WEIGHTS_FORMAT = "transformer-mt-weights/1"
+# The special tokens and their fixed ids (crates/text/src/subword.rs, Specials::FIXED).
+SPECIALS = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3}
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+
+
+@dataclass
+class Run:
+    """What the benchmarks need from a run directory."""
+
+    path: str
+    # The model's shape: d_model, nhead, num_encoder_layers, num_decoder_layers,
+    # dim_feedforward, dropout, activation, layer_norm_eps, norm_first, max_len.
+    transformer: dict
+    src_vocab: int
+    tgt_vocab: int
+    share_embeddings: bool
+    # Weights by our parameter names (any prefix in the file removed), float32.
+    weights: dict
+    # Decoding options from config.toml.
+    beam: int
+    length_penalty: float
+    max_len_a: float
+    max_len_b: int
+
+    def max_len(self, src_len: int) -> int:
+        """The most output tokens (before `<eos>`) for a source of `src_len` tokens (its
+        `<eos>` included, padding excluded), as `DecodeOptions::max_len` computes it."""
+        return int(math.floor(self.max_len_a * src_len + self.max_len_b))
+
+
+def _model_config(meta: dict, path: str) -> dict:
+    if meta.get("format") not in (None, WEIGHTS_FORMAT):
+        raise SystemExit(f"{path}: format {meta.get('format')!r}, expected {WEIGHTS_FORMAT!r}")
+    if "model" not in meta:
+        raise SystemExit(f"{path}: no 'model' configuration in the metadata")
+    cfg = json.loads(meta["model"])
+    if "transformer" not in cfg:
+        raise SystemExit(f"{path}: not a Transformer model (a recurrent baseline?): {cfg}")
+    return cfg
+
+
+def _strip_prefix(tensors: dict, path: str) -> dict:
+    """Removes whatever prefix the names carry, located by the source embedding's name."""
+    anchor = "src_embedding.weight"
+    found = [n for n in tensors if n == anchor or n.endswith("." + anchor)]
+    if len(found) != 1:
+        raise SystemExit(f"{path}: expected one tensor named *{anchor}, found {found}")
+    prefix = found[0][: -len(anchor)]
+    return {n[len(prefix):]: t for n, t in tensors.items() if n.startswith(prefix)}
+
+
+def check_tokenizer_specials(run_dir: str) -> None:
+    """Checks that the run's tokenizer gives the special tokens the ids this code assumes."""
+    path = os.path.join(run_dir, "tokenizer.json")
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        tok = json.load(f)
+    added = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
+    for name, want in SPECIALS.items():
+        if name in added and added[name] != want:
+            raise SystemExit(f"{path}: {name} has id {added[name]}, expected {want}")
+
+
+def load_run(run_dir: str) -> Run:
+    """Reads config.toml and best.safetensors of a translation run."""
+    cfg_path = os.path.join(run_dir, "config.toml")
+    w_path = os.path.join(run_dir, "best.safetensors")
+    for p in (cfg_path, w_path):
+        if not os.path.exists(p):
+            raise SystemExit(f"{p}: missing (train a model with `transformer mt train --out DIR`)")
+    with open(cfg_path, "rb") as f:
+        train_cfg = tomllib.load(f)
+    check_tokenizer_specials(run_dir)
+    with safe_open(w_path, framework="numpy") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k).astype(np.float32) for k in f.keys()}
+    model_cfg = _model_config(meta, w_path)
+    t = model_cfg["transformer"]
+    if t.get("activation", "relu") != "relu":
+        raise SystemExit(f"{w_path}: activation {t['activation']!r}; the scripts build ReLU models")
+    return Run(
+        path=run_dir,
+        transformer=t,
+        src_vocab=model_cfg["src_vocab"],
+        tgt_vocab=model_cfg["tgt_vocab"],
+        share_embeddings=bool(model_cfg.get("share_embeddings", False)),
+        weights=_strip_prefix(tensors, w_path),
+        beam=int(train_cfg.get("beam", 5)),
+        length_penalty=float(train_cfg.get("length_penalty", 1.0)),
+        max_len_a=float(train_cfg.get("max_len_a", 1.2)),
+        max_len_b=int(train_cfg.get("max_len_b", 10)),
+    )
+
+
+def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
+    """The positional encodings of section 3.5 exactly as `PositionalEncoding::table` computes
+    them: interleaved, `PE(pos, 2i) = sin(pos * f_i)`, `PE(pos, 2i + 1) = cos(pos * f_i)`,
+    `f_i = exp(2i * -ln(10000) / C)`, in float64, then cast to float32. Shape (max_len, C)."""
+    pos = np.arange(max_len, dtype=np.float64)[:, None]
+    freq = np.exp(np.arange(0, d_model, 2, dtype=np.float64) * -(math.log(10000.0)) / d_model)
+    pe = np.zeros((max_len, d_model), dtype=np.float64)
+    pe[:, 0::2] = np.sin(pos * freq)
+    pe[:, 1::2] = np.cos(pos * freq)
+    return pe.astype(np.float32)
+
+
+def attention_qkv(w: dict, prefix: str):
+    """The (q, k, v) weights and biases of the attention under `prefix` (`...self_attn`)."""
+    ws = [w[f"{prefix}.{p}_proj.weight"] for p in "qkv"]
+    bs = [w[f"{prefix}.{p}_proj.bias"] for p in "qkv"]
+    return ws, bs
+
+
+def read_id_lines(path: str) -> list:
+    """One list of int ids per line (space-separated). An empty line gives an empty list."""
+    with open(path, encoding="utf-8") as f:
+        return [[int(x) for x in line.split()] for line in f.read().splitlines()]
+
+
+def strip_eos(ids: list) -> list:
+    """`ids` without a trailing `<eos>` (reference files may or may not carry it)."""
+    return ids[:-1] if ids and ids[-1] == EOS else ids
+
+
+def same_fraction(hyps: list, refs: list) -> float:
+    """The fraction of sentences whose output ids equal the reference line's."""
+    if len(refs) < len(hyps):
+        raise SystemExit(f"the reference file has {len(refs)} lines for {len(hyps)} sentences")
+    same = sum(1 for h, r in zip(hyps, refs) if list(h) == strip_eos(r))
+    return same / max(len(hyps), 1)
+
+
+def write_id_lines(path: str, rows: list) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(" ".join(str(i) for i in r) + "\n")
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process (ru_maxrss is KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -19,7 +19,7 @@
 //!   values per layer (`rows_t x C`); each row keeps, per earlier step, the index of its
 //!   ancestor's row in that step's block (`origin`). Reordering rows for a beam search copies
 //!   those index lists (`t` integers per row), not the keys and values.
-//! - **The encoder-decoder keys and values are computed once per sentence** ([`DecodeCache::new`])
+//! - **The encoder-decoder keys and values are computed once per sentence** ([`DecoderStack::start`])
 //!   and never copied: each row knows its sentence, and beams of one sentence share them.
 //!
 //! The arithmetic is that of the composed layers (`crate::decoder::DecoderLayer::forward_step`)

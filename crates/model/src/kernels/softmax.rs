@@ -120,7 +120,7 @@ fn backward<T: Float>(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
 }
 
 /// Log-softmax of every row of `x` (rows of `width`), in place, in f32 with the vectorised
-/// exponential ([`float::exp_sub_store_sum`]), rows split between the pool's threads: the
+/// exponential, rows split between the pool's threads: the
 /// beam search's per-step normalisation of `rows x V` logits (with a scalar f64 `exp` it was
 /// 18% of a beam-search step). A row whose entries are all `-inf` stays `-inf`.
 pub fn log_softmax_rows_f32(x: &mut [f32], width: usize) {

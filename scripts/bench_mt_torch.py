@@ -470,12 +470,7 @@ def cmd_decode(a):
     print(f"PyTorch {torch.__version__}, {out['threads']} threads, no cache: {n} sentences, "
           f"beam {beam}, batch {a.batch}: {seconds:.2f} s ({out['sentences_per_s']:.1f} "
           f"sentences/s, {out['tokens_per_s']:.0f} tokens/s); peak RSS {rss:.0f} MB")
-    if latency is not None:
-        print(f"greedy, one sentence at a time: median {latency:.1f} ms over {n_lat} sentences")
-    if same is not None:
-        print(f"same output ids as the reference: {100 * same:.1f}%")
-    if same_greedy is not None:
-        print(f"greedy: same output ids as the greedy reference: {100 * same_greedy:.1f}%")
+    mt_run.print_agreement(latency, n_lat, same, same_greedy)
 
 
 # ---- command line --------------------------------------------------------------------------

@@ -16,6 +16,8 @@
 #
 # Each measurement alternates the sides over ROUNDS rounds (ours first in odd rounds), so
 # every ratio comes from runs a minute apart. Prints a table and, last, the lines
+#   mt_train_speedup_vs_pytorch_bf16=X  both sides in bf16 mixed precision (CPUs with AMX or
+#                                   AVX512-BF16 only)
 #   mt_train_speedup_vs_pytorch=X   PyTorch's median training step / ours
 #   mt_beam_speedup_vs_pytorch=X    PyTorch's beam-search seconds / ours
 #   mt_beam_vs_ctranslate2=X        CTranslate2's beam-search seconds / ours (>1: we are faster)
@@ -148,7 +150,12 @@ def row(name, ours, other, better="lower", fmt="{:10.1f}"):
 
 
 train = row("train step ms: ours fp32 / PyTorch fp32", [ms(j) for j in to], [ms(j) for j in tt])
-row("train step ms: ours fp32 / PyTorch bf16 autocast", [ms(j) for j in to], [ms(j) for j in tb])
+bf16 = None
+if all(j.get("train_step_bf16_ms") for j in to):
+    bf16 = row("train step ms: ours bf16 / PyTorch bf16 autocast",
+               [j["train_step_bf16_ms"]["median"] for j in to], [ms(j) for j in tb])
+else:
+    row("train step ms: ours fp32 / PyTorch bf16 autocast", [ms(j) for j in to], [ms(j) for j in tb])
 row("train peak RSS MB: ours / PyTorch", [j["peak_rss_mb"] for j in to], [j["peak_rss_mb"] for j in tt])
 beam_pt = row("beam search s: ours / PyTorch (prefix rerun)", [j["seconds"] for j in do], [j["seconds"] for j in dt], fmt="{:10.2f}")
 beam_ct = row("beam search s: ours / CTranslate2", [j["seconds"] for j in do], [j["seconds"] for j in dc], fmt="{:10.2f}")
@@ -160,6 +167,8 @@ print("-" * (w + 40))
 print("ratio: how many times better ours is (>1: ours faster or smaller), median of the per-round ratios.")
 print(f"same translation as ours (token for token): PyTorch {med([j['same_as_ref'] for j in dt]):.1%}, "
       f"CTranslate2 {med([j['same_as_ref'] for j in dc]):.1%} of the sentences")
+if bf16 is not None:
+    print(f"mt_train_speedup_vs_pytorch_bf16={bf16:.2f}  (bf16 products: ours {to[0].get('bf16_products')}, PyTorch autocast)")
 print(f"mt_train_speedup_vs_pytorch={train:.2f}")
 print(f"mt_beam_speedup_vs_pytorch={beam_pt:.2f}")
 print(f"mt_beam_vs_ctranslate2={beam_ct:.2f}")

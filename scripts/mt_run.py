@@ -175,3 +175,14 @@ def peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def print_agreement(latency, n_lat, same, same_greedy):
+    """The human-readable lines after a decoding benchmark's timing: greedy latency and the
+    share of sentences translated exactly as the reference ids."""
+    if latency is not None:
+        print(f"greedy, one sentence at a time: median {latency:.1f} ms over {n_lat} sentences")
+    if same is not None:
+        print(f"same output ids as the reference: {100 * same:.1f}%")
+    if same_greedy is not None:
+        print(f"greedy: same output ids as the greedy reference: {100 * same_greedy:.1f}%")

@@ -429,7 +429,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
     let (src, tgt_in, tgt_out, tokens) = mt_batch(&a, &dev)?;
     let rng = Rng::new(a.seed.wrapping_add(1));
     let mut last = (f64::NAN, f64::NAN);
-    let train = time(a.warmup, a.repeats, || {
+    let mut step = |precision: Precision| -> Result<()> {
         last = train_step(
             &model,
             &vars,
@@ -439,16 +439,27 @@ fn mt(a: MtBenchArgs) -> Result<()> {
             [&src, &tgt_in, &tgt_out],
             0,
             cfg.label_smoothing,
+            precision,
             &rng,
         )?;
         Ok(())
-    })?;
+    };
+    let train = time(a.warmup, a.repeats, || step(Precision::F32))?;
     let peak_rss = peak_rss_mb();
+    // The output layer's products in bf16 (mixed precision), where the CPU has AMX or
+    // AVX512-BF16.
+    let train_bf16 = if bf16::available() {
+        Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?)
+    } else {
+        None
+    };
     let threads = candle_core::utils::get_num_threads();
     if a.json {
         let out = serde_json::json!({
             "impl": "transformer (candle-core 0.11, fp32)",
             "train_step_ms": train.json(),
+            "train_step_bf16_ms": train_bf16.as_ref().map(|t| t.json()),
+            "bf16_products": train_bf16.as_ref().and(bf16::backend()).map(|u| u.describe()),
             "tgt_tokens": tokens,
             "tokens_per_s": tokens as f64 / (train.median / 1e3),
             "peak_rss_mb": peak_rss,
@@ -476,6 +487,15 @@ fn mt(a: MtBenchArgs) -> Result<()> {
             train.median,
             tokens as f64 / (train.median / 1e3)
         );
+        match &train_bf16 {
+            Some(t) => println!(
+                "training step, bf16 output layer: best {:.1} ms, median {:.1} ms",
+                t.min, t.median
+            ),
+            None => println!(
+                "training step, bf16: no AMX or AVX512-BF16 on this CPU (or TRANSFORMER_NO_BF16)"
+            ),
+        }
         if let Some(mb) = peak_rss {
             println!("peak RSS: {mb:.0} MB");
         }

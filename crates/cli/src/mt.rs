@@ -190,6 +190,10 @@ pub struct TrainArgs {
     /// weights every epoch (the better by BLEU is kept); 0 turns it off [default: 0.999]
     #[arg(long)]
     average_decay: Option<f64>,
+    /// The output layer's products in training: f32, or bf16 (mixed precision on the AMX
+    /// units or AVX512-BF16; f32 where the CPU has neither) [default: f32]
+    #[arg(long)]
+    precision: Option<transformer_model::kernels::Precision>,
 }
 
 impl TrainArgs {
@@ -223,7 +227,8 @@ impl TrainArgs {
             max_tokens,
             beam,
             seed,
-            average_decay
+            average_decay,
+            precision
         );
         for (dst, src) in [
             (&mut c.train_src, &self.train_src),

@@ -135,16 +135,17 @@ pub fn label_smoothed_loss(
 }
 
 /// [`label_smoothed_loss`] whose output layer's weight and bias gradients go to `direct`
-/// when given (and they are CPU f32 variables), not to candle's `GradStore`.
+/// when given (and they are CPU f32 variables), not to candle's `GradStore`, with the output
+/// layer's products in the given precision.
 pub fn label_smoothed_loss_with(
     h: &Tensor,
     generator: &Linear,
     targets: &Tensor,
     pad_id: u32,
     eps: f64,
-    direct: Option<&DirectGrads>,
+    direct: Option<(&DirectGrads, crate::kernels::Precision)>,
 ) -> Result<Seq2SeqLoss> {
-    use crate::kernels::{self, Precision};
+    use crate::kernels;
     let w = generator.weight();
     let bias = generator.bias().expect("the output layer has a bias");
     // Padding rows count for nothing, so the output layer runs on the other rows only: its
@@ -163,17 +164,12 @@ pub fn label_smoothed_loss_with(
     };
     let (h, targets) = (&h, &targets);
     let nll = match direct {
-        Some(d) => kernels::linear_cross_entropy_direct(
-            h,
-            w,
-            bias,
-            targets,
-            Some(pad_id),
-            Precision::F32,
-            d,
-        )?,
+        Some((d, precision)) => {
+            kernels::linear_cross_entropy_direct(h, w, bias, targets, Some(pad_id), precision, d)?
+        }
         None => kernels::linear_cross_entropy(h, w, bias, targets, Some(pad_id))?,
     };
+    let direct = direct.map(|(d, _)| d);
     if eps == 0.0 {
         return Ok(Seq2SeqLoss {
             nll: nll.detach(),
@@ -458,7 +454,8 @@ impl Seq2Seq {
     /// encoder layer that runs as one fused op, and the output layer's weight and bias; the
     /// rest (the decoder layers, the final norms) through the graph as usual. An optimizer
     /// reads both. The same loss as [`Self::loss`] with the same dropout, summed in another
-    /// order.
+    /// order. `(pad_id, eps, precision)`: the padding id, the label smoothing and the
+    /// arithmetic of the output layer's products ([`crate::kernels::Precision`]).
     ///
     /// # Shapes
     /// src (B, S), tgt_in (B, T), tgt_out (B, T) u32 -> scalars
@@ -469,8 +466,7 @@ impl Seq2Seq {
         tgt_in: &Tensor,
         tgt_out: &Tensor,
         masks: &Seq2SeqMasks,
-        pad_id: u32,
-        eps: f64,
+        (pad_id, eps, precision): (u32, f64, crate::kernels::Precision),
         mode: Mode,
         grads: &DirectGrads,
     ) -> Result<Seq2SeqLoss> {
@@ -489,7 +485,7 @@ impl Seq2Seq {
             &tgt_out.flatten_all()?,
             pad_id,
             eps,
-            Some(grads),
+            Some((grads, precision)),
         )
     }
 

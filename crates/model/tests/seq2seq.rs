@@ -165,8 +165,7 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
                 &tgt_in,
                 &tgt_out,
                 &masks,
-                PAD,
-                0.1,
+                (PAD, 0.1, transformer_model::kernels::Precision::F32),
                 Mode::Train(&rng()),
                 &direct,
             )?;

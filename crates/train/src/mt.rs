@@ -37,6 +37,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use transformer_decode::{beam_search, greedy, DecodeOptions, Hypothesis};
+use transformer_model::kernels::Precision;
 use transformer_model::{
     DirectGrads, Mode, ParamBuilder, Params, Rng, RnnSeq2SeqConfig, Seq2SeqConfig,
     TransformerConfig,
@@ -275,6 +276,10 @@ pub struct MtTrainConfig {
     pub max_len_a: f64,
     /// See `max_len_a`.
     pub max_len_b: usize,
+    /// Arithmetic of the output layer's products in training (the Transformer): `f32`, or
+    /// `bf16` (mixed precision on the AMX units or AVX512-BF16; f32 where the CPU has
+    /// neither). Validation, test and decoding are always f32.
+    pub precision: Precision,
 }
 
 impl Default for MtTrainConfig {
@@ -317,6 +322,7 @@ impl Default for MtTrainConfig {
             length_penalty: 1.0,
             max_len_a: 1.2,
             max_len_b: 10,
+            precision: Precision::F32,
         }
     }
 }
@@ -622,10 +628,20 @@ pub fn train_step(
     [src, tgt_in, tgt_out]: [&Tensor; 3],
     pad: u32,
     label_smoothing: f64,
+    precision: Precision,
     rng: &Rng,
 ) -> Result<(f64, f64)> {
     let mode = Mode::Train(rng);
-    let l = model.loss_direct(src, tgt_in, tgt_out, pad, label_smoothing, mode, direct)?;
+    let l = model.loss_direct(
+        src,
+        tgt_in,
+        tgt_out,
+        pad,
+        label_smoothing,
+        precision,
+        mode,
+        direct,
+    )?;
     let grads = l.loss.backward()?;
     let (_, coef) = clip_coefficient_with(&grads, direct, vars, clip)?;
     opt.step_direct(&grads, direct, coef)?;
@@ -884,6 +900,7 @@ impl Task for MtTask {
             [&src, &tgt_in, &tgt_out],
             sp.pad,
             self.cfg.label_smoothing,
+            self.cfg.precision,
             rng,
         )?;
         Ok(StepStats {
@@ -1143,6 +1160,22 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             c.attention
         ),
     });
+    if cfg.precision == Precision::Bf16 {
+        progress.line(&match (&model_cfg, transformer_model::kernels::bf16::backend()) {
+            (MtModelConfig::Rnn(_), _) => {
+                "precision: bf16 applies to the Transformer's output layer only: training in f32"
+                    .to_string()
+            }
+            (_, Some(unit)) => format!(
+                "precision: bf16 mixed precision (the output layer's products as {}); \
+                 validation, test and decoding in f32",
+                unit.describe()
+            ),
+            (_, None) => "precision: bf16 asked for, but this CPU has neither AMX nor \
+                          AVX512-BF16 (or TRANSFORMER_NO_BF16 is set): training in f32"
+                .to_string(),
+        });
+    }
     let mut task = MtTask {
         opt: Adam::new(vars.clone(), 0.0)?,
         direct: DirectGrads::new(),

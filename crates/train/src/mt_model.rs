@@ -4,6 +4,7 @@
 use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
 use transformer_decode::{StepModel, StepOutput};
+use transformer_model::kernels::Precision;
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{
     DecodeState, DirectGrads, Mode, ParamBuilder, RnnAttention, RnnSeq2Seq, RnnSeq2SeqConfig,
@@ -128,13 +129,15 @@ impl MtModel {
         tgt_out: &Tensor,
         pad: u32,
         eps: f64,
+        precision: Precision,
         mode: Mode,
         direct: &DirectGrads,
     ) -> Result<Seq2SeqLoss> {
         match self {
             MtModel::Transformer(m) => {
                 let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
-                m.loss_direct(src, tgt_in, tgt_out, &masks, pad, eps, mode, direct)
+                let l = (pad, eps, precision);
+                m.loss_direct(src, tgt_in, tgt_out, &masks, l, mode, direct)
             }
             MtModel::Rnn(m) => m.loss(src, tgt_in, tgt_out, pad, eps, mode),
         }

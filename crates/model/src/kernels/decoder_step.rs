@@ -479,6 +479,34 @@ fn ln_rows(x: &mut [f32], w: &[f32], b: &[f32], eps: f32, tmp: &mut [f32]) {
     }
 }
 
+/// A sub-layer's input: `x` itself (post-norm) or its layer norm `norm` (pre-norm), made in
+/// `a`.
+#[inline(always)]
+fn sublayer_input<'a>(
+    d: &Dims,
+    x: &'a [f32],
+    a: &'a mut [f32],
+    lw: LayerW,
+    norm: usize,
+    tmp: &mut [f32],
+) -> &'a [f32] {
+    if d.norm_first {
+        a.copy_from_slice(x);
+        ln_rows(a, lw[norm], lw[norm + 1], d.eps, tmp);
+        a
+    } else {
+        x
+    }
+}
+
+/// After a sub-layer's residual `x += f(..)`: the layer norm `norm` in place (post-norm).
+#[inline(always)]
+fn sublayer_output(d: &Dims, x: &mut [f32], lw: LayerW, norm: usize, tmp: &mut [f32]) {
+    if !d.norm_first {
+        ln_rows(x, lw[norm], lw[norm + 1], d.eps, tmp);
+    }
+}
+
 /// The stack for the rows `r` of this step (`x` their inputs, overwritten with the output;
 /// `k`, `v` their new keys and values per layer; `sw`, `cw` their attention weights per layer
 /// when asked for).
@@ -510,13 +538,7 @@ fn step_group(
     let mut tmp = vec![0f32; c];
     for (l, lw) in w.iter().enumerate() {
         // Masked self-attention over the row's own history.
-        let src: &[f32] = if d.norm_first {
-            a.copy_from_slice(x);
-            ln_rows(&mut a, lw[slot::N1_W], lw[slot::N1_W + 1], d.eps, &mut tmp);
-            &a
-        } else {
-            x
-        };
+        let src = sublayer_input(d, x, &mut a, lw, slot::N1_W, &mut tmp);
         project(
             &mut q,
             src,
@@ -588,17 +610,9 @@ fn step_group(
             c,
         );
         float::add_inplace(x, &y);
-        if !d.norm_first {
-            ln_rows(x, lw[slot::N1_W], lw[slot::N1_W + 1], d.eps, &mut tmp);
-        }
+        sublayer_output(d, x, lw, slot::N1_W, &mut tmp);
         // Encoder-decoder attention over the row's sentence.
-        let src: &[f32] = if d.norm_first {
-            a.copy_from_slice(x);
-            ln_rows(&mut a, lw[slot::N2_W], lw[slot::N2_W + 1], d.eps, &mut tmp);
-            &a
-        } else {
-            x
-        };
+        let src = sublayer_input(d, x, &mut a, lw, slot::N2_W, &mut tmp);
         project(
             &mut q,
             src,
@@ -644,17 +658,9 @@ fn step_group(
             c,
         );
         float::add_inplace(x, &y);
-        if !d.norm_first {
-            ln_rows(x, lw[slot::N2_W], lw[slot::N2_W + 1], d.eps, &mut tmp);
-        }
+        sublayer_output(d, x, lw, slot::N2_W, &mut tmp);
         // Feed-forward network (ReLU).
-        let src: &[f32] = if d.norm_first {
-            a.copy_from_slice(x);
-            ln_rows(&mut a, lw[slot::N3_W], lw[slot::N3_W + 1], d.eps, &mut tmp);
-            &a
-        } else {
-            x
-        };
+        let src = sublayer_input(d, x, &mut a, lw, slot::N3_W, &mut tmp);
         project(
             &mut hid,
             src,
@@ -677,9 +683,7 @@ fn step_group(
             f,
         );
         float::add_inplace(x, &y);
-        if !d.norm_first {
-            ln_rows(x, lw[slot::N3_W], lw[slot::N3_W + 1], d.eps, &mut tmp);
-        }
+        sublayer_output(d, x, lw, slot::N3_W, &mut tmp);
     }
     if let Some((nw, nb)) = final_norm {
         ln_rows(x, nw, nb, d.eps, &mut tmp);

@@ -111,6 +111,28 @@ impl SmoothingTerm {
     fn count(&self) -> usize {
         self.rows.iter().filter(|r| r.is_some()).count()
     }
+
+    /// The gradients of the inputs as tensors of their shapes, for incoming gradient `g`.
+    fn grads<T: super::float::Float>(
+        &self,
+        g: f64,
+        hidden: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (h, w, b) = (
+            hidden.flatten_all()?.to_vec1::<T>()?,
+            weight.flatten_all()?.to_vec1::<T>()?,
+            bias.to_vec1::<T>()?,
+        );
+        let (dh, dw, db) = backward(self, g, &h, &w, &b);
+        let dev = hidden.device();
+        Ok((
+            Tensor::from_vec(dh, hidden.shape(), dev)?,
+            Tensor::from_vec(dw, weight.shape(), dev)?,
+            Tensor::from_vec(db, bias.shape(), dev)?,
+        ))
+    }
 }
 
 /// `mean_j W_j` (C) and `mean_j b_j`, summed in f64.
@@ -233,45 +255,23 @@ impl CustomOp3 for SmoothingTerm {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        let dev = hidden.device();
-        match hidden.dtype() {
-            DType::F32 => {
-                let (h, w, b) = (
-                    hidden.flatten_all()?.to_vec1::<f32>()?,
-                    weight.flatten_all()?.to_vec1::<f32>()?,
-                    bias.to_vec1::<f32>()?,
-                );
-                let (dh, dw, db) = backward(self, g, &h, &w, &b);
-                let dh = Tensor::from_vec(dh, hidden.shape(), dev)?;
-                let direct = self
-                    .direct
-                    .as_ref()
-                    .filter(|_| DirectGrads::accepts(weight) && DirectGrads::accepts(bias));
-                if let Some(direct) = direct {
-                    direct.put_dense(weight, dw);
-                    direct.put_dense(bias, db);
-                    return Ok((Some(dh), None, None));
-                }
-                Ok((
-                    Some(dh),
-                    Some(Tensor::from_vec(dw, weight.shape(), dev)?),
-                    Some(Tensor::from_vec(db, bias.shape(), dev)?),
-                ))
-            }
-            DType::F64 => {
-                let (h, w, b) = (
-                    hidden.flatten_all()?.to_vec1::<f64>()?,
-                    weight.flatten_all()?.to_vec1::<f64>()?,
-                    bias.to_vec1::<f64>()?,
-                );
-                let (dh, dw, db) = backward(self, g, &h, &w, &b);
-                Ok((
-                    Some(Tensor::from_vec(dh, hidden.shape(), dev)?),
-                    Some(Tensor::from_vec(dw, weight.shape(), dev)?),
-                    Some(Tensor::from_vec(db, bias.shape(), dev)?),
-                ))
-            }
+        let (dh, dw, db) = match hidden.dtype() {
+            DType::F32 => self.grads::<f32>(g, hidden, weight, bias)?,
+            DType::F64 => self.grads::<f64>(g, hidden, weight, bias)?,
             dt => bail!("kernels-label-smoothing-term: unsupported dtype {dt:?}"),
+        };
+        let direct = self.direct.as_ref().filter(|_| {
+            hidden.dtype() == DType::F32
+                && DirectGrads::accepts(weight)
+                && DirectGrads::accepts(bias)
+        });
+        match direct {
+            Some(direct) => {
+                direct.put_dense(weight, dw.flatten_all()?.to_vec1::<f32>()?);
+                direct.put_dense(bias, db.to_vec1::<f32>()?);
+                Ok((Some(dh), None, None))
+            }
+            None => Ok((Some(dh), Some(dw), Some(db))),
         }
     }
 }

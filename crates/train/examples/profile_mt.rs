@@ -8,7 +8,9 @@ use std::time::Instant;
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{Mode, ParamBuilder, Rng, Seq2Seq};
 use transformer_train::clip::clip_grad_norm;
-use transformer_train::mt::MtTrainConfig;
+use transformer_model::kernels::Precision;
+use transformer_model::DirectGrads;
+use transformer_train::mt::{train_step, MtModel, MtTrainConfig};
 use transformer_train::optim::Adam;
 
 fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
@@ -88,13 +90,38 @@ fn main() -> candle_core::Result<()> {
         l.loss.backward().unwrap()
     });
     let mut opt = Adam::new(vars.clone(), 1e-4)?;
-    time("whole step (+ clip, Adam)", reps, || {
+    time("whole step, graph gradients (+ clip, Adam)", reps, || {
         let l = model
             .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))
             .unwrap();
         let mut g = l.loss.backward().unwrap();
         clip_grad_norm(&mut g, &vars, 1.0).unwrap();
         opt.step(&g).unwrap();
+    });
+    let direct = DirectGrads::new();
+    let loss_cfg = (0, 0.1, Precision::F32);
+    time("loss forward + backward, direct gradients", reps, || {
+        let l = model
+            .loss_direct(&src, &tgt_in, &tgt_out, &masks, loss_cfg, Mode::Train(&rng), &direct)
+            .unwrap();
+        l.loss.backward().unwrap();
+        direct.clear();
+    });
+    let mt_model = MtModel::Transformer(model.clone());
+    time("whole step as training takes it (mt::train_step)", reps, || {
+        train_step(
+            &mt_model,
+            &vars,
+            &mut opt,
+            &direct,
+            1.0,
+            [&src, &tgt_in, &tgt_out],
+            0,
+            0.1,
+            Precision::F32,
+            &rng,
+        )
+        .unwrap();
     });
     let l = model.loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))?;
     let mut g = l.loss.backward()?;

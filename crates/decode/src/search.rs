@@ -251,6 +251,34 @@ fn pick_each_step<M: StepModel>(
     Ok(done.into_iter().map(|h| h.expect("decoded")).collect())
 }
 
+/// Adds `h` to a sentence's `finished` hypotheses while fewer than `k` are there; after that,
+/// puts it in place of the worst (by normalised score) when it normalises better. Returns
+/// whether `h` was kept.
+fn keep_finished(
+    finished: &mut Vec<Hypothesis>,
+    h: Hypothesis,
+    k: usize,
+    opts: &DecodeOptions,
+) -> bool {
+    if finished.len() < k {
+        finished.push(h);
+        return true;
+    }
+    let norm = |h: &Hypothesis| opts.normalized(h.score, h.tokens.len() + 1);
+    let worst = finished
+        .iter()
+        .enumerate()
+        .min_by(|a, b| norm(a.1).total_cmp(&norm(b.1)))
+        .map(|(i, _)| i);
+    match worst {
+        Some(w) if norm(&h) > norm(&finished[w]) => {
+            finished[w] = h;
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Beam search with `opts.beam` hypotheses per sentence, all sentences of `src` at once.
 ///
 /// At each step every live hypothesis is extended by every token; per sentence the `2 x
@@ -330,10 +358,14 @@ pub fn beam_search<M: StepModel>(
                 let greedy = greedy_next == Some((r, t));
                 if t == opts.eos {
                     // As fairseq: an ending counts only from among the k best extensions
-                    // (so beam 1 is exactly greedy).
-                    if rank < k && finished[sentence].len() < k {
-                        greedy_kept |= greedy;
-                        finished[sentence].push(parent.ended(s, parent.attention_with(&att, r)));
+                    // (so beam 1 is exactly greedy). Once k are finished, a later ending
+                    // that normalises better replaces the worst of them (the search goes on
+                    // while a live hypothesis can still beat that worst one).
+                    if rank < k {
+                        let ended = parent.ended(s, parent.attention_with(&att, r));
+                        if keep_finished(&mut finished[sentence], ended, k, opts) {
+                            greedy_kept |= greedy;
+                        }
                     }
                 } else if live < k {
                     live += 1;
@@ -398,4 +430,36 @@ pub fn beam_search<M: StepModel>(
                 .expect("a finished hypothesis per sentence")
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hyp(score: f64, len: usize) -> Hypothesis {
+        Hypothesis {
+            tokens: vec![5; len],
+            score,
+            finished: true,
+            attention: Vec::new(),
+        }
+    }
+
+    /// Once `k` hypotheses are finished, a later one that normalises better takes the worst
+    /// one's place, and one that normalises worse is dropped.
+    #[test]
+    fn a_better_ending_replaces_the_worst_finished_one() {
+        let opts = DecodeOptions::default();
+        let norm = |h: &Hypothesis| opts.normalized(h.score, h.tokens.len() + 1);
+        let mut finished = Vec::new();
+        assert!(keep_finished(&mut finished, hyp(-3.0, 2), 2, &opts));
+        assert!(keep_finished(&mut finished, hyp(-4.0, 4), 2, &opts));
+        // -1.04 normalised against the worst, -1.0 (the first): not kept.
+        assert!(!keep_finished(&mut finished, hyp(-5.2, 4), 2, &opts));
+        // -0.9 beats -1.0: replaces the first, the list stays at 2.
+        assert!(keep_finished(&mut finished, hyp(-4.5, 4), 2, &opts));
+        let mut scores: Vec<f64> = finished.iter().map(norm).collect();
+        scores.sort_by(f64::total_cmp);
+        assert_eq!(scores, vec![-0.9, -0.8]);
+    }
 }

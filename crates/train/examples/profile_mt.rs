@@ -5,11 +5,11 @@
 
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
+use transformer_model::kernels::Precision;
 use transformer_model::seq2seq::Seq2SeqMasks;
+use transformer_model::DirectGrads;
 use transformer_model::{Mode, ParamBuilder, Rng, Seq2Seq};
 use transformer_train::clip::clip_grad_norm;
-use transformer_model::kernels::Precision;
-use transformer_model::DirectGrads;
 use transformer_train::mt::{train_step, MtModel, MtTrainConfig};
 use transformer_train::optim::Adam;
 
@@ -102,27 +102,39 @@ fn main() -> candle_core::Result<()> {
     let loss_cfg = (0, 0.1, Precision::F32);
     time("loss forward + backward, direct gradients", reps, || {
         let l = model
-            .loss_direct(&src, &tgt_in, &tgt_out, &masks, loss_cfg, Mode::Train(&rng), &direct)
+            .loss_direct(
+                &src,
+                &tgt_in,
+                &tgt_out,
+                &masks,
+                loss_cfg,
+                Mode::Train(&rng),
+                &direct,
+            )
             .unwrap();
         l.loss.backward().unwrap();
         direct.clear();
     });
     let mt_model = MtModel::Transformer(model.clone());
-    time("whole step as training takes it (mt::train_step)", reps, || {
-        train_step(
-            &mt_model,
-            &vars,
-            &mut opt,
-            &direct,
-            1.0,
-            [&src, &tgt_in, &tgt_out],
-            0,
-            0.1,
-            Precision::F32,
-            &rng,
-        )
-        .unwrap();
-    });
+    time(
+        "whole step as training takes it (mt::train_step)",
+        reps,
+        || {
+            train_step(
+                &mt_model,
+                &vars,
+                &mut opt,
+                &direct,
+                1.0,
+                [&src, &tgt_in, &tgt_out],
+                0,
+                0.1,
+                Precision::F32,
+                &rng,
+            )
+            .unwrap();
+        },
+    );
     let l = model.loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))?;
     let mut g = l.loss.backward()?;
     time("clip", reps, || clip_grad_norm(&mut g, &vars, 1.0).unwrap());

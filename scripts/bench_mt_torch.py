@@ -304,6 +304,21 @@ class Searcher:
             rows = keep
         return done
 
+    def _keep_finished(self, finished, hyp, k):
+        """Adds hyp (tokens, score) while fewer than k are finished; after that, puts it in
+        place of the worst by normalised score when it normalises better (as ours,
+        `keep_finished` in crates/decode/src/search.rs). Returns whether it was kept."""
+        if len(finished) < k:
+            finished.append(hyp)
+            return True
+        norm = [self._normalized(sc, len(toks) + 1) for toks, sc in finished]
+        # The first of equals, as Rust's min_by.
+        w = min(range(len(norm)), key=lambda i: (norm[i], i))
+        if self._normalized(hyp[1], len(hyp[0]) + 1) > norm[w]:
+            finished[w] = hyp
+            return True
+        return False
+
     def beam(self, sources, k):
         memory, pad, lens = self._start(sources)
         n = len(sources)
@@ -348,10 +363,11 @@ class Searcher:
                     parent = rows[r]
                     is_greedy = greedy_next == (r, t)
                     if t == eos:
-                        # An ending counts only from among the k best extensions.
-                        if rank < k and len(finished[sentence]) < k:
+                        # An ending counts only from among the k best extensions; once k
+                        # are finished, it replaces the worst of them if it normalises
+                        # better.
+                        if rank < k and self._keep_finished(finished[sentence], (parent[1], sc), k):
                             greedy_kept |= is_greedy
-                            finished[sentence].append((parent[1], sc))
                     elif live < k:
                         live += 1
                         greedy_kept |= is_greedy

@@ -138,7 +138,9 @@ fn main() -> candle_core::Result<()> {
     let l = model.loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))?;
     let mut g = l.loss.backward()?;
     time("clip", reps, || clip_grad_norm(&mut g, &vars, 1.0).unwrap());
-    time("Adam (three in-place passes)", reps, || opt.step(&g).unwrap());
+    time("Adam (three in-place passes)", reps, || {
+        opt.step(&g).unwrap()
+    });
     time("Adam, composed (the textbook form)", reps, || {
         opt.step_reference(&g).unwrap()
     });

@@ -208,8 +208,9 @@ enum Caches {
         caches: Vec<KvCache>,
         memory_mask: Mask,
     },
-    /// [`crate::kernels::DecoderStack::step`]'s cache, reordered without copying.
-    Fused(crate::kernels::DecodeCache),
+    /// [`crate::kernels::DecoderStack::step`]'s cache, reordered without copying, and the
+    /// stack it runs (collected and checked once per batch, not at every step).
+    Fused(crate::kernels::DecodeCache, crate::kernels::DecoderStack),
 }
 
 impl DecodeState {
@@ -220,7 +221,7 @@ impl DecodeState {
 
     /// Whether the steps run as one fused op ([`crate::kernels::DecoderStack`]).
     pub fn is_fused(&self) -> bool {
-        matches!(self.caches, Caches::Fused(_))
+        matches!(self.caches, Caches::Fused(..))
     }
 
     /// Keeps rows `rows` in that order (repeats allowed): expands sentences into beams,
@@ -230,7 +231,7 @@ impl DecodeState {
     /// rows (B',) u32
     pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
         match &mut self.caches {
-            Caches::Fused(c) => c.select_rows(rows)?,
+            Caches::Fused(c, _) => c.select_rows(rows)?,
             Caches::Tensors {
                 memory_kv,
                 caches,
@@ -524,7 +525,7 @@ impl Seq2Seq {
             )?;
             let keep = src.ne(pad_id)?.flatten_all()?.to_vec1::<u8>()?;
             return Ok(DecodeState {
-                caches: Caches::Fused(stack.start(&memory, &keep)?),
+                caches: Caches::Fused(stack.start(&memory, &keep)?, stack),
                 generator_t: None,
                 position: 0,
                 src_lens,
@@ -577,10 +578,7 @@ impl Seq2Seq {
                 // (B, 1, C) -> (B, C)
                 (h.squeeze(1)?, Some(w))
             }
-            Caches::Fused(cache) => {
-                let stack = decoder
-                    .fused_stack()
-                    .ok_or_else(|| candle_core::Error::Msg("the decoder no longer fuses".into()))?;
+            Caches::Fused(cache, stack) => {
                 let rows = cache.rows();
                 let x = y.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
                 let (out, w) = stack.step(cache, x, need_weights)?;
@@ -588,8 +586,7 @@ impl Seq2Seq {
                 let h = Tensor::from_vec(out, (rows, self.d_model), dev)?.to_dtype(y.dtype())?;
                 let weights = match w {
                     Some((self_w, cross_w)) => {
-                        let nhead = self_w[0].len() / rows / (state.position + 1);
-                        let s = cross_w[0].len() / rows / nhead;
+                        let (nhead, s) = (stack.nhead(), cache.source_len());
                         let per_layer = self_w
                             .into_iter()
                             .zip(cross_w)

@@ -127,6 +127,11 @@ impl DecodeCache {
         self.row_sentence.len()
     }
 
+    /// Padded source length of the batch.
+    pub fn source_len(&self) -> usize {
+        self.s
+    }
+
     /// Steps taken.
     pub fn steps(&self) -> usize {
         self.self_k.first().map_or(0, Vec::len)
@@ -211,6 +216,11 @@ impl DecoderStack {
             eps,
             norm_first,
         }
+    }
+
+    /// Attention heads per layer.
+    pub fn nhead(&self) -> usize {
+        self.nhead
     }
 
     fn all_tensors(&self) -> Vec<&Tensor> {

@@ -55,15 +55,7 @@ def main():
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="CTranslate2 model directory")
-    p.add_argument("--src-ids", required=True,
-                   help="source ids, one sentence per line, space-separated, ending with <eos> "
-                        "(2), as `transformer bench mt-decode --dump DIR` writes DIR/src.ids")
-    p.add_argument("--ref-ids", help="output ids to compare with (DIR/hyp.ids of the dump); "
-                                     "reports the fraction of identical sentences")
-    p.add_argument("--ref-greedy-ids",
-                   help="greedy output ids to compare with: runs an extra (untimed) greedy "
-                        "pass and reports same_as_ref_greedy")
-    p.add_argument("--out-ids", help="write the output ids here, one sentence per line")
+    mt_run.add_id_file_args(p)
     p.add_argument("--run", help="the run directory the model was converted from: its "
                                  "config.toml gives the length penalty, length limit and beam")
     p.add_argument("--beam", type=int, default=None,
@@ -81,9 +73,7 @@ def main():
                    help="translate only the first N lines")
     p.add_argument("--threads", type=int, default=cores,
                    help=f"intra_threads (default: {cores})")
-    p.add_argument("--greedy-latency", type=int, default=0, metavar="N",
-                   help="also report the median ms to translate each of the first N sentences "
-                        "alone, greedily (0: skip)")
+    mt_run.add_greedy_latency_arg(p)
     p.add_argument("--no-callback", action="store_true",
                    help="greedy: leave out the per-token callback that ends each sentence at "
                         "its own length limit (the batch's largest limit then applies to all)")

@@ -522,24 +522,14 @@ def main():
                        description="Translate source token ids with a trained run's weights "
                                    "(greedy or beam search, no key/value cache) and time it.")
     d.add_argument("--run", required=True, help="run directory (config.toml, best.safetensors)")
-    d.add_argument("--src-ids", required=True,
-                   help="source ids, one sentence per line, space-separated, ending with <eos> "
-                        "(2), as `transformer bench mt-decode --dump DIR` writes DIR/src.ids")
-    d.add_argument("--ref-ids", help="output ids to compare with (DIR/hyp.ids of the dump); "
-                                     "reports the fraction of identical sentences")
-    d.add_argument("--ref-greedy-ids",
-                   help="greedy output ids to compare with: runs an extra (untimed) greedy pass "
-                        "and reports same_as_ref_greedy")
-    d.add_argument("--out-ids", help="write the output ids here, one sentence per line")
+    mt_run.add_id_file_args(d)
     d.add_argument("--beam", type=int, default=None,
                    help="beam size, 1 = greedy (default: the run's config.toml)")
     d.add_argument("--batch", type=int, default=64,
                    help="sentences per batch; beams multiply the decoder's rows (64)")
     d.add_argument("--max-sentences", type=int, default=None,
                    help="translate only the first N lines")
-    d.add_argument("--greedy-latency", type=int, default=0, metavar="N",
-                   help="also report the median ms to translate each of the first N sentences "
-                        "alone, greedily (0: skip)")
+    mt_run.add_greedy_latency_arg(d)
     d.add_argument("--threads", type=int, default=cores,
                    help=f"torch.set_num_threads (default: {cores})")
     d.add_argument("--json", action="store_true", help="print one JSON line")

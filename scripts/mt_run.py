@@ -186,3 +186,25 @@ def print_agreement(latency, n_lat, same, same_greedy):
         print(f"same output ids as the reference: {100 * same:.1f}%")
     if same_greedy is not None:
         print(f"greedy: same output ids as the greedy reference: {100 * same_greedy:.1f}%")
+
+
+def add_id_file_args(parser) -> None:
+    """The id-file arguments both decoding benchmarks take: --src-ids (required), --ref-ids,
+    --ref-greedy-ids and --out-ids."""
+    parser.add_argument("--src-ids", required=True,
+                        help="source ids, one sentence per line, space-separated, ending with "
+                             "<eos> (2), as `transformer bench mt-decode --dump DIR` writes "
+                             "DIR/src.ids")
+    parser.add_argument("--ref-ids", help="output ids to compare with (DIR/hyp.ids of the "
+                                          "dump); reports the fraction of identical sentences")
+    parser.add_argument("--ref-greedy-ids",
+                        help="greedy output ids to compare with: runs an extra (untimed) "
+                             "greedy pass and reports same_as_ref_greedy")
+    parser.add_argument("--out-ids", help="write the output ids here, one sentence per line")
+
+
+def add_greedy_latency_arg(parser) -> None:
+    """--greedy-latency N, as both decoding benchmarks take it."""
+    parser.add_argument("--greedy-latency", type=int, default=0, metavar="N",
+                        help="also report the median ms to translate each of the first N "
+                             "sentences alone, greedily (0: skip)")

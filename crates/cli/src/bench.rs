@@ -539,7 +539,9 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     let peak_rss = peak_rss_mb();
     let seconds = Stats::of(secs).median;
     let tokens: usize = hyps.iter().map(|h| h.tokens.len()).sum();
-    // Greedy, one sentence at a time: the interactive case.
+    // Greedy, one sentence at a time: the interactive case, a loaded model (its decoding
+    // weights made ready once, as a translation server keeps them) given one sentence.
+    let decoder = run.model.decoder()?;
     let sp = transformer_text::Specials::FIXED;
     let greedy_opts = run.config.decode_options(1);
     let n_lat = a.latency_sentences.min(src.len());
@@ -549,7 +551,7 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
         row.push(sp.eos);
         let s = Tensor::from_vec(row, (1, ids.len() + 1), &dev)?;
         let t = Instant::now();
-        greedy(&run.model, &s, &greedy_opts)?;
+        greedy(&decoder, &s, &greedy_opts)?;
         lat.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let latency = (!lat.is_empty()).then(|| Stats::of(lat).median);

@@ -48,7 +48,7 @@ pub mod search;
 pub mod step;
 
 pub use search::{beam_search, greedy, sample_decode, DecodeOptions, Hypothesis};
-pub use step::{log_softmax_flat, LogProbs, Recompute, StepModel, StepOutput};
+pub use step::{LogProbs, Recompute, StepModel, StepOutput};
 
 use candle_core::{Result, Tensor};
 use transformer_model::Mode;

@@ -9,7 +9,7 @@
 //! [`DecodeOptions::length_penalty`], `len` counting `<eos>`; 0 ranks by raw score, 1 by the
 //! mean log-probability per token, as fairseq's `--lenpen`).
 
-use crate::step::{log_softmax_flat, LogProbs, StepModel};
+use crate::step::{LogProbs, StepModel, StepOutput};
 use candle_core::{Result, Tensor};
 
 /// How to decode.
@@ -141,15 +141,15 @@ impl Row {
     }
 }
 
-/// Feeds every row's last token (`<bos>` first) and returns each row's next-token
-/// log-probabilities and, when asked for, its attention (flattened).
-#[allow(clippy::type_complexity)]
+/// Feeds every row's last token (`<bos>` first) and returns the step's output (read its
+/// log-probabilities with [`LogProbs::new`]) and, when asked for, each row's attention
+/// (flattened).
 fn next_step<M: StepModel>(
     model: &M,
     state: &mut M::State,
     rows: &[Row],
     opts: &DecodeOptions,
-) -> Result<(LogProbs, Option<Vec<Vec<f32>>>)> {
+) -> Result<(StepOutput, Option<Vec<Vec<f32>>>)> {
     let last: Vec<u32> = rows
         .iter()
         .map(|r| *r.tokens.last().unwrap_or(&opts.bos))
@@ -160,7 +160,49 @@ fn next_step<M: StepModel>(
         .as_ref()
         .map(|a| a.flatten_from(1)?.to_vec2::<f32>())
         .transpose()?;
-    Ok((log_softmax_flat(&out.logits)?, att))
+    Ok((out, att))
+}
+
+/// Elements per block of the beam search's scan of a row: a block whose largest logit
+/// cannot enter the candidates is passed over after one vectorised maximum.
+const SCAN_BLOCK: usize = 64;
+
+/// The largest element of `x` (`-inf` when empty or all NaN): per lane of 16, which the
+/// compiler vectorises.
+fn block_max(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let tail = chunks.remainder().iter();
+    lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// Adds to `cand` (best first, at most `limit`) every `(score + log p(t), r, t)` of row `r`
+/// that beats its last entry, in token order, a later equal one after the earlier.
+fn scan_row(cand: &mut Vec<(f64, usize, u32)>, limit: usize, lp: &LogProbs, r: usize, score: f64) {
+    let (logits, lse) = (lp.logits(r), lp.lse(r));
+    // Monotone in the logit (each rounding is), so a block's maximum bounds all of it.
+    let value = |l: f32| score + (l - lse) as f64;
+    for (b, block) in logits.chunks(SCAN_BLOCK).enumerate() {
+        if cand.len() >= limit && value(block_max(block)) <= cand[limit - 1].0 {
+            continue;
+        }
+        for (j, &l) in block.iter().enumerate() {
+            let s = value(l);
+            if cand.len() < limit || s > cand[cand.len() - 1].0 {
+                let pos = cand.partition_point(|c| c.0 >= s);
+                cand.insert(pos, (s, r, (b * SCAN_BLOCK + j) as u32));
+                cand.truncate(limit);
+            }
+        }
+    }
 }
 
 /// Greedy decoding: at every step the most likely token. Returns one hypothesis per source
@@ -173,7 +215,7 @@ pub fn greedy<M: StepModel>(
     src: &Tensor,
     opts: &DecodeOptions,
 ) -> Result<Vec<Hypothesis>> {
-    pick_each_step(model, src, opts, |lp, _| argmax(lp))
+    pick_each_step(model, src, opts, |lp, r, _| lp.argmax(r))
 }
 
 /// Sampling: each token drawn from the model's distribution, sharpened or flattened by
@@ -185,28 +227,18 @@ pub fn sample_decode<M: StepModel>(
     sampling: crate::Sampling,
     mut uniform: impl FnMut() -> f64,
 ) -> Result<Vec<Hypothesis>> {
-    pick_each_step(model, src, opts, |lp, _| {
-        crate::sample(lp, sampling, uniform())
+    pick_each_step(model, src, opts, |lp, r, _| {
+        crate::sample(&lp.row(r), sampling, uniform())
     })
 }
 
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 /// The one-hypothesis-per-sentence searches: `pick` chooses each next token from a row of
-/// log-probabilities.
+/// log-probabilities (`pick(lp, row, sentence)`).
 fn pick_each_step<M: StepModel>(
     model: &M,
     src: &Tensor,
     opts: &DecodeOptions,
-    mut pick: impl FnMut(&[f32], usize) -> u32,
+    mut pick: impl FnMut(&LogProbs, usize, usize) -> u32,
 ) -> Result<Vec<Hypothesis>> {
     let mut state = model.start(src, opts.pad)?;
     let src_lens = model.src_lens(&state);
@@ -214,7 +246,8 @@ fn pick_each_step<M: StepModel>(
     let mut done: Vec<Option<Hypothesis>> = vec![None; n];
     let mut rows = Row::one_per_sentence(n);
     while !rows.is_empty() {
-        let (lp, att) = next_step(model, &mut state, &rows, opts)?;
+        let (out, att) = next_step(model, &mut state, &rows, opts)?;
+        let lp = LogProbs::new(&out.logits)?;
         let mut keep = Vec::with_capacity(rows.len());
         for (i, row) in rows.iter_mut().enumerate() {
             if let Some(a) = &att {
@@ -225,10 +258,10 @@ fn pick_each_step<M: StepModel>(
             let tok = if at_limit {
                 opts.eos
             } else {
-                pick(&lp[i], row.sentence)
+                pick(&lp, i, row.sentence)
             };
             // (An `eos` outside the vocabulary, as the copy task's "none", scores nothing.)
-            row.score += lp[i].get(tok as usize).copied().unwrap_or(0.0) as f64;
+            row.score += lp.get(i, tok).unwrap_or(0.0) as f64;
             if tok == opts.eos {
                 done[row.sentence] = Some(Hypothesis {
                     tokens: std::mem::take(&mut row.tokens),
@@ -306,7 +339,8 @@ pub fn beam_search<M: StepModel>(
     // Live rows, grouped by sentence; at the start one per sentence.
     let mut rows = Row::one_per_sentence(n);
     while !rows.is_empty() {
-        let (lp, att) = next_step(model, &mut state, &rows, opts)?;
+        let (out, att) = next_step(model, &mut state, &rows, opts)?;
+        let lp = LogProbs::new(&out.logits)?;
         let mut next_rows: Vec<Row> = Vec::with_capacity(n * k);
         let mut parents: Vec<u32> = Vec::with_capacity(n * k);
         let mut start = 0;
@@ -326,8 +360,7 @@ pub fn beam_search<M: StepModel>(
                     }
                     finished[sentence].push(Hypothesis {
                         tokens: row.tokens.clone(),
-                        score: row.score
-                            + lp[r].get(opts.eos as usize).copied().unwrap_or(0.0) as f64,
+                        score: row.score + lp.get(r, opts.eos).unwrap_or(0.0) as f64,
                         finished: false,
                         attention,
                     });
@@ -338,19 +371,12 @@ pub fn beam_search<M: StepModel>(
             // The 2k best (score, row, token) over this sentence's rows.
             let mut cand: Vec<(f64, usize, u32)> = Vec::with_capacity(2 * k + 1);
             for (r, row) in rows.iter().enumerate().take(end).skip(start) {
-                for (t, &l) in lp[r].iter().enumerate() {
-                    let s = row.score + l as f64;
-                    if cand.len() < 2 * k || s > cand.last().expect("non-empty").0 {
-                        let pos = cand.partition_point(|c| c.0 >= s);
-                        cand.insert(pos, (s, r, t as u32));
-                        cand.truncate(2 * k);
-                    }
-                }
+                scan_row(&mut cand, 2 * k, &lp, r, row.score);
             }
             // The greedy row's own next step, which the beam must not lose (below).
             let greedy_next = (start..end)
                 .find(|&r| rows[r].greedy)
-                .map(|r| (r, argmax(&lp[r])));
+                .map(|r| (r, lp.argmax(r)));
             let mut greedy_kept = false;
             let mut live = 0;
             for (rank, &(s, r, t)) in cand.iter().enumerate() {
@@ -381,7 +407,7 @@ pub fn beam_search<M: StepModel>(
             // (length_penalty 0; otherwise by normalised score among what was found).
             if let (Some((r, t)), false) = (greedy_next, greedy_kept) {
                 let parent = &rows[r];
-                let s = parent.score + lp[r][t as usize] as f64;
+                let s = parent.score + lp.get(r, t).expect("a token of the vocabulary") as f64;
                 let attention = parent.attention_with(&att, r);
                 if t == opts.eos {
                     finished[sentence].push(parent.ended(s, attention));

@@ -199,35 +199,114 @@ impl StepModel for Recompute<'_> {
     }
 }
 
-/// Log-probabilities of a batch of rows, `rows x width` in one buffer; `lp[r]` is row `r`.
-#[derive(Debug, Clone)]
-pub struct LogProbs {
-    data: Vec<f32>,
+/// Next-token log-probabilities of a batch of rows, kept as the logits (read in place from
+/// the step's output tensor when it is a contiguous CPU f32 one) and each row's log-normaliser:
+/// `log p(t | row r) = logits[r][t] - lse[r]`, in f32, the very value a log-softmax written
+/// out would hold ([`transformer_model::kernels::log_sum_exp_rows_f32`]). A beam search
+/// reads a few entries of each row, so writing out every `rows x V` log-probability (and
+/// copying the logits out of the tensor first) cost more than the search itself.
+pub struct LogProbs<'a> {
+    logits: Logits<'a>,
     width: usize,
+    lse: Vec<f32>,
 }
 
-impl LogProbs {
+/// Where [`LogProbs`] reads the logits.
+enum Logits<'a> {
+    /// A contiguous CPU f32 tensor's storage: `len` elements from `offset`.
+    Borrowed {
+        /// The storage's read guard (candle's lock type, unnamed here).
+        storage: Box<dyn std::ops::Deref<Target = candle_core::Storage> + 'a>,
+        offset: usize,
+        len: usize,
+    },
+    /// A copy (other devices and dtypes).
+    Owned(Vec<f32>),
+}
+
+impl Logits<'_> {
+    fn data(&self) -> &[f32] {
+        match self {
+            Logits::Borrowed {
+                storage,
+                offset,
+                len,
+            } => match &***storage {
+                candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) => {
+                    &v[*offset..*offset + *len]
+                }
+                _ => unreachable!("only contiguous CPU f32 storage is borrowed"),
+            },
+            Logits::Owned(v) => v,
+        }
+    }
+}
+
+impl<'a> LogProbs<'a> {
+    /// The log-probabilities of `logits` (B, V).
+    pub fn new(logits: &'a Tensor) -> Result<Self> {
+        let (_, width) = logits.dims2()?;
+        let (storage, layout) = logits.storage_and_layout();
+        let borrowed = matches!(
+            &*storage,
+            candle_core::Storage::Cpu(candle_core::CpuStorage::F32(_))
+        ) && layout.is_contiguous();
+        let logits = if borrowed {
+            Logits::Borrowed {
+                offset: layout.start_offset(),
+                len: layout.shape().elem_count(),
+                storage: Box::new(storage),
+            }
+        } else {
+            drop(storage);
+            Logits::Owned(
+                logits
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?,
+            )
+        };
+        let lse = transformer_model::kernels::log_sum_exp_rows_f32(logits.data(), width);
+        Ok(Self { logits, width, lse })
+    }
+
     /// Rows held.
     pub fn rows(&self) -> usize {
-        self.data.len().checked_div(self.width).unwrap_or(0)
+        self.lse.len()
     }
-}
 
-impl std::ops::Index<usize> for LogProbs {
-    type Output = [f32];
-    fn index(&self, r: usize) -> &[f32] {
-        &self.data[r * self.width..(r + 1) * self.width]
+    /// Row `r`'s logits.
+    pub fn logits(&self, r: usize) -> &[f32] {
+        &self.logits.data()[r * self.width..(r + 1) * self.width]
     }
-}
 
-/// Log-softmax of every row of `logits` (B, V) into one buffer
-/// (`transformer_model::kernels::log_softmax_rows_f32`).
-pub fn log_softmax_flat(logits: &Tensor) -> Result<LogProbs> {
-    let (_, width) = logits.dims2()?;
-    let mut data = logits
-        .to_dtype(DType::F32)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    transformer_model::kernels::log_softmax_rows_f32(&mut data, width);
-    Ok(LogProbs { data, width })
+    /// Row `r`'s log-normaliser: `log p(t) = logits(r)[t] - lse(r)`.
+    pub fn lse(&self, r: usize) -> f32 {
+        self.lse[r]
+    }
+
+    /// `log p(t | row r)`; `None` when `t` is outside the vocabulary.
+    pub fn get(&self, r: usize, t: u32) -> Option<f32> {
+        let l = self.lse[r];
+        self.logits(r).get(t as usize).map(|&x| x - l)
+    }
+
+    /// Row `r`'s log-probabilities written out.
+    pub fn row(&self, r: usize) -> Vec<f32> {
+        let l = self.lse[r];
+        self.logits(r).iter().map(|&x| x - l).collect()
+    }
+
+    /// The most likely token of row `r` (the first of equals, by log-probability).
+    pub fn argmax(&self, r: usize) -> u32 {
+        let l = self.lse[r];
+        let mut best = (0, f32::NEG_INFINITY);
+        for (i, &x) in self.logits(r).iter().enumerate() {
+            let v = x - l;
+            if i == 0 || v > best.1 {
+                best = (i, v);
+            }
+        }
+        best.0 as u32
+    }
 }

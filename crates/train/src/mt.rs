@@ -683,14 +683,15 @@ pub fn translate_ids_batched(
     let groups = source_batches(src, 2048, max_rows);
     let mut out: Vec<Option<Hypothesis>> = vec![None; src.len()];
     let mut done = 0;
+    let decoder = model.decoder()?;
     for g in &groups {
         let empty: Vec<Vec<u32>> = vec![Vec::new(); src.len()];
         let b = make_batch(src, &empty, g.clone(), sp);
         let s = Tensor::from_vec(b.src.clone(), (b.rows, b.src_len), dev)?;
         let hyps = if opts.beam <= 1 {
-            greedy(model, &s, opts)?
+            greedy(&decoder, &s, opts)?
         } else {
-            beam_search(model, &s, opts)?
+            beam_search(&decoder, &s, opts)?
         };
         for (&i, h) in g.iter().zip(hyps) {
             out[i] = Some(h);

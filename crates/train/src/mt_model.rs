@@ -7,8 +7,8 @@ use transformer_decode::{StepModel, StepOutput};
 use transformer_model::kernels::Precision;
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{
-    DecodeState, DirectGrads, Mode, ParamBuilder, RnnAttention, RnnSeq2Seq, RnnSeq2SeqConfig,
-    RnnState, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,
+    DecodeState, DirectGrads, Mode, ParamBuilder, PreparedDecoding, RnnAttention, RnnSeq2Seq,
+    RnnSeq2SeqConfig, RnnState, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,
 };
 
 /// Which model `transformer mt train` builds.
@@ -184,5 +184,52 @@ impl StepModel for MtModel {
             MtState::Transformer(s) => s.select_rows(rows),
             MtState::Rnn(s) => s.select_rows(rows),
         }
+    }
+}
+
+/// An [`MtModel`] ready to decode many batches: a Transformer's decoding weights are made
+/// ready once here ([`Seq2Seq::prepare_decoding`]) instead of for every batch. It decodes
+/// exactly as the model does; build it again after the weights change.
+pub struct MtDecoder<'a> {
+    model: &'a MtModel,
+    prepared: Option<PreparedDecoding>,
+}
+
+impl MtModel {
+    /// This model ready to decode many batches ([`MtDecoder`]).
+    pub fn decoder(&self) -> Result<MtDecoder<'_>> {
+        let prepared = match self {
+            MtModel::Transformer(m) => Some(m.prepare_decoding()?),
+            MtModel::Rnn(_) => None,
+        };
+        Ok(MtDecoder {
+            model: self,
+            prepared,
+        })
+    }
+}
+
+impl StepModel for MtDecoder<'_> {
+    type State = MtState;
+
+    fn start(&self, src: &Tensor, pad: u32) -> Result<MtState> {
+        match (self.model, &self.prepared) {
+            (MtModel::Transformer(m), Some(p)) => {
+                Ok(MtState::Transformer(m.start_prepared(src, pad, p)?))
+            }
+            _ => self.model.start(src, pad),
+        }
+    }
+
+    fn src_lens(&self, state: &MtState) -> Vec<usize> {
+        self.model.src_lens(state)
+    }
+
+    fn step(&self, state: &mut MtState, tokens: &[u32], attention: bool) -> Result<StepOutput> {
+        self.model.step(state, tokens, attention)
+    }
+
+    fn select_rows(&self, state: &mut MtState, rows: &[u32]) -> Result<()> {
+        self.model.select_rows(state, rows)
     }
 }

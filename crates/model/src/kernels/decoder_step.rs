@@ -30,9 +30,10 @@ use super::attention::masked_softmax_rows;
 use super::float::{self, simd};
 use super::layer_norm;
 use super::linear::rows_forward;
-use super::matmul::{gemm, Mat};
+use super::matmul::{gemm, unpacked_row_chunks, Mat};
 use super::{num_threads, run_parallel};
 use candle_core::{bail, CpuStorage, DType, Result, Storage, Tensor};
+use std::sync::Arc;
 
 /// Index of each parameter in [`DecoderLayerParams`].
 mod slot {
@@ -96,6 +97,9 @@ pub struct DecoderStack {
     nhead: usize,
     eps: f64,
     norm_first: bool,
+    /// The weight matrices transposed ([`DecodeCache`]'s `wt`), when made once for every
+    /// batch decoded with this stack ([`DecoderStack::with_transposed_weights`]).
+    wt: Option<Arc<Vec<Vec<f32>>>>,
 }
 
 /// Everything a fused decoding step keeps between steps (see the module docs).
@@ -117,8 +121,9 @@ pub struct DecodeCache {
     origin: Vec<Vec<u32>>,
     /// Every layer's weight matrices transposed (`W^T`, `in x out`, indexed by layer and
     /// [`slot`]; empty for biases and norms): gemm reads a `W^T` operand without gathering
-    /// it element by element, which at decoding's few rows was 40% of a step.
-    wt: Vec<Vec<f32>>,
+    /// it element by element, which at decoding's few rows was 40% of a step. Shared by
+    /// every batch of a [`DecoderStack::with_transposed_weights`] stack.
+    wt: Arc<Vec<Vec<f32>>>,
 }
 
 impl DecodeCache {
@@ -215,7 +220,37 @@ impl DecoderStack {
             nhead,
             eps,
             norm_first,
+            wt: None,
         }
+    }
+
+    /// This stack with its weight matrices transposed once here, for every batch it starts
+    /// (else each [`DecoderStack::start`] transposes them, 2% of a beam search over a test
+    /// set in batches of 25 sentences). The weights must not change while it is in use.
+    pub fn with_transposed_weights(mut self) -> Result<Self> {
+        if !self.applies() {
+            bail!("fused decoding step: the decoder's parameters do not fit it");
+        }
+        self.wt = Some(Arc::new(self.transposed_weights()?));
+        Ok(self)
+    }
+
+    /// Every layer's weight matrices transposed, indexed by layer and [`slot`] (empty for
+    /// biases and norms).
+    fn transposed_weights(&self) -> Result<Vec<Vec<f32>>> {
+        let layers = self.layers.len();
+        let tensors = self.all_tensors();
+        with_f32(&tensors, |w| {
+            let items: Vec<usize> = (0..layers * slot::COUNT).collect();
+            run_parallel(items, |i| {
+                let (l, k) = (i / slot::COUNT, i % slot::COUNT);
+                let t = &self.layers[l].tensors[k];
+                match t.dims2() {
+                    Ok((rows, cols)) if k < slot::N1_W => transpose_matrix(w[i], rows, cols),
+                    _ => Vec::new(),
+                }
+            })
+        })
     }
 
     /// Attention heads per layer.
@@ -305,17 +340,10 @@ impl DecoderStack {
             cross_k.push(k);
             cross_v.push(v);
         }
-        let wt = with_f32(&tensors, |w| {
-            let items: Vec<usize> = (0..layers * slot::COUNT).collect();
-            run_parallel(items, |i| {
-                let (l, k) = (i / slot::COUNT, i % slot::COUNT);
-                let t = &self.layers[l].tensors[k];
-                match t.dims2() {
-                    Ok((rows, cols)) if k < slot::N1_W => transpose_matrix(w[i], rows, cols),
-                    _ => Vec::new(),
-                }
-            })
-        })?;
+        let wt = match &self.wt {
+            Some(wt) => wt.clone(),
+            None => Arc::new(self.transposed_weights()?),
+        };
         Ok(DecodeCache {
             s,
             wt,
@@ -442,13 +470,15 @@ fn project(y: &mut [f32], x: &[f32], wt: &[f32], b: &[f32], n: usize, m: usize, 
     for row in y.chunks_exact_mut(m) {
         row.copy_from_slice(b);
     }
-    gemm(
-        Mat::new_mut(y, n, m, m, 1),
-        true,
-        Mat::new(x, n, k, k, 1),
-        Mat::new(wt, k, m, m, 1),
-        1.0,
-    );
+    for r in unpacked_row_chunks(n) {
+        gemm(
+            Mat::new_mut(&mut y[r.start * m..r.end * m], r.len(), m, m, 1),
+            true,
+            Mat::new(&x[r.start * k..r.end * k], r.len(), k, k, 1),
+            Mat::new(wt, k, m, m, 1),
+            1.0,
+        );
+    }
 }
 
 /// Splits `data` (rows of `width`) at the row ranges.

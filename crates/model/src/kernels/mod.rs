@@ -71,7 +71,9 @@ pub use few_rows::{linear_few_rows, linear_few_rows_reference, linear_wt};
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use linear::{linear, linear_reference};
 pub use smoothing::{label_smoothing_term, label_smoothing_term_reference};
-pub use softmax::{log_softmax_rows_f32, softmax_last_dim, softmax_last_dim_reference};
+pub use softmax::{
+    log_softmax_rows_f32, log_sum_exp_rows_f32, softmax_last_dim, softmax_last_dim_reference,
+};
 
 use candle_core::{bail, DType, Layout, Result, Storage, Tensor, WithDType};
 

@@ -127,23 +127,39 @@ pub fn log_softmax_rows_f32(x: &mut [f32], width: usize) {
     if width == 0 {
         return;
     }
-    par_rows(x, width, MIN_PARALLEL_ELEMS, |_, rows| {
+    let lse = log_sum_exp_rows_f32(x, width);
+    for (row, l) in x.chunks_exact_mut(width).zip(lse) {
+        if l != f32::NEG_INFINITY {
+            for v in row.iter_mut() {
+                *v -= l;
+            }
+        }
+    }
+}
+
+/// The log-normaliser `max + ln(sum(exp(x - max)))` of every row of `x` (rows of `width`),
+/// `-inf` for a row of `-inf`s: [`log_softmax_rows_f32`] subtracts it from every entry; a
+/// beam search that reads only a few entries of a row subtracts it from those alone, with
+/// the same result bit for bit.
+pub fn log_sum_exp_rows_f32(x: &[f32], width: usize) -> Vec<f32> {
+    let rows = x.len().checked_div(width).unwrap_or(0);
+    let mut lse = vec![f32::NEG_INFINITY; rows];
+    par_rows(&mut lse, 1, MIN_PARALLEL_ELEMS / width.max(1), |r0, out| {
         let mut scratch = vec![0f32; width];
         simd(
             #[inline(always)]
             || {
-                for row in rows.chunks_exact_mut(width) {
+                for (i, l) in out.iter_mut().enumerate() {
+                    let row = &x[(r0 + i) * width..(r0 + i + 1) * width];
                     let m = float::row_max(row);
                     if m == f32::NEG_INFINITY {
                         continue;
                     }
                     let sum = float::exp_sub_store_sum(row, m, &mut scratch);
-                    let lse = m + sum.ln();
-                    for v in row.iter_mut() {
-                        *v -= lse;
-                    }
+                    *l = m + sum.ln();
                 }
             },
         )
     });
+    lse
 }

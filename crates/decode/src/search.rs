@@ -471,6 +471,70 @@ mod tests {
         }
     }
 
+    /// The block-skipping scan keeps exactly the candidates, in the same order, that adding
+    /// every token one by one keeps: with ties, blocks that hold the maximum only at their
+    /// end, rows whose scores differ, and a vocabulary that is not a multiple of the block.
+    #[test]
+    fn the_block_scan_keeps_what_the_plain_scan_keeps() -> Result<()> {
+        let (rows, width) = (4, 3 * SCAN_BLOCK + 17);
+        let mut x = 12345u64;
+        let mut next = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % 4000) as f32 / 400.0 - 5.0
+        };
+        let mut logits: Vec<f32> = (0..rows * width).map(|_| next()).collect();
+        // Ties inside and across rows, and a block whose largest entry is its last.
+        logits[5] = 4.0;
+        logits[width + 9] = 4.0;
+        logits[2 * width + SCAN_BLOCK - 1] = 6.0;
+        logits[2 * width + 2 * SCAN_BLOCK - 1] = 6.0;
+        let t = Tensor::from_vec(logits, (rows, width), &candle_core::Device::Cpu)?;
+        let lp = LogProbs::new(&t)?;
+        let scores = [-0.5, 0.0, -1.25, -0.5];
+        for limit in [1, 3, 10, 40] {
+            let mut fast = Vec::new();
+            let mut plain: Vec<(f64, usize, u32)> = Vec::new();
+            for (r, &score) in scores.iter().enumerate() {
+                scan_row(&mut fast, limit, &lp, r, score);
+                for tok in 0..width as u32 {
+                    let s = score + lp.get(r, tok).unwrap() as f64;
+                    if plain.len() < limit || s > plain[plain.len() - 1].0 {
+                        let pos = plain.partition_point(|c| c.0 >= s);
+                        plain.insert(pos, (s, r, tok));
+                        plain.truncate(limit);
+                    }
+                }
+            }
+            assert_eq!(fast, plain, "limit {limit}");
+        }
+        Ok(())
+    }
+
+    /// [`LogProbs`] gives, bit for bit, the log-softmax written out, and its argmax is the
+    /// first of the largest.
+    #[test]
+    fn log_probs_are_the_written_out_log_softmax() -> Result<()> {
+        let (rows, width) = (3, 1000);
+        let data: Vec<f32> = (0..rows * width)
+            .map(|i| ((i * 7919) % 1013) as f32 / 50.0 - 10.0)
+            .collect();
+        let mut want = data.clone();
+        transformer_model::kernels::log_softmax_rows_f32(&mut want, width);
+        let t = Tensor::from_vec(data, (rows, width), &candle_core::Device::Cpu)?;
+        let lp = LogProbs::new(&t)?;
+        for r in 0..rows {
+            let row = &want[r * width..(r + 1) * width];
+            assert_eq!(lp.row(r), row);
+            let best = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let first = row.iter().position(|&v| v == best).unwrap() as u32;
+            assert_eq!(lp.argmax(r), first);
+            assert_eq!(lp.get(r, width as u32), None);
+        }
+        Ok(())
+    }
+
     /// Once `k` hypotheses are finished, a later one that normalises better takes the worst
     /// one's place, and one that normalises worse is dropped.
     #[test]

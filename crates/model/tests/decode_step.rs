@@ -82,3 +82,42 @@ fn fused_step_matches_the_composed_layers() -> Result<()> {
     }
     Ok(())
 }
+
+/// Decoding weights prepared once (`Seq2Seq::prepare_decoding`) give, batch after batch, the
+/// logits that preparing them for each batch gives, bit for bit.
+#[test]
+fn prepared_weights_decode_as_the_model_does() -> Result<()> {
+    let dev = Device::Cpu;
+    let cfg = Seq2SeqConfig {
+        transformer: TransformerConfig::tiny(),
+        src_vocab: 17,
+        tgt_vocab: 17,
+        share_embeddings: true,
+    };
+    let pb = ParamBuilder::new(DType::F32, &dev, 5);
+    let model = Seq2Seq::with_config(&pb, &cfg)?;
+    let prepared = model.prepare_decoding()?;
+    let batches = [
+        Tensor::new(&[[5u32, 6, 7, 2], [9, 10, 2, 0]], &dev)?,
+        Tensor::new(&[[11u32, 12, 2]], &dev)?,
+    ];
+    for src in &batches {
+        let mut a = model.start_prepared(src, PAD, &prepared)?;
+        let mut b = model.start(src, PAD)?;
+        assert!(a.is_fused() && b.is_fused());
+        // Enough rows for the output layer's many-rows path (`linear_wt`).
+        let n = src.dim(0)? as u32;
+        let rows: Vec<u32> = (0..12).map(|i| i % n).collect();
+        a.select_rows(&rows)?;
+        b.select_rows(&rows)?;
+        for step in 0..4u32 {
+            let ids: Vec<u32> = (0..12).map(|r| 1 + (r * 3 + step) % 16).collect();
+            let ids = Tensor::new(ids.as_slice(), &dev)?;
+            let (x, _) = model.step(&mut a, &ids, false)?;
+            let (y, _) = model.step(&mut b, &ids, false)?;
+            let (x, y) = (x.to_vec2::<f32>()?, y.to_vec2::<f32>()?);
+            assert_eq!(x, y, "step {step}");
+        }
+    }
+    Ok(())
+}

@@ -7,8 +7,8 @@ use transformer_model::kernels::{
     attention, attention_reference, bf16, dropout, dropout_reference, label_smoothing_term,
     label_smoothing_term_reference, layer_norm, layer_norm_reference, linear, linear_cross_entropy,
     linear_cross_entropy_reference, linear_cross_entropy_with, linear_few_rows,
-    linear_few_rows_reference, linear_reference, log_softmax_rows_f32, sigmoid, sigmoid_reference,
-    softmax_last_dim, softmax_last_dim_reference, tanh, Precision,
+    linear_few_rows_reference, linear_reference, linear_wt, log_softmax_rows_f32, sigmoid,
+    sigmoid_reference, softmax_last_dim, softmax_last_dim_reference, tanh, Precision,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -940,6 +940,29 @@ fn linear_few_rows_matches_reference() {
             );
         }
     }
+}
+
+/// The output layer from `W^T` (decoding's many rows): rows in several chunks of the
+/// unpacked product and one, vocabularies that are not a multiple of its column block.
+#[test]
+fn linear_wt_matches_reference() -> Result<()> {
+    for dtype in [DType::F64, DType::F32] {
+        for (k, (n, c, v)) in [(9, 7, 129), (61, 32, 513), (130, 16, 1100)]
+            .into_iter()
+            .enumerate()
+        {
+            let k = k as u64 * 10;
+            let x = tensor(&[n, c], 400 + k, 1.0, dtype);
+            let w = tensor(&[v, c], 401 + k, 0.5, dtype);
+            let b = tensor(&[v], 402 + k, 0.5, dtype);
+            let got = linear_wt(&x, &w.t()?.contiguous()?, &b)?;
+            let want = linear_few_rows_reference(&x, &w, &b)?;
+            let e = rel_err(&got, &want);
+            let tol = if dtype == DType::F64 { 1e-12 } else { 1e-5 };
+            assert!(e <= tol, "linear_wt N={n} C={c} V={v} {dtype:?}: {e:e}");
+        }
+    }
+    Ok(())
 }
 
 /// Dropout with the mask regenerated: exactly the composed version, forward and gradient,

@@ -191,7 +191,9 @@ pub struct TrainArgs {
     #[arg(long)]
     average_decay: Option<f64>,
     /// The output layer's products in training: f32, or bf16 (mixed precision on the AMX
-    /// units or AVX512-BF16; f32 where the CPU has neither) [default: f32]
+    /// units or AVX512-BF16). A fresh run times the output layer both ways first and trains
+    /// in bf16 only if it was faster on this CPU (the log says what it measured; config.toml
+    /// keeps the choice) [default: f32]
     #[arg(long)]
     precision: Option<transformer_model::kernels::Precision>,
 }

@@ -48,6 +48,7 @@ pub mod mt;
 pub mod mt_model;
 pub mod optim;
 mod par;
+pub mod precision;
 pub mod runner;
 pub mod runtime;
 pub mod viz;

@@ -692,9 +692,18 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         )
     })?;
     let data = LmData::load(&data_dir, &cfg, vocab)?;
-    let cfg = LmTrainConfig {
+    let mut cfg = LmTrainConfig {
         data: Some(data_dir),
         ..cfg
+    };
+    // bf16 only where it measures faster here (fresh runs; a resumed run keeps its choice).
+    let precision_line = if resuming {
+        (cfg.precision == Precision::Bf16).then(crate::precision::resumed_line)
+    } else {
+        let rows = cfg.batch_size * cfg.bptt;
+        let choice = crate::precision::choose(cfg.precision, rows, cfg.emsize, data.vocab.len())?;
+        cfg.precision = choice.precision;
+        choice.line
     };
     if !resuming {
         checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
@@ -712,17 +721,8 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
              stream; perplexities are not comparable with the default's)",
         );
     }
-    if cfg.precision == Precision::Bf16 {
-        progress.line(&match transformer_model::kernels::bf16::backend() {
-            Some(unit) => format!(
-                "precision: bf16 mixed precision (the output layer's products as {}); \
-                 validation and test in f32",
-                unit.describe()
-            ),
-            None => "precision: bf16 asked for, but this CPU has neither AMX nor AVX512-BF16 \
-                     (or TRANSFORMER_NO_BF16 is set): training in f32"
-                .to_string(),
-        });
+    if let Some(line) = &precision_line {
+        progress.line(line);
     }
     let num_windows = data.train.num_windows(cfg.bptt);
     let epoch_windows = cfg.max_batches.map_or(num_windows, |m| m.min(num_windows));

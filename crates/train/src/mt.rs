@@ -1130,6 +1130,24 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         },
         t0.elapsed().as_secs_f64()
     ));
+    // bf16 only where it measures faster here (fresh Transformer runs; a resumed run keeps
+    // its choice; the recurrent models train in f32).
+    let mut cfg = cfg;
+    let precision_line = match (cfg.precision, cfg.arch) {
+        (Precision::F32, _) => None,
+        (_, Arch::Gru | Arch::GruDot | Arch::GruBahdanau) => Some(
+            "precision: bf16 applies to the Transformer's output layer only: training in f32"
+                .to_string(),
+        ),
+        _ if resuming => Some(crate::precision::resumed_line()),
+        _ => {
+            // The output layer runs on a batch's target tokens (at most the token budget).
+            let rows = cfg.max_tokens.min(2048);
+            let choice = crate::precision::choose(cfg.precision, rows, cfg.d_model, vocab)?;
+            cfg.precision = choice.precision;
+            choice.line
+        }
+    };
     if !resuming {
         checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
         let _ = std::fs::remove_file(metrics_path(run));
@@ -1161,21 +1179,8 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             c.attention
         ),
     });
-    if cfg.precision == Precision::Bf16 {
-        progress.line(&match (&model_cfg, transformer_model::kernels::bf16::backend()) {
-            (MtModelConfig::Rnn(_), _) => {
-                "precision: bf16 applies to the Transformer's output layer only: training in f32"
-                    .to_string()
-            }
-            (_, Some(unit)) => format!(
-                "precision: bf16 mixed precision (the output layer's products as {}); \
-                 validation, test and decoding in f32",
-                unit.describe()
-            ),
-            (_, None) => "precision: bf16 asked for, but this CPU has neither AMX nor \
-                          AVX512-BF16 (or TRANSFORMER_NO_BF16 is set): training in f32"
-                .to_string(),
-        });
+    if let Some(line) = &precision_line {
+        progress.line(line);
     }
     let mut task = MtTask {
         opt: Adam::new(vars.clone(), 0.0)?,

@@ -117,6 +117,10 @@ pub struct TrainArgs {
     /// Validation and test are always f32 [default: f32]
     #[arg(long)]
     precision: Option<Precision>,
+    /// With --precision bf16: train in bf16 without first timing it against f32 on this CPU
+    /// (for comparing the two arithmetics, or where the timing misleads)
+    #[arg(long)]
+    no_precision_check: bool,
     /// Share the embedding matrix with the output layer (weight tying; not the tutorial's
     /// model, 5.8M fewer parameters)
     #[arg(long)]
@@ -164,6 +168,9 @@ impl TrainArgs {
         );
         if self.tie_weights {
             c.tie_weights = true;
+        }
+        if self.no_precision_check {
+            c.measure_precision = false;
         }
         if self.eos_per_line {
             c.eos_per_line = true;

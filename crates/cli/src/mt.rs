@@ -196,6 +196,10 @@ pub struct TrainArgs {
     /// keeps the choice) [default: f32]
     #[arg(long)]
     precision: Option<transformer_model::kernels::Precision>,
+    /// With --precision bf16: train in bf16 without first timing it against f32 on this CPU
+    /// (for comparing the two arithmetics, or where the timing misleads)
+    #[arg(long)]
+    no_precision_check: bool,
 }
 
 impl TrainArgs {
@@ -209,6 +213,9 @@ impl TrainArgs {
         }
         if self.norm_first {
             c.norm_first = true;
+        }
+        if self.no_precision_check {
+            c.measure_precision = false;
         }
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v.into(); } )* };

@@ -97,6 +97,10 @@ pub struct LmTrainConfig {
     /// neither). Validation and
     /// test perplexities are always computed in f32.
     pub precision: Precision,
+    /// With `precision` bf16, a fresh run first times the output layer both ways and trains
+    /// in bf16 only if it is faster on this CPU ([`crate::precision`]); false: bf16 as
+    /// asked, unmeasured (the run's `config.toml` records the outcome either way).
+    pub measure_precision: bool,
     /// Share the embedding matrix with the output layer (not the tutorial's model; see
     /// [`LmConfig::tie_weights`]).
     pub tie_weights: bool,
@@ -136,6 +140,7 @@ impl Default for LmTrainConfig {
             max_batches: None,
             seed: 42,
             precision: Precision::F32,
+            measure_precision: true,
             tie_weights: false,
             eos_per_line: false,
             average_decay: DEFAULT_AVERAGE_DECAY,
@@ -701,7 +706,8 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         (cfg.precision == Precision::Bf16).then(crate::precision::resumed_line)
     } else {
         let rows = cfg.batch_size * cfg.bptt;
-        let choice = crate::precision::choose(cfg.precision, rows, cfg.emsize, data.vocab.len())?;
+        let (p, measure) = (cfg.precision, cfg.measure_precision);
+        let choice = crate::precision::choose(p, measure, rows, cfg.emsize, data.vocab.len())?;
         cfg.precision = choice.precision;
         choice.line
     };

@@ -280,6 +280,10 @@ pub struct MtTrainConfig {
     /// `bf16` (mixed precision on the AMX units or AVX512-BF16; f32 where the CPU has
     /// neither). Validation, test and decoding are always f32.
     pub precision: Precision,
+    /// With `precision` bf16, a fresh run first times the output layer both ways and trains
+    /// in bf16 only if it is faster on this CPU ([`crate::precision`]); false: bf16 as
+    /// asked, unmeasured (the run's `config.toml` records the outcome either way).
+    pub measure_precision: bool,
 }
 
 impl Default for MtTrainConfig {
@@ -323,6 +327,7 @@ impl Default for MtTrainConfig {
             max_len_a: 1.2,
             max_len_b: 10,
             precision: Precision::F32,
+            measure_precision: true,
         }
     }
 }
@@ -1143,7 +1148,8 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         _ => {
             // The output layer runs on a batch's target tokens (at most the token budget).
             let rows = cfg.max_tokens.min(2048);
-            let choice = crate::precision::choose(cfg.precision, rows, cfg.d_model, vocab)?;
+            let (p, measure) = (cfg.precision, cfg.measure_precision);
+            let choice = crate::precision::choose(p, measure, rows, cfg.d_model, vocab)?;
             cfg.precision = choice.precision;
             choice.line
         }

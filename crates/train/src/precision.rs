@@ -25,7 +25,14 @@ pub struct Choice {
 /// Chooses the precision of a fresh run that asks for `requested`, for an output layer of
 /// `rows` x `d_model` -> `vocab` on the CPU: bf16 only where its products exist here and
 /// measure faster than f32 at these sizes (see the module docs).
-pub fn choose(requested: Precision, rows: usize, d_model: usize, vocab: usize) -> Result<Choice> {
+/// With `measure` false, bf16 is used as asked wherever its units exist.
+pub fn choose(
+    requested: Precision,
+    measure: bool,
+    rows: usize,
+    d_model: usize,
+    vocab: usize,
+) -> Result<Choice> {
     if requested == Precision::F32 {
         return Ok(Choice {
             precision: Precision::F32,
@@ -42,6 +49,16 @@ pub fn choose(requested: Precision, rows: usize, d_model: usize, vocab: usize) -
             ),
         });
     };
+    if !measure {
+        return Ok(Choice {
+            precision: Precision::Bf16,
+            line: Some(format!(
+                "precision: bf16 mixed precision for the output layer's products (as {}), as \
+                 asked, not measured against f32; validation, test and decoding in f32",
+                unit.describe()
+            )),
+        });
+    }
     let (f32_ms, bf16_ms) = time_output_layer(rows.max(1), d_model, vocab)?;
     Ok(decide(unit, (rows, d_model, vocab), f32_ms, bf16_ms))
 }
@@ -155,7 +172,7 @@ mod tests {
         assert_eq!(slower.precision, Precision::F32);
         assert!(slower.line.unwrap().contains("slower"));
         assert_eq!(decide(unit, (1, 1, 1), 5.0, 5.0).precision, Precision::F32);
-        let f32_asked = choose(Precision::F32, 10, 4, 7).unwrap();
+        let f32_asked = choose(Precision::F32, true, 10, 4, 7).unwrap();
         assert_eq!(
             (f32_asked.precision, f32_asked.line),
             (Precision::F32, None)

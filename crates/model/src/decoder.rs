@@ -5,6 +5,7 @@
 use crate::dropout::{Dropout, Mode};
 use crate::encoder::{residual, LayerSpec};
 use crate::feed_forward::FeedForward;
+use crate::grads::DirectGrads;
 use crate::kernels;
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
@@ -61,6 +62,102 @@ impl DecoderLayer {
             dropout: Dropout::new(spec.dropout),
             norm_first: spec.norm_first,
         })
+    }
+
+    /// The layer's parameters in the fused kernels' layout and its layer norms' epsilon, for
+    /// a ReLU layer with biases whose three norms share one epsilon; `None` otherwise.
+    fn kernel_params(&self) -> Option<(kernels::DecoderLayerParams, f64)> {
+        let (linear1, linear2, activation, _) = self.ff.parts();
+        if activation != crate::config::Activation::Relu {
+            return None;
+        }
+        let affine = |lin: &'_ crate::linear::Linear| -> Option<(Tensor, Tensor)> {
+            Some((lin.weight().clone(), lin.bias()?.clone()))
+        };
+        let proj = |m: &MultiHeadAttention| -> Option<[(Tensor, Tensor); 4]> {
+            let [q, k, v, o] = m.projections();
+            Some([affine(q)?, affine(k)?, affine(v)?, affine(o)?])
+        };
+        let (sa, ca) = (proj(&self.self_attn)?, proj(&self.multihead_attn)?);
+        let (l1, l2) = (affine(linear1)?, affine(linear2)?);
+        let norms = [&self.norm1, &self.norm2, &self.norm3].map(|n| n.parts());
+        let eps = norms[0].2;
+        if norms.iter().any(|n| n.2 != eps) {
+            return None;
+        }
+        let params = kernels::DecoderLayerParams::new(
+            [pair(&sa[0]), pair(&sa[1]), pair(&sa[2]), pair(&sa[3])],
+            [pair(&ca[0]), pair(&ca[1]), pair(&ca[2]), pair(&ca[3])],
+            pair(&l1),
+            pair(&l2),
+            norms.map(|n| (n.0, n.1)),
+        );
+        Some((params, eps))
+    }
+
+    /// [`Self::forward_no_weights`] as one fused op ([`kernels::decoder_layer`]) whose
+    /// parameters' gradients go to `grads` when it applies (a ReLU layer on CPU f32 tensors,
+    /// one dropout probability, inputs that are part of a graph and parameters that are
+    /// variables); `None` otherwise. Draws the same dropout streams as the composed layer, in
+    /// the same order.
+    pub(crate) fn fused_direct(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        self_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+        grads: &DirectGrads,
+    ) -> Result<Option<Tensor>> {
+        let Some((params, eps)) = self.kernel_params() else {
+            return Ok(None);
+        };
+        let (linear1, _, _, ff_dropout) = self.ff.parts();
+        let p = self.dropout.p();
+        let same_dropout = self.self_attn.dropout().p() == p
+            && self.multihead_attn.dropout().p() == p
+            && ff_dropout.p() == p;
+        let (b, t, _) = x.dims3()?;
+        let s = memory.dim(1)?;
+        let f32_cpu = |t: &Tensor| t.dtype() == candle_core::DType::F32 && t.device().is_cpu();
+        let applies = same_dropout
+            && f32_cpu(x)
+            && f32_cpu(memory)
+            && f32_cpu(linear1.weight())
+            && self_mask.is_none_or(|m| m.keep().dims().last() == Some(&t))
+            && memory_mask.is_none_or(|m| {
+                let d = m.keep().dims();
+                d.len() == 4 && d[2] == 1 && d[3] == s && (d[0] == 1 || d[0] == b)
+            })
+            && (x.track_op() || memory.track_op())
+            && params.all_accepted_by_direct_grads();
+        if !applies {
+            return Ok(None);
+        }
+        let dropout = match mode {
+            Mode::Train(rng) if p > 0.0 => Some(kernels::DecoderLayerDropout {
+                p,
+                seed: rng.state().0,
+                streams: std::array::from_fn(|_| rng.next_stream()),
+            }),
+            _ => None,
+        };
+        let opts = kernels::EncoderLayerOptions {
+            nhead: self.self_attn.nhead(),
+            layer_norm_eps: eps,
+            norm_first: self.norm_first,
+        };
+        kernels::decoder_layer(
+            x,
+            memory,
+            &params,
+            opts,
+            self_mask.map(|m| m.keep()),
+            memory_mask.map(|m| m.keep()),
+            dropout,
+            Some(grads),
+        )
+        .map(Some)
     }
 
     /// [`Self::forward`] without the attention weights: both attentions run as the fused
@@ -237,6 +334,34 @@ impl Decoder {
         }
     }
 
+    /// [`Self::forward`] for training with each layer that can as one fused op whose
+    /// parameters' gradients go to `grads` ([`kernels::decoder_layer`]); the others, and
+    /// the final norm, through candle's graph.
+    ///
+    /// # Shapes
+    /// x (B, T, C), memory (B, S, C) -> (B, T, C)
+    pub fn forward_direct(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        self_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+        grads: &DirectGrads,
+    ) -> Result<Tensor> {
+        let mut x = x.clone();
+        for layer in &self.layers {
+            x = match layer.fused_direct(&x, memory, self_mask, memory_mask, mode, grads)? {
+                Some(y) => y,
+                None => layer.forward_no_weights(&x, memory, self_mask, memory_mask, mode)?,
+            };
+        }
+        match &self.norm {
+            Some(norm) => norm.forward(&x),
+            None => Ok(x),
+        }
+    }
+
     /// Number of layers.
     pub fn num_layers(&self) -> usize {
         self.layers.len()
@@ -295,30 +420,11 @@ impl Decoder {
         let (_, _, eps) = first.norm1.parts();
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
-            let (linear1, linear2, activation, _) = l.ff.parts();
-            if activation != crate::config::Activation::Relu {
+            let (params, e) = l.kernel_params()?;
+            if e != eps {
                 return None;
             }
-            let affine = |lin: &'_ crate::linear::Linear| -> Option<(Tensor, Tensor)> {
-                Some((lin.weight().clone(), lin.bias()?.clone()))
-            };
-            let proj = |m: &MultiHeadAttention| -> Option<[(Tensor, Tensor); 4]> {
-                let [q, k, v, o] = m.projections();
-                Some([affine(q)?, affine(k)?, affine(v)?, affine(o)?])
-            };
-            let (sa, ca) = (proj(&l.self_attn)?, proj(&l.multihead_attn)?);
-            let (l1, l2) = (affine(linear1)?, affine(linear2)?);
-            let norms = [&l.norm1, &l.norm2, &l.norm3].map(|n| n.parts());
-            if norms.iter().any(|n| n.2 != eps) {
-                return None;
-            }
-            layers.push(kernels::DecoderLayerParams::new(
-                [pair(&sa[0]), pair(&sa[1]), pair(&sa[2]), pair(&sa[3])],
-                [pair(&ca[0]), pair(&ca[1]), pair(&ca[2]), pair(&ca[3])],
-                pair(&l1),
-                pair(&l2),
-                norms.map(|n| (n.0, n.1)),
-            ));
+            layers.push(params);
         }
         let final_norm = match &self.norm {
             Some(n) => {

@@ -488,9 +488,14 @@ impl Seq2Seq {
             .transformer
             .encode_direct(&x, Some(&masks.src), mode, grads)?;
         let y = self.embed_direct(&self.tgt_embedding, tgt_in, mode, grads)?;
-        let h =
-            self.transformer
-                .decode(&y, &memory, Some(&masks.tgt), Some(&masks.memory), mode)?;
+        let h = self.transformer.decode_direct(
+            &y,
+            &memory,
+            Some(&masks.tgt),
+            Some(&masks.memory),
+            mode,
+            grads,
+        )?;
         let (b, t, c) = h.dims3()?;
         label_smoothed_loss_with(
             &h.reshape((b * t, c))?,

@@ -65,6 +65,24 @@ impl Transformer {
             .forward_no_grad(&src.detach(), src_mask, Mode::Eval)
     }
 
+    /// [`Self::decode`] for training, each decoder layer that can as one fused op whose
+    /// parameters' gradients go to `grads` ([`crate::decoder::Decoder::forward_direct`]).
+    ///
+    /// # Shapes
+    /// tgt (B, T, C), memory (B, S, C) -> (B, T, C)
+    pub fn decode_direct(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+        grads: &crate::grads::DirectGrads,
+    ) -> Result<Tensor> {
+        self.decoder
+            .forward_direct(tgt, memory, tgt_mask, memory_mask, mode, grads)
+    }
+
     /// Runs the decoder stack over the embedded targets, attending to `memory`.
     ///
     /// # Shapes

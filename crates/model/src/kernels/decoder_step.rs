@@ -36,7 +36,7 @@ use candle_core::{bail, CpuStorage, DType, Result, Storage, Tensor};
 use std::sync::Arc;
 
 /// Index of each parameter in [`DecoderLayerParams`].
-mod slot {
+pub(super) mod slot {
     pub const SQ_W: usize = 0;
     pub const SK_W: usize = 2;
     pub const SV_W: usize = 4;
@@ -61,7 +61,7 @@ pub type Affine<'a> = (&'a Tensor, &'a Tensor);
 /// `linear1` `(F, C)` + `(F,)`, `linear2` `(C, F)` + `(C,)`, and the three layer norms.
 #[derive(Debug, Clone)]
 pub struct DecoderLayerParams {
-    tensors: Vec<Tensor>,
+    pub(super) tensors: Vec<Tensor>,
 }
 
 impl DecoderLayerParams {
@@ -85,6 +85,11 @@ impl DecoderLayerParams {
             tensors.push(b.clone());
         }
         Self { tensors }
+    }
+
+    /// Whether every parameter can take [`crate::DirectGrads`] (CPU f32 variables).
+    pub fn all_accepted_by_direct_grads(&self) -> bool {
+        self.tensors.iter().all(crate::grads::DirectGrads::accepts)
     }
 }
 

@@ -247,7 +247,7 @@ pub fn encoder_layer_applies(x: &Tensor, params: &EncoderLayerParams, with_grads
 }
 
 /// Multiply-adds per thread below which the layer runs on one thread.
-const MIN_PARALLEL_MACS: usize = 1 << 20;
+pub(super) const MIN_PARALLEL_MACS: usize = 1 << 20;
 
 #[derive(Debug, Clone, Copy)]
 struct Dims {
@@ -273,13 +273,13 @@ impl Dims {
 
 /// The attention mask expanded to `(B | 1, T, T)`.
 #[derive(Debug)]
-struct Keep {
-    data: Vec<u8>,
-    per_batch: bool,
+pub(super) struct Keep {
+    pub(super) data: Vec<u8>,
+    pub(super) per_batch: bool,
 }
 
 impl Keep {
-    fn of(&self, seq: usize, t: usize) -> &[u8] {
+    pub(super) fn of(&self, seq: usize, t: usize) -> &[u8] {
         let i = if self.per_batch { seq } else { 0 };
         &self.data[i * t * t..(i + 1) * t * t]
     }
@@ -311,7 +311,7 @@ impl Drops {
 /// `x[j] = keep(first + j) ? x[j] * scale : 0`: dropout forward, or its backward on a
 /// gradient.
 #[inline(always)]
-fn drop_inplace<T: Float>(x: &mut [T], spec: &MaskSpec, first: usize, scale: T) {
+pub(super) fn drop_inplace<T: Float>(x: &mut [T], spec: &MaskSpec, first: usize, scale: T) {
     for (j, v) in x.iter_mut().enumerate() {
         *v = if spec.keep((first + j) as u64) {
             *v * scale
@@ -323,7 +323,7 @@ fn drop_inplace<T: Float>(x: &mut [T], spec: &MaskSpec, first: usize, scale: T) 
 
 /// [`drop_inplace`] into `out`.
 #[inline(always)]
-fn drop_into<T: Float>(x: &[T], out: &mut [T], spec: &MaskSpec, first: usize, scale: T) {
+pub(super) fn drop_into<T: Float>(x: &[T], out: &mut [T], spec: &MaskSpec, first: usize, scale: T) {
     for (j, (o, &v)) in out.iter_mut().zip(x).enumerate() {
         *o = if spec.keep((first + j) as u64) {
             v * scale
@@ -358,7 +358,7 @@ struct Weights<'a, T>([&'a [T]; slot::COUNT]);
 
 /// Row statistics of one layer norm over `n` rows: the normalised rows and `1 / std`.
 #[derive(Debug)]
-struct Norm<T> {
+pub(super) struct Norm<T> {
     xhat: Vec<T>,
     rstd: Vec<T>,
 }
@@ -397,7 +397,14 @@ struct Saved<T> {
 }
 
 /// `dW = dy^T x` (m x k, overwritten) and `db += sum_rows(dy)` over all `n` rows.
-fn linear_grads<T: Float>(dw: &mut [T], db: &mut [T], dy: &[T], x: &[T], n: usize, k: usize) {
+pub(super) fn linear_grads<T: Float>(
+    dw: &mut [T],
+    db: &mut [T],
+    dy: &[T],
+    x: &[T],
+    n: usize,
+    k: usize,
+) {
     let m = db.len();
     weight_grad_rows(dw, 0..m, dy, x, n, m, k);
     bias_grad_add(db, dy);
@@ -406,7 +413,7 @@ fn linear_grads<T: Float>(dw: &mut [T], db: &mut [T], dy: &[T], x: &[T], n: usiz
 /// Layer norm of the rows of `x` into `y`, keeping the normalised rows and `1 / std` in
 /// `norm` ([`super::layer_norm`]'s row arithmetic).
 #[inline(always)]
-fn ln_fwd<T: Float>(x: &[T], g: &[T], b: &[T], eps: T, y: &mut [T], norm: &mut Norm<T>) {
+pub(super) fn ln_fwd<T: Float>(x: &[T], g: &[T], b: &[T], eps: T, y: &mut [T], norm: &mut Norm<T>) {
     let c = g.len();
     norm.xhat.resize(x.len(), T::ZERO);
     norm.rstd.resize(x.len() / c, T::ZERO);
@@ -420,7 +427,7 @@ fn ln_fwd<T: Float>(x: &[T], g: &[T], b: &[T], eps: T, y: &mut [T], norm: &mut N
 /// the weight's and bias's gradients added into `dg`, `db`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn ln_bwd<T: Float>(
+pub(super) fn ln_bwd<T: Float>(
     dy: &[T],
     norm: &Norm<T>,
     g: &[T],
@@ -767,7 +774,7 @@ fn backward_group<T: Float>(
 }
 
 /// Two distinct elements of `v` mutably (`i < j`).
-fn two<T>(v: &mut [Vec<T>], i: usize, j: usize) -> (&mut [T], &mut [T]) {
+pub(super) fn two<T>(v: &mut [Vec<T>], i: usize, j: usize) -> (&mut [T], &mut [T]) {
     debug_assert!(i < j);
     let (a, b) = v.split_at_mut(j);
     (&mut a[i], &mut b[0])
@@ -853,14 +860,19 @@ fn backward<T: Float>(
 }
 
 /// `groups` contiguous ranges of `0..b`.
-fn group_ranges(b: usize, groups: usize) -> Vec<std::ops::Range<usize>> {
+pub(super) fn group_ranges(b: usize, groups: usize) -> Vec<std::ops::Range<usize>> {
     (0..groups)
         .map(|i| i * b / groups..(i + 1) * b / groups)
         .collect()
 }
 
 /// `data` (b items of `per` elements) split at [`group_ranges`].
-fn split_at_ranges<T>(mut data: &mut [T], b: usize, groups: usize, per: usize) -> Vec<&mut [T]> {
+pub(super) fn split_at_ranges<T>(
+    mut data: &mut [T],
+    b: usize,
+    groups: usize,
+    per: usize,
+) -> Vec<&mut [T]> {
     let mut out = Vec::with_capacity(groups);
     for r in group_ranges(b, groups) {
         let (mine, rest) = data.split_at_mut(r.len() * per);

@@ -44,6 +44,7 @@ mod activation;
 mod attention;
 pub mod bf16;
 mod cross_entropy;
+mod decoder_layer;
 mod decoder_step;
 mod dropout;
 mod encoder_layer;
@@ -61,6 +62,7 @@ pub use cross_entropy::{
     linear_cross_entropy, linear_cross_entropy_direct, linear_cross_entropy_reference,
     linear_cross_entropy_with, release_scratch,
 };
+pub use decoder_layer::{decoder_layer, DecoderLayerDropout};
 pub use decoder_step::{DecodeCache, DecoderLayerParams, DecoderStack, StepWeights};
 pub use dropout::{dropout, dropout_reference};
 pub use encoder_layer::{

@@ -1,0 +1,1142 @@
+//! A whole decoder layer (masked self-attention, encoder-decoder attention and feed-forward
+//! sub-layers, each with its residual, dropout and layer norm; post-norm or `norm_first`) as
+//! one op with a hand-written backward pass, for training without candle's graph inside the
+//! layer: the decoder's counterpart of [`super::encoder_layer`].
+//!
+//! # Why
+//! Composed of the fused small ops, one decoder layer is about 30 candle ops forward and
+//! more backward, and candle accumulates every gradient edge as a fresh `zeros_like` and an
+//! `add`: in the translation model's training step the decoder's backward ran about 30% below
+//! the fused encoder layer's rate per FLOP.
+//!
+//! # How
+//! As in the encoder layer: the batch is split into one contiguous group of sequences per
+//! thread, and each thread runs the whole layer, forward and backward, on its group with
+//! single-threaded products (its sequences' memory rows included: the memory's gradient
+//! rows of a group are its own). The weight gradients are summed per thread and added in
+//! thread order; they go to [`DirectGrads`], and the op returns the gradients of its two
+//! inputs, the target stream and the memory, to candle's graph.
+//!
+//! # Exactness
+//! The composed layer's arithmetic, summed in a different order in the weight gradients.
+//! Checked in f64 against [`crate::decoder::DecoderLayer::forward_no_weights`] (`tests`).
+
+use super::attention::masked_softmax_rows;
+use super::decoder_step::{slot, DecoderLayerParams};
+use super::dropout::MaskSpec;
+use super::encoder_layer::{
+    drop_inplace, drop_into, group_ranges, linear_grads, ln_bwd, ln_fwd, split_at_ranges, two,
+    EncoderLayerOptions, Keep, Norm, MIN_PARALLEL_MACS,
+};
+use super::float::{self, simd, Float};
+use super::linear::{rows_forward, rows_input_grad};
+use super::matmul::{gemm, Mat};
+use super::{cpu_slice, num_threads, run_parallel, with_slice};
+use crate::grads::DirectGrads;
+use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor};
+use std::sync::Mutex;
+
+/// Dropout in training: probability `p`, and the RNG streams under `seed` of the six masks
+/// in the order the composed layer draws them: the self-attention weights, the first
+/// sub-layer's output, the encoder-decoder attention weights, the second sub-layer's output,
+/// the feed-forward hidden layer, the third sub-layer's output.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecoderLayerDropout {
+    /// The probability of zeroing an element, in [0, 1).
+    pub p: f64,
+    /// The RNG seed the streams are drawn under.
+    pub seed: u64,
+    /// One RNG stream per dropout mask, in the order listed above.
+    pub streams: [u64; 6],
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Drops {
+    self_attn: MaskSpec,
+    out1: MaskSpec,
+    cross_attn: MaskSpec,
+    out2: MaskSpec,
+    hidden: MaskSpec,
+    out3: MaskSpec,
+    scale: f64,
+}
+
+impl Drops {
+    fn new(d: DecoderLayerDropout) -> Self {
+        let m = |s| MaskSpec::new(d.p, d.seed, s);
+        Self {
+            self_attn: m(d.streams[0]),
+            out1: m(d.streams[1]),
+            cross_attn: m(d.streams[2]),
+            out2: m(d.streams[3]),
+            hidden: m(d.streams[4]),
+            out3: m(d.streams[5]),
+            scale: 1.0 / (1.0 - d.p),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    b: usize,
+    /// Target length.
+    t: usize,
+    /// Memory (source) length.
+    s: usize,
+    c: usize,
+    f: usize,
+    h: usize,
+    eps: f64,
+    norm_first: bool,
+}
+
+impl Dims {
+    /// Groups of sequences, one per thread.
+    fn groups(&self) -> usize {
+        let (b, t, s, c, f) = (self.b, self.t, self.s, self.c, self.f);
+        let macs = b * t * c * (6 * c + 2 * f + 2 * t + 2 * s) + b * s * c * 2 * c;
+        num_threads().min(macs / MIN_PARALLEL_MACS).min(b).max(1)
+    }
+}
+
+/// One attention sub-layer's dropout: of the weights and of the output.
+#[derive(Clone, Copy)]
+struct SublayerDrops<'a> {
+    attn: Option<&'a MaskSpec>,
+    out: Option<&'a MaskSpec>,
+}
+
+/// What an attention sub-layer's forward pass keeps.
+#[derive(Debug)]
+struct AttnSaved<T> {
+    /// Pre-norm: the normalised input (the queries' source; the keys' and values' too in
+    /// self-attention).
+    a_in: Vec<T>,
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+    /// Weights before dropout, `(seqs, H, T, Tk)`.
+    p: Vec<T>,
+    /// Heads merged, the output projection's input.
+    o: Vec<T>,
+    /// Post-norm: of the residual sum (the output); pre-norm: of the input.
+    norm: Norm<T>,
+}
+
+/// What the feed-forward sub-layer's forward pass keeps.
+#[derive(Debug)]
+struct FfSaved<T> {
+    /// Pre-norm: the normalised input.
+    f_in: Vec<T>,
+    /// After the ReLU, before dropout.
+    hid: Vec<T>,
+    norm: Norm<T>,
+}
+
+/// What one group's forward pass keeps.
+#[derive(Debug)]
+struct Saved<T> {
+    sa: AttnSaved<T>,
+    ca: AttnSaved<T>,
+    ff: FfSaved<T>,
+    /// The residual stream after the first and the second sub-layer.
+    x1: Vec<T>,
+    x2: Vec<T>,
+}
+
+/// An attention sub-layer over a group of sequences starting at `s0`: queries from `x` (the
+/// sub-layer's input, `T` rows per sequence), keys and values from `kv` (`tk` rows per
+/// sequence) or, with `kv` `None`, from the input itself; `keep(seq)` is sequence `seq`'s
+/// `T x tk` mask. Writes the sub-layer's output (the residual stream after it) into `out`.
+/// `base` and `norm` are the slots of the query weight and of the norm's weight.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn attn_fwd<'k, T: Float>(
+    d: &Dims,
+    w: &[&[T]],
+    (base, norm): (usize, usize),
+    x: &[T],
+    kv: Option<&[T]>,
+    tk: usize,
+    keep: impl Fn(usize) -> Option<&'k [u8]>,
+    drops: SublayerDrops,
+    dscale: T,
+    s0: usize,
+    out: &mut [T],
+) -> AttnSaved<T> {
+    let (t, c, h) = (d.t, d.c, d.h);
+    let n = x.len() / c;
+    let ns = n / t;
+    let dh = c / h;
+    let eps = T::from_f64(d.eps);
+    let scale = T::from_f64(1.0 / (dh as f64).sqrt());
+    let mut nrm = Norm::default();
+    let mut a_in = Vec::new();
+    let a_src: &[T] = if d.norm_first {
+        a_in = vec![T::ZERO; n * c];
+        ln_fwd(x, w[norm], w[norm + 1], eps, &mut a_in, &mut nrm);
+        &a_in
+    } else {
+        x
+    };
+    let kv_src = kv.unwrap_or(a_src);
+    let nk = ns * tk;
+    let mut q = vec![T::ZERO; n * c];
+    let mut k = vec![T::ZERO; nk * c];
+    let mut v = vec![T::ZERO; nk * c];
+    rows_forward(&mut q, a_src, w[base], w[base + 1], n, c, c);
+    rows_forward(&mut k, kv_src, w[base + 2], w[base + 3], nk, c, c);
+    rows_forward(&mut v, kv_src, w[base + 4], w[base + 5], nk, c, c);
+    let mut p = vec![T::ZERO; ns * h * t * tk];
+    let mut o = vec![T::ZERO; n * c];
+    let mut pd = vec![T::ZERO; t * tk];
+    for sl in 0..ns {
+        let seq = s0 + sl;
+        for hi in 0..h {
+            let (qo, ko) = (sl * t * c + hi * dh, sl * tk * c + hi * dh);
+            let pb = &mut p[(sl * h + hi) * t * tk..][..t * tk];
+            gemm(
+                Mat::new_mut(pb, t, tk, tk, 1),
+                false,
+                Mat::new(&q[qo..], t, dh, c, 1),
+                Mat::new(&k[ko..], tk, dh, c, 1).t(),
+                scale,
+            );
+            masked_softmax_rows(pb, keep(seq), tk);
+            let weights: &[T] = match drops.attn {
+                Some(m) => {
+                    drop_into(pb, &mut pd, m, (seq * h + hi) * t * tk, dscale);
+                    &pd
+                }
+                None => pb,
+            };
+            gemm(
+                Mat::new_mut(&mut o[qo..], t, dh, c, 1),
+                false,
+                Mat::new(weights, t, tk, tk, 1),
+                Mat::new(&v[ko..], tk, dh, c, 1),
+                T::ONE,
+            );
+        }
+    }
+    rows_forward(out, &o, w[base + 6], w[base + 7], n, c, c);
+    if let Some(m) = drops.out {
+        drop_inplace(out, m, s0 * t * c, dscale);
+    }
+    for (r, &xv) in out.iter_mut().zip(x) {
+        *r = xv + *r;
+    }
+    if !d.norm_first {
+        let sum = out.to_vec();
+        ln_fwd(&sum, w[norm], w[norm + 1], eps, out, &mut nrm);
+    }
+    AttnSaved {
+        a_in,
+        q,
+        k,
+        v,
+        p,
+        o,
+        norm: nrm,
+    }
+}
+
+/// [`attn_fwd`]'s backward pass: from `dout` (the gradient of its output) writes the
+/// gradient of its input `x` into `dx` and, for encoder-decoder attention, of `kv` into
+/// `dkv`; adds the parameters' gradients into `g`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn attn_bwd<T: Float>(
+    d: &Dims,
+    w: &[&[T]],
+    (base, norm): (usize, usize),
+    g: &mut [Vec<T>],
+    sv: &AttnSaved<T>,
+    x: &[T],
+    kv: Option<(&[T], &mut [T])>,
+    tk: usize,
+    drops: SublayerDrops,
+    dscale: T,
+    s0: usize,
+    dout: &[T],
+    dx: &mut [T],
+    scratch: &mut Vec<T>,
+) {
+    let (t, c, h) = (d.t, d.c, d.h);
+    let n = x.len() / c;
+    let ns = n / t;
+    let nk = ns * tk;
+    let dh = c / h;
+    let scale = T::from_f64(1.0 / (dh as f64).sqrt());
+    // Through the norm (post-norm) to the residual sum; the residual's share is dx itself.
+    if d.norm_first {
+        dx.copy_from_slice(dout);
+    } else {
+        let (gw, gb) = two(g, norm, norm + 1);
+        ln_bwd(dout, &sv.norm, w[norm], dx, false, gw, gb, scratch);
+    }
+    let mut da = dx.to_vec();
+    if let Some(m) = drops.out {
+        drop_inplace(&mut da, m, s0 * t * c, dscale);
+    }
+    {
+        let (gw, gb) = two(g, base + 6, base + 7);
+        linear_grads(gw, gb, &da, &sv.o, n, c);
+    }
+    let mut d_o = vec![T::ZERO; n * c];
+    rows_input_grad(&mut d_o, false, &da, w[base + 6], n, c);
+    let (mut dq, mut dk, mut dv) = (da, vec![T::ZERO; nk * c], vec![T::ZERO; nk * c]);
+    let mut pd = vec![T::ZERO; t * tk];
+    let mut dp = vec![T::ZERO; t * tk];
+    for sl in 0..ns {
+        let seq = s0 + sl;
+        for hi in 0..h {
+            let (qo, ko) = (sl * t * c + hi * dh, sl * tk * c + hi * dh);
+            let pb = &sv.p[(sl * h + hi) * t * tk..][..t * tk];
+            let first = (seq * h + hi) * t * tk;
+            let weights: &[T] = match drops.attn {
+                Some(m) => {
+                    drop_into(pb, &mut pd, m, first, dscale);
+                    &pd
+                }
+                None => pb,
+            };
+            // dV = Pd^T dO; dPd = dO V^T.
+            gemm(
+                Mat::new_mut(&mut dv[ko..], tk, dh, c, 1),
+                false,
+                Mat::new(weights, t, tk, tk, 1).t(),
+                Mat::new(&d_o[qo..], t, dh, c, 1),
+                T::ONE,
+            );
+            gemm(
+                Mat::new_mut(&mut dp, t, tk, tk, 1),
+                false,
+                Mat::new(&d_o[qo..], t, dh, c, 1),
+                Mat::new(&sv.v[ko..], tk, dh, c, 1).t(),
+                T::ONE,
+            );
+            // Through the dropout and the softmax: dS = P (dP - rowsum(dP P)).
+            if let Some(m) = drops.attn {
+                drop_inplace(&mut dp, m, first, dscale);
+            }
+            for (dr, pr) in dp.chunks_exact_mut(tk).zip(pb.chunks_exact(tk)) {
+                let dot = float::dot(dr, pr);
+                for (x, &pv) in dr.iter_mut().zip(pr) {
+                    *x = pv * (*x - dot);
+                }
+            }
+            // dQ = scale dS K; dK = scale dS^T Q.
+            gemm(
+                Mat::new_mut(&mut dq[qo..], t, dh, c, 1),
+                false,
+                Mat::new(&dp, t, tk, tk, 1),
+                Mat::new(&sv.k[ko..], tk, dh, c, 1),
+                scale,
+            );
+            gemm(
+                Mat::new_mut(&mut dk[ko..], tk, dh, c, 1),
+                false,
+                Mat::new(&dp, t, tk, tk, 1).t(),
+                Mat::new(&sv.q[qo..], t, dh, c, 1),
+                scale,
+            );
+        }
+    }
+    // The projections.
+    let a_src: &[T] = if d.norm_first { &sv.a_in } else { x };
+    let kv_src: &[T] = match &kv {
+        Some((m, _)) => m,
+        None => a_src,
+    };
+    for (dproj, src, rows, sl) in [
+        (&dq, a_src, n, base),
+        (&dk, kv_src, nk, base + 2),
+        (&dv, kv_src, nk, base + 4),
+    ] {
+        let (gw, gb) = two(g, sl, sl + 1);
+        linear_grads(gw, gb, dproj, src, rows, c);
+    }
+    let mut da_in = d_o;
+    rows_input_grad(&mut da_in, false, &dq, w[base], n, c);
+    match kv {
+        Some((_, dkv)) => {
+            rows_input_grad(dkv, false, &dk, w[base + 2], nk, c);
+            rows_input_grad(dkv, true, &dv, w[base + 4], nk, c);
+        }
+        None => {
+            rows_input_grad(&mut da_in, true, &dk, w[base + 2], n, c);
+            rows_input_grad(&mut da_in, true, &dv, w[base + 4], n, c);
+        }
+    }
+    if d.norm_first {
+        let (gw, gb) = two(g, norm, norm + 1);
+        ln_bwd(&da_in, &sv.norm, w[norm], dx, true, gw, gb, scratch);
+    } else {
+        float::add_inplace(dx, &da_in);
+    }
+}
+
+/// The feed-forward sub-layer on `x` (rows from row `row0` of the batch), its output into
+/// `y`.
+#[inline(always)]
+fn ff_fwd<T: Float>(
+    d: &Dims,
+    w: &[&[T]],
+    x: &[T],
+    drops: Option<&Drops>,
+    dscale: T,
+    row0: usize,
+    y: &mut [T],
+) -> FfSaved<T> {
+    let (c, f) = (d.c, d.f);
+    let n = x.len() / c;
+    let eps = T::from_f64(d.eps);
+    let mut nrm = Norm::default();
+    let mut f_in = Vec::new();
+    let f_src: &[T] = if d.norm_first {
+        f_in = vec![T::ZERO; n * c];
+        ln_fwd(
+            x,
+            w[slot::N3_W],
+            w[slot::N3_W + 1],
+            eps,
+            &mut f_in,
+            &mut nrm,
+        );
+        &f_in
+    } else {
+        x
+    };
+    let mut hid = vec![T::ZERO; n * f];
+    rows_forward(&mut hid, f_src, w[slot::L1_W], w[slot::L1_W + 1], n, f, c);
+    for v in hid.iter_mut() {
+        *v = if *v > T::ZERO { *v } else { T::ZERO };
+    }
+    let mut hd_buf;
+    let hd: &[T] = match drops {
+        Some(dr) => {
+            hd_buf = vec![T::ZERO; n * f];
+            drop_into(&hid, &mut hd_buf, &dr.hidden, row0 * f, dscale);
+            &hd_buf
+        }
+        None => &hid,
+    };
+    rows_forward(y, hd, w[slot::L2_W], w[slot::L2_W + 1], n, c, f);
+    if let Some(dr) = drops {
+        drop_inplace(y, &dr.out3, row0 * c, dscale);
+    }
+    for (r, &xv) in y.iter_mut().zip(x) {
+        *r = xv + *r;
+    }
+    if !d.norm_first {
+        let sum = y.to_vec();
+        ln_fwd(&sum, w[slot::N3_W], w[slot::N3_W + 1], eps, y, &mut nrm);
+    }
+    FfSaved {
+        f_in,
+        hid,
+        norm: nrm,
+    }
+}
+
+/// [`ff_fwd`]'s backward pass: the gradient of its input `x` into `dx`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn ff_bwd<T: Float>(
+    d: &Dims,
+    w: &[&[T]],
+    g: &mut [Vec<T>],
+    sv: &FfSaved<T>,
+    x: &[T],
+    drops: Option<&Drops>,
+    dscale: T,
+    row0: usize,
+    dy: &[T],
+    dx: &mut [T],
+    scratch: &mut Vec<T>,
+) {
+    let (c, f) = (d.c, d.f);
+    let n = x.len() / c;
+    if d.norm_first {
+        dx.copy_from_slice(dy);
+    } else {
+        let (gw, gb) = two(g, slot::N3_W, slot::N3_W + 1);
+        ln_bwd(dy, &sv.norm, w[slot::N3_W], dx, false, gw, gb, scratch);
+    }
+    let mut dgo = dx.to_vec();
+    if let Some(dr) = drops {
+        drop_inplace(&mut dgo, &dr.out3, row0 * c, dscale);
+    }
+    let mut hd = sv.hid.clone();
+    if let Some(dr) = drops {
+        drop_inplace(&mut hd, &dr.hidden, row0 * f, dscale);
+    }
+    {
+        let (gw, gb) = two(g, slot::L2_W, slot::L2_W + 1);
+        linear_grads(gw, gb, &dgo, &hd, n, f);
+    }
+    let mut dhid = hd;
+    rows_input_grad(&mut dhid, false, &dgo, w[slot::L2_W], n, c);
+    if let Some(dr) = drops {
+        drop_inplace(&mut dhid, &dr.hidden, row0 * f, dscale);
+    }
+    for (dv, &hv) in dhid.iter_mut().zip(&sv.hid) {
+        *dv = if hv > T::ZERO { *dv } else { T::ZERO };
+    }
+    let f_src: &[T] = if d.norm_first { &sv.f_in } else { x };
+    {
+        let (gw, gb) = two(g, slot::L1_W, slot::L1_W + 1);
+        linear_grads(gw, gb, &dhid, f_src, n, c);
+    }
+    if d.norm_first {
+        let mut df_in = dgo;
+        rows_input_grad(&mut df_in, false, &dhid, w[slot::L1_W], n, f);
+        let (gw, gb) = two(g, slot::N3_W, slot::N3_W + 1);
+        ln_bwd(&df_in, &sv.norm, w[slot::N3_W], dx, true, gw, gb, scratch);
+    } else {
+        rows_input_grad(dx, true, &dhid, w[slot::L1_W], n, f);
+    }
+}
+
+/// The memory mask of sequences `seqs`, each row repeated for the `t` queries: `T x S` per
+/// sequence, the layout [`masked_softmax_rows`] reads.
+fn memory_keep_rows(keep: &[u8], seqs: std::ops::Range<usize>, t: usize, s: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(seqs.len() * t * s);
+    for seq in seqs {
+        for _ in 0..t {
+            out.extend_from_slice(&keep[seq * s..(seq + 1) * s]);
+        }
+    }
+    out
+}
+
+/// The masks a layer reads: the self-attention's `(B | 1, T, T)` and the memory's `B x S`.
+struct Masks<'a> {
+    self_keep: Option<&'a Keep>,
+    memory_keep: Option<&'a [u8]>,
+}
+
+/// The forward pass of sequences `s0 .. s0 + ns` (`x`, `mem` and `y` their rows).
+#[allow(clippy::too_many_arguments)]
+fn forward_group<T: Float>(
+    d: &Dims,
+    w: &[&[T]],
+    masks: &Masks,
+    drops: Option<&Drops>,
+    s0: usize,
+    x: &[T],
+    mem: &[T],
+    y: &mut [T],
+    keep_saved: bool,
+) -> Option<Saved<T>> {
+    let (t, s, c) = (d.t, d.s, d.c);
+    let n = x.len() / c;
+    let ns = n / t;
+    let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
+    let mem_keep = masks
+        .memory_keep
+        .map(|k| memory_keep_rows(k, s0..s0 + ns, t, s));
+    simd(
+        #[inline(always)]
+        || {
+            let self_drops = SublayerDrops {
+                attn: drops.map(|dr| &dr.self_attn),
+                out: drops.map(|dr| &dr.out1),
+            };
+            let cross_drops = SublayerDrops {
+                attn: drops.map(|dr| &dr.cross_attn),
+                out: drops.map(|dr| &dr.out2),
+            };
+            let mut x1 = vec![T::ZERO; n * c];
+            let sa = attn_fwd(
+                d,
+                w,
+                (slot::SQ_W, slot::N1_W),
+                x,
+                None,
+                t,
+                |seq| masks.self_keep.map(|k| k.of(seq, t)),
+                self_drops,
+                dscale,
+                s0,
+                &mut x1,
+            );
+            let mut x2 = vec![T::ZERO; n * c];
+            let ca = attn_fwd(
+                d,
+                w,
+                (slot::CQ_W, slot::N2_W),
+                &x1,
+                Some(mem),
+                s,
+                |seq| {
+                    mem_keep
+                        .as_deref()
+                        .map(|k| &k[(seq - s0) * t * s..][..t * s])
+                },
+                cross_drops,
+                dscale,
+                s0,
+                &mut x2,
+            );
+            let ff = ff_fwd(d, w, &x2, drops, dscale, s0 * t, y);
+            keep_saved.then_some(Saved { sa, ca, ff, x1, x2 })
+        },
+    )
+}
+
+/// The gradients of one group: its input's into `dx`, its memory rows' into `dmem`, the
+/// parameters' returned (indexed by [`slot`]).
+#[allow(clippy::too_many_arguments)]
+fn backward_group<T: Float>(
+    d: &Dims,
+    w: &[&[T]],
+    drops: Option<&Drops>,
+    s0: usize,
+    sv: &Saved<T>,
+    x: &[T],
+    mem: &[T],
+    dy: &[T],
+    dx: &mut [T],
+    dmem: &mut [T],
+) -> Vec<Vec<T>> {
+    let (t, s, c) = (d.t, d.s, d.c);
+    let n = x.len() / c;
+    let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
+    simd(
+        #[inline(always)]
+        || {
+            let mut g: Vec<Vec<T>> = w.iter().map(|p| vec![T::ZERO; p.len()]).collect();
+            let mut scratch = Vec::new();
+            let self_drops = SublayerDrops {
+                attn: drops.map(|dr| &dr.self_attn),
+                out: drops.map(|dr| &dr.out1),
+            };
+            let cross_drops = SublayerDrops {
+                attn: drops.map(|dr| &dr.cross_attn),
+                out: drops.map(|dr| &dr.out2),
+            };
+            let mut dx2 = vec![T::ZERO; n * c];
+            let (ff, x2) = (&sv.ff, &sv.x2);
+            ff_bwd(
+                d,
+                w,
+                &mut g,
+                ff,
+                x2,
+                drops,
+                dscale,
+                s0 * t,
+                dy,
+                &mut dx2,
+                &mut scratch,
+            );
+            let mut dx1 = vec![T::ZERO; n * c];
+            attn_bwd(
+                d,
+                w,
+                (slot::CQ_W, slot::N2_W),
+                &mut g,
+                &sv.ca,
+                &sv.x1,
+                Some((mem, dmem)),
+                s,
+                cross_drops,
+                dscale,
+                s0,
+                &dx2,
+                &mut dx1,
+                &mut scratch,
+            );
+            attn_bwd(
+                d,
+                w,
+                (slot::SQ_W, slot::N1_W),
+                &mut g,
+                &sv.sa,
+                x,
+                None,
+                t,
+                self_drops,
+                dscale,
+                s0,
+                &dx1,
+                dx,
+                &mut scratch,
+            );
+            g
+        },
+    )
+}
+
+/// The output of a forward pass and what each group kept.
+type Forwarded<T> = (Vec<T>, Vec<Option<Saved<T>>>);
+
+/// The layer's forward pass over all sequences, `groups` groups in parallel.
+#[allow(clippy::too_many_arguments)]
+fn forward<T: Float>(
+    d: &Dims,
+    w: &[&[T]],
+    masks: &Masks,
+    drops: Option<&Drops>,
+    x: &[T],
+    mem: &[T],
+    groups: usize,
+    keep_saved: bool,
+) -> Forwarded<T> {
+    let (row, mrow) = (d.t * d.c, d.s * d.c);
+    let mut y = vec![T::ZERO; x.len()];
+    let groups = groups.min(d.b).max(1);
+    let items: Vec<_> = group_ranges(d.b, groups)
+        .into_iter()
+        .zip(split_at_ranges(&mut y, d.b, groups, row))
+        .collect();
+    let saved = run_parallel(items, |(r, y)| {
+        forward_group(
+            d,
+            w,
+            masks,
+            drops,
+            r.start,
+            &x[r.start * row..r.end * row],
+            &mem[r.start * mrow..r.end * mrow],
+            y,
+            keep_saved,
+        )
+    });
+    (y, saved)
+}
+
+/// The backward pass matching [`forward`]: `dx`, `dmem` and the parameters' gradients, the
+/// groups' partial sums added in group order.
+fn backward<T: Float>(
+    d: &Dims,
+    w: &[&[T]],
+    drops: Option<&Drops>,
+    saved: &[Saved<T>],
+    x: &[T],
+    mem: &[T],
+    dy: &[T],
+) -> (Vec<T>, Vec<T>, Vec<Vec<T>>) {
+    let (row, mrow) = (d.t * d.c, d.s * d.c);
+    let groups = saved.len();
+    let mut dx = vec![T::ZERO; x.len()];
+    let mut dmem = vec![T::ZERO; mem.len()];
+    let items: Vec<_> = group_ranges(d.b, groups)
+        .into_iter()
+        .zip(split_at_ranges(&mut dx, d.b, groups, row))
+        .zip(split_at_ranges(&mut dmem, d.b, groups, mrow))
+        .zip(saved)
+        .collect();
+    let partials = run_parallel(items, |(((r, dx), dmem), sv)| {
+        backward_group(
+            d,
+            w,
+            drops,
+            r.start,
+            sv,
+            &x[r.start * row..r.end * row],
+            &mem[r.start * mrow..r.end * mrow],
+            &dy[r.start * row..r.end * row],
+            dx,
+            dmem,
+        )
+    });
+    let mut parts = partials.into_iter();
+    let mut sum = parts.next().expect("at least one group");
+    for p in parts {
+        for (s, g) in sum.iter_mut().zip(&p) {
+            simd(
+                #[inline(always)]
+                || float::add_inplace(s, g),
+            );
+        }
+    }
+    (dx, dmem, sum)
+}
+
+struct LayerOp {
+    params: DecoderLayerParams,
+    dims: Dims,
+    self_keep: Option<Keep>,
+    memory_keep: Option<Vec<u8>>,
+    drops: Option<Drops>,
+    grads: Option<DirectGrads>,
+    saved: Mutex<Option<Vec<Saved<f32>>>>,
+}
+
+impl LayerOp {
+    /// Calls `f` with the parameters as slices of `T`.
+    fn with_weights<T: Float, R>(&self, f: impl FnOnce(&[&[T]]) -> Result<R>) -> Result<R> {
+        let guards: Vec<_> = self
+            .params
+            .tensors
+            .iter()
+            .map(|p| p.storage_and_layout())
+            .collect();
+        let slices = guards
+            .iter()
+            .map(|(s, l)| match &**s {
+                Storage::Cpu(s) => cpu_slice::<T>(s, l),
+                _ => bail!("decoder layer: parameters must be on the CPU"),
+            })
+            .collect::<Result<Vec<&[T]>>>()?;
+        f(&slices)
+    }
+
+    fn masks(&self) -> Masks<'_> {
+        Masks {
+            self_keep: self.self_keep.as_ref(),
+            memory_keep: self.memory_keep.as_deref(),
+        }
+    }
+
+    fn run<T: Float>(&self, x: &[T], mem: &[T], keep_saved: bool) -> Result<Forwarded<T>> {
+        self.with_weights(|w| {
+            let (d, masks) = (&self.dims, self.masks());
+            let groups = d.groups();
+            Ok(forward(
+                d,
+                w,
+                &masks,
+                self.drops.as_ref(),
+                x,
+                mem,
+                groups,
+                keep_saved,
+            ))
+        })
+    }
+}
+
+impl CustomOp2 for LayerOp {
+    fn name(&self) -> &'static str {
+        "kernels-decoder-layer"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let storage = match (s1, s2) {
+            (CpuStorage::F32(_), CpuStorage::F32(_)) => {
+                let keep = self.grads.is_some();
+                let (y, saved) = self.run::<f32>(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, keep)?;
+                if keep {
+                    let saved = saved.into_iter().map(|s| s.expect("kept")).collect();
+                    *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(saved);
+                }
+                CpuStorage::F32(y)
+            }
+            (CpuStorage::F64(_), CpuStorage::F64(_)) if self.grads.is_none() => {
+                let (y, _) = self.run::<f64>(cpu_slice(s1, l1)?, cpu_slice(s2, l2)?, false)?;
+                CpuStorage::F64(y)
+            }
+            _ => bail!("kernels-decoder-layer: f32 (or f64 without gradients) only"),
+        };
+        Ok((storage, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        mem: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let Some(grads) = &self.grads else {
+            bail!("kernels-decoder-layer: backward without DirectGrads")
+        };
+        let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(saved) = saved.as_ref() else {
+            bail!("kernels-decoder-layer: backward before forward")
+        };
+        let (dx, dmem, g) = with_slice::<f32, _>(x, |xs| {
+            with_slice::<f32, _>(mem, |ms| {
+                with_slice::<f32, _>(dy, |dys| {
+                    self.with_weights(|w| {
+                        Ok(backward(
+                            &self.dims,
+                            w,
+                            self.drops.as_ref(),
+                            saved,
+                            xs,
+                            ms,
+                            dys,
+                        ))
+                    })
+                })
+            })
+        })?;
+        for (param, grad) in self.params.tensors.iter().zip(g) {
+            if DirectGrads::accepts(param) {
+                grads.put_dense(param, grad);
+            } else {
+                bail!("kernels-decoder-layer: parameter is not a CPU f32 variable");
+            }
+        }
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), x.device())?),
+            Some(Tensor::from_vec(dmem, mem.shape(), mem.device())?),
+        ))
+    }
+}
+
+/// One decoder layer (ReLU feed-forward), fused; see the module docs.
+///
+/// - `self_keep`: the self-attention mask, u8 broadcastable to `(B, 1, T, T)`, 1 = may
+///   attend (causal and target padding together);
+/// - `memory_keep`: the memory's key mask, u8 broadcastable to `(B, 1, 1, S)`;
+/// - `dropout`: `None` in evaluation;
+/// - `grads`: where the parameters' gradients go in the backward pass; with `None` the
+///   result tracks no gradient at all.
+///
+/// CPU f32 (and f64 without `grads`) only.
+///
+/// # Shapes
+/// x (B, T, C), memory (B, S, C) -> (B, T, C)
+#[allow(clippy::too_many_arguments)]
+pub fn decoder_layer(
+    x: &Tensor,
+    memory: &Tensor,
+    params: &DecoderLayerParams,
+    opts: EncoderLayerOptions,
+    self_keep: Option<&Tensor>,
+    memory_keep: Option<&Tensor>,
+    dropout: Option<DecoderLayerDropout>,
+    grads: Option<&DirectGrads>,
+) -> Result<Tensor> {
+    let (b, t, c) = x.dims3()?;
+    let (mb, s, mc) = memory.dims3()?;
+    let pc = params.tensors[slot::SQ_W].dim(0)?;
+    let f = params.tensors[slot::L1_W].dim(0)?;
+    if pc != c || mc != c || mb != b || opts.nhead == 0 || !c.is_multiple_of(opts.nhead) {
+        bail!(
+            "decoder layer: input {:?}, memory {:?} for d_model {pc} and {} heads",
+            x.dims(),
+            memory.dims(),
+            opts.nhead
+        );
+    }
+    let dtype = x.dtype();
+    let ok = (dtype == DType::F32 || (dtype == DType::F64 && grads.is_none()))
+        && memory.dtype() == dtype
+        && x.device().is_cpu()
+        && memory.device().is_cpu()
+        && params
+            .tensors
+            .iter()
+            .all(|p| p.device().is_cpu() && p.dtype() == dtype);
+    if !ok {
+        bail!("decoder layer: the fused layer needs CPU f32 tensors (f64 without gradients)");
+    }
+    let self_keep = match self_keep {
+        Some(m) => {
+            let kb = m.dim(0)?;
+            Some(Keep {
+                data: m
+                    .to_dtype(DType::U8)?
+                    .broadcast_as((kb, 1, t, t))?
+                    .flatten_all()?
+                    .to_vec1::<u8>()?,
+                per_batch: kb > 1,
+            })
+        }
+        None => None,
+    };
+    let memory_keep = match memory_keep {
+        Some(m) => Some(
+            m.to_dtype(DType::U8)?
+                .broadcast_as((b, 1, 1, s))?
+                .flatten_all()?
+                .to_vec1::<u8>()?,
+        ),
+        None => None,
+    };
+    let op = LayerOp {
+        params: params.clone(),
+        dims: Dims {
+            b,
+            t,
+            s,
+            c,
+            f,
+            h: opts.nhead,
+            eps: opts.layer_norm_eps,
+            norm_first: opts.norm_first,
+        },
+        self_keep,
+        memory_keep,
+        drops: dropout.filter(|d| d.p > 0.0).map(Drops::new),
+        grads: grads.cloned(),
+        saved: Mutex::new(None),
+    };
+    let (x, memory) = (x.contiguous()?, memory.contiguous()?);
+    match grads {
+        Some(_) => x.apply_op2(&memory, op),
+        None => x.detach().apply_op2_no_bwd(&memory.detach(), &op),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Activation;
+    use crate::decoder::DecoderLayer;
+    use crate::dropout::Mode;
+    use crate::encoder::LayerSpec;
+    use crate::mask::Mask;
+    use crate::params::ParamBuilder;
+    use crate::rng::Rng;
+    use candle_core::Device;
+
+    /// The fused layer's forward pass and every gradient (target stream, memory, each
+    /// parameter) against the composed layer in f64: post-norm and pre-norm, with and without
+    /// dropout, causal and target padding masks, source padding, 3 groups of uneven size.
+    #[test]
+    fn fused_layer_equals_the_composed_layer_in_f64() -> Result<()> {
+        let dev = Device::Cpu;
+        let (b, t, s, c, f, h) = (5, 6, 4, 8, 12, 2);
+        for norm_first in [false, true] {
+            for p in [0.0, 0.3] {
+                let pb = ParamBuilder::new(DType::F64, &dev, 4);
+                let spec = LayerSpec {
+                    d_model: c,
+                    nhead: h,
+                    dim_feedforward: f,
+                    dropout: p,
+                    activation: Activation::Relu,
+                    layer_norm_eps: 1e-5,
+                    norm_first,
+                };
+                let layer = DecoderLayer::new(&pb.pp("l"), &spec)?;
+                let params = pb.params();
+                let x = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, t, c), &dev)?)?;
+                let mem =
+                    candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, s, c), &dev)?)?;
+                let tgt_valid: Vec<u8> = (0..b * t)
+                    .map(|i| u8::from(i % t < t - i / t % 3))
+                    .collect();
+                let src_valid: Vec<u8> = (0..b * s)
+                    .map(|i| u8::from(i % s < s - (i / s + 1) % 3))
+                    .collect();
+                let tgt_mask = Mask::causal(t, &dev)?.and(&Mask::key_valid(&Tensor::from_vec(
+                    tgt_valid,
+                    (b, t),
+                    &dev,
+                )?)?)?;
+                let mem_mask = Mask::key_valid(&Tensor::from_vec(src_valid, (b, s), &dev)?)?;
+                let rng = Rng::new(11);
+                let y = layer.forward_no_weights(
+                    x.as_tensor(),
+                    mem.as_tensor(),
+                    Some(&tgt_mask),
+                    Some(&mem_mask),
+                    Mode::Train(&rng),
+                )?;
+                let dy = Tensor::randn(0f64, 1.0, (b, t, c), &dev)?;
+                let store = (&y * &dy)?.sum_all()?.backward()?;
+
+                let mut names = Vec::new();
+                for m in ["self_attn", "multihead_attn"] {
+                    for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+                        for wb in ["weight", "bias"] {
+                            names.push(format!("{m}.{proj}.{wb}"));
+                        }
+                    }
+                }
+                for l in ["linear1", "linear2", "norm1", "norm2", "norm3"] {
+                    for wb in ["weight", "bias"] {
+                        names.push(format!("{l}.{wb}"));
+                    }
+                }
+                let tensors: Vec<Tensor> = names
+                    .iter()
+                    .map(|n| {
+                        params
+                            .get(&format!("l.{n}"))
+                            .unwrap_or_else(|| panic!("no parameter l.{n}"))
+                            .as_tensor()
+                            .clone()
+                    })
+                    .collect();
+                let vals: Vec<Vec<f64>> = tensors
+                    .iter()
+                    .map(|t| t.flatten_all()?.to_vec1::<f64>())
+                    .collect::<Result<_>>()?;
+                let w: Vec<&[f64]> = vals.iter().map(Vec::as_slice).collect();
+                let dims = Dims {
+                    b,
+                    t,
+                    s,
+                    c,
+                    f,
+                    h,
+                    eps: 1e-5,
+                    norm_first,
+                };
+                let self_keep = Keep {
+                    data: tgt_mask
+                        .keep()
+                        .broadcast_as((b, 1, t, t))?
+                        .flatten_all()?
+                        .to_vec1::<u8>()?,
+                    per_batch: true,
+                };
+                let memory_keep = mem_mask
+                    .keep()
+                    .broadcast_as((b, 1, 1, s))?
+                    .flatten_all()?
+                    .to_vec1::<u8>()?;
+                let masks = Masks {
+                    self_keep: Some(&self_keep),
+                    memory_keep: Some(&memory_keep),
+                };
+                let (seed, _) = rng.state();
+                let drops = (p > 0.0).then(|| {
+                    Drops::new(DecoderLayerDropout {
+                        p,
+                        seed,
+                        streams: [0, 1, 2, 3, 4, 5],
+                    })
+                });
+                let xs = x.as_tensor().flatten_all()?.to_vec1::<f64>()?;
+                let ms = mem.as_tensor().flatten_all()?.to_vec1::<f64>()?;
+                let (fy, saved) = forward(&dims, &w, &masks, drops.as_ref(), &xs, &ms, 3, true);
+                assert_eq!(saved.len(), 3);
+                let saved: Vec<_> = saved.into_iter().map(|s| s.unwrap()).collect();
+                let dys = dy.flatten_all()?.to_vec1::<f64>()?;
+                let (fdx, fdm, fg) = backward(&dims, &w, drops.as_ref(), &saved, &xs, &ms, &dys);
+
+                let close = |what: &str, want: &Tensor, got: &[f64]| -> Result<()> {
+                    let want = want.flatten_all()?.to_vec1::<f64>()?;
+                    assert_eq!(want.len(), got.len(), "{what}");
+                    let size = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+                    let diff = want
+                        .iter()
+                        .zip(got)
+                        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+                    assert!(
+                        diff <= 1e-12 * size,
+                        "norm_first {norm_first}, p {p}: {what} differs by {diff} (size {size})"
+                    );
+                    Ok(())
+                };
+                close("y", &y, &fy)?;
+                close("dx", store.get(x.as_tensor()).expect("dx"), &fdx)?;
+                close("dmemory", store.get(mem.as_tensor()).expect("dmem"), &fdm)?;
+                for (i, n) in names.iter().enumerate() {
+                    let want = store
+                        .get(&tensors[i])
+                        .expect("every parameter has a gradient");
+                    close(n, want, &fg[i])?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

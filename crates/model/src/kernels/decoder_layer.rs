@@ -21,16 +21,15 @@
 //! The composed layer's arithmetic, summed in a different order in the weight gradients.
 //! Checked in f64 against [`crate::decoder::DecoderLayer::forward_no_weights`] (`tests`).
 
-use super::attention::masked_softmax_rows;
 use super::decoder_step::{slot, DecoderLayerParams};
 use super::dropout::MaskSpec;
 use super::encoder_layer::{
-    drop_inplace, drop_into, group_ranges, linear_grads, ln_bwd, ln_fwd, split_at_ranges, two,
-    EncoderLayerOptions, Keep, Norm, MIN_PARALLEL_MACS,
+    group_ranges, split_at_ranges, EncoderLayerOptions, Keep, MIN_PARALLEL_MACS,
 };
 use super::float::{self, simd, Float};
-use super::linear::{rows_forward, rows_input_grad};
-use super::matmul::{gemm, Mat};
+use super::sublayer::{
+    attn_bwd, attn_fwd, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, SubDims, SublayerDrops,
+};
 use super::{cpu_slice, num_threads, run_parallel, with_slice};
 use crate::grads::DirectGrads;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor};
@@ -91,46 +90,24 @@ struct Dims {
 }
 
 impl Dims {
+    /// What the sub-layers read.
+    fn shape(&self) -> SubDims {
+        SubDims {
+            t: self.t,
+            c: self.c,
+            f: self.f,
+            h: self.h,
+            eps: self.eps,
+            norm_first: self.norm_first,
+        }
+    }
+
     /// Groups of sequences, one per thread.
     fn groups(&self) -> usize {
         let (b, t, s, c, f) = (self.b, self.t, self.s, self.c, self.f);
         let macs = b * t * c * (6 * c + 2 * f + 2 * t + 2 * s) + b * s * c * 2 * c;
         num_threads().min(macs / MIN_PARALLEL_MACS).min(b).max(1)
     }
-}
-
-/// One attention sub-layer's dropout: of the weights and of the output.
-#[derive(Clone, Copy)]
-struct SublayerDrops<'a> {
-    attn: Option<&'a MaskSpec>,
-    out: Option<&'a MaskSpec>,
-}
-
-/// What an attention sub-layer's forward pass keeps.
-#[derive(Debug)]
-struct AttnSaved<T> {
-    /// Pre-norm: the normalised input (the queries' source; the keys' and values' too in
-    /// self-attention).
-    a_in: Vec<T>,
-    q: Vec<T>,
-    k: Vec<T>,
-    v: Vec<T>,
-    /// Weights before dropout, `(seqs, H, T, Tk)`.
-    p: Vec<T>,
-    /// Heads merged, the output projection's input.
-    o: Vec<T>,
-    /// Post-norm: of the residual sum (the output); pre-norm: of the input.
-    norm: Norm<T>,
-}
-
-/// What the feed-forward sub-layer's forward pass keeps.
-#[derive(Debug)]
-struct FfSaved<T> {
-    /// Pre-norm: the normalised input.
-    f_in: Vec<T>,
-    /// After the ReLU, before dropout.
-    hid: Vec<T>,
-    norm: Norm<T>,
 }
 
 /// What one group's forward pass keeps.
@@ -142,361 +119,6 @@ struct Saved<T> {
     /// The residual stream after the first and the second sub-layer.
     x1: Vec<T>,
     x2: Vec<T>,
-}
-
-/// An attention sub-layer over a group of sequences starting at `s0`: queries from `x` (the
-/// sub-layer's input, `T` rows per sequence), keys and values from `kv` (`tk` rows per
-/// sequence) or, with `kv` `None`, from the input itself; `keep(seq)` is sequence `seq`'s
-/// `T x tk` mask. Writes the sub-layer's output (the residual stream after it) into `out`.
-/// `base` and `norm` are the slots of the query weight and of the norm's weight.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn attn_fwd<'k, T: Float>(
-    d: &Dims,
-    w: &[&[T]],
-    (base, norm): (usize, usize),
-    x: &[T],
-    kv: Option<&[T]>,
-    tk: usize,
-    keep: impl Fn(usize) -> Option<&'k [u8]>,
-    drops: SublayerDrops,
-    dscale: T,
-    s0: usize,
-    out: &mut [T],
-) -> AttnSaved<T> {
-    let (t, c, h) = (d.t, d.c, d.h);
-    let n = x.len() / c;
-    let ns = n / t;
-    let dh = c / h;
-    let eps = T::from_f64(d.eps);
-    let scale = T::from_f64(1.0 / (dh as f64).sqrt());
-    let mut nrm = Norm::default();
-    let mut a_in = Vec::new();
-    let a_src: &[T] = if d.norm_first {
-        a_in = vec![T::ZERO; n * c];
-        ln_fwd(x, w[norm], w[norm + 1], eps, &mut a_in, &mut nrm);
-        &a_in
-    } else {
-        x
-    };
-    let kv_src = kv.unwrap_or(a_src);
-    let nk = ns * tk;
-    let mut q = vec![T::ZERO; n * c];
-    let mut k = vec![T::ZERO; nk * c];
-    let mut v = vec![T::ZERO; nk * c];
-    rows_forward(&mut q, a_src, w[base], w[base + 1], n, c, c);
-    rows_forward(&mut k, kv_src, w[base + 2], w[base + 3], nk, c, c);
-    rows_forward(&mut v, kv_src, w[base + 4], w[base + 5], nk, c, c);
-    let mut p = vec![T::ZERO; ns * h * t * tk];
-    let mut o = vec![T::ZERO; n * c];
-    let mut pd = vec![T::ZERO; t * tk];
-    for sl in 0..ns {
-        let seq = s0 + sl;
-        for hi in 0..h {
-            let (qo, ko) = (sl * t * c + hi * dh, sl * tk * c + hi * dh);
-            let pb = &mut p[(sl * h + hi) * t * tk..][..t * tk];
-            gemm(
-                Mat::new_mut(pb, t, tk, tk, 1),
-                false,
-                Mat::new(&q[qo..], t, dh, c, 1),
-                Mat::new(&k[ko..], tk, dh, c, 1).t(),
-                scale,
-            );
-            masked_softmax_rows(pb, keep(seq), tk);
-            let weights: &[T] = match drops.attn {
-                Some(m) => {
-                    drop_into(pb, &mut pd, m, (seq * h + hi) * t * tk, dscale);
-                    &pd
-                }
-                None => pb,
-            };
-            gemm(
-                Mat::new_mut(&mut o[qo..], t, dh, c, 1),
-                false,
-                Mat::new(weights, t, tk, tk, 1),
-                Mat::new(&v[ko..], tk, dh, c, 1),
-                T::ONE,
-            );
-        }
-    }
-    rows_forward(out, &o, w[base + 6], w[base + 7], n, c, c);
-    if let Some(m) = drops.out {
-        drop_inplace(out, m, s0 * t * c, dscale);
-    }
-    for (r, &xv) in out.iter_mut().zip(x) {
-        *r = xv + *r;
-    }
-    if !d.norm_first {
-        let sum = out.to_vec();
-        ln_fwd(&sum, w[norm], w[norm + 1], eps, out, &mut nrm);
-    }
-    AttnSaved {
-        a_in,
-        q,
-        k,
-        v,
-        p,
-        o,
-        norm: nrm,
-    }
-}
-
-/// [`attn_fwd`]'s backward pass: from `dout` (the gradient of its output) writes the
-/// gradient of its input `x` into `dx` and, for encoder-decoder attention, of `kv` into
-/// `dkv`; adds the parameters' gradients into `g`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn attn_bwd<T: Float>(
-    d: &Dims,
-    w: &[&[T]],
-    (base, norm): (usize, usize),
-    g: &mut [Vec<T>],
-    sv: &AttnSaved<T>,
-    x: &[T],
-    kv: Option<(&[T], &mut [T])>,
-    tk: usize,
-    drops: SublayerDrops,
-    dscale: T,
-    s0: usize,
-    dout: &[T],
-    dx: &mut [T],
-    scratch: &mut Vec<T>,
-) {
-    let (t, c, h) = (d.t, d.c, d.h);
-    let n = x.len() / c;
-    let ns = n / t;
-    let nk = ns * tk;
-    let dh = c / h;
-    let scale = T::from_f64(1.0 / (dh as f64).sqrt());
-    // Through the norm (post-norm) to the residual sum; the residual's share is dx itself.
-    if d.norm_first {
-        dx.copy_from_slice(dout);
-    } else {
-        let (gw, gb) = two(g, norm, norm + 1);
-        ln_bwd(dout, &sv.norm, w[norm], dx, false, gw, gb, scratch);
-    }
-    let mut da = dx.to_vec();
-    if let Some(m) = drops.out {
-        drop_inplace(&mut da, m, s0 * t * c, dscale);
-    }
-    {
-        let (gw, gb) = two(g, base + 6, base + 7);
-        linear_grads(gw, gb, &da, &sv.o, n, c);
-    }
-    let mut d_o = vec![T::ZERO; n * c];
-    rows_input_grad(&mut d_o, false, &da, w[base + 6], n, c);
-    let (mut dq, mut dk, mut dv) = (da, vec![T::ZERO; nk * c], vec![T::ZERO; nk * c]);
-    let mut pd = vec![T::ZERO; t * tk];
-    let mut dp = vec![T::ZERO; t * tk];
-    for sl in 0..ns {
-        let seq = s0 + sl;
-        for hi in 0..h {
-            let (qo, ko) = (sl * t * c + hi * dh, sl * tk * c + hi * dh);
-            let pb = &sv.p[(sl * h + hi) * t * tk..][..t * tk];
-            let first = (seq * h + hi) * t * tk;
-            let weights: &[T] = match drops.attn {
-                Some(m) => {
-                    drop_into(pb, &mut pd, m, first, dscale);
-                    &pd
-                }
-                None => pb,
-            };
-            // dV = Pd^T dO; dPd = dO V^T.
-            gemm(
-                Mat::new_mut(&mut dv[ko..], tk, dh, c, 1),
-                false,
-                Mat::new(weights, t, tk, tk, 1).t(),
-                Mat::new(&d_o[qo..], t, dh, c, 1),
-                T::ONE,
-            );
-            gemm(
-                Mat::new_mut(&mut dp, t, tk, tk, 1),
-                false,
-                Mat::new(&d_o[qo..], t, dh, c, 1),
-                Mat::new(&sv.v[ko..], tk, dh, c, 1).t(),
-                T::ONE,
-            );
-            // Through the dropout and the softmax: dS = P (dP - rowsum(dP P)).
-            if let Some(m) = drops.attn {
-                drop_inplace(&mut dp, m, first, dscale);
-            }
-            for (dr, pr) in dp.chunks_exact_mut(tk).zip(pb.chunks_exact(tk)) {
-                let dot = float::dot(dr, pr);
-                for (x, &pv) in dr.iter_mut().zip(pr) {
-                    *x = pv * (*x - dot);
-                }
-            }
-            // dQ = scale dS K; dK = scale dS^T Q.
-            gemm(
-                Mat::new_mut(&mut dq[qo..], t, dh, c, 1),
-                false,
-                Mat::new(&dp, t, tk, tk, 1),
-                Mat::new(&sv.k[ko..], tk, dh, c, 1),
-                scale,
-            );
-            gemm(
-                Mat::new_mut(&mut dk[ko..], tk, dh, c, 1),
-                false,
-                Mat::new(&dp, t, tk, tk, 1).t(),
-                Mat::new(&sv.q[qo..], t, dh, c, 1),
-                scale,
-            );
-        }
-    }
-    // The projections.
-    let a_src: &[T] = if d.norm_first { &sv.a_in } else { x };
-    let kv_src: &[T] = match &kv {
-        Some((m, _)) => m,
-        None => a_src,
-    };
-    for (dproj, src, rows, sl) in [
-        (&dq, a_src, n, base),
-        (&dk, kv_src, nk, base + 2),
-        (&dv, kv_src, nk, base + 4),
-    ] {
-        let (gw, gb) = two(g, sl, sl + 1);
-        linear_grads(gw, gb, dproj, src, rows, c);
-    }
-    let mut da_in = d_o;
-    rows_input_grad(&mut da_in, false, &dq, w[base], n, c);
-    match kv {
-        Some((_, dkv)) => {
-            rows_input_grad(dkv, false, &dk, w[base + 2], nk, c);
-            rows_input_grad(dkv, true, &dv, w[base + 4], nk, c);
-        }
-        None => {
-            rows_input_grad(&mut da_in, true, &dk, w[base + 2], n, c);
-            rows_input_grad(&mut da_in, true, &dv, w[base + 4], n, c);
-        }
-    }
-    if d.norm_first {
-        let (gw, gb) = two(g, norm, norm + 1);
-        ln_bwd(&da_in, &sv.norm, w[norm], dx, true, gw, gb, scratch);
-    } else {
-        float::add_inplace(dx, &da_in);
-    }
-}
-
-/// The feed-forward sub-layer on `x` (rows from row `row0` of the batch), its output into
-/// `y`.
-#[inline(always)]
-fn ff_fwd<T: Float>(
-    d: &Dims,
-    w: &[&[T]],
-    x: &[T],
-    drops: Option<&Drops>,
-    dscale: T,
-    row0: usize,
-    y: &mut [T],
-) -> FfSaved<T> {
-    let (c, f) = (d.c, d.f);
-    let n = x.len() / c;
-    let eps = T::from_f64(d.eps);
-    let mut nrm = Norm::default();
-    let mut f_in = Vec::new();
-    let f_src: &[T] = if d.norm_first {
-        f_in = vec![T::ZERO; n * c];
-        ln_fwd(
-            x,
-            w[slot::N3_W],
-            w[slot::N3_W + 1],
-            eps,
-            &mut f_in,
-            &mut nrm,
-        );
-        &f_in
-    } else {
-        x
-    };
-    let mut hid = vec![T::ZERO; n * f];
-    rows_forward(&mut hid, f_src, w[slot::L1_W], w[slot::L1_W + 1], n, f, c);
-    for v in hid.iter_mut() {
-        *v = if *v > T::ZERO { *v } else { T::ZERO };
-    }
-    let mut hd_buf;
-    let hd: &[T] = match drops {
-        Some(dr) => {
-            hd_buf = vec![T::ZERO; n * f];
-            drop_into(&hid, &mut hd_buf, &dr.hidden, row0 * f, dscale);
-            &hd_buf
-        }
-        None => &hid,
-    };
-    rows_forward(y, hd, w[slot::L2_W], w[slot::L2_W + 1], n, c, f);
-    if let Some(dr) = drops {
-        drop_inplace(y, &dr.out3, row0 * c, dscale);
-    }
-    for (r, &xv) in y.iter_mut().zip(x) {
-        *r = xv + *r;
-    }
-    if !d.norm_first {
-        let sum = y.to_vec();
-        ln_fwd(&sum, w[slot::N3_W], w[slot::N3_W + 1], eps, y, &mut nrm);
-    }
-    FfSaved {
-        f_in,
-        hid,
-        norm: nrm,
-    }
-}
-
-/// [`ff_fwd`]'s backward pass: the gradient of its input `x` into `dx`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn ff_bwd<T: Float>(
-    d: &Dims,
-    w: &[&[T]],
-    g: &mut [Vec<T>],
-    sv: &FfSaved<T>,
-    x: &[T],
-    drops: Option<&Drops>,
-    dscale: T,
-    row0: usize,
-    dy: &[T],
-    dx: &mut [T],
-    scratch: &mut Vec<T>,
-) {
-    let (c, f) = (d.c, d.f);
-    let n = x.len() / c;
-    if d.norm_first {
-        dx.copy_from_slice(dy);
-    } else {
-        let (gw, gb) = two(g, slot::N3_W, slot::N3_W + 1);
-        ln_bwd(dy, &sv.norm, w[slot::N3_W], dx, false, gw, gb, scratch);
-    }
-    let mut dgo = dx.to_vec();
-    if let Some(dr) = drops {
-        drop_inplace(&mut dgo, &dr.out3, row0 * c, dscale);
-    }
-    let mut hd = sv.hid.clone();
-    if let Some(dr) = drops {
-        drop_inplace(&mut hd, &dr.hidden, row0 * f, dscale);
-    }
-    {
-        let (gw, gb) = two(g, slot::L2_W, slot::L2_W + 1);
-        linear_grads(gw, gb, &dgo, &hd, n, f);
-    }
-    let mut dhid = hd;
-    rows_input_grad(&mut dhid, false, &dgo, w[slot::L2_W], n, c);
-    if let Some(dr) = drops {
-        drop_inplace(&mut dhid, &dr.hidden, row0 * f, dscale);
-    }
-    for (dv, &hv) in dhid.iter_mut().zip(&sv.hid) {
-        *dv = if hv > T::ZERO { *dv } else { T::ZERO };
-    }
-    let f_src: &[T] = if d.norm_first { &sv.f_in } else { x };
-    {
-        let (gw, gb) = two(g, slot::L1_W, slot::L1_W + 1);
-        linear_grads(gw, gb, &dhid, f_src, n, c);
-    }
-    if d.norm_first {
-        let mut df_in = dgo;
-        rows_input_grad(&mut df_in, false, &dhid, w[slot::L1_W], n, f);
-        let (gw, gb) = two(g, slot::N3_W, slot::N3_W + 1);
-        ln_bwd(&df_in, &sv.norm, w[slot::N3_W], dx, true, gw, gb, scratch);
-    } else {
-        rows_input_grad(dx, true, &dhid, w[slot::L1_W], n, f);
-    }
 }
 
 /// The memory mask of sequences `seqs`, each row repeated for the `t` queries: `T x S` per
@@ -548,9 +170,10 @@ fn forward_group<T: Float>(
                 attn: drops.map(|dr| &dr.cross_attn),
                 out: drops.map(|dr| &dr.out2),
             };
+            let sh = d.shape();
             let mut x1 = vec![T::ZERO; n * c];
             let sa = attn_fwd(
-                d,
+                &sh,
                 w,
                 (slot::SQ_W, slot::N1_W),
                 x,
@@ -564,7 +187,7 @@ fn forward_group<T: Float>(
             );
             let mut x2 = vec![T::ZERO; n * c];
             let ca = attn_fwd(
-                d,
+                &sh,
                 w,
                 (slot::CQ_W, slot::N2_W),
                 &x1,
@@ -580,7 +203,12 @@ fn forward_group<T: Float>(
                 s0,
                 &mut x2,
             );
-            let ff = ff_fwd(d, w, &x2, drops, dscale, s0 * t, y);
+            let ff_drops = FfDrops {
+                hidden: drops.map(|dr| &dr.hidden),
+                out: drops.map(|dr| &dr.out3),
+            };
+            let ff_slots = (slot::L1_W, slot::L2_W, slot::N3_W);
+            let ff = ff_fwd(&sh, w, ff_slots, &x2, ff_drops, dscale, s0 * t, y);
             keep_saved.then_some(Saved { sa, ca, ff, x1, x2 })
         },
     )
@@ -617,15 +245,21 @@ fn backward_group<T: Float>(
                 attn: drops.map(|dr| &dr.cross_attn),
                 out: drops.map(|dr| &dr.out2),
             };
+            let sh = d.shape();
+            let ff_drops = FfDrops {
+                hidden: drops.map(|dr| &dr.hidden),
+                out: drops.map(|dr| &dr.out3),
+            };
             let mut dx2 = vec![T::ZERO; n * c];
             let (ff, x2) = (&sv.ff, &sv.x2);
             ff_bwd(
-                d,
+                &sh,
                 w,
+                (slot::L1_W, slot::L2_W, slot::N3_W),
                 &mut g,
                 ff,
                 x2,
-                drops,
+                ff_drops,
                 dscale,
                 s0 * t,
                 dy,
@@ -634,7 +268,7 @@ fn backward_group<T: Float>(
             );
             let mut dx1 = vec![T::ZERO; n * c];
             attn_bwd(
-                d,
+                &sh,
                 w,
                 (slot::CQ_W, slot::N2_W),
                 &mut g,
@@ -650,7 +284,7 @@ fn backward_group<T: Float>(
                 &mut scratch,
             );
             attn_bwd(
-                d,
+                &sh,
                 w,
                 (slot::SQ_W, slot::N1_W),
                 &mut g,

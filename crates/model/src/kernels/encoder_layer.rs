@@ -31,35 +31,27 @@
 //! pre-norm, causal and padding masks, dropout; `tests` below) and in f32 through the
 //! language model's whole training step (`tests/invariants.rs`).
 
-use super::attention::masked_softmax_rows;
 use super::dropout::MaskSpec;
 use super::float::{self, simd, Float};
 use super::layer_norm;
-use super::linear::{bias_grad_add, rows_forward, rows_input_grad, weight_grad_rows};
-use super::matmul::{gemm, Mat};
+use super::linear::{bias_grad_add, weight_grad_rows};
+use super::sublayer::{
+    attn_bwd, attn_fwd, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, SubDims, SublayerDrops,
+};
 use super::{cpu_slice, num_threads, run_parallel, with_slice};
 use crate::grads::DirectGrads;
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor};
 use std::sync::Mutex;
 
-/// Index of each parameter in [`EncoderLayerParams::tensors`].
+/// Index of each weight in [`EncoderLayerParams::tensors`], its bias next: the query, key,
+/// value and output projections from `Q_W` on (the attention sub-layer reads them as offsets
+/// 0-7 from it), then `linear1`, `linear2` and the two norms.
 mod slot {
     pub const Q_W: usize = 0;
-    pub const Q_B: usize = 1;
-    pub const K_W: usize = 2;
-    pub const K_B: usize = 3;
-    pub const V_W: usize = 4;
-    pub const V_B: usize = 5;
-    pub const O_W: usize = 6;
-    pub const O_B: usize = 7;
     pub const L1_W: usize = 8;
-    pub const L1_B: usize = 9;
     pub const L2_W: usize = 10;
-    pub const L2_B: usize = 11;
     pub const N1_W: usize = 12;
-    pub const N1_B: usize = 13;
     pub const N2_W: usize = 14;
-    pub const N2_B: usize = 15;
     pub const COUNT: usize = 16;
 }
 
@@ -261,6 +253,18 @@ struct Dims {
 }
 
 impl Dims {
+    /// What the sub-layers read.
+    fn shape(&self) -> SubDims {
+        SubDims {
+            t: self.t,
+            c: self.c,
+            f: self.f,
+            h: self.h,
+            eps: self.eps,
+            norm_first: self.norm_first,
+        }
+    }
+
     /// Groups of sequences, one per thread.
     fn groups(&self) -> usize {
         let macs = self.b * self.t * self.c * (4 * self.c + 2 * self.f + 2 * self.t);
@@ -333,26 +337,6 @@ pub(super) fn drop_into<T: Float>(x: &[T], out: &mut [T], spec: &MaskSpec, first
     }
 }
 
-/// The attention weights `p` of one (sequence, head) after dropout (written into `scratch`;
-/// `p` itself without dropout); `first` is the pair's first element in the `(B, H, T, T)`
-/// mask.
-#[inline(always)]
-fn dropped_weights<'a, T: Float>(
-    p: &'a [T],
-    scratch: &'a mut [T],
-    drops: Option<&Drops>,
-    first: usize,
-    scale: T,
-) -> &'a [T] {
-    match drops {
-        Some(dr) => {
-            drop_into(p, scratch, &dr.attn, first, scale);
-            scratch
-        }
-        None => p,
-    }
-}
-
 /// The parameters as slices, indexed by [`slot`].
 struct Weights<'a, T>([&'a [T]; slot::COUNT]);
 
@@ -375,25 +359,10 @@ impl<T> Default for Norm<T> {
 /// What one group's forward pass keeps for its backward pass.
 #[derive(Debug)]
 struct Saved<T> {
-    /// Pre-norm: `LN1(x)`, the input of the projections (post-norm reads `x` itself).
-    a_in: Vec<T>,
-    q: Vec<T>,
-    k: Vec<T>,
-    v: Vec<T>,
-    /// Attention weights before dropout, `(seqs, H, T, T)`.
-    p: Vec<T>,
-    /// Attention output with the heads merged, the output projection's input.
-    o: Vec<T>,
-    /// Post-norm: of `x + attn` (giving `x1`); pre-norm: of `x`.
-    n1: Norm<T>,
-    /// Post-norm: of `x1 + ff` (the output); pre-norm: of `x1`.
-    n2: Norm<T>,
-    /// Pre-norm: `LN2(x1)`, `linear1`'s input (post-norm: `x1`).
-    f_in: Vec<T>,
+    sa: AttnSaved<T>,
+    ff: FfSaved<T>,
     /// The residual stream between the sub-layers.
     x1: Vec<T>,
-    /// The hidden layer after the ReLU, before dropout.
-    hid: Vec<T>,
 }
 
 /// `dW = dy^T x` (m x k, overwritten) and `db += sum_rows(dy)` over all `n` rows.
@@ -458,123 +427,30 @@ fn forward_group<T: Float>(
     y: &mut [T],
     keep_saved: bool,
 ) -> Option<Saved<T>> {
-    let (t, c, f, h) = (d.t, d.c, d.f, d.h);
+    let (t, c) = (d.t, d.c);
     let n = x.len() / c;
-    let ns = n / t;
-    let dh = c / h;
-    let eps = T::from_f64(d.eps);
-    let scale = T::from_f64(1.0 / (dh as f64).sqrt());
     let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
-    let w = &w.0;
+    let (sh, (sa_drops, ff_drops)) = (d.shape(), sublayer_drops(drops));
     simd(
         #[inline(always)]
         || {
-            let mut n1 = Norm::default();
-            let mut n2 = Norm::default();
-            // Self-attention sub-layer.
-            let mut a_in = Vec::new();
-            let a_src: &[T] = if d.norm_first {
-                a_in = vec![T::ZERO; n * c];
-                ln_fwd(x, w[slot::N1_W], w[slot::N1_B], eps, &mut a_in, &mut n1);
-                &a_in
-            } else {
-                x
-            };
-            let mut q = vec![T::ZERO; n * c];
-            let mut k = vec![T::ZERO; n * c];
-            let mut v = vec![T::ZERO; n * c];
-            rows_forward(&mut q, a_src, w[slot::Q_W], w[slot::Q_B], n, c, c);
-            rows_forward(&mut k, a_src, w[slot::K_W], w[slot::K_B], n, c, c);
-            rows_forward(&mut v, a_src, w[slot::V_W], w[slot::V_B], n, c, c);
-            let mut p = vec![T::ZERO; ns * h * t * t];
-            let mut o = vec![T::ZERO; n * c];
-            let mut pd = vec![T::ZERO; t * t];
-            for sl in 0..ns {
-                let seq = s0 + sl;
-                for hi in 0..h {
-                    let off = sl * t * c + hi * dh;
-                    let pb = &mut p[(sl * h + hi) * t * t..][..t * t];
-                    gemm(
-                        Mat::new_mut(pb, t, t, t, 1),
-                        false,
-                        Mat::new(&q[off..], t, dh, c, 1),
-                        Mat::new(&k[off..], t, dh, c, 1).t(),
-                        scale,
-                    );
-                    masked_softmax_rows(pb, keep.map(|m| m.of(seq, t)), t);
-                    let first = (seq * h + hi) * t * t;
-                    let weights = dropped_weights(pb, &mut pd, drops, first, dscale);
-                    gemm(
-                        Mat::new_mut(&mut o[off..], t, dh, c, 1),
-                        false,
-                        Mat::new(weights, t, t, t, 1),
-                        Mat::new(&v[off..], t, dh, c, 1),
-                        T::ONE,
-                    );
-                }
-            }
-            // x1 = x + dropout(o Wo^T + bo), normalised after (post-norm).
-            let row0 = s0 * t;
             let mut x1 = vec![T::ZERO; n * c];
-            rows_forward(&mut x1, &o, w[slot::O_W], w[slot::O_B], n, c, c);
-            if let Some(dr) = drops {
-                drop_inplace(&mut x1, &dr.out1, row0 * c, dscale);
-            }
-            for (r, &xv) in x1.iter_mut().zip(x) {
-                *r = xv + *r;
-            }
-            if !d.norm_first {
-                let r1 = x1.clone();
-                ln_fwd(&r1, w[slot::N1_W], w[slot::N1_B], eps, &mut x1, &mut n1);
-            }
-            // Feed-forward sub-layer.
-            let mut f_in = Vec::new();
-            let f_src: &[T] = if d.norm_first {
-                f_in = vec![T::ZERO; n * c];
-                ln_fwd(&x1, w[slot::N2_W], w[slot::N2_B], eps, &mut f_in, &mut n2);
-                &f_in
-            } else {
-                &x1
-            };
-            let mut hid = vec![T::ZERO; n * f];
-            rows_forward(&mut hid, f_src, w[slot::L1_W], w[slot::L1_B], n, f, c);
-            for v in hid.iter_mut() {
-                *v = if *v > T::ZERO { *v } else { T::ZERO };
-            }
-            let mut hd_buf = Vec::new();
-            let hd: &[T] = match drops {
-                Some(dr) => {
-                    hd_buf = vec![T::ZERO; n * f];
-                    drop_into(&hid, &mut hd_buf, &dr.hidden, row0 * f, dscale);
-                    &hd_buf
-                }
-                None => &hid,
-            };
-            rows_forward(y, hd, w[slot::L2_W], w[slot::L2_B], n, c, f);
-            drop(hd_buf);
-            if let Some(dr) = drops {
-                drop_inplace(y, &dr.out2, row0 * c, dscale);
-            }
-            for (r, &xv) in y.iter_mut().zip(&x1) {
-                *r = xv + *r;
-            }
-            if !d.norm_first {
-                let r2 = y.to_vec();
-                ln_fwd(&r2, w[slot::N2_W], w[slot::N2_B], eps, y, &mut n2);
-            }
-            keep_saved.then_some(Saved {
-                a_in,
-                q,
-                k,
-                v,
-                p,
-                o,
-                n1,
-                n2,
-                f_in,
-                x1,
-                hid,
-            })
+            let sa = attn_fwd(
+                &sh,
+                &w.0,
+                (slot::Q_W, slot::N1_W),
+                x,
+                None,
+                t,
+                |seq| keep.map(|m| m.of(seq, t)),
+                sa_drops,
+                dscale,
+                s0,
+                &mut x1,
+            );
+            let ff_slots = (slot::L1_W, slot::L2_W, slot::N2_W);
+            let ff = ff_fwd(&sh, &w.0, ff_slots, &x1, ff_drops, dscale, s0 * t, y);
+            keep_saved.then_some(Saved { sa, ff, x1 })
         },
     )
 }
@@ -592,183 +468,64 @@ fn backward_group<T: Float>(
     dy: &[T],
     dx: &mut [T],
 ) -> Vec<Vec<T>> {
-    let (t, c, f, h) = (d.t, d.c, d.f, d.h);
+    let (t, c) = (d.t, d.c);
     let n = x.len() / c;
-    let ns = n / t;
-    let dh = c / h;
-    let scale = T::from_f64(1.0 / (dh as f64).sqrt());
     let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
-    let row0 = s0 * t;
+    let (sh, (sa_drops, ff_drops)) = (d.shape(), sublayer_drops(drops));
     let w = &w.0;
     simd(
         #[inline(always)]
         || {
-            let mut g: Vec<Vec<T>> = (0..slot::COUNT)
-                .map(|i| vec![T::ZERO; w[i].len()])
-                .collect();
+            let mut g: Vec<Vec<T>> = w.iter().map(|p| vec![T::ZERO; p.len()]).collect();
             let mut scratch = Vec::new();
-            // Through the second norm (post-norm) to the feed-forward sub-layer's residual.
             let mut dx1 = vec![T::ZERO; n * c];
-            if d.norm_first {
-                dx1.copy_from_slice(dy);
-            } else {
-                let (gw, gb) = two(&mut g, slot::N2_W, slot::N2_B);
-                ln_bwd(
-                    dy,
-                    &sv.n2,
-                    w[slot::N2_W],
-                    &mut dx1,
-                    false,
-                    gw,
-                    gb,
-                    &mut scratch,
-                );
-            }
-            // Feed-forward: dg = dropout(dr2); linear2, dropout, ReLU, linear1.
-            let mut dgo = dx1.clone();
-            if let Some(dr) = drops {
-                drop_inplace(&mut dgo, &dr.out2, row0 * c, dscale);
-            }
-            let mut hd = sv.hid.clone();
-            if let Some(dr) = drops {
-                drop_inplace(&mut hd, &dr.hidden, row0 * f, dscale);
-            }
-            {
-                let (gw, gb) = two(&mut g, slot::L2_W, slot::L2_B);
-                linear_grads(gw, gb, &dgo, &hd, n, f);
-            }
-            let mut dhid = hd;
-            rows_input_grad(&mut dhid, false, &dgo, w[slot::L2_W], n, c);
-            if let Some(dr) = drops {
-                drop_inplace(&mut dhid, &dr.hidden, row0 * f, dscale);
-            }
-            for (dv, &hv) in dhid.iter_mut().zip(&sv.hid) {
-                *dv = if hv > T::ZERO { *dv } else { T::ZERO };
-            }
-            let f_src: &[T] = if d.norm_first { &sv.f_in } else { &sv.x1 };
-            {
-                let (gw, gb) = two(&mut g, slot::L1_W, slot::L1_B);
-                linear_grads(gw, gb, &dhid, f_src, n, c);
-            }
-            if d.norm_first {
-                let mut df_in = dgo;
-                rows_input_grad(&mut df_in, false, &dhid, w[slot::L1_W], n, f);
-                let (gw, gb) = two(&mut g, slot::N2_W, slot::N2_B);
-                ln_bwd(
-                    &df_in,
-                    &sv.n2,
-                    w[slot::N2_W],
-                    &mut dx1,
-                    true,
-                    gw,
-                    gb,
-                    &mut scratch,
-                );
-            } else {
-                rows_input_grad(&mut dx1, true, &dhid, w[slot::L1_W], n, f);
-            }
-            drop(dhid);
-            // Through the first norm (post-norm) to the attention sub-layer's residual.
-            if d.norm_first {
-                dx.copy_from_slice(&dx1);
-            } else {
-                let (gw, gb) = two(&mut g, slot::N1_W, slot::N1_B);
-                ln_bwd(&dx1, &sv.n1, w[slot::N1_W], dx, false, gw, gb, &mut scratch);
-            }
-            let mut da = dx1;
-            da.copy_from_slice(dx);
-            if let Some(dr) = drops {
-                drop_inplace(&mut da, &dr.out1, row0 * c, dscale);
-            }
-            {
-                let (gw, gb) = two(&mut g, slot::O_W, slot::O_B);
-                linear_grads(gw, gb, &da, &sv.o, n, c);
-            }
-            let mut d_o = vec![T::ZERO; n * c];
-            rows_input_grad(&mut d_o, false, &da, w[slot::O_W], n, c);
-            // Attention, per sequence and head.
-            let (mut dq, mut dk, mut dv) = (da, vec![T::ZERO; n * c], vec![T::ZERO; n * c]);
-            let mut pd = vec![T::ZERO; t * t];
-            let mut dp = vec![T::ZERO; t * t];
-            for sl in 0..ns {
-                let seq = s0 + sl;
-                for hi in 0..h {
-                    let off = sl * t * c + hi * dh;
-                    let pb = &sv.p[(sl * h + hi) * t * t..][..t * t];
-                    let first = (seq * h + hi) * t * t;
-                    let weights = dropped_weights(pb, &mut pd, drops, first, dscale);
-                    // dV = Pd^T dO; dPd = dO V^T.
-                    gemm(
-                        Mat::new_mut(&mut dv[off..], t, dh, c, 1),
-                        false,
-                        Mat::new(weights, t, t, t, 1).t(),
-                        Mat::new(&d_o[off..], t, dh, c, 1),
-                        T::ONE,
-                    );
-                    gemm(
-                        Mat::new_mut(&mut dp, t, t, t, 1),
-                        false,
-                        Mat::new(&d_o[off..], t, dh, c, 1),
-                        Mat::new(&sv.v[off..], t, dh, c, 1).t(),
-                        T::ONE,
-                    );
-                    // Through the dropout and the softmax: dS = P (dP - rowsum(dP P)).
-                    if let Some(dr) = drops {
-                        drop_inplace(&mut dp, &dr.attn, first, dscale);
-                    }
-                    for (dr, pr) in dp.chunks_exact_mut(t).zip(pb.chunks_exact(t)) {
-                        let dot = float::dot(dr, pr);
-                        for (x, &pv) in dr.iter_mut().zip(pr) {
-                            *x = pv * (*x - dot);
-                        }
-                    }
-                    // dQ = scale dS K; dK = scale dS^T Q.
-                    gemm(
-                        Mat::new_mut(&mut dq[off..], t, dh, c, 1),
-                        false,
-                        Mat::new(&dp, t, t, t, 1),
-                        Mat::new(&sv.k[off..], t, dh, c, 1),
-                        scale,
-                    );
-                    gemm(
-                        Mat::new_mut(&mut dk[off..], t, dh, c, 1),
-                        false,
-                        Mat::new(&dp, t, t, t, 1).t(),
-                        Mat::new(&sv.q[off..], t, dh, c, 1),
-                        scale,
-                    );
-                }
-            }
-            // The projections.
-            let a_src: &[T] = if d.norm_first { &sv.a_in } else { x };
-            for (dproj, (gw_i, gb_i)) in [
-                (&dq, (slot::Q_W, slot::Q_B)),
-                (&dk, (slot::K_W, slot::K_B)),
-                (&dv, (slot::V_W, slot::V_B)),
-            ] {
-                let (gw, gb) = two(&mut g, gw_i, gb_i);
-                linear_grads(gw, gb, dproj, a_src, n, c);
-            }
-            let mut da_in = d_o;
-            rows_input_grad(&mut da_in, false, &dq, w[slot::Q_W], n, c);
-            rows_input_grad(&mut da_in, true, &dk, w[slot::K_W], n, c);
-            rows_input_grad(&mut da_in, true, &dv, w[slot::V_W], n, c);
-            if d.norm_first {
-                let (gw, gb) = two(&mut g, slot::N1_W, slot::N1_B);
-                ln_bwd(
-                    &da_in,
-                    &sv.n1,
-                    w[slot::N1_W],
-                    dx,
-                    true,
-                    gw,
-                    gb,
-                    &mut scratch,
-                );
-            } else {
-                float::add_inplace(dx, &da_in);
-            }
+            let ff_slots = (slot::L1_W, slot::L2_W, slot::N2_W);
+            let (ff, x1) = (&sv.ff, &sv.x1);
+            ff_bwd(
+                &sh,
+                w,
+                ff_slots,
+                &mut g,
+                ff,
+                x1,
+                ff_drops,
+                dscale,
+                s0 * t,
+                dy,
+                &mut dx1,
+                &mut scratch,
+            );
+            attn_bwd(
+                &sh,
+                w,
+                (slot::Q_W, slot::N1_W),
+                &mut g,
+                &sv.sa,
+                x,
+                None,
+                t,
+                sa_drops,
+                dscale,
+                s0,
+                &dx1,
+                dx,
+                &mut scratch,
+            );
             g
+        },
+    )
+}
+
+/// The two sub-layers' dropout masks.
+fn sublayer_drops(drops: Option<&Drops>) -> (SublayerDrops<'_>, FfDrops<'_>) {
+    (
+        SublayerDrops {
+            attn: drops.map(|dr| &dr.attn),
+            out: drops.map(|dr| &dr.out1),
+        },
+        FfDrops {
+            hidden: drops.map(|dr| &dr.hidden),
+            out: drops.map(|dr| &dr.out2),
         },
     )
 }

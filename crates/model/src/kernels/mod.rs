@@ -55,6 +55,7 @@ mod linear;
 mod matmul;
 mod smoothing;
 mod softmax;
+mod sublayer;
 
 pub use activation::{sigmoid, sigmoid_reference, tanh};
 pub use attention::{attention, attention_reference};

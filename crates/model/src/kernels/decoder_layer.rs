@@ -121,6 +121,25 @@ struct Saved<T> {
     x2: Vec<T>,
 }
 
+/// The three sub-layers' dropout masks: self-attention, encoder-decoder attention,
+/// feed-forward.
+fn sublayer_drops(drops: Option<&Drops>) -> (SublayerDrops<'_>, SublayerDrops<'_>, FfDrops<'_>) {
+    (
+        SublayerDrops {
+            attn: drops.map(|dr| &dr.self_attn),
+            out: drops.map(|dr| &dr.out1),
+        },
+        SublayerDrops {
+            attn: drops.map(|dr| &dr.cross_attn),
+            out: drops.map(|dr| &dr.out2),
+        },
+        FfDrops {
+            hidden: drops.map(|dr| &dr.hidden),
+            out: drops.map(|dr| &dr.out3),
+        },
+    )
+}
+
 /// The memory mask of sequences `seqs`, each row repeated for the `t` queries: `T x S` per
 /// sequence, the layout [`masked_softmax_rows`] reads.
 fn memory_keep_rows(keep: &[u8], seqs: std::ops::Range<usize>, t: usize, s: usize) -> Vec<u8> {
@@ -162,14 +181,7 @@ fn forward_group<T: Float>(
     simd(
         #[inline(always)]
         || {
-            let self_drops = SublayerDrops {
-                attn: drops.map(|dr| &dr.self_attn),
-                out: drops.map(|dr| &dr.out1),
-            };
-            let cross_drops = SublayerDrops {
-                attn: drops.map(|dr| &dr.cross_attn),
-                out: drops.map(|dr| &dr.out2),
-            };
+            let (self_drops, cross_drops, ff_drops) = sublayer_drops(drops);
             let sh = d.shape();
             let mut x1 = vec![T::ZERO; n * c];
             let sa = attn_fwd(
@@ -203,10 +215,6 @@ fn forward_group<T: Float>(
                 s0,
                 &mut x2,
             );
-            let ff_drops = FfDrops {
-                hidden: drops.map(|dr| &dr.hidden),
-                out: drops.map(|dr| &dr.out3),
-            };
             let ff_slots = (slot::L1_W, slot::L2_W, slot::N3_W);
             let ff = ff_fwd(&sh, w, ff_slots, &x2, ff_drops, dscale, s0 * t, y);
             keep_saved.then_some(Saved { sa, ca, ff, x1, x2 })
@@ -237,19 +245,8 @@ fn backward_group<T: Float>(
         || {
             let mut g: Vec<Vec<T>> = w.iter().map(|p| vec![T::ZERO; p.len()]).collect();
             let mut scratch = Vec::new();
-            let self_drops = SublayerDrops {
-                attn: drops.map(|dr| &dr.self_attn),
-                out: drops.map(|dr| &dr.out1),
-            };
-            let cross_drops = SublayerDrops {
-                attn: drops.map(|dr| &dr.cross_attn),
-                out: drops.map(|dr| &dr.out2),
-            };
+            let (self_drops, cross_drops, ff_drops) = sublayer_drops(drops);
             let sh = d.shape();
-            let ff_drops = FfDrops {
-                hidden: drops.map(|dr| &dr.hidden),
-                out: drops.map(|dr| &dr.out3),
-            };
             let mut dx2 = vec![T::ZERO; n * c];
             let (ff, x2) = (&sv.ff, &sv.x2);
             ff_bwd(

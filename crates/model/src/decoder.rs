@@ -142,6 +142,18 @@ impl DecoderLayer {
             }),
             _ => None,
         };
+        // Padding rows are skipped where a mask declares lengths; the other side's are then
+        // all real.
+        let lengths = match (
+            self_mask.and_then(|m| m.lengths()),
+            memory_mask.and_then(|m| m.lengths()),
+        ) {
+            (None, None) => None,
+            (tl, sl) => Some((
+                tl.map_or_else(|| vec![t; b], <[usize]>::to_vec),
+                sl.map_or_else(|| vec![s; b], <[usize]>::to_vec),
+            )),
+        };
         let opts = kernels::EncoderLayerOptions {
             nhead: self.self_attn.nhead(),
             layer_norm_eps: eps,
@@ -154,6 +166,7 @@ impl DecoderLayer {
             opts,
             self_mask.map(|m| m.keep()),
             memory_mask.map(|m| m.keep()),
+            lengths.as_ref().map(|(t, s)| (&t[..], &s[..])),
             dropout,
             Some(grads),
         )

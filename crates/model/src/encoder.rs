@@ -194,7 +194,8 @@ impl EncoderLayer {
             layer_norm_eps: eps,
             norm_first: self.norm_first,
         };
-        kernels::encoder_layer(x, &params, opts, mask.map(|m| m.keep()), dropout, grads).map(Some)
+        let (keep, lengths) = (mask.map(|m| m.keep()), mask.and_then(|m| m.lengths()));
+        kernels::encoder_layer(x, &params, opts, keep, lengths, dropout, grads).map(Some)
     }
 
     /// The layer; the attention weights only with `need_weights` (without them, attention

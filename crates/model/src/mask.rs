@@ -8,6 +8,7 @@
 
 use crate::Result;
 use candle_core::{DType, Device, Tensor};
+use std::sync::Arc;
 
 /// An attention mask: a `u8` tensor broadcastable to (B, H, T, S), 1 = may attend.
 #[derive(Debug, Clone)]
@@ -17,6 +18,8 @@ pub struct Mask {
     /// False when every query is known to keep at least one key (a causal mask always keeps
     /// the diagonal), so attention can skip zeroing fully masked rows.
     may_mask_whole_rows: bool,
+    /// Where known: each sequence's real positions, its first ones ([`Mask::with_lengths`]).
+    lengths: Option<Arc<[usize]>>,
 }
 
 /// The number of tokens other than `pad_id` in each row of `ids` (padding comes after the
@@ -35,6 +38,32 @@ pub fn lengths(ids: &Tensor, pad_id: u32) -> Result<Vec<usize>> {
         .collect())
 }
 
+/// Each row's length up to its last token other than `pad_id` in any of `ids` (rows of the
+/// same batch, such as a decoder's inputs and its targets): the positions after it are
+/// padding in all of them.
+///
+/// # Shapes
+/// ids (B, S) u32 each -> B lengths
+pub fn padded_lengths(ids: &[&Tensor], pad_id: u32) -> Result<Vec<usize>> {
+    let mut out: Vec<usize> = Vec::new();
+    for t in ids {
+        let rows = t.to_vec2::<u32>()?;
+        if out.is_empty() {
+            out = vec![0; rows.len()];
+        } else if out.len() != rows.len() {
+            candle_core::bail!("padded_lengths: {} rows and {} rows", out.len(), rows.len());
+        }
+        for (len, row) in out.iter_mut().zip(&rows) {
+            let last = row
+                .iter()
+                .rposition(|&id| id != pad_id)
+                .map_or(0, |i| i + 1);
+            *len = (*len).max(last);
+        }
+    }
+    Ok(out)
+}
+
 impl Mask {
     /// Wraps a `u8` keep-tensor of rank 2 `(T, S)`, 3 `(B, T, S)` or 4 `(B, 1, T, S)`.
     pub fn from_keep(keep: &Tensor) -> Result<Self> {
@@ -48,6 +77,7 @@ impl Mask {
         Ok(Self {
             keep,
             may_mask_whole_rows: true,
+            lengths: None,
         })
     }
 
@@ -90,6 +120,7 @@ impl Mask {
         Ok(Self {
             keep: valid.to_dtype(DType::U8)?.reshape((b, 1, 1, s))?,
             may_mask_whole_rows: true,
+            lengths: None,
         })
     }
 
@@ -111,6 +142,13 @@ impl Mask {
         Ok(Self {
             keep: self.keep.broadcast_mul(&other.keep)?,
             may_mask_whole_rows: self.may_mask_whole_rows || other.may_mask_whole_rows,
+            lengths: match (&self.lengths, &other.lengths) {
+                (Some(a), Some(b)) => {
+                    Some(a.iter().zip(b.iter()).map(|(x, y)| *x.min(y)).collect())
+                }
+                (Some(l), None) | (None, Some(l)) => Some(l.clone()),
+                (None, None) => None,
+            },
         })
     }
 
@@ -135,6 +173,7 @@ impl Mask {
         Ok(Self {
             keep: self.keep.index_select(rows, 0)?,
             may_mask_whole_rows: self.may_mask_whole_rows,
+            lengths: None,
         })
     }
 
@@ -146,6 +185,21 @@ impl Mask {
     /// The u8 keep-tensor, 4-D.
     pub fn keep(&self) -> &Tensor {
         &self.keep
+    }
+
+    /// This mask, declaring that each sequence `b`'s positions from `lengths[b]` on are
+    /// padding: the mask hides them as keys from every earlier position, and nothing reads
+    /// what a layer computes at them nor sends a gradient into them (the loss ignores them).
+    /// The fused layers then skip those rows; their outputs there are zero. The first part is
+    /// checked where the rows are skipped; the second is the caller's promise.
+    pub fn with_lengths(mut self, lengths: Vec<usize>) -> Self {
+        self.lengths = Some(lengths.into());
+        self
+    }
+
+    /// The lengths given to [`Self::with_lengths`] (the smaller of two where masks combine).
+    pub fn lengths(&self) -> Option<&[usize]> {
+        self.lengths.as_deref()
     }
 
     /// The additive form for scores of `dtype`: 0 where allowed, a large negative number
@@ -188,6 +242,26 @@ mod tests {
         assert_eq!(both.keep().dims(), &[2, 1, 3, 3]);
         let b1 = both.keep().get(1)?.squeeze(0)?.to_vec2::<u8>()?;
         assert_eq!(b1, vec![vec![1, 0, 0], vec![1, 0, 0], vec![1, 0, 0]]);
+        Ok(())
+    }
+
+    #[test]
+    fn lengths_reach_the_last_token_of_any_side_and_survive_and() -> Result<()> {
+        let dev = Device::Cpu;
+        // Row 0: a padding id inside the row; row 1: the targets run one longer than the
+        // inputs; row 2: all padding.
+        let tgt_in = Tensor::new(&[[1u32, 0, 7, 0], [1, 5, 0, 0], [0, 0, 0, 0]], &dev)?;
+        let tgt_out = Tensor::new(&[[0u32, 7, 0, 0], [5, 2, 2, 0], [0, 0, 0, 0]], &dev)?;
+        let lens = padded_lengths(&[&tgt_in, &tgt_out], 0)?;
+        assert_eq!(lens, vec![3, 3, 0]);
+        assert_eq!(padded_lengths(&[&tgt_in], 0)?, vec![3, 2, 0]);
+        let pad = Mask::key_padding_from_ids(&tgt_in, 0)?.with_lengths(vec![3, 3, 0]);
+        let both = Mask::causal(4, &dev)?.and(&pad)?;
+        assert_eq!(both.lengths(), Some(&[3, 3, 0][..]));
+        let shorter = both.and(&Mask::causal(4, &dev)?.with_lengths(vec![4, 2, 4]))?;
+        assert_eq!(shorter.lengths(), Some(&[3, 2, 0][..]));
+        let rows = Tensor::new(&[1u32, 0], &dev)?;
+        assert_eq!(shorter.select_rows(&rows)?.lengths(), None);
         Ok(())
     }
 }

@@ -464,11 +464,16 @@ impl Seq2Seq {
 
     /// [`Self::loss`] whose backward pass delivers most parameter gradients to `grads`
     /// instead of candle's `GradStore` (see [`crate::grads`]): the embeddings' rows, every
-    /// encoder layer that runs as one fused op, and the output layer's weight and bias; the
-    /// rest (the decoder layers, the final norms) through the graph as usual. An optimizer
-    /// reads both. The same loss as [`Self::loss`] with the same dropout, summed in another
-    /// order. `(pad_id, eps, precision)`: the padding id, the label smoothing and the
-    /// arithmetic of the output layer's products ([`crate::kernels::Precision`]).
+    /// encoder and decoder layer that runs as one fused op, and the output layer's weight and
+    /// bias; the rest (the final norms, layers the fused ops do not cover) through the graph
+    /// as usual. An optimizer reads both. The same loss as [`Self::loss`] with the same
+    /// dropout, summed in another order. `(pad_id, eps, precision)`: the padding id, the label
+    /// smoothing and the arithmetic of the output layer's products
+    /// ([`crate::kernels::Precision`]).
+    ///
+    /// The fused layers skip padding rows: each sequence's positions after its last token
+    /// (source; decoder input or target) are not computed, since the masks hide them and the
+    /// loss ignores them ([`Mask::with_lengths`]).
     ///
     /// # Shapes
     /// src (B, S), tgt_in (B, T), tgt_out (B, T) u32 -> scalars
@@ -483,16 +488,21 @@ impl Seq2Seq {
         mode: Mode,
         grads: &DirectGrads,
     ) -> Result<Seq2SeqLoss> {
+        let src_len = crate::mask::padded_lengths(&[src], pad_id)?;
+        let tgt_len = crate::mask::padded_lengths(&[tgt_in, tgt_out], pad_id)?;
+        let src_mask = masks.src.clone().with_lengths(src_len.clone());
+        let tgt_mask = masks.tgt.clone().with_lengths(tgt_len);
+        let memory_mask = masks.memory.clone().with_lengths(src_len);
         let x = self.embed_direct(&self.src_embedding, src, mode, grads)?;
         let memory = self
             .transformer
-            .encode_direct(&x, Some(&masks.src), mode, grads)?;
+            .encode_direct(&x, Some(&src_mask), mode, grads)?;
         let y = self.embed_direct(&self.tgt_embedding, tgt_in, mode, grads)?;
         let h = self.transformer.decode_direct(
             &y,
             &memory,
-            Some(&masks.tgt),
-            Some(&masks.memory),
+            Some(&tgt_mask),
+            Some(&memory_mask),
             mode,
             grads,
         )?;

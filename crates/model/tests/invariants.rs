@@ -494,3 +494,68 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
     }
     Ok(())
 }
+
+/// A mask's declared lengths ([`Mask::with_lengths`]) let the fused encoder layers skip
+/// padding rows: the real rows are those of the plain run (f64, to rounding), the padding
+/// rows are zero. Lengths that the mask does not hide are refused with an error that names
+/// the sequence.
+#[test]
+fn declared_lengths_skip_padding_rows_and_are_checked() -> Result<()> {
+    use transformer_model::encoder::LayerSpec;
+    use transformer_model::mask::Mask;
+    use transformer_model::{Activation, Encoder};
+    let dev = Device::Cpu;
+    let pb = ParamBuilder::new(DType::F64, &dev, 3);
+    let spec = LayerSpec {
+        d_model: 8,
+        nhead: 2,
+        dim_feedforward: 12,
+        dropout: 0.0,
+        activation: Activation::Relu,
+        layer_norm_eps: 1e-5,
+        norm_first: false,
+    };
+    let enc = Encoder::new(&pb, &spec, 2, false)?;
+    let src = ids(&[&[5, 6, 7, 8, 9], &[5, 6, 0, 0, 0], &[7, 0, 0, 0, 0]])?;
+    let x = Tensor::randn(0f64, 1.0, (3, 5, 8), &dev)?;
+    let mask = Mask::key_padding_from_ids(&src, 0)?;
+    let plain = enc.forward_no_grad(&x, Some(&mask), Mode::Eval)?;
+    let lens = vec![5, 2, 1];
+    let skipped = enc.forward_no_grad(
+        &x,
+        Some(&mask.clone().with_lengths(lens.clone())),
+        Mode::Eval,
+    )?;
+    for (b, &len) in lens.iter().enumerate() {
+        let (want, got) = (plain.get(b)?, skipped.get(b)?);
+        let diff = (want.narrow(0, 0, len)? - got.narrow(0, 0, len)?)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f64>()?;
+        assert!(diff < 1e-12, "sequence {b}: real rows differ by {diff}");
+        let rest = got
+            .narrow(0, len, 5 - len)?
+            .abs()?
+            .sum_all()?
+            .to_scalar::<f64>()?;
+        assert_eq!(rest, 0.0, "sequence {b}: padding rows not zero");
+    }
+    // Sequence 1 has 2 tokens, but a length of 1 leaves its second key visible to row 0.
+    let bad = mask.clone().with_lengths(vec![5, 1, 1]);
+    let err = enc
+        .forward_no_grad(&x, Some(&bad), Mode::Eval)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sequence 1") && err.contains("key 1"), "{err}");
+    // A causal mask hides every key after a length from the rows before it...
+    let causal = Mask::causal(5, &dev)?.with_lengths(vec![5, 3, 4]);
+    enc.forward_no_grad(&x, Some(&causal), Mode::Eval)?;
+    // ... a mask that keeps every key does not.
+    let all = Mask::key_valid(&Tensor::ones((3, 5), DType::U8, &dev)?)?.with_lengths(vec![5, 5, 4]);
+    let err = enc
+        .forward_no_grad(&x, Some(&all), Mode::Eval)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sequence 2") && err.contains("key 4"), "{err}");
+    Ok(())
+}

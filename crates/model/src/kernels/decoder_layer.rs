@@ -28,7 +28,8 @@ use super::encoder_layer::{
 };
 use super::float::{self, simd, Float};
 use super::sublayer::{
-    attn_bwd, attn_fwd, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, SubDims, SublayerDrops,
+    attn_bwd, attn_fwd, check_lengths, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, Rows, SubDims,
+    SublayerDrops,
 };
 use super::{cpu_slice, num_threads, run_parallel, with_slice};
 use crate::grads::DirectGrads;
@@ -93,7 +94,6 @@ impl Dims {
     /// What the sub-layers read.
     fn shape(&self) -> SubDims {
         SubDims {
-            t: self.t,
             c: self.c,
             f: self.f,
             h: self.h,
@@ -152,13 +152,27 @@ fn memory_keep_rows(keep: &[u8], seqs: std::ops::Range<usize>, t: usize, s: usiz
     out
 }
 
-/// The masks a layer reads: the self-attention's `(B | 1, T, T)` and the memory's `B x S`.
+/// The masks a layer reads: the self-attention's `(B | 1, T, T)` and the memory's `B x S`,
+/// and the sequences' lengths where padding rows are skipped.
 struct Masks<'a> {
     self_keep: Option<&'a Keep>,
     memory_keep: Option<&'a [u8]>,
+    /// Each target sequence's and each source sequence's real rows.
+    lens: Option<(&'a [usize], &'a [usize])>,
 }
 
-/// The forward pass of sequences `s0 .. s0 + ns` (`x`, `mem` and `y` their rows).
+impl Masks<'_> {
+    /// The rows of sequences `s0 .. s0 + ns`: the target's (of `t`) and the memory's (of `s`).
+    fn rows(&self, s0: usize, ns: usize, t: usize, s: usize) -> (Rows, Rows) {
+        (
+            Rows::of_group(s0, ns, t, self.lens.map(|l| l.0)),
+            Rows::of_group(s0, ns, s, self.lens.map(|l| l.1)),
+        )
+    }
+}
+
+/// The forward pass of sequences `s0 .. s0 + ns` (`x`, `mem` and `y` their padded rows;
+/// only their real rows are computed, the others zero in `y`).
 #[allow(clippy::too_many_arguments)]
 fn forward_group<T: Float>(
     d: &Dims,
@@ -172,12 +186,20 @@ fn forward_group<T: Float>(
     keep_saved: bool,
 ) -> Option<Saved<T>> {
     let (t, s, c) = (d.t, d.s, d.c);
-    let n = x.len() / c;
-    let ns = n / t;
+    let ns = x.len() / (t * c);
+    let (rows, mrows) = masks.rows(s0, ns, t, s);
+    let n = rows.n();
     let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
     let mem_keep = masks
         .memory_keep
         .map(|k| memory_keep_rows(k, s0..s0 + ns, t, s));
+    let gathered;
+    let (x, mem) = if rows.is_full() && mrows.is_full() {
+        (x, mem)
+    } else {
+        gathered = (rows.gather(x, c), mrows.gather(mem, c));
+        (&gathered.0[..], &gathered.1[..])
+    };
     simd(
         #[inline(always)]
         || {
@@ -189,12 +211,11 @@ fn forward_group<T: Float>(
                 w,
                 (slot::SQ_W, slot::N1_W),
                 x,
+                &rows,
                 None,
-                t,
                 |seq| masks.self_keep.map(|k| k.of(seq, t)),
                 self_drops,
                 dscale,
-                s0,
                 &mut x1,
             );
             let mut x2 = vec![T::ZERO; n * c];
@@ -203,8 +224,8 @@ fn forward_group<T: Float>(
                 w,
                 (slot::CQ_W, slot::N2_W),
                 &x1,
-                Some(mem),
-                s,
+                &rows,
+                Some((mem, &mrows)),
                 |seq| {
                     mem_keep
                         .as_deref()
@@ -212,22 +233,32 @@ fn forward_group<T: Float>(
                 },
                 cross_drops,
                 dscale,
-                s0,
                 &mut x2,
             );
             let ff_slots = (slot::L1_W, slot::L2_W, slot::N3_W);
-            let ff = ff_fwd(&sh, w, ff_slots, &x2, ff_drops, dscale, s0 * t, y);
+            let mut yc = Vec::new();
+            let y_rows: &mut [T] = if rows.is_full() {
+                y
+            } else {
+                yc = vec![T::ZERO; n * c];
+                &mut yc
+            };
+            let ff = ff_fwd(&sh, w, ff_slots, &x2, &rows, ff_drops, dscale, y_rows);
+            if !rows.is_full() {
+                rows.scatter(&yc, y, c);
+            }
             keep_saved.then_some(Saved { sa, ca, ff, x1, x2 })
         },
     )
 }
 
-/// The gradients of one group: its input's into `dx`, its memory rows' into `dmem`, the
-/// parameters' returned (indexed by [`slot`]).
+/// The gradients of one group: its input's into `dx`, its memory rows' into `dmem` (both
+/// zero on padding rows), the parameters' returned (indexed by [`slot`]).
 #[allow(clippy::too_many_arguments)]
 fn backward_group<T: Float>(
     d: &Dims,
     w: &[&[T]],
+    masks: &Masks,
     drops: Option<&Drops>,
     s0: usize,
     sv: &Saved<T>,
@@ -238,8 +269,18 @@ fn backward_group<T: Float>(
     dmem: &mut [T],
 ) -> Vec<Vec<T>> {
     let (t, s, c) = (d.t, d.s, d.c);
-    let n = x.len() / c;
+    let ns = x.len() / (t * c);
+    let (rows, mrows) = masks.rows(s0, ns, t, s);
+    let (n, nm) = (rows.n(), mrows.n());
     let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
+    let full = rows.is_full() && mrows.is_full();
+    let gathered;
+    let (x, mem, dy) = if full {
+        (x, mem, dy)
+    } else {
+        gathered = (rows.gather(x, c), mrows.gather(mem, c), rows.gather(dy, c));
+        (&gathered.0[..], &gathered.1[..], &gathered.2[..])
+    };
     simd(
         #[inline(always)]
         || {
@@ -256,13 +297,21 @@ fn backward_group<T: Float>(
                 &mut g,
                 ff,
                 x2,
+                &rows,
                 ff_drops,
                 dscale,
-                s0 * t,
                 dy,
                 &mut dx2,
                 &mut scratch,
             );
+            let (mut dxc, mut dmemc) = (Vec::new(), Vec::new());
+            let (dx_rows, dmem_rows): (&mut [T], &mut [T]) = if full {
+                (dx, dmem)
+            } else {
+                dxc = vec![T::ZERO; n * c];
+                dmemc = vec![T::ZERO; nm * c];
+                (&mut dxc, &mut dmemc)
+            };
             let mut dx1 = vec![T::ZERO; n * c];
             attn_bwd(
                 &sh,
@@ -271,11 +320,10 @@ fn backward_group<T: Float>(
                 &mut g,
                 &sv.ca,
                 &sv.x1,
-                Some((mem, dmem)),
-                s,
+                &rows,
+                Some((mem, dmem_rows, &mrows)),
                 cross_drops,
                 dscale,
-                s0,
                 &dx2,
                 &mut dx1,
                 &mut scratch,
@@ -287,15 +335,18 @@ fn backward_group<T: Float>(
                 &mut g,
                 &sv.sa,
                 x,
+                &rows,
                 None,
-                t,
                 self_drops,
                 dscale,
-                s0,
                 &dx1,
-                dx,
+                dx_rows,
                 &mut scratch,
             );
+            if !full {
+                rows.scatter(&dxc, dx, c);
+                mrows.scatter(&dmemc, dmem, c);
+            }
             g
         },
     )
@@ -341,9 +392,11 @@ fn forward<T: Float>(
 
 /// The backward pass matching [`forward`]: `dx`, `dmem` and the parameters' gradients, the
 /// groups' partial sums added in group order.
+#[allow(clippy::too_many_arguments)]
 fn backward<T: Float>(
     d: &Dims,
     w: &[&[T]],
+    masks: &Masks,
     drops: Option<&Drops>,
     saved: &[Saved<T>],
     x: &[T],
@@ -364,6 +417,7 @@ fn backward<T: Float>(
         backward_group(
             d,
             w,
+            masks,
             drops,
             r.start,
             sv,
@@ -392,6 +446,8 @@ struct LayerOp {
     dims: Dims,
     self_keep: Option<Keep>,
     memory_keep: Option<Vec<u8>>,
+    /// Each target and source sequence's real rows (the others are not computed).
+    lens: Option<(Vec<usize>, Vec<usize>)>,
     drops: Option<Drops>,
     grads: Option<DirectGrads>,
     saved: Mutex<Option<Vec<Saved<f32>>>>,
@@ -420,6 +476,7 @@ impl LayerOp {
         Masks {
             self_keep: self.self_keep.as_ref(),
             memory_keep: self.memory_keep.as_deref(),
+            lens: self.lens.as_ref().map(|(t, s)| (&t[..], &s[..])),
         }
     }
 
@@ -493,6 +550,7 @@ impl CustomOp2 for LayerOp {
                         Ok(backward(
                             &self.dims,
                             w,
+                            &self.masks(),
                             self.drops.as_ref(),
                             saved,
                             xs,
@@ -522,6 +580,10 @@ impl CustomOp2 for LayerOp {
 /// - `self_keep`: the self-attention mask, u8 broadcastable to `(B, 1, T, T)`, 1 = may
 ///   attend (causal and target padding together);
 /// - `memory_keep`: the memory's key mask, u8 broadcastable to `(B, 1, 1, S)`;
+/// - `lengths`: each target and each source sequence's real positions, its first ones; the
+///   rest are padding that the masks hide from every real position (checked). Padding rows
+///   are then not computed: their outputs and gradients are zero, and their `dy` is not read
+///   (`None`: every row is computed, as the composed layer does);
 /// - `dropout`: `None` in evaluation;
 /// - `grads`: where the parameters' gradients go in the backward pass; with `None` the
 ///   result tracks no gradient at all.
@@ -538,6 +600,7 @@ pub fn decoder_layer(
     opts: EncoderLayerOptions,
     self_keep: Option<&Tensor>,
     memory_keep: Option<&Tensor>,
+    lengths: Option<(&[usize], &[usize])>,
     dropout: Option<DecoderLayerDropout>,
     grads: Option<&DirectGrads>,
 ) -> Result<Tensor> {
@@ -588,6 +651,22 @@ pub fn decoder_layer(
         ),
         None => None,
     };
+    let lens = match lengths {
+        Some((tl, sl)) if tl.len() != b || sl.len() != b => bail!(
+            "decoder layer: {} target and {} source lengths for {b} sequences",
+            tl.len(),
+            sl.len()
+        ),
+        Some((tl, sl)) => {
+            let self_of = |seq| self_keep.as_ref().map(|k| k.of(seq, t));
+            check_lengths("decoder layer", (tl, t), (tl, t), self_of)?;
+            let memory_of = |seq: usize| memory_keep.as_ref().map(|k| &k[seq * s..][..s]);
+            check_lengths("decoder layer (memory)", (tl, t), (sl, s), memory_of)?;
+            (tl.iter().any(|&n| n < t) || sl.iter().any(|&n| n < s))
+                .then(|| (tl.to_vec(), sl.to_vec()))
+        }
+        None => None,
+    };
     let op = LayerOp {
         params: params.clone(),
         dims: Dims {
@@ -602,6 +681,7 @@ pub fn decoder_layer(
         },
         self_keep,
         memory_keep,
+        lens,
         drops: dropout.filter(|d| d.p > 0.0).map(Drops::new),
         grads: grads.cloned(),
         saved: Mutex::new(None),
@@ -633,7 +713,9 @@ mod tests {
         let dev = Device::Cpu;
         let (b, t, s, c, f, h) = (5, 6, 4, 8, 12, 2);
         for norm_first in [false, true] {
-            for p in [0.0, 0.3] {
+            // `skip`: with the sequences' lengths, padding rows not computed (the reference's
+            // are then zeroed in `y` and in `dy`; the fused layer's `dy` there is not read).
+            for (p, skip) in [(0.0, false), (0.3, false), (0.0, true), (0.3, true)] {
                 let pb = ParamBuilder::new(DType::F64, &dev, 4);
                 let spec = LayerSpec {
                     d_model: c,
@@ -670,7 +752,21 @@ mod tests {
                     Mode::Train(&rng),
                 )?;
                 let dy = Tensor::randn(0f64, 1.0, (b, t, c), &dev)?;
-                let store = (&y * &dy)?.sum_all()?.backward()?;
+                let tgt_lens: Vec<usize> = (0..b).map(|i| t - i % 3).collect();
+                let src_lens: Vec<usize> = (0..b).map(|i| s - (i + 1) % 3).collect();
+                let real = Tensor::from_vec(
+                    (0..b * t)
+                        .map(|i| f64::from(u8::from(i % t < tgt_lens[i / t])))
+                        .collect::<Vec<_>>(),
+                    (b, t, 1),
+                    &dev,
+                )?;
+                let (y, dy_ref) = if skip {
+                    (y.broadcast_mul(&real)?, dy.broadcast_mul(&real)?)
+                } else {
+                    (y, dy.clone())
+                };
+                let store = (&y * &dy_ref)?.sum_all()?.backward()?;
 
                 let mut names = Vec::new();
                 for m in ["self_attn", "multihead_attn"] {
@@ -726,6 +822,7 @@ mod tests {
                 let masks = Masks {
                     self_keep: Some(&self_keep),
                     memory_keep: Some(&memory_keep),
+                    lens: skip.then_some((&tgt_lens[..], &src_lens[..])),
                 };
                 let (seed, _) = rng.state();
                 let drops = (p > 0.0).then(|| {
@@ -741,7 +838,8 @@ mod tests {
                 assert_eq!(saved.len(), 3);
                 let saved: Vec<_> = saved.into_iter().map(|s| s.unwrap()).collect();
                 let dys = dy.flatten_all()?.to_vec1::<f64>()?;
-                let (fdx, fdm, fg) = backward(&dims, &w, drops.as_ref(), &saved, &xs, &ms, &dys);
+                let (fdx, fdm, fg) =
+                    backward(&dims, &w, &masks, drops.as_ref(), &saved, &xs, &ms, &dys);
 
                 let close = |what: &str, want: &Tensor, got: &[f64]| -> Result<()> {
                     let want = want.flatten_all()?.to_vec1::<f64>()?;
@@ -753,7 +851,7 @@ mod tests {
                         .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
                     assert!(
                         diff <= 1e-12 * size,
-                        "norm_first {norm_first}, p {p}: {what} differs by {diff} (size {size})"
+                        "norm_first {norm_first}, p {p}, skip {skip}: {what} differs by {diff} (size {size})"
                     );
                     Ok(())
                 };

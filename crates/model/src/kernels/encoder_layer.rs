@@ -36,7 +36,8 @@ use super::float::{self, simd, Float};
 use super::layer_norm;
 use super::linear::{bias_grad_add, weight_grad_rows};
 use super::sublayer::{
-    attn_bwd, attn_fwd, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, SubDims, SublayerDrops,
+    attn_bwd, attn_fwd, check_lengths, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, Rows, SubDims,
+    SublayerDrops,
 };
 use super::{cpu_slice, num_threads, run_parallel, with_slice};
 use crate::grads::DirectGrads;
@@ -158,6 +159,10 @@ pub struct LayerDropout {
 /// One encoder layer (ReLU feed-forward), fused; see the module docs.
 ///
 /// - `keep`: the attention mask, u8 broadcastable to `(B, 1, T, T)`, 1 = may attend.
+/// - `lengths`: each sequence's real positions, its first ones; the rest are padding that
+///   `keep` hides from every real position (checked). Padding rows are then not computed:
+///   their outputs are zero and their gradients are not read (`None`: every row is computed,
+///   as the composed layer does).
 /// - `dropout`: `None` in evaluation.
 /// - `grads`: where the parameters' gradients go in the backward pass; with `None` the
 ///   result tracks no gradient at all (evaluation without a graph).
@@ -171,6 +176,7 @@ pub fn encoder_layer(
     params: &EncoderLayerParams,
     opts: EncoderLayerOptions,
     keep: Option<&Tensor>,
+    lengths: Option<&[usize]>,
     dropout: Option<LayerDropout>,
     grads: Option<&DirectGrads>,
 ) -> Result<Tensor> {
@@ -201,6 +207,17 @@ pub fn encoder_layer(
         }
         None => None,
     };
+    let lens = match lengths {
+        Some(l) if l.len() != b => {
+            bail!("encoder layer: {} lengths for {b} sequences", l.len())
+        }
+        Some(l) => {
+            let keep_of = |seq| keep.as_ref().map(|k| k.of(seq, t));
+            check_lengths("encoder layer", (l, t), (l, t), keep_of)?;
+            l.iter().any(|&n| n < t).then(|| l.to_vec())
+        }
+        None => None,
+    };
     let dims = Dims {
         b,
         t,
@@ -214,6 +231,7 @@ pub fn encoder_layer(
         params: params.clone(),
         dims,
         keep,
+        lens,
         drops: dropout.filter(|d| d.p > 0.0).map(Drops::new),
         grads: grads.cloned(),
         saved: Mutex::new(None),
@@ -256,7 +274,6 @@ impl Dims {
     /// What the sub-layers read.
     fn shape(&self) -> SubDims {
         SubDims {
-            t: self.t,
             c: self.c,
             f: self.f,
             h: self.h,
@@ -414,13 +431,15 @@ pub(super) fn ln_bwd<T: Float>(
     }
 }
 
-/// The forward pass of sequences `s0 .. s0 + ns` (`x` and `y` their rows); returns what the
+/// The forward pass of sequences `s0 .. s0 + ns` (`x` and `y` their padded rows; only the
+/// first `lens` rows of each are computed, the others zero in `y`); returns what the
 /// backward pass needs when `keep_saved`.
 #[allow(clippy::too_many_arguments)]
 fn forward_group<T: Float>(
     d: &Dims,
     w: &Weights<T>,
     keep: Option<&Keep>,
+    lens: Option<&[usize]>,
     drops: Option<&Drops>,
     s0: usize,
     x: &[T],
@@ -428,9 +447,17 @@ fn forward_group<T: Float>(
     keep_saved: bool,
 ) -> Option<Saved<T>> {
     let (t, c) = (d.t, d.c);
-    let n = x.len() / c;
+    let rows = Rows::of_group(s0, x.len() / (t * c), t, lens);
+    let n = rows.n();
     let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
     let (sh, (sa_drops, ff_drops)) = (d.shape(), sublayer_drops(drops));
+    let gathered;
+    let x: &[T] = if rows.is_full() {
+        x
+    } else {
+        gathered = rows.gather(x, c);
+        &gathered
+    };
     simd(
         #[inline(always)]
         || {
@@ -440,27 +467,37 @@ fn forward_group<T: Float>(
                 &w.0,
                 (slot::Q_W, slot::N1_W),
                 x,
+                &rows,
                 None,
-                t,
                 |seq| keep.map(|m| m.of(seq, t)),
                 sa_drops,
                 dscale,
-                s0,
                 &mut x1,
             );
             let ff_slots = (slot::L1_W, slot::L2_W, slot::N2_W);
-            let ff = ff_fwd(&sh, &w.0, ff_slots, &x1, ff_drops, dscale, s0 * t, y);
+            let mut yc = Vec::new();
+            let y_rows: &mut [T] = if rows.is_full() {
+                y
+            } else {
+                yc = vec![T::ZERO; n * c];
+                &mut yc
+            };
+            let ff = ff_fwd(&sh, &w.0, ff_slots, &x1, &rows, ff_drops, dscale, y_rows);
+            if !rows.is_full() {
+                rows.scatter(&yc, y, c);
+            }
             keep_saved.then_some(Saved { sa, ff, x1 })
         },
     )
 }
 
-/// The gradients of one group: the input's written into `dx`, the parameters' returned
-/// (indexed by [`slot`]).
+/// The gradients of one group: the input's written into `dx` (zero on padding rows), the
+/// parameters' returned (indexed by [`slot`]).
 #[allow(clippy::too_many_arguments)]
 fn backward_group<T: Float>(
     d: &Dims,
     w: &Weights<T>,
+    lens: Option<&[usize]>,
     drops: Option<&Drops>,
     s0: usize,
     sv: &Saved<T>,
@@ -469,10 +506,18 @@ fn backward_group<T: Float>(
     dx: &mut [T],
 ) -> Vec<Vec<T>> {
     let (t, c) = (d.t, d.c);
-    let n = x.len() / c;
+    let rows = Rows::of_group(s0, x.len() / (t * c), t, lens);
+    let n = rows.n();
     let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
     let (sh, (sa_drops, ff_drops)) = (d.shape(), sublayer_drops(drops));
     let w = &w.0;
+    let gathered;
+    let (x, dy) = if rows.is_full() {
+        (x, dy)
+    } else {
+        gathered = (rows.gather(x, c), rows.gather(dy, c));
+        (&gathered.0[..], &gathered.1[..])
+    };
     simd(
         #[inline(always)]
         || {
@@ -488,13 +533,20 @@ fn backward_group<T: Float>(
                 &mut g,
                 ff,
                 x1,
+                &rows,
                 ff_drops,
                 dscale,
-                s0 * t,
                 dy,
                 &mut dx1,
                 &mut scratch,
             );
+            let mut dxc = Vec::new();
+            let dx_rows: &mut [T] = if rows.is_full() {
+                dx
+            } else {
+                dxc = vec![T::ZERO; n * c];
+                &mut dxc
+            };
             attn_bwd(
                 &sh,
                 w,
@@ -502,15 +554,17 @@ fn backward_group<T: Float>(
                 &mut g,
                 &sv.sa,
                 x,
+                &rows,
                 None,
-                t,
                 sa_drops,
                 dscale,
-                s0,
                 &dx1,
-                dx,
+                dx_rows,
                 &mut scratch,
             );
+            if !rows.is_full() {
+                rows.scatter(&dxc, dx, c);
+            }
             g
         },
     )
@@ -542,10 +596,12 @@ type Forwarded<T> = (Vec<T>, Vec<Option<Saved<T>>>);
 
 /// The layer's forward pass over all `b` sequences of `x`, split into `groups` groups run in
 /// parallel; the output and, when `keep_saved`, what each group keeps.
+#[allow(clippy::too_many_arguments)]
 fn forward<T: Float>(
     d: &Dims,
     w: &Weights<T>,
     keep: Option<&Keep>,
+    lens: Option<&[usize]>,
     drops: Option<&Drops>,
     x: &[T],
     groups: usize,
@@ -563,6 +619,7 @@ fn forward<T: Float>(
             d,
             w,
             keep,
+            lens,
             drops,
             r.start,
             &x[r.start * row..r.end * row],
@@ -578,6 +635,7 @@ fn forward<T: Float>(
 fn backward<T: Float>(
     d: &Dims,
     w: &Weights<T>,
+    lens: Option<&[usize]>,
     drops: Option<&Drops>,
     saved: &[Saved<T>],
     x: &[T],
@@ -595,6 +653,7 @@ fn backward<T: Float>(
         backward_group(
             d,
             w,
+            lens,
             drops,
             r.start,
             sv,
@@ -643,6 +702,8 @@ struct LayerOp {
     params: EncoderLayerParams,
     dims: Dims,
     keep: Option<Keep>,
+    /// Each sequence's real rows (the others are not computed).
+    lens: Option<Vec<usize>>,
     drops: Option<Drops>,
     grads: Option<DirectGrads>,
     /// What the forward pass kept (f32, with `grads`).
@@ -677,6 +738,7 @@ impl LayerOp {
                 &self.dims,
                 w,
                 self.keep.as_ref(),
+                self.lens.as_deref(),
                 self.drops.as_ref(),
                 x,
                 self.dims.groups(),
@@ -720,7 +782,15 @@ impl CustomOp1 for LayerOp {
         let (dx, g) = with_slice::<f32, _>(x, |xs| {
             with_slice::<f32, _>(dy, |dys| {
                 self.with_weights(|w| {
-                    Ok(backward(&self.dims, w, self.drops.as_ref(), saved, xs, dys))
+                    Ok(backward(
+                        &self.dims,
+                        w,
+                        self.lens.as_deref(),
+                        self.drops.as_ref(),
+                        saved,
+                        xs,
+                        dys,
+                    ))
                 })
             })
         })?;
@@ -753,7 +823,16 @@ mod tests {
         let dev = Device::Cpu;
         let (b, t, c, f, h) = (5, 6, 8, 12, 2);
         for norm_first in [false, true] {
-            for (mask_kind, p) in [("causal", 0.3), ("padding", 0.0), ("none", 0.25)] {
+            // "lengths": the padding mask with the sequences' lengths, padding rows not
+            // computed (the reference's are zeroed in `y` and `dy`; the fused layer's `dy`
+            // there is not read).
+            let kinds = [
+                ("causal", 0.3),
+                ("padding", 0.0),
+                ("none", 0.25),
+                ("lengths", 0.3),
+            ];
+            for (mask_kind, p) in kinds {
                 let pb = ParamBuilder::new(DType::F64, &dev, 4);
                 let spec = LayerSpec {
                     d_model: c,
@@ -769,7 +848,7 @@ mod tests {
                 let x = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, t, c), &dev)?)?;
                 let mask = match mask_kind {
                     "causal" => Some(Mask::causal(t, &dev)?),
-                    "padding" => {
+                    "padding" | "lengths" => {
                         let valid: Vec<u8> = (0..b * t)
                             .map(|i| u8::from(i % t < t - i / t % 3))
                             .collect();
@@ -780,7 +859,21 @@ mod tests {
                 let rng = Rng::new(11);
                 let (y, _) = layer.forward(x.as_tensor(), mask.as_ref(), Mode::Train(&rng))?;
                 let dy = Tensor::randn(0f64, 1.0, (b, t, c), &dev)?;
-                let store = (&y * &dy)?.sum_all()?.backward()?;
+                let lens: Vec<usize> = (0..b).map(|i| t - i % 3).collect();
+                let skip = mask_kind == "lengths";
+                let real = Tensor::from_vec(
+                    (0..b * t)
+                        .map(|i| f64::from(u8::from(i % t < lens[i / t])))
+                        .collect::<Vec<_>>(),
+                    (b, t, 1),
+                    &dev,
+                )?;
+                let (y, dy_ref) = if skip {
+                    (y.broadcast_mul(&real)?, dy.broadcast_mul(&real)?)
+                } else {
+                    (y, dy.clone())
+                };
+                let store = (&y * &dy_ref)?.sum_all()?.backward()?;
 
                 // The same layer fused, on the same RNG streams.
                 let names = [
@@ -848,11 +941,28 @@ mod tests {
                     })
                 });
                 let xs = x.as_tensor().flatten_all()?.to_vec1::<f64>()?;
-                let (fy, saved) = forward(&dims, &w, keep.as_ref(), drops.as_ref(), &xs, 3, true);
+                let (fy, saved) = forward(
+                    &dims,
+                    &w,
+                    keep.as_ref(),
+                    skip.then_some(&lens[..]),
+                    drops.as_ref(),
+                    &xs,
+                    3,
+                    true,
+                );
                 assert_eq!(saved.len(), 3);
                 let saved: Vec<_> = saved.into_iter().map(|s| s.unwrap()).collect();
                 let dys = dy.flatten_all()?.to_vec1::<f64>()?;
-                let (fdx, fg) = backward(&dims, &w, drops.as_ref(), &saved, &xs, &dys);
+                let (fdx, fg) = backward(
+                    &dims,
+                    &w,
+                    skip.then_some(&lens[..]),
+                    drops.as_ref(),
+                    &saved,
+                    &xs,
+                    &dys,
+                );
 
                 let close = |what: &str, want: &Tensor, got: &[f64]| -> Result<()> {
                     let want = want.flatten_all()?.to_vec1::<f64>()?;

@@ -15,8 +15,6 @@ use super::matmul::{gemm, Mat};
 /// What the sub-layers need of a layer's shape.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct SubDims {
-    /// Rows (positions) per sequence of the sub-layer's input.
-    pub(super) t: usize,
     pub(super) c: usize,
     pub(super) f: usize,
     pub(super) h: usize,
@@ -65,11 +63,239 @@ pub(super) struct FfSaved<T> {
     norm: Norm<T>,
 }
 
-/// An attention sub-layer over a group of sequences starting at `s0`: queries from `x` (the
-/// sub-layer's input, `T` rows per sequence), keys and values from `kv` (`tk` rows per
-/// sequence) or, with `kv` `None`, from the input itself; `keep(seq)` is sequence `seq`'s
-/// `T x tk` mask. Writes the sub-layer's output (the residual stream after it) into `out`.
-/// `base` and `norm` are the slots of the query weight and of the norm's weight.
+/// Which rows of a group of sequences the sub-layers compute, and where they lie: sequence
+/// `s0 + j` of the batch (padded to `t` rows) has `len(j)` real rows, its first ones. The
+/// group's buffers hold only real rows, one sequence after another; padding rows are not
+/// computed. Dropout masks stay indexed by the padded batch's elements, so a row draws the
+/// same mask bits with or without the padding rows beside it.
+#[derive(Debug, Clone)]
+pub(super) struct Rows {
+    s0: usize,
+    t: usize,
+    /// Where each sequence's rows start in the group's buffers; one more entry at the end
+    /// (the row count).
+    offs: Vec<usize>,
+}
+
+impl Rows {
+    /// `ns` sequences from `s0`, all `t` rows real.
+    pub(super) fn full(s0: usize, ns: usize, t: usize) -> Self {
+        Self {
+            s0,
+            t,
+            offs: (0..=ns).map(|j| j * t).collect(),
+        }
+    }
+
+    /// Sequences `s0 ..` with `lens` real rows each (at most `t`).
+    pub(super) fn new(s0: usize, t: usize, lens: &[usize]) -> Self {
+        let mut offs = Vec::with_capacity(lens.len() + 1);
+        let mut at = 0;
+        offs.push(at);
+        for &l in lens {
+            debug_assert!(l <= t);
+            at += l;
+            offs.push(at);
+        }
+        Self { s0, t, offs }
+    }
+
+    /// The group's sequences from `s0`: [`Self::full`] without `lens`, else its slice.
+    pub(super) fn of_group(s0: usize, ns: usize, t: usize, lens: Option<&[usize]>) -> Self {
+        match lens {
+            Some(l) => Self::new(s0, t, &l[s0..s0 + ns]),
+            None => Self::full(s0, ns, t),
+        }
+    }
+
+    /// Sequences in the group.
+    pub(super) fn seqs(&self) -> usize {
+        self.offs.len() - 1
+    }
+
+    /// Real rows in the group.
+    pub(super) fn n(&self) -> usize {
+        self.offs[self.seqs()]
+    }
+
+    /// The first sequence's index in the batch.
+    pub(super) fn s0(&self) -> usize {
+        self.s0
+    }
+
+    /// The padded length.
+    pub(super) fn t(&self) -> usize {
+        self.t
+    }
+
+    /// Whether every row is real (the buffers are the padded batch's rows).
+    pub(super) fn is_full(&self) -> bool {
+        self.n() == self.seqs() * self.t
+    }
+
+    /// Sequence `j`'s first row in the group's buffers and its real rows.
+    pub(super) fn seq(&self, j: usize) -> (usize, usize) {
+        (self.offs[j], self.offs[j + 1] - self.offs[j])
+    }
+
+    /// Runs of rows contiguous in both layouts: `(first row in the group's buffers, rows,
+    /// the row's index in the padded batch)`; one run when every row is real.
+    pub(super) fn runs(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let full = self.is_full();
+        let count = if full { 1 } else { self.seqs() };
+        (0..count).map(move |j| {
+            if full {
+                (0, self.n(), self.s0 * self.t)
+            } else {
+                let (off, len) = self.seq(j);
+                (off, len, (self.s0 + j) * self.t)
+            }
+        })
+    }
+
+    /// The real rows (`width` elements each) of the group's padded rows `padded`.
+    pub(super) fn gather<T: Copy>(&self, padded: &[T], width: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(self.n() * width);
+        for j in 0..self.seqs() {
+            let len = self.seq(j).1;
+            out.extend_from_slice(&padded[j * self.t * width..][..len * width]);
+        }
+        out
+    }
+
+    /// The group's real rows `rows` written into its padded rows `padded`, padding rows
+    /// set to zero.
+    pub(super) fn scatter<T: Float>(&self, rows: &[T], padded: &mut [T], width: usize) {
+        for j in 0..self.seqs() {
+            let (off, len) = self.seq(j);
+            let dst = &mut padded[j * self.t * width..][..self.t * width];
+            dst[..len * width].copy_from_slice(&rows[off * width..][..len * width]);
+            dst[len * width..].fill(T::ZERO);
+        }
+    }
+}
+
+/// Checks per-sequence lengths against an attention mask: computing only a sequence's rows
+/// before its length (`q_lens`, of `t`) is exact when none of them may attend to a key at or
+/// after its key length (`k_lens`, of `tk`). `keep(seq)` is the sequence's mask, `t x tk` or
+/// one row of `tk` for all queries. `layer` names the caller in the error.
+pub(super) fn check_lengths<'k>(
+    layer: &str,
+    (q_lens, t): (&[usize], usize),
+    (k_lens, tk): (&[usize], usize),
+    keep: impl Fn(usize) -> Option<&'k [u8]>,
+) -> candle_core::Result<()> {
+    if q_lens.len() != k_lens.len() {
+        candle_core::bail!(
+            "{layer}: {} query lengths for {} key lengths",
+            q_lens.len(),
+            k_lens.len()
+        );
+    }
+    for (seq, (&lq, &lk)) in q_lens.iter().zip(k_lens).enumerate() {
+        if lq > t || lk > tk {
+            candle_core::bail!(
+                "{layer}: sequence {seq} has {lq} rows and {lk} keys, more than the batch's {t} and {tk}"
+            );
+        }
+        if lk == tk {
+            continue;
+        }
+        let Some(m) = keep(seq) else {
+            candle_core::bail!(
+                "{layer}: sequence {seq} has {lk} of {tk} keys, but no mask hides the others"
+            );
+        };
+        let rows = if m.len() == tk { lq.min(1) } else { lq };
+        for i in 0..rows {
+            if let Some(j) = m[i * tk + lk..(i + 1) * tk].iter().position(|&k| k != 0) {
+                candle_core::bail!(
+                    "{layer}: sequence {seq} has {lk} keys, but its mask lets row {i} attend to key {}: \
+                     the positions after a sequence's length must be padding that its mask hides",
+                    lk + j
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Dropout (or its backward) on the group's rows `x` (`width` elements each), at the mask
+/// elements of the padded batch.
+#[inline(always)]
+fn drop_rows<T: Float>(x: &mut [T], spec: &MaskSpec, rows: &Rows, width: usize, scale: T) {
+    for (off, len, row) in rows.runs() {
+        drop_inplace(
+            &mut x[off * width..][..len * width],
+            spec,
+            row * width,
+            scale,
+        );
+    }
+}
+
+/// `lq x lk` attention weights `p` of one (sequence, head) through dropout into `out`; the
+/// mask element of weight `(i, j)` is `first + i * tk + j` (the padded layout).
+#[inline(always)]
+fn drop_weights<T: Float>(
+    p: &[T],
+    out: &mut [T],
+    spec: &MaskSpec,
+    first: usize,
+    (lk, tk): (usize, usize),
+    scale: T,
+) {
+    if lk == tk {
+        drop_into(p, out, spec, first, scale);
+        return;
+    }
+    for (i, (pr, or)) in p.chunks_exact(lk).zip(out.chunks_exact_mut(lk)).enumerate() {
+        drop_into(pr, or, spec, first + i * tk, scale);
+    }
+}
+
+/// [`drop_weights`] in place.
+#[inline(always)]
+fn drop_weights_inplace<T: Float>(
+    p: &mut [T],
+    spec: &MaskSpec,
+    first: usize,
+    (lk, tk): (usize, usize),
+    scale: T,
+) {
+    if lk == tk {
+        drop_inplace(p, spec, first, scale);
+        return;
+    }
+    for (i, pr) in p.chunks_exact_mut(lk).enumerate() {
+        drop_inplace(pr, spec, first + i * tk, scale);
+    }
+}
+
+/// The `lq x lk` top-left block of a `t x tk` mask: the mask itself when that is all of it.
+fn mask_block<'a>(
+    keep: Option<&'a [u8]>,
+    (lq, lk): (usize, usize),
+    tk: usize,
+    buf: &'a mut Vec<u8>,
+) -> Option<&'a [u8]> {
+    let keep = keep?;
+    if lk == tk {
+        return Some(&keep[..lq * tk]);
+    }
+    buf.clear();
+    for i in 0..lq {
+        buf.extend_from_slice(&keep[i * tk..i * tk + lk]);
+    }
+    Some(buf)
+}
+
+/// An attention sub-layer over a group of sequences: queries from `x` (the sub-layer's
+/// input, the rows `q_rows` describes), keys and values from `kv` (its rows described by
+/// the second element) or, with `kv` `None`, from the input itself; `keep(seq)` is sequence
+/// `seq`'s mask in the padded layout (`T x Tk`). Writes the sub-layer's output (the residual
+/// stream after it) into `out`. `base` and `norm` are the slots of the query weight and of
+/// the norm's weight.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn attn_fwd<'k, T: Float>(
@@ -77,17 +303,16 @@ pub(super) fn attn_fwd<'k, T: Float>(
     w: &[&[T]],
     (base, norm): (usize, usize),
     x: &[T],
-    kv: Option<&[T]>,
-    tk: usize,
+    q_rows: &Rows,
+    kv: Option<(&[T], &Rows)>,
     keep: impl Fn(usize) -> Option<&'k [u8]>,
     drops: SublayerDrops,
     dscale: T,
-    s0: usize,
     out: &mut [T],
 ) -> AttnSaved<T> {
-    let (t, c, h) = (sh.t, sh.c, sh.h);
-    let n = x.len() / c;
-    let ns = n / t;
+    let (c, h) = (sh.c, sh.h);
+    let n = q_rows.n();
+    debug_assert_eq!(x.len(), n * c);
     let dh = c / h;
     let eps = T::from_f64(sh.eps);
     let scale = T::from_f64(1.0 / (dh as f64).sqrt());
@@ -100,49 +325,62 @@ pub(super) fn attn_fwd<'k, T: Float>(
     } else {
         x
     };
-    let kv_src = kv.unwrap_or(a_src);
-    let nk = ns * tk;
+    let (kv_src, k_rows) = kv.unwrap_or((a_src, q_rows));
+    let nk = k_rows.n();
     let mut q = vec![T::ZERO; n * c];
     let mut k = vec![T::ZERO; nk * c];
     let mut v = vec![T::ZERO; nk * c];
     rows_forward(&mut q, a_src, w[base], w[base + 1], n, c, c);
     rows_forward(&mut k, kv_src, w[base + 2], w[base + 3], nk, c, c);
     rows_forward(&mut v, kv_src, w[base + 4], w[base + 5], nk, c, c);
-    let mut p = vec![T::ZERO; ns * h * t * tk];
+    let (t, tk) = (q_rows.t(), k_rows.t());
+    let p_len: usize = (0..q_rows.seqs())
+        .map(|j| h * q_rows.seq(j).1 * k_rows.seq(j).1)
+        .sum();
+    let mut p = vec![T::ZERO; p_len];
     let mut o = vec![T::ZERO; n * c];
     let mut pd = vec![T::ZERO; t * tk];
-    for sl in 0..ns {
-        let seq = s0 + sl;
+    let mut mask_buf = Vec::new();
+    let mut p_at = 0;
+    for j in 0..q_rows.seqs() {
+        let seq = q_rows.s0() + j;
+        let ((qr, lq), (kr, lk)) = (q_rows.seq(j), k_rows.seq(j));
+        if lq == 0 || lk == 0 {
+            continue;
+        }
+        let mask = mask_block(keep(seq), (lq, lk), tk, &mut mask_buf);
         for hi in 0..h {
-            let (qo, ko) = (sl * t * c + hi * dh, sl * tk * c + hi * dh);
-            let pb = &mut p[(sl * h + hi) * t * tk..][..t * tk];
+            let (qo, ko) = (qr * c + hi * dh, kr * c + hi * dh);
+            let pb = &mut p[p_at + hi * lq * lk..][..lq * lk];
             gemm(
-                Mat::new_mut(pb, t, tk, tk, 1),
+                Mat::new_mut(pb, lq, lk, lk, 1),
                 false,
-                Mat::new(&q[qo..], t, dh, c, 1),
-                Mat::new(&k[ko..], tk, dh, c, 1).t(),
+                Mat::new(&q[qo..], lq, dh, c, 1),
+                Mat::new(&k[ko..], lk, dh, c, 1).t(),
                 scale,
             );
-            masked_softmax_rows(pb, keep(seq), tk);
+            masked_softmax_rows(pb, mask, lk);
             let weights: &[T] = match drops.attn {
                 Some(m) => {
-                    drop_into(pb, &mut pd, m, (seq * h + hi) * t * tk, dscale);
-                    &pd
+                    let pd = &mut pd[..lq * lk];
+                    drop_weights(pb, pd, m, (seq * h + hi) * t * tk, (lk, tk), dscale);
+                    pd
                 }
                 None => pb,
             };
             gemm(
-                Mat::new_mut(&mut o[qo..], t, dh, c, 1),
+                Mat::new_mut(&mut o[qo..], lq, dh, c, 1),
                 false,
-                Mat::new(weights, t, tk, tk, 1),
-                Mat::new(&v[ko..], tk, dh, c, 1),
+                Mat::new(weights, lq, lk, lk, 1),
+                Mat::new(&v[ko..], lk, dh, c, 1),
                 T::ONE,
             );
         }
+        p_at += h * lq * lk;
     }
     rows_forward(out, &o, w[base + 6], w[base + 7], n, c, c);
     if let Some(m) = drops.out {
-        drop_inplace(out, m, s0 * t * c, dscale);
+        drop_rows(out, m, q_rows, c, dscale);
     }
     for (r, &xv) in out.iter_mut().zip(x) {
         *r = xv + *r;
@@ -174,19 +412,19 @@ pub(super) fn attn_bwd<T: Float>(
     g: &mut [Vec<T>],
     sv: &AttnSaved<T>,
     x: &[T],
-    kv: Option<(&[T], &mut [T])>,
-    tk: usize,
+    q_rows: &Rows,
+    kv: Option<(&[T], &mut [T], &Rows)>,
     drops: SublayerDrops,
     dscale: T,
-    s0: usize,
     dout: &[T],
     dx: &mut [T],
     scratch: &mut Vec<T>,
 ) {
-    let (t, c, h) = (sh.t, sh.c, sh.h);
-    let n = x.len() / c;
-    let ns = n / t;
-    let nk = ns * tk;
+    let (c, h) = (sh.c, sh.h);
+    let n = q_rows.n();
+    let k_rows = kv.as_ref().map_or(q_rows, |(_, _, r)| r);
+    let nk = k_rows.n();
+    let (t, tk) = (q_rows.t(), k_rows.t());
     let dh = c / h;
     let scale = T::from_f64(1.0 / (dh as f64).sqrt());
     // Through the norm (post-norm) to the residual sum; the residual's share is dx itself.
@@ -198,7 +436,7 @@ pub(super) fn attn_bwd<T: Float>(
     }
     let mut da = dx.to_vec();
     if let Some(m) = drops.out {
-        drop_inplace(&mut da, m, s0 * t * c, dscale);
+        drop_rows(&mut da, m, q_rows, c, dscale);
     }
     {
         let (gw, gb) = two(g, base + 6, base + 7);
@@ -209,39 +447,45 @@ pub(super) fn attn_bwd<T: Float>(
     let (mut dq, mut dk, mut dv) = (da, vec![T::ZERO; nk * c], vec![T::ZERO; nk * c]);
     let mut pd = vec![T::ZERO; t * tk];
     let mut dp = vec![T::ZERO; t * tk];
-    for sl in 0..ns {
-        let seq = s0 + sl;
+    let mut p_at = 0;
+    for j in 0..q_rows.seqs() {
+        let seq = q_rows.s0() + j;
+        let ((qr, lq), (kr, lk)) = (q_rows.seq(j), k_rows.seq(j));
+        if lq == 0 || lk == 0 {
+            continue;
+        }
+        let (pd, dp) = (&mut pd[..lq * lk], &mut dp[..lq * lk]);
         for hi in 0..h {
-            let (qo, ko) = (sl * t * c + hi * dh, sl * tk * c + hi * dh);
-            let pb = &sv.p[(sl * h + hi) * t * tk..][..t * tk];
+            let (qo, ko) = (qr * c + hi * dh, kr * c + hi * dh);
+            let pb = &sv.p[p_at + hi * lq * lk..][..lq * lk];
             let first = (seq * h + hi) * t * tk;
             let weights: &[T] = match drops.attn {
                 Some(m) => {
-                    drop_into(pb, &mut pd, m, first, dscale);
-                    &pd
+                    drop_weights(pb, pd, m, first, (lk, tk), dscale);
+                    pd
                 }
                 None => pb,
             };
             // dV = Pd^T dO; dPd = dO V^T.
             gemm(
-                Mat::new_mut(&mut dv[ko..], tk, dh, c, 1),
+                Mat::new_mut(&mut dv[ko..], lk, dh, c, 1),
                 false,
-                Mat::new(weights, t, tk, tk, 1).t(),
-                Mat::new(&d_o[qo..], t, dh, c, 1),
+                Mat::new(weights, lq, lk, lk, 1).t(),
+                Mat::new(&d_o[qo..], lq, dh, c, 1),
                 T::ONE,
             );
             gemm(
-                Mat::new_mut(&mut dp, t, tk, tk, 1),
+                Mat::new_mut(dp, lq, lk, lk, 1),
                 false,
-                Mat::new(&d_o[qo..], t, dh, c, 1),
-                Mat::new(&sv.v[ko..], tk, dh, c, 1).t(),
+                Mat::new(&d_o[qo..], lq, dh, c, 1),
+                Mat::new(&sv.v[ko..], lk, dh, c, 1).t(),
                 T::ONE,
             );
             // Through the dropout and the softmax: dS = P (dP - rowsum(dP P)).
             if let Some(m) = drops.attn {
-                drop_inplace(&mut dp, m, first, dscale);
+                drop_weights_inplace(dp, m, first, (lk, tk), dscale);
             }
-            for (dr, pr) in dp.chunks_exact_mut(tk).zip(pb.chunks_exact(tk)) {
+            for (dr, pr) in dp.chunks_exact_mut(lk).zip(pb.chunks_exact(lk)) {
                 let dot = float::dot(dr, pr);
                 for (x, &pv) in dr.iter_mut().zip(pr) {
                     *x = pv * (*x - dot);
@@ -249,25 +493,26 @@ pub(super) fn attn_bwd<T: Float>(
             }
             // dQ = scale dS K; dK = scale dS^T Q.
             gemm(
-                Mat::new_mut(&mut dq[qo..], t, dh, c, 1),
+                Mat::new_mut(&mut dq[qo..], lq, dh, c, 1),
                 false,
-                Mat::new(&dp, t, tk, tk, 1),
-                Mat::new(&sv.k[ko..], tk, dh, c, 1),
+                Mat::new(dp, lq, lk, lk, 1),
+                Mat::new(&sv.k[ko..], lk, dh, c, 1),
                 scale,
             );
             gemm(
-                Mat::new_mut(&mut dk[ko..], tk, dh, c, 1),
+                Mat::new_mut(&mut dk[ko..], lk, dh, c, 1),
                 false,
-                Mat::new(&dp, t, tk, tk, 1).t(),
-                Mat::new(&sv.q[qo..], t, dh, c, 1),
+                Mat::new(dp, lq, lk, lk, 1).t(),
+                Mat::new(&sv.q[qo..], lq, dh, c, 1),
                 scale,
             );
         }
+        p_at += h * lq * lk;
     }
     // The projections.
     let a_src: &[T] = if sh.norm_first { &sv.a_in } else { x };
     let kv_src: &[T] = match &kv {
-        Some((m, _)) => m,
+        Some((m, _, _)) => m,
         None => a_src,
     };
     for (dproj, src, rows, sl) in [
@@ -281,7 +526,7 @@ pub(super) fn attn_bwd<T: Float>(
     let mut da_in = d_o;
     rows_input_grad(&mut da_in, false, &dq, w[base], n, c);
     match kv {
-        Some((_, dkv)) => {
+        Some((_, dkv, _)) => {
             rows_input_grad(dkv, false, &dk, w[base + 2], nk, c);
             rows_input_grad(dkv, true, &dv, w[base + 4], nk, c);
         }
@@ -298,8 +543,7 @@ pub(super) fn attn_bwd<T: Float>(
     }
 }
 
-/// The feed-forward sub-layer on `x` (rows from row `row0` of the batch), its output into
-/// `y`; `slots` are those of `linear1`'s and `linear2`'s weights and of the norm's weight.
+/// The feed-forward sub-layer on `x` (the rows `rows` describes), its output into `y`; `slots` are those of `linear1`'s and `linear2`'s weights and of the norm's weight.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn ff_fwd<T: Float>(
@@ -307,9 +551,9 @@ pub(super) fn ff_fwd<T: Float>(
     w: &[&[T]],
     (l1, l2, norm): (usize, usize, usize),
     x: &[T],
+    rows: &Rows,
     drops: FfDrops,
     dscale: T,
-    row0: usize,
     y: &mut [T],
 ) -> FfSaved<T> {
     let (c, f) = (sh.c, sh.f);
@@ -332,15 +576,15 @@ pub(super) fn ff_fwd<T: Float>(
     let mut hd_buf;
     let hd: &[T] = match drops.hidden {
         Some(m) => {
-            hd_buf = vec![T::ZERO; n * f];
-            drop_into(&hid, &mut hd_buf, m, row0 * f, dscale);
+            hd_buf = hid.clone();
+            drop_rows(&mut hd_buf, m, rows, f, dscale);
             &hd_buf
         }
         None => &hid,
     };
     rows_forward(y, hd, w[l2], w[l2 + 1], n, c, f);
     if let Some(m) = drops.out {
-        drop_inplace(y, m, row0 * c, dscale);
+        drop_rows(y, m, rows, c, dscale);
     }
     for (r, &xv) in y.iter_mut().zip(x) {
         *r = xv + *r;
@@ -366,9 +610,9 @@ pub(super) fn ff_bwd<T: Float>(
     g: &mut [Vec<T>],
     sv: &FfSaved<T>,
     x: &[T],
+    rows: &Rows,
     drops: FfDrops,
     dscale: T,
-    row0: usize,
     dy: &[T],
     dx: &mut [T],
     scratch: &mut Vec<T>,
@@ -383,11 +627,11 @@ pub(super) fn ff_bwd<T: Float>(
     }
     let mut dgo = dx.to_vec();
     if let Some(m) = drops.out {
-        drop_inplace(&mut dgo, m, row0 * c, dscale);
+        drop_rows(&mut dgo, m, rows, c, dscale);
     }
     let mut hd = sv.hid.clone();
     if let Some(m) = drops.hidden {
-        drop_inplace(&mut hd, m, row0 * f, dscale);
+        drop_rows(&mut hd, m, rows, f, dscale);
     }
     {
         let (gw, gb) = two(g, l2, l2 + 1);
@@ -396,7 +640,7 @@ pub(super) fn ff_bwd<T: Float>(
     let mut dhid = hd;
     rows_input_grad(&mut dhid, false, &dgo, w[l2], n, c);
     if let Some(m) = drops.hidden {
-        drop_inplace(&mut dhid, m, row0 * f, dscale);
+        drop_rows(&mut dhid, m, rows, f, dscale);
     }
     for (dv, &hv) in dhid.iter_mut().zip(&sv.hid) {
         *dv = if hv > T::ZERO { *dv } else { T::ZERO };

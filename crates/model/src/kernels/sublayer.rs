@@ -659,3 +659,153 @@ pub(super) fn ff_bwd<T: Float>(
         rows_input_grad(dx, true, &dhid, w[l1], n, f);
     }
 }
+
+/// Timings behind the sub-layers' design (ignored; one thread):
+/// `cargo test --release -p transformer-model --lib sublayer::speed -- --ignored --nocapture --test-threads 1`.
+/// - `projections_merged_or_not`: the query, key and value projections as one product with
+///   a `3C`-wide weight against three products (no gain at these shapes, so they stay three);
+/// - `attention_heads`: the per-head products of the attention sub-layer, far below gemm's
+///   rate at a head's 18 x 18 x 32;
+/// - `dropout_masks`: drawing and applying a dropout mask per element.
+#[cfg(test)]
+mod speed {
+    use super::*;
+    use crate::kernels::linear::weight_grad_rows;
+    use std::time::Instant;
+
+    fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+        f();
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    #[test]
+    #[ignore]
+    fn projections_merged_or_not() {
+        let (n, c) = (1000, 256);
+        let x: Vec<f32> = (0..n * c).map(|i| (i % 17) as f32 * 0.1).collect();
+        let w: Vec<f32> = (0..3 * c * c).map(|i| (i % 13) as f32 * 0.01).collect();
+        let b = vec![0.1f32; 3 * c];
+        let mut y3 = vec![0f32; 3 * n * c];
+        let mut y = vec![0f32; 3 * n * c];
+        for _ in 0..3 {
+            let sep = best(20, || {
+                for i in 0..3 {
+                    let yi = &mut y3[i * n * c..(i + 1) * n * c];
+                    rows_forward(yi, &x, &w[i * c * c..(i + 1) * c * c], &b[..c], n, c, c);
+                }
+            });
+            let one = best(20, || rows_forward(&mut y, &x, &w, &b, n, 3 * c, c));
+            println!("forward: three {sep:.3} ms, merged {one:.3} ms");
+            let dy = y.clone();
+            let mut dx = vec![0f32; n * c];
+            let sep = best(20, || {
+                for i in 0..3 {
+                    rows_input_grad(
+                        &mut dx,
+                        i > 0,
+                        &dy[i * n * c..(i + 1) * n * c],
+                        &w[i * c * c..(i + 1) * c * c],
+                        n,
+                        c,
+                    );
+                }
+            });
+            let one = best(20, || rows_input_grad(&mut dx, false, &dy, &w, n, 3 * c));
+            println!("input grad: three {sep:.3} ms, merged {one:.3} ms");
+            let mut dw = vec![0f32; 3 * c * c];
+            let sep = best(20, || {
+                for i in 0..3 {
+                    weight_grad_rows(
+                        &mut dw[i * c * c..(i + 1) * c * c],
+                        0..c,
+                        &dy[i * n * c..(i + 1) * n * c],
+                        &x,
+                        n,
+                        c,
+                        c,
+                    );
+                }
+            });
+            let one = best(20, || {
+                weight_grad_rows(&mut dw, 0..3 * c, &dy, &x, n, 3 * c, c)
+            });
+            println!("weight grad: three {sep:.3} ms, merged {one:.3} ms");
+        }
+    }
+
+    #[test]
+    #[ignore]
+    fn attention_heads() {
+        let (ns, t, c, h) = (64, 18, 256, 8);
+        let dh = c / h;
+        let n = ns * t;
+        let q: Vec<f32> = (0..n * c).map(|i| (i % 17) as f32 * 0.01).collect();
+        let k = q.clone();
+        let v = q.clone();
+        let mut p = vec![0f32; ns * h * t * t];
+        let mut o = vec![0f32; n * c];
+        for _ in 0..3 {
+            let ms = best(20, || {
+                for sl in 0..ns {
+                    for hi in 0..h {
+                        let qo = sl * t * c + hi * dh;
+                        let pb = &mut p[(sl * h + hi) * t * t..][..t * t];
+                        gemm(
+                            Mat::new_mut(pb, t, t, t, 1),
+                            false,
+                            Mat::new(&q[qo..], t, dh, c, 1),
+                            Mat::new(&k[qo..], t, dh, c, 1).t(),
+                            0.1,
+                        );
+                        gemm(
+                            Mat::new_mut(&mut o[qo..], t, dh, c, 1),
+                            false,
+                            Mat::new(pb, t, t, t, 1),
+                            Mat::new(&v[qo..], t, dh, c, 1),
+                            1.0,
+                        );
+                    }
+                }
+            });
+            let flops = 2.0 * 2.0 * (ns * h * t * t * dh) as f64;
+            println!("attention products (2 per head, {ns} x {h} heads of {t} x {t} x {dh}): {ms:.3} ms, {:.1} GFLOP/s", flops / ms / 1e6);
+        }
+    }
+
+    #[test]
+    #[ignore]
+    fn dropout_masks() {
+        let spec = MaskSpec::new(0.1, 7, 3);
+        let mut x = vec![1f32; 1 << 20];
+        for _ in 0..3 {
+            let ms = best(20, || {
+                crate::kernels::float::simd(
+                    #[inline(always)]
+                    || drop_inplace(&mut x, &spec, 12345, 1.1),
+                )
+            });
+            println!(
+                "dropout of 2^20 elements: {ms:.3} ms ({:.2} ns each)",
+                ms * 1e6 / (1 << 20) as f64
+            );
+            let mut y = vec![0f32; 1 << 20];
+            let ms = best(20, || {
+                crate::kernels::float::simd(
+                    #[inline(always)]
+                    || {
+                        for (a, b) in y.iter_mut().zip(&x) {
+                            *a += *b;
+                        }
+                    },
+                )
+            });
+            println!("add of 2^20 elements: {ms:.3} ms");
+        }
+    }
+}

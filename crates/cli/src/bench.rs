@@ -446,8 +446,8 @@ fn mt(a: MtBenchArgs) -> Result<()> {
     };
     let train = time(a.warmup, a.repeats, || step(Precision::F32))?;
     let peak_rss = peak_rss_mb();
-    // The output layer's products in bf16 (mixed precision), where the CPU has AMX or
-    // AVX512-BF16.
+    // The output layer's and the encoder and decoder layers' projection and feed-forward
+    // products in bf16 (mixed precision), where the CPU has AMX or AVX512-BF16.
     let train_bf16 = if bf16::available() {
         Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?)
     } else {
@@ -489,7 +489,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         );
         match &train_bf16 {
             Some(t) => println!(
-                "training step, bf16 output layer: best {:.1} ms, median {:.1} ms",
+                "training step, bf16 products (the output layer's and the layers' projections and feed-forward): best {:.1} ms, median {:.1} ms",
                 t.min, t.median
             ),
             None => println!(

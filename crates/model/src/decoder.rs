@@ -108,6 +108,7 @@ impl DecoderLayer {
         memory_mask: Option<&Mask>,
         mode: Mode,
         grads: &DirectGrads,
+        products: kernels::Precision,
     ) -> Result<Option<Tensor>> {
         let Some((params, eps)) = self.kernel_params() else {
             return Ok(None);
@@ -158,6 +159,7 @@ impl DecoderLayer {
             nhead: self.self_attn.nhead(),
             layer_norm_eps: eps,
             norm_first: self.norm_first,
+            precision: products,
         };
         kernels::decoder_layer(
             x,
@@ -361,10 +363,19 @@ impl Decoder {
         memory_mask: Option<&Mask>,
         mode: Mode,
         grads: &DirectGrads,
+        products: kernels::Precision,
     ) -> Result<Tensor> {
         let mut x = x.clone();
         for layer in &self.layers {
-            x = match layer.fused_direct(&x, memory, self_mask, memory_mask, mode, grads)? {
+            x = match layer.fused_direct(
+                &x,
+                memory,
+                self_mask,
+                memory_mask,
+                mode,
+                grads,
+                products,
+            )? {
                 Some(y) => y,
                 None => layer.forward_no_weights(&x, memory, self_mask, memory_mask, mode)?,
             };

@@ -53,8 +53,9 @@ impl From<&crate::config::TransformerConfig> for LayerSpec {
 pub(crate) enum Backprop<'a> {
     /// Through candle's graph (`loss.backward()`): the composed layer.
     Graph,
-    /// The parameters' gradients into `DirectGrads`, the input's through the graph.
-    Direct(&'a DirectGrads),
+    /// The parameters' gradients into `DirectGrads`, the input's through the graph; the
+    /// fused layers' products in the given arithmetic ([`EncoderLayerOptions::precision`]).
+    Direct(&'a DirectGrads, kernels::Precision),
     /// Not at all (evaluation): no graph is built.
     Off,
 }
@@ -146,10 +147,10 @@ impl EncoderLayer {
         mode: Mode,
         backprop: Backprop,
     ) -> Result<Option<Tensor>> {
-        let grads = match backprop {
+        let (grads, precision) = match backprop {
             Backprop::Graph => return Ok(None),
-            Backprop::Direct(g) => Some(g),
-            Backprop::Off => None,
+            Backprop::Direct(g, p) => (Some(g), p),
+            Backprop::Off => (None, kernels::Precision::F32),
         };
         let (linear1, linear2, activation, ff_dropout) = self.ff.parts();
         let [q, k, v, out] = self.self_attn.projections();
@@ -193,6 +194,7 @@ impl EncoderLayer {
             nhead: self.self_attn.nhead(),
             layer_norm_eps: eps,
             norm_first: self.norm_first,
+            precision,
         };
         let (keep, lengths) = (mask.map(|m| m.keep()), mask.and_then(|m| m.lengths()));
         kernels::encoder_layer(x, &params, opts, keep, lengths, dropout, grads).map(Some)
@@ -286,9 +288,17 @@ impl Encoder {
         mask: Option<&Mask>,
         mode: Mode,
         grads: &DirectGrads,
+        products: kernels::Precision,
     ) -> Result<Tensor> {
         Ok(self
-            .run(x, mask, None, mode, false, Backprop::Direct(grads))?
+            .run(
+                x,
+                mask,
+                None,
+                mode,
+                false,
+                Backprop::Direct(grads, products),
+            )?
             .0)
     }
 

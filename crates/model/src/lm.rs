@@ -96,7 +96,7 @@ impl TransformerLm {
     fn hidden_with(&self, ids: &Tensor, mode: Mode, backprop: Backprop) -> Result<Tensor> {
         let (_b, t) = ids.dims2()?;
         let e = match backprop {
-            Backprop::Direct(d) => self.embedding.forward_direct(ids, d)?,
+            Backprop::Direct(d, _) => self.embedding.forward_direct(ids, d)?,
             Backprop::Graph | Backprop::Off => self.embedding.forward(ids)?,
         };
         let x = (e * (self.d_model as f64).sqrt())?;
@@ -105,7 +105,7 @@ impl TransformerLm {
         let enc = &self.transformer_encoder;
         match backprop {
             Backprop::Graph => enc.forward(&x, Some(&causal), mode),
-            Backprop::Direct(d) => enc.forward_direct(&x, Some(&causal), mode, d),
+            Backprop::Direct(d, p) => enc.forward_direct(&x, Some(&causal), mode, d, p),
             Backprop::Off => enc.forward_no_grad(&x.detach(), Some(&causal), mode),
         }
     }
@@ -232,7 +232,7 @@ impl TransformerLm {
         precision: Precision,
         grads: &DirectGrads,
     ) -> Result<Tensor> {
-        let h = self.hidden_with(ids, mode, Backprop::Direct(grads))?;
+        let h = self.hidden_with(ids, mode, Backprop::Direct(grads, Precision::F32))?;
         let bias = self
             .linear
             .bias()

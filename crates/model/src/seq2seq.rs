@@ -496,7 +496,7 @@ impl Seq2Seq {
         let x = self.embed_direct(&self.src_embedding, src, mode, grads)?;
         let memory = self
             .transformer
-            .encode_direct(&x, Some(&src_mask), mode, grads)?;
+            .encode_direct(&x, Some(&src_mask), mode, grads, precision)?;
         let y = self.embed_direct(&self.tgt_embedding, tgt_in, mode, grads)?;
         let h = self.transformer.decode_direct(
             &y,
@@ -505,6 +505,7 @@ impl Seq2Seq {
             Some(&memory_mask),
             mode,
             grads,
+            precision,
         )?;
         let (b, t, c) = h.dims3()?;
         label_smoothed_loss_with(

@@ -51,8 +51,10 @@ impl Transformer {
         src_mask: Option<&Mask>,
         mode: Mode,
         grads: &crate::grads::DirectGrads,
+        products: crate::kernels::Precision,
     ) -> Result<Tensor> {
-        self.encoder.forward_direct(src, src_mask, mode, grads)
+        self.encoder
+            .forward_direct(src, src_mask, mode, grads, products)
     }
 
     /// [`Self::encode`] for evaluation without gradients: each encoder layer that can runs as
@@ -78,9 +80,10 @@ impl Transformer {
         memory_mask: Option<&Mask>,
         mode: Mode,
         grads: &crate::grads::DirectGrads,
+        products: crate::kernels::Precision,
     ) -> Result<Tensor> {
         self.decoder
-            .forward_direct(tgt, memory, tgt_mask, memory_mask, mode, grads)
+            .forward_direct(tgt, memory, tgt_mask, memory_mask, mode, grads, products)
     }
 
     /// Runs the decoder stack over the embedded targets, attending to `memory`.

@@ -66,9 +66,13 @@ impl EncoderBench {
     /// parameters' gradients into `DirectGrads`.
     fn fused(&self, rng: &Rng) -> candle_core::Result<candle_core::backprop::GradStore> {
         self.direct.clear();
-        let y =
-            self.enc
-                .forward_direct(&self.x, Some(&self.mask), Mode::Train(rng), &self.direct)?;
+        let y = self.enc.forward_direct(
+            &self.x,
+            Some(&self.mask),
+            Mode::Train(rng),
+            &self.direct,
+            transformer_model::kernels::Precision::F32,
+        )?;
         (y * &self.cot)?.sum_all()?.backward()
     }
 
@@ -166,7 +170,13 @@ fn main() -> candle_core::Result<()> {
         time("  encoder (train) fwd, fused layers", 5, || {
             enc.direct.clear();
             enc.enc
-                .forward_direct(&enc.x, Some(&enc.mask), Mode::Train(&rng), &enc.direct)
+                .forward_direct(
+                    &enc.x,
+                    Some(&enc.mask),
+                    Mode::Train(&rng),
+                    &enc.direct,
+                    transformer_model::kernels::Precision::F32,
+                )
                 .unwrap()
         });
         time("  encoder (train) fwd+bwd, fused layers", 5, || {

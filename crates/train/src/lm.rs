@@ -119,6 +119,10 @@ pub struct LmTrainConfig {
 /// tutorial's three epochs, so longer horizons lag behind it.
 pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
 
+/// What `--precision bf16` runs in bf16, as the log says it (the encoder layers stay f32, so
+/// that the language model's bf16 arithmetic is the output layer's alone).
+const BF16_COVERS: &str = "the output layer's products";
+
 impl Default for LmTrainConfig {
     fn default() -> Self {
         Self {
@@ -703,11 +707,12 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
     };
     // bf16 only where it measures faster here (fresh runs; a resumed run keeps its choice).
     let precision_line = if resuming {
-        (cfg.precision == Precision::Bf16).then(crate::precision::resumed_line)
+        (cfg.precision == Precision::Bf16).then(|| crate::precision::resumed_line(BF16_COVERS))
     } else {
         let rows = cfg.batch_size * cfg.bptt;
         let (p, measure) = (cfg.precision, cfg.measure_precision);
-        let choice = crate::precision::choose(p, measure, rows, cfg.emsize, data.vocab.len())?;
+        let choice =
+            crate::precision::choose(p, measure, rows, cfg.emsize, data.vocab.len(), BF16_COVERS)?;
         cfg.precision = choice.precision;
         choice.line
     };

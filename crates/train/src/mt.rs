@@ -185,6 +185,12 @@ impl std::str::FromStr for TokenizerKind {
 
 /// The default decay of the weight average.
 pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
+
+/// What `--precision bf16` runs in bf16, as the log says it: the output layer's products and,
+/// in the Transformer, the encoder and decoder layers' projection and feed-forward products
+/// (`EncoderLayerOptions::precision`), all on the same bf16 unit.
+const BF16_COVERS: &str = "the output layer's products and the Transformer layers' projection \
+                           and feed-forward products";
 /// Optimizer steps between updates of the weight average.
 pub const AVERAGE_EVERY: usize = 4;
 
@@ -1144,12 +1150,13 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             "precision: bf16 applies to the Transformer's output layer only: training in f32"
                 .to_string(),
         ),
-        _ if resuming => Some(crate::precision::resumed_line()),
+        _ if resuming => Some(crate::precision::resumed_line(BF16_COVERS)),
         _ => {
             // The output layer runs on a batch's target tokens (at most the token budget).
             let rows = cfg.max_tokens.min(2048);
             let (p, measure) = (cfg.precision, cfg.measure_precision);
-            let choice = crate::precision::choose(p, measure, rows, cfg.d_model, vocab)?;
+            let choice =
+                crate::precision::choose(p, measure, rows, cfg.d_model, vocab, BF16_COVERS)?;
             cfg.precision = choice.precision;
             choice.line
         }

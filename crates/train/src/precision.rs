@@ -24,7 +24,9 @@ pub struct Choice {
 
 /// Chooses the precision of a fresh run that asks for `requested`, for an output layer of
 /// `rows` x `d_model` -> `vocab` on the CPU: bf16 only where its products exist here and
-/// measure faster than f32 at these sizes (see the module docs).
+/// measure faster than f32 at these sizes (see the module docs). `covers` names the products
+/// bf16 runs in the log line (the language model: the output layer's; translation: also the
+/// encoder's and decoder's, on the same unit, so the output layer's timing decides for all).
 /// With `measure` false, bf16 is used as asked wherever its units exist.
 pub fn choose(
     requested: Precision,
@@ -32,6 +34,7 @@ pub fn choose(
     rows: usize,
     d_model: usize,
     vocab: usize,
+    covers: &str,
 ) -> Result<Choice> {
     if requested == Precision::F32 {
         return Ok(Choice {
@@ -53,14 +56,20 @@ pub fn choose(
         return Ok(Choice {
             precision: Precision::Bf16,
             line: Some(format!(
-                "precision: bf16 mixed precision for the output layer's products (as {}), as \
-                 asked, not measured against f32; validation, test and decoding in f32",
+                "precision: bf16 mixed precision for {covers} (as {}), as asked, not measured \
+                 against f32; validation, test and decoding in f32",
                 unit.describe()
             )),
         });
     }
     let (f32_ms, bf16_ms) = time_output_layer(rows.max(1), d_model, vocab)?;
-    Ok(decide(unit, (rows, d_model, vocab), f32_ms, bf16_ms))
+    Ok(decide(
+        unit,
+        (rows, d_model, vocab),
+        f32_ms,
+        bf16_ms,
+        covers,
+    ))
 }
 
 /// [`choose`]'s decision once both precisions are timed.
@@ -69,6 +78,7 @@ fn decide(
     (rows, d_model, vocab): (usize, usize, usize),
     f32_ms: f64,
     bf16_ms: f64,
+    covers: &str,
 ) -> Choice {
     let measured = format!(
         "the output layer's forward and backward passes at this run's sizes ({rows} x \
@@ -80,8 +90,8 @@ fn decide(
         Choice {
             precision: Precision::Bf16,
             line: Some(format!(
-                "precision: bf16 mixed precision for the output layer's products: {measured}; \
-                 validation, test and decoding in f32"
+                "precision: bf16 mixed precision for {covers}: {measured}; validation, test \
+                 and decoding in f32"
             )),
         }
     } else {
@@ -139,12 +149,13 @@ pub fn time_output_layer(rows: usize, d_model: usize, vocab: usize) -> Result<(f
     Ok((median(f), median(h)))
 }
 
-/// The log line of a resumed run configured for bf16 (measured when the run started).
-pub fn resumed_line() -> String {
+/// The log line of a resumed run configured for bf16 (measured when the run started);
+/// `covers` as in [`choose`].
+pub fn resumed_line(covers: &str) -> String {
     match bf16::backend() {
         Some(unit) => format!(
-            "precision: bf16 mixed precision for the output layer's products (as {}), as the \
-             run was configured; validation, test and decoding in f32",
+            "precision: bf16 mixed precision for {covers} (as {}), as the run was configured; \
+             validation, test and decoding in f32",
             unit.describe()
         ),
         None => "precision: the run was configured for bf16, but this CPU has neither AMX nor \
@@ -161,18 +172,21 @@ mod tests {
     #[test]
     fn bf16_only_where_it_measured_faster() {
         let unit = bf16::Backend::Avx512Bf16;
-        let faster = decide(unit, (700, 200, 33278), 131.9, 84.9);
+        let faster = decide(unit, (700, 200, 33278), 131.9, 84.9, "the products");
         assert_eq!(faster.precision, Precision::Bf16);
         let line = faster.line.unwrap();
         assert!(
-            line.contains("84.9 ms") && line.contains("131.9 ms"),
+            line.contains("84.9 ms") && line.contains("131.9 ms") && line.contains("the products"),
             "{line}"
         );
-        let slower = decide(unit, (700, 200, 33278), 166.0, 260.0);
+        let slower = decide(unit, (700, 200, 33278), 166.0, 260.0, "the products");
         assert_eq!(slower.precision, Precision::F32);
         assert!(slower.line.unwrap().contains("slower"));
-        assert_eq!(decide(unit, (1, 1, 1), 5.0, 5.0).precision, Precision::F32);
-        let f32_asked = choose(Precision::F32, true, 10, 4, 7).unwrap();
+        assert_eq!(
+            decide(unit, (1, 1, 1), 5.0, 5.0, "x").precision,
+            Precision::F32
+        );
+        let f32_asked = choose(Precision::F32, true, 10, 4, 7, "x").unwrap();
         assert_eq!(
             (f32_asked.precision, f32_asked.line),
             (Precision::F32, None)

@@ -485,35 +485,21 @@ impl LinearCrossEntropy {
 // The kernel
 // ---------------------------------------------------------------------------------------------
 
-/// A reusable buffer per element type for the logits (see the module docs).
-/// Also the f32 view the bf16 products need (`None` for f64, which never takes that path).
+/// A reusable buffer per element type for the logits (see the module docs). The f32 view the
+/// bf16 products need is [`Float::as_f32`] (`None` for f64, which never takes that path).
 trait Pooled: Float {
     fn pool() -> &'static Mutex<Vec<Self>>;
-    fn as_f32(x: &[Self]) -> Option<&[f32]>;
-    fn as_f32_mut(x: &mut [Self]) -> Option<&mut [f32]>;
 }
 impl Pooled for f32 {
     fn pool() -> &'static Mutex<Vec<f32>> {
         static P: Mutex<Vec<f32>> = Mutex::new(Vec::new());
         &P
     }
-    fn as_f32(x: &[f32]) -> Option<&[f32]> {
-        Some(x)
-    }
-    fn as_f32_mut(x: &mut [f32]) -> Option<&mut [f32]> {
-        Some(x)
-    }
 }
 impl Pooled for f64 {
     fn pool() -> &'static Mutex<Vec<f64>> {
         static P: Mutex<Vec<f64>> = Mutex::new(Vec::new());
         &P
-    }
-    fn as_f32(_: &[f64]) -> Option<&[f32]> {
-        None
-    }
-    fn as_f32_mut(_: &mut [f64]) -> Option<&mut [f32]> {
-        None
     }
 }
 

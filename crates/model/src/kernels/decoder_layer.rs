@@ -88,6 +88,8 @@ struct Dims {
     h: usize,
     eps: f64,
     norm_first: bool,
+    /// bf16 products ([`SubDims::bf16`]).
+    bf16: bool,
 }
 
 impl Dims {
@@ -99,6 +101,7 @@ impl Dims {
             h: self.h,
             eps: self.eps,
             norm_first: self.norm_first,
+            bf16: self.bf16,
         }
     }
 
@@ -678,6 +681,9 @@ pub fn decoder_layer(
             h: opts.nhead,
             eps: opts.layer_norm_eps,
             norm_first: opts.norm_first,
+            bf16: opts.precision == super::Precision::Bf16
+                && dtype == DType::F32
+                && super::bf16::available(),
         },
         self_keep,
         memory_keep,
@@ -704,6 +710,145 @@ mod tests {
     use crate::params::ParamBuilder;
     use crate::rng::Rng;
     use candle_core::Device;
+
+    /// The layer's parameter names in [`slot`] order.
+    fn param_names() -> Vec<String> {
+        let mut names = Vec::new();
+        for m in ["self_attn", "multihead_attn"] {
+            for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+                for wb in ["weight", "bias"] {
+                    names.push(format!("{m}.{proj}.{wb}"));
+                }
+            }
+        }
+        for l in ["linear1", "linear2", "norm1", "norm2", "norm3"] {
+            for wb in ["weight", "bias"] {
+                names.push(format!("{l}.{wb}"));
+            }
+        }
+        names
+    }
+
+    /// With bf16 products (the projections and the feed-forward layer, both sub-layer kinds
+    /// that the encoder layer shares) the output and every gradient stay within bf16's
+    /// rounding of the fp32 layer's, with dropout and skipped padding rows; and they are not
+    /// the fp32 values (the bf16 path ran). Needs a CPU with AMX or AVX512-BF16.
+    #[test]
+    fn bf16_products_stay_within_bf16_rounding_of_f32() -> Result<()> {
+        if !crate::kernels::bf16::available() {
+            eprintln!("no bf16 unit on this CPU: nothing to check");
+            return Ok(());
+        }
+        let dev = Device::Cpu;
+        let (b, t, s, c, f, h) = (4, 7, 5, 64, 96, 4);
+        let pb = ParamBuilder::new(DType::F32, &dev, 5);
+        let spec = LayerSpec {
+            d_model: c,
+            nhead: h,
+            dim_feedforward: f,
+            dropout: 0.2,
+            activation: Activation::Relu,
+            layer_norm_eps: 1e-5,
+            norm_first: false,
+        };
+        DecoderLayer::new(&pb.pp("l"), &spec)?;
+        let params = pb.params();
+        let vals: Vec<Vec<f32>> = param_names()
+            .iter()
+            .map(|n| {
+                params
+                    .get(&format!("l.{n}"))
+                    .expect("parameter")
+                    .flatten_all()?
+                    .to_vec1()
+            })
+            .collect::<Result<_>>()?;
+        let w: Vec<&[f32]> = vals.iter().map(Vec::as_slice).collect();
+        let tgt_lens: Vec<usize> = (0..b).map(|i| t - i % 3).collect();
+        let src_lens: Vec<usize> = (0..b).map(|i| s - (i + 1) % 3).collect();
+        let valid = |lens: &[usize], n: usize| -> Vec<u8> {
+            (0..b * n).map(|i| u8::from(i % n < lens[i / n])).collect()
+        };
+        let tgt_mask = Mask::causal(t, &dev)?.and(&Mask::key_valid(&Tensor::from_vec(
+            valid(&tgt_lens, t),
+            (b, t),
+            &dev,
+        )?)?)?;
+        let self_keep = Keep {
+            data: tgt_mask
+                .keep()
+                .broadcast_as((b, 1, t, t))?
+                .flatten_all()?
+                .to_vec1()?,
+            per_batch: true,
+        };
+        let memory_keep = valid(&src_lens, s);
+        let masks = Masks {
+            self_keep: Some(&self_keep),
+            memory_keep: Some(&memory_keep),
+            lens: Some((&tgt_lens, &src_lens)),
+        };
+        let drops = Drops::new(DecoderLayerDropout {
+            p: 0.2,
+            seed: 3,
+            streams: [0, 1, 2, 3, 4, 5],
+        });
+        // Seeded values in [-1.7, 1.7) (unit variance).
+        let rand = |n: usize, seed: u64| -> Vec<f32> {
+            let r = Rng::new(seed);
+            r.uniform_vec(n)
+                .into_iter()
+                .map(|u| ((u * 2.0 - 1.0) * 1.732) as f32)
+                .collect()
+        };
+        let (xs, ms, dys) = (rand(b * t * c, 1), rand(b * s * c, 2), rand(b * t * c, 3));
+        let run = |bf16: bool| {
+            let dims = Dims {
+                b,
+                t,
+                s,
+                c,
+                f,
+                h,
+                eps: 1e-5,
+                norm_first: false,
+                bf16,
+            };
+            let (y, saved) = forward(&dims, &w, &masks, Some(&drops), &xs, &ms, 2, true);
+            let saved: Vec<_> = saved.into_iter().map(|s| s.expect("kept")).collect();
+            let (dx, dm, g) = backward(&dims, &w, &masks, Some(&drops), &saved, &xs, &ms, &dys);
+            let mut all = vec![y, dx, dm];
+            all.extend(g);
+            all
+        };
+        let (want, got) = (run(false), run(true));
+        let mut what = vec!["y".to_string(), "dx".into(), "dmemory".into()];
+        what.extend(param_names());
+        let mut any_differs = false;
+        for ((name, a), g) in what.iter().zip(&want).zip(&got) {
+            if name.ends_with("k_proj.bias") {
+                // Zero in exact arithmetic (softmax ignores a shift shared by all keys):
+                // both are rounding noise.
+                continue;
+            }
+            // Relative to the tensor's norm: bf16 operands carry 8 significant bits (2^-9
+            // relative rounding), and the gradients pass through several products.
+            let norm = a.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+            let err = a
+                .iter()
+                .zip(g)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f32>()
+                .sqrt();
+            any_differs |= err > 0.0;
+            assert!(
+                err <= 2e-2 * norm,
+                "{name}: bf16 is off by {err} (norm {norm})"
+            );
+        }
+        assert!(any_differs, "the bf16 path gave the fp32 values");
+        Ok(())
+    }
 
     /// The fused layer's forward pass and every gradient (target stream, memory, each
     /// parameter) against the composed layer in f64: post-norm and pre-norm, with and without
@@ -768,19 +913,7 @@ mod tests {
                 };
                 let store = (&y * &dy_ref)?.sum_all()?.backward()?;
 
-                let mut names = Vec::new();
-                for m in ["self_attn", "multihead_attn"] {
-                    for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-                        for wb in ["weight", "bias"] {
-                            names.push(format!("{m}.{proj}.{wb}"));
-                        }
-                    }
-                }
-                for l in ["linear1", "linear2", "norm1", "norm2", "norm3"] {
-                    for wb in ["weight", "bias"] {
-                        names.push(format!("{l}.{wb}"));
-                    }
-                }
+                let names = param_names();
                 let tensors: Vec<Tensor> = names
                     .iter()
                     .map(|n| {
@@ -805,6 +938,7 @@ mod tests {
                     h,
                     eps: 1e-5,
                     norm_first,
+                    bf16: false,
                 };
                 let self_keep = Keep {
                     data: tgt_mask

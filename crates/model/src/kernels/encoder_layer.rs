@@ -141,6 +141,11 @@ pub struct EncoderLayerOptions {
     pub layer_norm_eps: f64,
     /// Pre-norm instead of post-norm residual sub-layers.
     pub norm_first: bool,
+    /// The arithmetic of the projections' and the feed-forward layer's products:
+    /// [`super::Precision::Bf16`] runs them in bf16 with fp32 accumulation where the CPU has
+    /// a bf16 unit and the inputs are f32 (with gradients: the f64 path has none); the
+    /// attention heads, norms, softmax and everything else stay fp32.
+    pub precision: super::Precision,
 }
 
 /// Dropout in training: probability `p`, and the RNG streams under `seed` of the four
@@ -226,6 +231,9 @@ pub fn encoder_layer(
         h: opts.nhead,
         eps: opts.layer_norm_eps,
         norm_first: opts.norm_first,
+        bf16: opts.precision == super::Precision::Bf16
+            && x.dtype() == DType::F32
+            && super::bf16::available(),
     };
     let op = LayerOp {
         params: params.clone(),
@@ -268,6 +276,8 @@ struct Dims {
     h: usize,
     eps: f64,
     norm_first: bool,
+    /// bf16 products ([`SubDims::bf16`]).
+    bf16: bool,
 }
 
 impl Dims {
@@ -279,6 +289,7 @@ impl Dims {
             h: self.h,
             eps: self.eps,
             norm_first: self.norm_first,
+            bf16: self.bf16,
         }
     }
 
@@ -917,6 +928,7 @@ mod tests {
                     h,
                     eps: 1e-5,
                     norm_first,
+                    bf16: false,
                 };
                 let keep = match &mask {
                     Some(m) => {

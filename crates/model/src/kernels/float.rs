@@ -51,6 +51,18 @@ pub(crate) trait Float: WithDType + Send + Sync {
     fn exp_sub_store_sum(x: &[Self], m: Self, out: &mut [Self]) -> Self {
         generic_exp_sub_store_sum(x, m, out)
     }
+
+    /// `x` as f32 values, for the paths that exist for f32 only (bf16 products); `None` for
+    /// other types.
+    #[inline(always)]
+    fn as_f32(_x: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    /// [`Float::as_f32`], mutably.
+    #[inline(always)]
+    fn as_f32_mut(_x: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
 }
 
 /// Calls the AVX-512 version of a row primitive when the CPU has it.
@@ -71,6 +83,14 @@ impl Float for f32 {
     const ZERO: Self = 0.0;
     const ONE: Self = 1.0;
     const NEG_INFINITY: Self = f32::NEG_INFINITY;
+    #[inline(always)]
+    fn as_f32(x: &[Self]) -> Option<&[f32]> {
+        Some(x)
+    }
+    #[inline(always)]
+    fn as_f32_mut(x: &mut [Self]) -> Option<&mut [f32]> {
+        Some(x)
+    }
     #[inline(always)]
     fn exp(self) -> Self {
         exp_f32(self)

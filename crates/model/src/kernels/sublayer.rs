@@ -6,10 +6,11 @@
 //! indexed by the calling layer's slots.
 
 use super::attention::masked_softmax_rows;
+use super::bf16;
 use super::dropout::MaskSpec;
 use super::encoder_layer::{drop_inplace, drop_into, linear_grads, ln_bwd, ln_fwd, two, Norm};
 use super::float::{self, Float};
-use super::linear::{rows_forward, rows_input_grad};
+use super::linear::{bias_grad_add, rows_forward, rows_input_grad};
 use super::matmul::{gemm, Mat};
 
 /// What the sub-layers need of a layer's shape.
@@ -20,6 +21,112 @@ pub(super) struct SubDims {
     pub(super) h: usize,
     pub(super) eps: f64,
     pub(super) norm_first: bool,
+    /// The projections' and the feed-forward layer's products in bf16 with fp32 accumulation
+    /// ([`super::bf16`]; f32 inputs only, on a CPU that has a bf16 unit). Everything else,
+    /// the attention heads' products included, stays in the inputs' precision.
+    pub(super) bf16: bool,
+}
+
+thread_local! {
+    /// Each thread's packed bf16 operands, kept between calls.
+    static PACKED: std::cell::RefCell<(Vec<u16>, Vec<u32>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    };
+}
+
+/// `y = x W^T + b` for `n` rows (`x` `n x k`, `W` `m x k`): [`rows_forward`], or its
+/// products in bf16 (`sh.bf16`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn lin_forward<T: Float>(
+    sh: &SubDims,
+    y: &mut [T],
+    x: &[T],
+    w: &[T],
+    b: &[T],
+    n: usize,
+    m: usize,
+    k: usize,
+) {
+    if sh.bf16 {
+        if let Some(y) = T::as_f32_mut(y) {
+            let (x, w, b) = (f32s(x), f32s(w), f32s(b));
+            for row in y.chunks_exact_mut(m.max(1)) {
+                row.copy_from_slice(b);
+            }
+            PACKED.with_borrow_mut(|(a, bw)| {
+                bf16::pack_rows(x, n, k, k, a);
+                bf16::pack_pairs_of_cols(w, m, k, k, bw);
+                bf16::gemm_bf16(y, m, n, m, a, bf16::pad32(k), bw, bf16::pad32(m), true);
+            });
+            return;
+        }
+    }
+    rows_forward(y, x, w, b, n, m, k)
+}
+
+/// `dx (+)= dy W` for `n` rows (`dy` `n x m`, `W` `m x k`): [`rows_input_grad`], or its
+/// product in bf16 (`sh.bf16`).
+#[inline(always)]
+fn lin_input_grad<T: Float>(
+    sh: &SubDims,
+    dx: &mut [T],
+    accumulate: bool,
+    dy: &[T],
+    w: &[T],
+    n: usize,
+    m: usize,
+) {
+    if sh.bf16 {
+        if let Some(dx) = T::as_f32_mut(dx) {
+            let (dy, w) = (f32s(dy), f32s(w));
+            let k = w.len() / m.max(1);
+            PACKED.with_borrow_mut(|(a, bw)| {
+                bf16::pack_rows(dy, n, m, m, a);
+                bf16::pack_pairs_of_rows(w, m, k, k, bw);
+                let (kp, ldb) = (bf16::pad32(m), bf16::pad32(k));
+                bf16::gemm_bf16(dx, k, n, k, a, kp, bw, ldb, accumulate);
+            });
+            return;
+        }
+    }
+    rows_input_grad(dx, accumulate, dy, w, n, m)
+}
+
+/// `dW = dy^T x` (overwritten) and `db += sum_rows(dy)` over `n` rows: [`linear_grads`], or
+/// the weight's product in bf16 (`sh.bf16`; the bias's sum stays fp32).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn lin_grads<T: Float>(
+    sh: &SubDims,
+    dw: &mut [T],
+    db: &mut [T],
+    dy: &[T],
+    x: &[T],
+    n: usize,
+    k: usize,
+) {
+    if sh.bf16 {
+        if let Some(dw) = T::as_f32_mut(dw) {
+            let m = db.len();
+            let (dy32, x) = (f32s(dy), f32s(x));
+            PACKED.with_borrow_mut(|(a, bx)| {
+                bf16::pack_rows_transposed(dy32, n, m, m, a);
+                bf16::pack_pairs_of_rows(x, n, k, k, bx);
+                let (kp, ldb) = (bf16::pad32(n), bf16::pad32(k));
+                bf16::gemm_bf16(dw, k, m, k, a, kp, bx, ldb, false);
+            });
+            bias_grad_add(db, dy);
+            return;
+        }
+    }
+    linear_grads(dw, db, dy, x, n, k)
+}
+
+/// The f32 values of a slice whose type is f32 (the bf16 paths' other operands).
+#[inline(always)]
+fn f32s<T: Float>(x: &[T]) -> &[f32] {
+    T::as_f32(x).expect("bf16 products take f32 operands")
 }
 
 /// One attention sub-layer's dropout: of the weights and of the output.
@@ -330,9 +437,9 @@ pub(super) fn attn_fwd<'k, T: Float>(
     let mut q = vec![T::ZERO; n * c];
     let mut k = vec![T::ZERO; nk * c];
     let mut v = vec![T::ZERO; nk * c];
-    rows_forward(&mut q, a_src, w[base], w[base + 1], n, c, c);
-    rows_forward(&mut k, kv_src, w[base + 2], w[base + 3], nk, c, c);
-    rows_forward(&mut v, kv_src, w[base + 4], w[base + 5], nk, c, c);
+    lin_forward(sh, &mut q, a_src, w[base], w[base + 1], n, c, c);
+    lin_forward(sh, &mut k, kv_src, w[base + 2], w[base + 3], nk, c, c);
+    lin_forward(sh, &mut v, kv_src, w[base + 4], w[base + 5], nk, c, c);
     let (t, tk) = (q_rows.t(), k_rows.t());
     let p_len: usize = (0..q_rows.seqs())
         .map(|j| h * q_rows.seq(j).1 * k_rows.seq(j).1)
@@ -378,7 +485,7 @@ pub(super) fn attn_fwd<'k, T: Float>(
         }
         p_at += h * lq * lk;
     }
-    rows_forward(out, &o, w[base + 6], w[base + 7], n, c, c);
+    lin_forward(sh, out, &o, w[base + 6], w[base + 7], n, c, c);
     if let Some(m) = drops.out {
         drop_rows(out, m, q_rows, c, dscale);
     }
@@ -440,10 +547,10 @@ pub(super) fn attn_bwd<T: Float>(
     }
     {
         let (gw, gb) = two(g, base + 6, base + 7);
-        linear_grads(gw, gb, &da, &sv.o, n, c);
+        lin_grads(sh, gw, gb, &da, &sv.o, n, c);
     }
     let mut d_o = vec![T::ZERO; n * c];
-    rows_input_grad(&mut d_o, false, &da, w[base + 6], n, c);
+    lin_input_grad(sh, &mut d_o, false, &da, w[base + 6], n, c);
     let (mut dq, mut dk, mut dv) = (da, vec![T::ZERO; nk * c], vec![T::ZERO; nk * c]);
     let mut pd = vec![T::ZERO; t * tk];
     let mut dp = vec![T::ZERO; t * tk];
@@ -521,18 +628,18 @@ pub(super) fn attn_bwd<T: Float>(
         (&dv, kv_src, nk, base + 4),
     ] {
         let (gw, gb) = two(g, sl, sl + 1);
-        linear_grads(gw, gb, dproj, src, rows, c);
+        lin_grads(sh, gw, gb, dproj, src, rows, c);
     }
     let mut da_in = d_o;
-    rows_input_grad(&mut da_in, false, &dq, w[base], n, c);
+    lin_input_grad(sh, &mut da_in, false, &dq, w[base], n, c);
     match kv {
         Some((_, dkv, _)) => {
-            rows_input_grad(dkv, false, &dk, w[base + 2], nk, c);
-            rows_input_grad(dkv, true, &dv, w[base + 4], nk, c);
+            lin_input_grad(sh, dkv, false, &dk, w[base + 2], nk, c);
+            lin_input_grad(sh, dkv, true, &dv, w[base + 4], nk, c);
         }
         None => {
-            rows_input_grad(&mut da_in, true, &dk, w[base + 2], n, c);
-            rows_input_grad(&mut da_in, true, &dv, w[base + 4], n, c);
+            lin_input_grad(sh, &mut da_in, true, &dk, w[base + 2], n, c);
+            lin_input_grad(sh, &mut da_in, true, &dv, w[base + 4], n, c);
         }
     }
     if sh.norm_first {
@@ -569,7 +676,7 @@ pub(super) fn ff_fwd<T: Float>(
         x
     };
     let mut hid = vec![T::ZERO; n * f];
-    rows_forward(&mut hid, f_src, w[l1], w[l1 + 1], n, f, c);
+    lin_forward(sh, &mut hid, f_src, w[l1], w[l1 + 1], n, f, c);
     for v in hid.iter_mut() {
         *v = if *v > T::ZERO { *v } else { T::ZERO };
     }
@@ -582,7 +689,7 @@ pub(super) fn ff_fwd<T: Float>(
         }
         None => &hid,
     };
-    rows_forward(y, hd, w[l2], w[l2 + 1], n, c, f);
+    lin_forward(sh, y, hd, w[l2], w[l2 + 1], n, c, f);
     if let Some(m) = drops.out {
         drop_rows(y, m, rows, c, dscale);
     }
@@ -635,10 +742,10 @@ pub(super) fn ff_bwd<T: Float>(
     }
     {
         let (gw, gb) = two(g, l2, l2 + 1);
-        linear_grads(gw, gb, &dgo, &hd, n, f);
+        lin_grads(sh, gw, gb, &dgo, &hd, n, f);
     }
     let mut dhid = hd;
-    rows_input_grad(&mut dhid, false, &dgo, w[l2], n, c);
+    lin_input_grad(sh, &mut dhid, false, &dgo, w[l2], n, c);
     if let Some(m) = drops.hidden {
         drop_rows(&mut dhid, m, rows, f, dscale);
     }
@@ -648,15 +755,15 @@ pub(super) fn ff_bwd<T: Float>(
     let f_src: &[T] = if sh.norm_first { &sv.f_in } else { x };
     {
         let (gw, gb) = two(g, l1, l1 + 1);
-        linear_grads(gw, gb, &dhid, f_src, n, c);
+        lin_grads(sh, gw, gb, &dhid, f_src, n, c);
     }
     if sh.norm_first {
         let mut df_in = dgo;
-        rows_input_grad(&mut df_in, false, &dhid, w[l1], n, f);
+        lin_input_grad(sh, &mut df_in, false, &dhid, w[l1], n, f);
         let (gw, gb) = two(g, norm, norm + 1);
         ln_bwd(&df_in, &sv.norm, w[norm], dx, true, gw, gb, scratch);
     } else {
-        rows_input_grad(dx, true, &dhid, w[l1], n, f);
+        lin_input_grad(sh, dx, true, &dhid, w[l1], n, f);
     }
 }
 
@@ -806,6 +913,51 @@ mod speed {
                 )
             });
             println!("add of 2^20 elements: {ms:.3} ms");
+        }
+    }
+
+    #[test]
+    #[ignore]
+    fn layer_products_bf16() {
+        use crate::kernels::bf16::{self, pad32};
+        if !bf16::available() {
+            return;
+        }
+        for (n, k, m) in [(1000, 256, 256), (1000, 256, 512), (1000, 512, 256)] {
+            let x: Vec<f32> = (0..n * k).map(|i| (i % 17) as f32 * 0.1).collect();
+            let w: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.01).collect();
+            let dy: Vec<f32> = (0..n * m).map(|i| (i % 11) as f32 * 0.01).collect();
+            let b = vec![0.1f32; m];
+            let (mut y, mut dx, mut dw) = (vec![0f32; n * m], vec![0f32; n * k], vec![0f32; m * k]);
+            let (mut pa, mut pb) = (Vec::new(), Vec::new());
+            for _ in 0..2 {
+                let f32_ms = [
+                    best(10, || rows_forward(&mut y, &x, &w, &b, n, m, k)),
+                    best(10, || rows_input_grad(&mut dx, false, &dy, &w, n, m)),
+                    best(10, || weight_grad_rows(&mut dw, 0..m, &dy, &x, n, m, k)),
+                ];
+                let bf_ms = [
+                    best(10, || {
+                        bf16::pack_rows(&x, n, k, k, &mut pa);
+                        bf16::pack_pairs_of_cols(&w, m, k, k, &mut pb);
+                        bf16::gemm_bf16(&mut y, m, n, m, &pa, pad32(k), &pb, pad32(m), false);
+                    }),
+                    best(10, || {
+                        bf16::pack_rows(&dy, n, m, m, &mut pa);
+                        bf16::pack_pairs_of_rows(&w, m, k, k, &mut pb);
+                        bf16::gemm_bf16(&mut dx, k, n, k, &pa, pad32(m), &pb, pad32(k), false);
+                    }),
+                    best(10, || {
+                        bf16::pack_rows_transposed(&dy, n, m, m, &mut pa);
+                        bf16::pack_pairs_of_rows(&x, n, k, k, &mut pb);
+                        bf16::gemm_bf16(&mut dw, k, m, k, &pa, pad32(n), &pb, pad32(k), false);
+                    }),
+                ];
+                println!(
+                    "{n} x {k} -> {m}: forward {:.3} / {:.3} ms, input grad {:.3} / {:.3}, weight grad {:.3} / {:.3} (f32 / bf16 with packing)",
+                    f32_ms[0], bf_ms[0], f32_ms[1], bf_ms[1], f32_ms[2], bf_ms[2]
+                );
+            }
         }
     }
 }

@@ -899,18 +899,8 @@ mod tests {
                 let dy = Tensor::randn(0f64, 1.0, (b, t, c), &dev)?;
                 let tgt_lens: Vec<usize> = (0..b).map(|i| t - i % 3).collect();
                 let src_lens: Vec<usize> = (0..b).map(|i| s - (i + 1) % 3).collect();
-                let real = Tensor::from_vec(
-                    (0..b * t)
-                        .map(|i| f64::from(u8::from(i % t < tgt_lens[i / t])))
-                        .collect::<Vec<_>>(),
-                    (b, t, 1),
-                    &dev,
-                )?;
-                let (y, dy_ref) = if skip {
-                    (y.broadcast_mul(&real)?, dy.broadcast_mul(&real)?)
-                } else {
-                    (y, dy.clone())
-                };
+                let (y, dy_ref) =
+                    crate::kernels::sublayer::zero_padding_rows(y, &dy, &tgt_lens, skip)?;
                 let store = (&y * &dy_ref)?.sum_all()?.backward()?;
 
                 let names = param_names();

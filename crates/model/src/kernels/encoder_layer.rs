@@ -872,18 +872,7 @@ mod tests {
                 let dy = Tensor::randn(0f64, 1.0, (b, t, c), &dev)?;
                 let lens: Vec<usize> = (0..b).map(|i| t - i % 3).collect();
                 let skip = mask_kind == "lengths";
-                let real = Tensor::from_vec(
-                    (0..b * t)
-                        .map(|i| f64::from(u8::from(i % t < lens[i / t])))
-                        .collect::<Vec<_>>(),
-                    (b, t, 1),
-                    &dev,
-                )?;
-                let (y, dy_ref) = if skip {
-                    (y.broadcast_mul(&real)?, dy.broadcast_mul(&real)?)
-                } else {
-                    (y, dy.clone())
-                };
+                let (y, dy_ref) = crate::kernels::sublayer::zero_padding_rows(y, &dy, &lens, skip)?;
                 let store = (&y * &dy_ref)?.sum_all()?.backward()?;
 
                 // The same layer fused, on the same RNG streams.

@@ -179,9 +179,7 @@ pub(super) fn rows_forward<T: Float>(
     m: usize,
     k: usize,
 ) {
-    for row in y.chunks_exact_mut(m.max(1)) {
-        row.copy_from_slice(b);
-    }
+    bias_rows(y, b);
     gemm(
         Mat::new_mut(y, n, m, m, 1),
         true,
@@ -190,6 +188,13 @@ pub(super) fn rows_forward<T: Float>(
         Mat::new(w, k, m, 1, k),
         T::ONE,
     );
+}
+
+/// Every row of `y` (rows of `b.len()`) set to the bias `b`: where a product then adds in.
+pub(super) fn bias_rows<T: Float>(y: &mut [T], b: &[T]) {
+    for row in y.chunks_exact_mut(b.len().max(1)) {
+        row.copy_from_slice(b);
+    }
 }
 
 /// `dx (+)= dy W` for `n` rows: dy (n x m), W (m x k), dx (n x k), single-threaded.

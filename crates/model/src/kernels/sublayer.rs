@@ -10,7 +10,7 @@ use super::bf16;
 use super::dropout::MaskSpec;
 use super::encoder_layer::{drop_inplace, drop_into, linear_grads, ln_bwd, ln_fwd, two, Norm};
 use super::float::{self, Float};
-use super::linear::{bias_grad_add, rows_forward, rows_input_grad};
+use super::linear::{bias_grad_add, bias_rows, rows_forward, rows_input_grad};
 use super::matmul::{gemm, Mat};
 
 /// What the sub-layers need of a layer's shape.
@@ -50,10 +50,8 @@ fn lin_forward<T: Float>(
 ) {
     if sh.bf16 {
         if let Some(y) = T::as_f32_mut(y) {
-            let (x, w, b) = (f32s(x), f32s(w), f32s(b));
-            for row in y.chunks_exact_mut(m.max(1)) {
-                row.copy_from_slice(b);
-            }
+            let (x, w) = (f32s(x), f32s(w));
+            bias_rows(y, f32s(b));
             PACKED.with_borrow_mut(|(a, bw)| {
                 bf16::pack_rows(x, n, k, k, a);
                 bf16::pack_pairs_of_cols(w, m, k, k, bw);
@@ -765,6 +763,27 @@ pub(super) fn ff_bwd<T: Float>(
     } else {
         lin_input_grad(sh, dx, true, &dhid, w[l1], n, f);
     }
+}
+
+/// For the fused layers' tests against the composed ones: with `skip`, the reference's output
+/// `y` and incoming gradient `dy` (`(B, T, C)`) with the rows from each sequence's length on
+/// zeroed (the fused layer computes no padding rows and reads no gradient there).
+#[cfg(test)]
+pub(super) fn zero_padding_rows(
+    y: candle_core::Tensor,
+    dy: &candle_core::Tensor,
+    lens: &[usize],
+    skip: bool,
+) -> candle_core::Result<(candle_core::Tensor, candle_core::Tensor)> {
+    if !skip {
+        return Ok((y, dy.clone()));
+    }
+    let (b, t, _) = y.dims3()?;
+    let real: Vec<f64> = (0..b * t)
+        .map(|i| f64::from(u8::from(i % t < lens[i / t])))
+        .collect();
+    let real = candle_core::Tensor::from_vec(real, (b, t, 1), y.device())?.to_dtype(y.dtype())?;
+    Ok((y.broadcast_mul(&real)?, dy.broadcast_mul(&real)?))
 }
 
 /// Timings behind the sub-layers' design (ignored; one thread):

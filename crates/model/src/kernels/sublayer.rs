@@ -4,6 +4,12 @@
 //! its residual, dropout and layer norm (post-norm or pre-norm), forward and backward, over
 //! one thread's group of sequences with single-threaded products. The parameters are slices
 //! indexed by the calling layer's slots.
+//!
+//! Only the sequences' real rows are computed when the caller gives their lengths ([`Rows`]):
+//! the rows are packed together for the projections, the feed-forward layer and the norms,
+//! and attention runs per sequence over its own length. The projections' and the
+//! feed-forward layer's products run in fp32, or in bf16 with fp32 accumulation
+//! ([`SubDims::bf16`]).
 
 use super::attention::masked_softmax_rows;
 use super::bf16;
@@ -94,7 +100,6 @@ fn lin_input_grad<T: Float>(
 /// `dW = dy^T x` (overwritten) and `db += sum_rows(dy)` over `n` rows: [`linear_grads`], or
 /// the weight's product in bf16 (`sh.bf16`; the bias's sum stays fp32).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn lin_grads<T: Float>(
     sh: &SubDims,
     dw: &mut [T],

@@ -100,6 +100,7 @@ impl DecoderLayer {
     /// one dropout probability, inputs that are part of a graph and parameters that are
     /// variables); `None` otherwise. Draws the same dropout streams as the composed layer, in
     /// the same order.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn fused_direct(
         &self,
         x: &Tensor,
@@ -355,6 +356,7 @@ impl Decoder {
     ///
     /// # Shapes
     /// x (B, T, C), memory (B, S, C) -> (B, T, C)
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_direct(
         &self,
         x: &Tensor,

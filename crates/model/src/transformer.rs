@@ -72,6 +72,7 @@ impl Transformer {
     ///
     /// # Shapes
     /// tgt (B, T, C), memory (B, S, C) -> (B, T, C)
+    #[allow(clippy::too_many_arguments)]
     pub fn decode_direct(
         &self,
         tgt: &Tensor,

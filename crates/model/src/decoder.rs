@@ -65,12 +65,9 @@ impl DecoderLayer {
     }
 
     /// The layer's parameters in the fused kernels' layout and its layer norms' epsilon, for
-    /// a ReLU layer with biases whose three norms share one epsilon; `None` otherwise.
+    /// a layer with biases whose three norms share one epsilon; `None` otherwise.
     fn kernel_params(&self) -> Option<(kernels::DecoderLayerParams, f64)> {
-        let (linear1, linear2, activation, _) = self.ff.parts();
-        if activation != crate::config::Activation::Relu {
-            return None;
-        }
+        let (linear1, linear2, _, _) = self.ff.parts();
         let affine = |lin: &'_ crate::linear::Linear| -> Option<(Tensor, Tensor)> {
             Some((lin.weight().clone(), lin.bias()?.clone()))
         };
@@ -96,7 +93,7 @@ impl DecoderLayer {
     }
 
     /// [`Self::forward_no_weights`] as one fused op ([`kernels::decoder_layer`]) whose
-    /// parameters' gradients go to `grads` when it applies (a ReLU layer on CPU f32 tensors,
+    /// parameters' gradients go to `grads` when it applies (a ReLU or GELU layer on CPU f32 tensors,
     /// one dropout probability, inputs that are part of a graph and parameters that are
     /// variables); `None` otherwise. Draws the same dropout streams as the composed layer, in
     /// the same order.
@@ -114,7 +111,7 @@ impl DecoderLayer {
         let Some((params, eps)) = self.kernel_params() else {
             return Ok(None);
         };
-        let (linear1, _, _, ff_dropout) = self.ff.parts();
+        let (linear1, _, activation, ff_dropout) = self.ff.parts();
         let p = self.dropout.p();
         let same_dropout = self.self_attn.dropout().p() == p
             && self.multihead_attn.dropout().p() == p
@@ -161,6 +158,7 @@ impl DecoderLayer {
             layer_norm_eps: eps,
             norm_first: self.norm_first,
             precision: products,
+            activation,
         };
         kernels::decoder_layer(
             x,
@@ -446,6 +444,9 @@ impl Decoder {
         let (_, _, eps) = first.norm1.parts();
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
+            if l.ff.parts().2 != crate::config::Activation::Relu {
+                return None;
+            }
             let (params, e) = l.kernel_params()?;
             if e != eps {
                 return None;

@@ -136,7 +136,7 @@ impl EncoderLayer {
         Ok((x, weights.expect("weights were asked for")))
     }
 
-    /// The layer as one fused op ([`kernels::encoder_layer`]) when it applies (a ReLU layer
+    /// The layer as one fused op ([`kernels::encoder_layer`]) when it applies (a ReLU or GELU layer
     /// on CPU f32 tensors, f64 too without gradients; with `Direct`, an input that is part of
     /// a graph and parameters that are variables); `None` otherwise. Draws the same dropout
     /// streams as the composed layer, in the same order.
@@ -173,8 +173,7 @@ impl EncoderLayer {
         );
         let same_dropout = self.self_attn.dropout().p() == p && ff_dropout.p() == p;
         let (_, t, _) = x.dims3()?;
-        let applies = activation == crate::config::Activation::Relu
-            && eps == eps2
+        let applies = eps == eps2
             && same_dropout
             && mask.is_none_or(|m| m.keep().dim(3).is_ok_and(|s| s == t))
             && kernels::encoder_layer_applies(x, &params, grads.is_some())
@@ -195,6 +194,7 @@ impl EncoderLayer {
             layer_norm_eps: eps,
             norm_first: self.norm_first,
             precision,
+            activation,
         };
         let (keep, lengths) = (mask.map(|m| m.keep()), mask.and_then(|m| m.lengths()));
         kernels::encoder_layer(x, &params, opts, keep, lengths, dropout, grads).map(Some)
@@ -276,7 +276,7 @@ impl Encoder {
 
     /// [`Self::forward`] whose backward pass delivers the layers' parameter gradients to
     /// `grads` instead of candle's `GradStore` where each layer runs as one fused op
-    /// ([`kernels::encoder_layer`]: ReLU layers on CPU f32); the input's gradient (and any
+    /// ([`kernels::encoder_layer`]: ReLU or GELU layers on CPU f32); the input's gradient (and any
     /// layer's that cannot be fused, and the final norm's) go through the graph as usual.
     /// The same result as [`Self::forward`], summed in another order.
     ///

@@ -90,6 +90,8 @@ struct Dims {
     norm_first: bool,
     /// bf16 products ([`SubDims::bf16`]).
     bf16: bool,
+    /// GELU instead of ReLU ([`SubDims::gelu`]).
+    gelu: bool,
 }
 
 impl Dims {
@@ -102,6 +104,7 @@ impl Dims {
             eps: self.eps,
             norm_first: self.norm_first,
             bf16: self.bf16,
+            gelu: self.gelu,
         }
     }
 
@@ -578,7 +581,7 @@ impl CustomOp2 for LayerOp {
     }
 }
 
-/// One decoder layer (ReLU feed-forward), fused; see the module docs.
+/// One decoder layer (ReLU or GELU feed-forward), fused; see the module docs.
 ///
 /// - `self_keep`: the self-attention mask, u8 broadcastable to `(B, 1, T, T)`, 1 = may
 ///   attend (causal and target padding together);
@@ -684,6 +687,7 @@ pub fn decoder_layer(
             bf16: opts.precision == super::Precision::Bf16
                 && dtype == DType::F32
                 && super::bf16::available(),
+            gelu: opts.activation == crate::config::Activation::Gelu,
         },
         self_keep,
         memory_keep,
@@ -813,6 +817,7 @@ mod tests {
                 eps: 1e-5,
                 norm_first: false,
                 bf16,
+                gelu: false,
             };
             let (y, saved) = forward(&dims, &w, &masks, Some(&drops), &xs, &ms, 2, true);
             let saved: Vec<_> = saved.into_iter().map(|s| s.expect("kept")).collect();
@@ -857,7 +862,8 @@ mod tests {
     fn fused_layer_equals_the_composed_layer_in_f64() -> Result<()> {
         let dev = Device::Cpu;
         let (b, t, s, c, f, h) = (5, 6, 4, 8, 12, 2);
-        for norm_first in [false, true] {
+        let cases = [(false, false), (true, false), (false, true), (true, true)];
+        for (norm_first, gelu) in cases {
             // `skip`: with the sequences' lengths, padding rows not computed (the reference's
             // are then zeroed in `y` and in `dy`; the fused layer's `dy` there is not read).
             for (p, skip) in [(0.0, false), (0.3, false), (0.0, true), (0.3, true)] {
@@ -867,7 +873,11 @@ mod tests {
                     nhead: h,
                     dim_feedforward: f,
                     dropout: p,
-                    activation: Activation::Relu,
+                    activation: if gelu {
+                        Activation::Gelu
+                    } else {
+                        Activation::Relu
+                    },
                     layer_norm_eps: 1e-5,
                     norm_first,
                 };
@@ -929,6 +939,7 @@ mod tests {
                     eps: 1e-5,
                     norm_first,
                     bf16: false,
+                    gelu,
                 };
                 let self_keep = Keep {
                     data: tgt_mask
@@ -975,7 +986,7 @@ mod tests {
                         .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
                     assert!(
                         diff <= 1e-12 * size,
-                        "norm_first {norm_first}, p {p}, skip {skip}: {what} differs by {diff} (size {size})"
+                        "norm_first {norm_first}, gelu {gelu}, p {p}, skip {skip}: {what} differs by {diff} (size {size})"
                     );
                     Ok(())
                 };

@@ -146,6 +146,8 @@ pub struct EncoderLayerOptions {
     /// a bf16 unit and the inputs are f32 (with gradients: the f64 path has none); the
     /// attention heads, norms, softmax and everything else stay fp32.
     pub precision: super::Precision,
+    /// The feed-forward activation: ReLU (the paper's) or the exact GELU.
+    pub activation: crate::config::Activation,
 }
 
 /// Dropout in training: probability `p`, and the RNG streams under `seed` of the four
@@ -161,7 +163,7 @@ pub struct LayerDropout {
     pub streams: [u64; 4],
 }
 
-/// One encoder layer (ReLU feed-forward), fused; see the module docs.
+/// One encoder layer (ReLU or GELU feed-forward), fused; see the module docs.
 ///
 /// - `keep`: the attention mask, u8 broadcastable to `(B, 1, T, T)`, 1 = may attend.
 /// - `lengths`: each sequence's real positions, its first ones; the rest are padding that
@@ -234,6 +236,7 @@ pub fn encoder_layer(
         bf16: opts.precision == super::Precision::Bf16
             && x.dtype() == DType::F32
             && super::bf16::available(),
+        gelu: opts.activation == crate::config::Activation::Gelu,
     };
     let op = LayerOp {
         params: params.clone(),
@@ -278,6 +281,8 @@ struct Dims {
     norm_first: bool,
     /// bf16 products ([`SubDims::bf16`]).
     bf16: bool,
+    /// GELU instead of ReLU ([`SubDims::gelu`]).
+    gelu: bool,
 }
 
 impl Dims {
@@ -290,6 +295,7 @@ impl Dims {
             eps: self.eps,
             norm_first: self.norm_first,
             bf16: self.bf16,
+            gelu: self.gelu,
         }
     }
 
@@ -833,7 +839,8 @@ mod tests {
     fn fused_layer_equals_the_composed_layer_in_f64() -> Result<()> {
         let dev = Device::Cpu;
         let (b, t, c, f, h) = (5, 6, 8, 12, 2);
-        for norm_first in [false, true] {
+        let cases = [(false, false), (true, false), (false, true), (true, true)];
+        for (norm_first, gelu) in cases {
             // "lengths": the padding mask with the sequences' lengths, padding rows not
             // computed (the reference's are zeroed in `y` and `dy`; the fused layer's `dy`
             // there is not read).
@@ -850,7 +857,11 @@ mod tests {
                     nhead: h,
                     dim_feedforward: f,
                     dropout: p,
-                    activation: Activation::Relu,
+                    activation: if gelu {
+                        Activation::Gelu
+                    } else {
+                        Activation::Relu
+                    },
                     layer_norm_eps: 1e-5,
                     norm_first,
                 };
@@ -918,6 +929,7 @@ mod tests {
                     eps: 1e-5,
                     norm_first,
                     bf16: false,
+                    gelu,
                 };
                 let keep = match &mask {
                     Some(m) => {
@@ -975,7 +987,7 @@ mod tests {
                         .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
                     assert!(
                         diff <= 1e-12 * size,
-                        "norm_first {norm_first}, {mask_kind}: {what} differs by {diff} (size {size})"
+                        "norm_first {norm_first}, gelu {gelu}, {mask_kind}: {what} differs by {diff} (size {size})"
                     );
                     Ok(())
                 };

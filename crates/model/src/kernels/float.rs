@@ -24,6 +24,8 @@ pub(crate) trait Float: WithDType + Send + Sync {
     fn exp(self) -> Self;
     fn ln(self) -> Self;
     fn sqrt(self) -> Self;
+    /// The error function, as candle's `erf` op computes it.
+    fn erf(self) -> Self;
 
     // Row primitives (see the free functions of the same names). The defaults are the
     // portable versions; f32 overrides them with AVX-512 code where the CPU has it.
@@ -104,6 +106,10 @@ impl Float for f32 {
         f32::sqrt(self)
     }
     #[inline(always)]
+    fn erf(self) -> Self {
+        candle_core::cpu::erf::erf_f32(self)
+    }
+    #[inline(always)]
     fn row_max(x: &[Self]) -> Self {
         avx512_or!(avx512::row_max(x), generic_row_max(x))
     }
@@ -151,6 +157,10 @@ impl Float for f64 {
     #[inline(always)]
     fn sqrt(self) -> Self {
         f64::sqrt(self)
+    }
+    #[inline(always)]
+    fn erf(self) -> Self {
+        candle_core::cpu::erf::erf_f64(self)
     }
 }
 

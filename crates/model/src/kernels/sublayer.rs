@@ -31,6 +31,8 @@ pub(super) struct SubDims {
     /// ([`super::bf16`]; f32 inputs only, on a CPU that has a bf16 unit). Everything else,
     /// the attention heads' products included, stays in the inputs' precision.
     pub(super) bf16: bool,
+    /// The feed-forward activation is the exact (erf) GELU instead of ReLU.
+    pub(super) gelu: bool,
 }
 
 thread_local! {
@@ -168,9 +170,29 @@ pub(super) struct AttnSaved<T> {
 pub(super) struct FfSaved<T> {
     /// Pre-norm: the normalised input.
     f_in: Vec<T>,
-    /// After the ReLU, before dropout.
+    /// After the activation, before dropout.
     hid: Vec<T>,
+    /// GELU: the activation's input (empty for ReLU, whose output says where it passed).
+    pre: Vec<T>,
     norm: Norm<T>,
+}
+
+/// `x Phi(x)` (PyTorch's exact GELU), as the composed layer computes it:
+/// `x * ((erf(x / sqrt 2) + 1) * 0.5)`.
+#[inline(always)]
+fn gelu<T: Float>(x: T) -> T {
+    let s2 = T::from_f64(std::f64::consts::SQRT_2);
+    x * (((x / s2).erf() + T::ONE) * T::from_f64(0.5))
+}
+
+/// The derivative of [`gelu`]: `Phi(x) + x phi(x)`.
+#[inline(always)]
+fn gelu_grad<T: Float>(x: T) -> T {
+    let s2 = T::from_f64(std::f64::consts::SQRT_2);
+    let cdf = ((x / s2).erf() + T::ONE) * T::from_f64(0.5);
+    let pdf = (T::ZERO - x * x * T::from_f64(0.5)).exp()
+        * T::from_f64(1.0 / (2.0 * std::f64::consts::PI).sqrt());
+    cdf + x * pdf
 }
 
 /// Which rows of a group of sequences the sub-layers compute, and where they lie: sequence
@@ -680,8 +702,16 @@ pub(super) fn ff_fwd<T: Float>(
     };
     let mut hid = vec![T::ZERO; n * f];
     lin_forward(sh, &mut hid, f_src, w[l1], w[l1 + 1], n, f, c);
-    for v in hid.iter_mut() {
-        *v = if *v > T::ZERO { *v } else { T::ZERO };
+    let mut pre = Vec::new();
+    if sh.gelu {
+        pre = hid.clone();
+        for v in hid.iter_mut() {
+            *v = gelu(*v);
+        }
+    } else {
+        for v in hid.iter_mut() {
+            *v = if *v > T::ZERO { *v } else { T::ZERO };
+        }
     }
     let mut hd_buf;
     let hd: &[T] = match drops.hidden {
@@ -706,6 +736,7 @@ pub(super) fn ff_fwd<T: Float>(
     FfSaved {
         f_in,
         hid,
+        pre,
         norm: nrm,
     }
 }
@@ -752,8 +783,14 @@ pub(super) fn ff_bwd<T: Float>(
     if let Some(m) = drops.hidden {
         drop_rows(&mut dhid, m, rows, f, dscale);
     }
-    for (dv, &hv) in dhid.iter_mut().zip(&sv.hid) {
-        *dv = if hv > T::ZERO { *dv } else { T::ZERO };
+    if sh.gelu {
+        for (dv, &pv) in dhid.iter_mut().zip(&sv.pre) {
+            *dv = *dv * gelu_grad(pv);
+        }
+    } else {
+        for (dv, &hv) in dhid.iter_mut().zip(&sv.hid) {
+            *dv = if hv > T::ZERO { *dv } else { T::ZERO };
+        }
     }
     let f_src: &[T] = if sh.norm_first { &sv.f_in } else { x };
     {

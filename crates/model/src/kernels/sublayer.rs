@@ -785,7 +785,7 @@ pub(super) fn ff_bwd<T: Float>(
     }
     if sh.gelu {
         for (dv, &pv) in dhid.iter_mut().zip(&sv.pre) {
-            *dv = *dv * gelu_grad(pv);
+            *dv *= gelu_grad(pv);
         }
     } else {
         for (dv, &hv) in dhid.iter_mut().zip(&sv.hid) {

@@ -83,34 +83,14 @@ struct Dims {
     t: usize,
     /// Memory (source) length.
     s: usize,
-    c: usize,
-    f: usize,
-    h: usize,
-    eps: f64,
-    norm_first: bool,
-    /// bf16 products ([`SubDims::bf16`]).
-    bf16: bool,
-    /// GELU instead of ReLU ([`SubDims::gelu`]).
-    gelu: bool,
+    /// What the sub-layers read.
+    sub: SubDims,
 }
 
 impl Dims {
-    /// What the sub-layers read.
-    fn shape(&self) -> SubDims {
-        SubDims {
-            c: self.c,
-            f: self.f,
-            h: self.h,
-            eps: self.eps,
-            norm_first: self.norm_first,
-            bf16: self.bf16,
-            gelu: self.gelu,
-        }
-    }
-
     /// Groups of sequences, one per thread.
     fn groups(&self) -> usize {
-        let (b, t, s, c, f) = (self.b, self.t, self.s, self.c, self.f);
+        let (b, t, s, c, f) = (self.b, self.t, self.s, self.sub.c, self.sub.f);
         let macs = b * t * c * (6 * c + 2 * f + 2 * t + 2 * s) + b * s * c * 2 * c;
         num_threads().min(macs / MIN_PARALLEL_MACS).min(b).max(1)
     }
@@ -191,7 +171,7 @@ fn forward_group<T: Float>(
     y: &mut [T],
     keep_saved: bool,
 ) -> Option<Saved<T>> {
-    let (t, s, c) = (d.t, d.s, d.c);
+    let (t, s, c) = (d.t, d.s, d.sub.c);
     let ns = x.len() / (t * c);
     let (rows, mrows) = masks.rows(s0, ns, t, s);
     let n = rows.n();
@@ -210,7 +190,7 @@ fn forward_group<T: Float>(
         #[inline(always)]
         || {
             let (self_drops, cross_drops, ff_drops) = sublayer_drops(drops);
-            let sh = d.shape();
+            let sh = d.sub;
             let mut x1 = vec![T::ZERO; n * c];
             let sa = attn_fwd(
                 &sh,
@@ -274,7 +254,7 @@ fn backward_group<T: Float>(
     dx: &mut [T],
     dmem: &mut [T],
 ) -> Vec<Vec<T>> {
-    let (t, s, c) = (d.t, d.s, d.c);
+    let (t, s, c) = (d.t, d.s, d.sub.c);
     let ns = x.len() / (t * c);
     let (rows, mrows) = masks.rows(s0, ns, t, s);
     let (n, nm) = (rows.n(), mrows.n());
@@ -293,7 +273,7 @@ fn backward_group<T: Float>(
             let mut g: Vec<Vec<T>> = w.iter().map(|p| vec![T::ZERO; p.len()]).collect();
             let mut scratch = Vec::new();
             let (self_drops, cross_drops, ff_drops) = sublayer_drops(drops);
-            let sh = d.shape();
+            let sh = d.sub;
             let mut dx2 = vec![T::ZERO; n * c];
             let (ff, x2) = (&sv.ff, &sv.x2);
             ff_bwd(
@@ -373,7 +353,7 @@ fn forward<T: Float>(
     groups: usize,
     keep_saved: bool,
 ) -> Forwarded<T> {
-    let (row, mrow) = (d.t * d.c, d.s * d.c);
+    let (row, mrow) = (d.t * d.sub.c, d.s * d.sub.c);
     let mut y = vec![T::ZERO; x.len()];
     let groups = groups.min(d.b).max(1);
     let items: Vec<_> = group_ranges(d.b, groups)
@@ -409,7 +389,7 @@ fn backward<T: Float>(
     mem: &[T],
     dy: &[T],
 ) -> (Vec<T>, Vec<T>, Vec<Vec<T>>) {
-    let (row, mrow) = (d.t * d.c, d.s * d.c);
+    let (row, mrow) = (d.t * d.sub.c, d.s * d.sub.c);
     let groups = saved.len();
     let mut dx = vec![T::ZERO; x.len()];
     let mut dmem = vec![T::ZERO; mem.len()];
@@ -679,15 +659,7 @@ pub fn decoder_layer(
             b,
             t,
             s,
-            c,
-            f,
-            h: opts.nhead,
-            eps: opts.layer_norm_eps,
-            norm_first: opts.norm_first,
-            bf16: opts.precision == super::Precision::Bf16
-                && dtype == DType::F32
-                && super::bf16::available(),
-            gelu: opts.activation == crate::config::Activation::Gelu,
+            sub: SubDims::new(c, f, &opts, dtype),
         },
         self_keep,
         memory_keep,
@@ -811,13 +783,15 @@ mod tests {
                 b,
                 t,
                 s,
-                c,
-                f,
-                h,
-                eps: 1e-5,
-                norm_first: false,
-                bf16,
-                gelu: false,
+                sub: SubDims {
+                    c,
+                    f,
+                    h,
+                    eps: 1e-5,
+                    norm_first: false,
+                    bf16,
+                    gelu: false,
+                },
             };
             let (y, saved) = forward(&dims, &w, &masks, Some(&drops), &xs, &ms, 2, true);
             let saved: Vec<_> = saved.into_iter().map(|s| s.expect("kept")).collect();
@@ -933,13 +907,15 @@ mod tests {
                     b,
                     t,
                     s,
-                    c,
-                    f,
-                    h,
-                    eps: 1e-5,
-                    norm_first,
-                    bf16: false,
-                    gelu,
+                    sub: SubDims {
+                        c,
+                        f,
+                        h,
+                        eps: 1e-5,
+                        norm_first,
+                        bf16: false,
+                        gelu,
+                    },
                 };
                 let self_keep = Keep {
                     data: tgt_mask

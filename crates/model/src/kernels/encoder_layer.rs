@@ -228,15 +228,7 @@ pub fn encoder_layer(
     let dims = Dims {
         b,
         t,
-        c,
-        f,
-        h: opts.nhead,
-        eps: opts.layer_norm_eps,
-        norm_first: opts.norm_first,
-        bf16: opts.precision == super::Precision::Bf16
-            && x.dtype() == DType::F32
-            && super::bf16::available(),
-        gelu: opts.activation == crate::config::Activation::Gelu,
+        sub: SubDims::new(c, f, &opts, x.dtype()),
     };
     let op = LayerOp {
         params: params.clone(),
@@ -274,34 +266,15 @@ pub(super) const MIN_PARALLEL_MACS: usize = 1 << 20;
 struct Dims {
     b: usize,
     t: usize,
-    c: usize,
-    f: usize,
-    h: usize,
-    eps: f64,
-    norm_first: bool,
-    /// bf16 products ([`SubDims::bf16`]).
-    bf16: bool,
-    /// GELU instead of ReLU ([`SubDims::gelu`]).
-    gelu: bool,
+    /// What the sub-layers read.
+    sub: SubDims,
 }
 
 impl Dims {
-    /// What the sub-layers read.
-    fn shape(&self) -> SubDims {
-        SubDims {
-            c: self.c,
-            f: self.f,
-            h: self.h,
-            eps: self.eps,
-            norm_first: self.norm_first,
-            bf16: self.bf16,
-            gelu: self.gelu,
-        }
-    }
-
     /// Groups of sequences, one per thread.
     fn groups(&self) -> usize {
-        let macs = self.b * self.t * self.c * (4 * self.c + 2 * self.f + 2 * self.t);
+        let (c, f) = (self.sub.c, self.sub.f);
+        let macs = self.b * self.t * c * (4 * c + 2 * f + 2 * self.t);
         num_threads()
             .min(macs / MIN_PARALLEL_MACS)
             .min(self.b)
@@ -463,11 +436,11 @@ fn forward_group<T: Float>(
     y: &mut [T],
     keep_saved: bool,
 ) -> Option<Saved<T>> {
-    let (t, c) = (d.t, d.c);
+    let (t, c) = (d.t, d.sub.c);
     let rows = Rows::of_group(s0, x.len() / (t * c), t, lens);
     let n = rows.n();
     let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
-    let (sh, (sa_drops, ff_drops)) = (d.shape(), sublayer_drops(drops));
+    let (sh, (sa_drops, ff_drops)) = (d.sub, sublayer_drops(drops));
     let gathered;
     let x: &[T] = if rows.is_full() {
         x
@@ -522,11 +495,11 @@ fn backward_group<T: Float>(
     dy: &[T],
     dx: &mut [T],
 ) -> Vec<Vec<T>> {
-    let (t, c) = (d.t, d.c);
+    let (t, c) = (d.t, d.sub.c);
     let rows = Rows::of_group(s0, x.len() / (t * c), t, lens);
     let n = rows.n();
     let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
-    let (sh, (sa_drops, ff_drops)) = (d.shape(), sublayer_drops(drops));
+    let (sh, (sa_drops, ff_drops)) = (d.sub, sublayer_drops(drops));
     let w = &w.0;
     let gathered;
     let (x, dy) = if rows.is_full() {
@@ -624,7 +597,7 @@ fn forward<T: Float>(
     groups: usize,
     keep_saved: bool,
 ) -> Forwarded<T> {
-    let row = d.t * d.c;
+    let row = d.t * d.sub.c;
     let mut y = vec![T::ZERO; x.len()];
     let groups = groups.min(d.b).max(1);
     let items: Vec<_> = group_ranges(d.b, groups)
@@ -658,7 +631,7 @@ fn backward<T: Float>(
     x: &[T],
     dy: &[T],
 ) -> (Vec<T>, Vec<Vec<T>>) {
-    let row = d.t * d.c;
+    let row = d.t * d.sub.c;
     let groups = saved.len();
     let mut dx = vec![T::ZERO; x.len()];
     let items: Vec<_> = group_ranges(d.b, groups)
@@ -923,13 +896,15 @@ mod tests {
                 let dims = Dims {
                     b,
                     t,
-                    c,
-                    f,
-                    h,
-                    eps: 1e-5,
-                    norm_first,
-                    bf16: false,
-                    gelu,
+                    sub: SubDims {
+                        c,
+                        f,
+                        h,
+                        eps: 1e-5,
+                        norm_first,
+                        bf16: false,
+                        gelu,
+                    },
                 };
                 let keep = match &mask {
                     Some(m) => {

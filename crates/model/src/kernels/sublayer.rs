@@ -35,6 +35,29 @@ pub(super) struct SubDims {
     pub(super) gelu: bool,
 }
 
+impl SubDims {
+    /// A layer's shape: width `c`, feed-forward width `f`, its options, inputs of `dtype`
+    /// (bf16 products only for f32 on a CPU with a bf16 unit).
+    pub(super) fn new(
+        c: usize,
+        f: usize,
+        opts: &super::EncoderLayerOptions,
+        dtype: candle_core::DType,
+    ) -> Self {
+        Self {
+            c,
+            f,
+            h: opts.nhead,
+            eps: opts.layer_norm_eps,
+            norm_first: opts.norm_first,
+            bf16: opts.precision == super::Precision::Bf16
+                && dtype == candle_core::DType::F32
+                && bf16::available(),
+            gelu: opts.activation == crate::config::Activation::Gelu,
+        }
+    }
+}
+
 thread_local! {
     /// Each thread's packed bf16 operands, kept between calls.
     static PACKED: std::cell::RefCell<(Vec<u16>, Vec<u32>)> = const {
@@ -126,6 +149,82 @@ fn lin_grads<T: Float>(
         }
     }
     linear_grads(dw, db, dy, x, n, k)
+}
+
+/// A sub-layer's input as its first products read it: with pre-norm, the input's layer norm
+/// (returned, its statistics in `nrm`); with post-norm nothing (empty: the input itself).
+#[inline(always)]
+fn pre_norm<T: Float>(sh: &SubDims, w: &[&[T]], norm: usize, x: &[T], nrm: &mut Norm<T>) -> Vec<T> {
+    if !sh.norm_first {
+        return Vec::new();
+    }
+    let mut normed = vec![T::ZERO; x.len()];
+    ln_fwd(
+        x,
+        w[norm],
+        w[norm + 1],
+        T::from_f64(sh.eps),
+        &mut normed,
+        nrm,
+    );
+    normed
+}
+
+/// A sub-layer's end, on its branch's output `out`: dropout (`drop`), the residual `x`
+/// added, and with post-norm the layer norm of the sum (its statistics in `nrm`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn residual_fwd<T: Float>(
+    sh: &SubDims,
+    w: &[&[T]],
+    norm: usize,
+    x: &[T],
+    rows: &Rows,
+    (drop, dscale): (Option<&MaskSpec>, T),
+    out: &mut [T],
+    nrm: &mut Norm<T>,
+) {
+    if let Some(m) = drop {
+        drop_rows(out, m, rows, sh.c, dscale);
+    }
+    for (r, &xv) in out.iter_mut().zip(x) {
+        *r = xv + *r;
+    }
+    if !sh.norm_first {
+        let sum = out.to_vec();
+        ln_fwd(&sum, w[norm], w[norm + 1], T::from_f64(sh.eps), out, nrm);
+    }
+}
+
+/// [`residual_fwd`]'s backward pass: from the gradient of the sub-layer's output `dout`,
+/// writes the residual's share of the input's gradient into `dx` (post-norm: through the
+/// norm, whose parameters' gradients go into `g`) and returns the gradient of the branch's
+/// output before its dropout.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn residual_bwd<T: Float>(
+    sh: &SubDims,
+    w: &[&[T]],
+    norm: usize,
+    g: &mut [Vec<T>],
+    nrm: &Norm<T>,
+    rows: &Rows,
+    (drop, dscale): (Option<&MaskSpec>, T),
+    dout: &[T],
+    dx: &mut [T],
+    scratch: &mut Vec<T>,
+) -> Vec<T> {
+    if sh.norm_first {
+        dx.copy_from_slice(dout);
+    } else {
+        let (gw, gb) = two(g, norm, norm + 1);
+        ln_bwd(dout, nrm, w[norm], dx, false, gw, gb, scratch);
+    }
+    let mut d_branch = dx.to_vec();
+    if let Some(m) = drop {
+        drop_rows(&mut d_branch, m, rows, sh.c, dscale);
+    }
+    d_branch
 }
 
 /// The f32 values of a slice whose type is f32 (the bf16 paths' other operands).
@@ -446,17 +545,10 @@ pub(super) fn attn_fwd<'k, T: Float>(
     let n = q_rows.n();
     debug_assert_eq!(x.len(), n * c);
     let dh = c / h;
-    let eps = T::from_f64(sh.eps);
     let scale = T::from_f64(1.0 / (dh as f64).sqrt());
     let mut nrm = Norm::default();
-    let mut a_in = Vec::new();
-    let a_src: &[T] = if sh.norm_first {
-        a_in = vec![T::ZERO; n * c];
-        ln_fwd(x, w[norm], w[norm + 1], eps, &mut a_in, &mut nrm);
-        &a_in
-    } else {
-        x
-    };
+    let a_in = pre_norm(sh, w, norm, x, &mut nrm);
+    let a_src: &[T] = if sh.norm_first { &a_in } else { x };
     let (kv_src, k_rows) = kv.unwrap_or((a_src, q_rows));
     let nk = k_rows.n();
     let mut q = vec![T::ZERO; n * c];
@@ -511,16 +603,7 @@ pub(super) fn attn_fwd<'k, T: Float>(
         p_at += h * lq * lk;
     }
     lin_forward(sh, out, &o, w[base + 6], w[base + 7], n, c, c);
-    if let Some(m) = drops.out {
-        drop_rows(out, m, q_rows, c, dscale);
-    }
-    for (r, &xv) in out.iter_mut().zip(x) {
-        *r = xv + *r;
-    }
-    if !sh.norm_first {
-        let sum = out.to_vec();
-        ln_fwd(&sum, w[norm], w[norm + 1], eps, out, &mut nrm);
-    }
+    residual_fwd(sh, w, norm, x, q_rows, (drops.out, dscale), out, &mut nrm);
     AttnSaved {
         a_in,
         q,
@@ -559,17 +642,10 @@ pub(super) fn attn_bwd<T: Float>(
     let (t, tk) = (q_rows.t(), k_rows.t());
     let dh = c / h;
     let scale = T::from_f64(1.0 / (dh as f64).sqrt());
-    // Through the norm (post-norm) to the residual sum; the residual's share is dx itself.
-    if sh.norm_first {
-        dx.copy_from_slice(dout);
-    } else {
-        let (gw, gb) = two(g, norm, norm + 1);
-        ln_bwd(dout, &sv.norm, w[norm], dx, false, gw, gb, scratch);
-    }
-    let mut da = dx.to_vec();
-    if let Some(m) = drops.out {
-        drop_rows(&mut da, m, q_rows, c, dscale);
-    }
+    let out_drop = (drops.out, dscale);
+    let da = residual_bwd(
+        sh, w, norm, g, &sv.norm, q_rows, out_drop, dout, dx, scratch,
+    );
     {
         let (gw, gb) = two(g, base + 6, base + 7);
         lin_grads(sh, gw, gb, &da, &sv.o, n, c);
@@ -690,16 +766,9 @@ pub(super) fn ff_fwd<T: Float>(
 ) -> FfSaved<T> {
     let (c, f) = (sh.c, sh.f);
     let n = x.len() / c;
-    let eps = T::from_f64(sh.eps);
     let mut nrm = Norm::default();
-    let mut f_in = Vec::new();
-    let f_src: &[T] = if sh.norm_first {
-        f_in = vec![T::ZERO; n * c];
-        ln_fwd(x, w[norm], w[norm + 1], eps, &mut f_in, &mut nrm);
-        &f_in
-    } else {
-        x
-    };
+    let f_in = pre_norm(sh, w, norm, x, &mut nrm);
+    let f_src: &[T] = if sh.norm_first { &f_in } else { x };
     let mut hid = vec![T::ZERO; n * f];
     lin_forward(sh, &mut hid, f_src, w[l1], w[l1 + 1], n, f, c);
     let mut pre = Vec::new();
@@ -723,16 +792,7 @@ pub(super) fn ff_fwd<T: Float>(
         None => &hid,
     };
     lin_forward(sh, y, hd, w[l2], w[l2 + 1], n, c, f);
-    if let Some(m) = drops.out {
-        drop_rows(y, m, rows, c, dscale);
-    }
-    for (r, &xv) in y.iter_mut().zip(x) {
-        *r = xv + *r;
-    }
-    if !sh.norm_first {
-        let sum = y.to_vec();
-        ln_fwd(&sum, w[norm], w[norm + 1], eps, y, &mut nrm);
-    }
+    residual_fwd(sh, w, norm, x, rows, (drops.out, dscale), y, &mut nrm);
     FfSaved {
         f_in,
         hid,
@@ -760,16 +820,18 @@ pub(super) fn ff_bwd<T: Float>(
 ) {
     let (c, f) = (sh.c, sh.f);
     let n = x.len() / c;
-    if sh.norm_first {
-        dx.copy_from_slice(dy);
-    } else {
-        let (gw, gb) = two(g, norm, norm + 1);
-        ln_bwd(dy, &sv.norm, w[norm], dx, false, gw, gb, scratch);
-    }
-    let mut dgo = dx.to_vec();
-    if let Some(m) = drops.out {
-        drop_rows(&mut dgo, m, rows, c, dscale);
-    }
+    let dgo = residual_bwd(
+        sh,
+        w,
+        norm,
+        g,
+        &sv.norm,
+        rows,
+        (drops.out, dscale),
+        dy,
+        dx,
+        scratch,
+    );
     let mut hd = sv.hid.clone();
     if let Some(m) = drops.hidden {
         drop_rows(&mut hd, m, rows, f, dscale);

@@ -34,6 +34,13 @@ pub enum BenchCommand {
         after_help = "Example:\n  M=../shared/data/multi30k/task1/raw\n  transformer bench mt-decode --run runs/de-en --src $M/test_2016_flickr.de.gz --beam 5 --dump runs/bench --json"
     )]
     MtDecode(MtDecodeBenchArgs),
+    /// Load on a running `transformer serve`: concurrent clients posting one sentence per
+    /// request to /translate for a fixed time; sentences per second and latency p50/p99 per
+    /// number of clients, and the throughput ratio to the first.
+    #[command(
+        after_help = "Example:\n  M=../shared/data/multi30k/task1/raw\n  transformer bench serve --url http://127.0.0.1:5000 --src $M/test_2016_flickr.de.gz --source de --target en --clients 1,64\n  scripts/bench_serve.sh   # starts the server, runs this, and CTranslate2's translate_batch beside it"
+    )]
+    Serve(crate::serve::ServeBenchArgs),
 }
 
 #[derive(Args)]
@@ -161,6 +168,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Lm(args) => lm(args),
         BenchCommand::Mt(args) => mt(args),
         BenchCommand::MtDecode(args) => mt_decode(args),
+        BenchCommand::Serve(args) => crate::serve::bench(args),
     }
 }
 

@@ -22,6 +22,7 @@ mod bench;
 mod bleu;
 mod lm;
 mod mt;
+mod serve;
 
 #[derive(Parser)]
 #[command(
@@ -51,6 +52,13 @@ enum Command {
     /// translate, score with BLEU and chrF, show attention.
     #[command(subcommand)]
     Mt(mt::MtCommand),
+    /// Serve trained translation runs over HTTP with LibreTranslate's API (its clients work
+    /// unchanged), a native API with scores and alignments, and a web page; requests that
+    /// arrive together are translated in one batch.
+    #[command(
+        after_help = "Examples:\n  transformer serve --run runs/de-en\n  transformer serve --run de:en=runs/de-en --run ko:en=runs/ko-en --port 8080\n  curl -s localhost:5000/translate -H 'Content-Type: application/json' \\\n       -d '{\"q\": \"Ein Mann fährt Fahrrad.\", \"source\": \"de\", \"target\": \"en\"}'\n\nOpen http://127.0.0.1:5000/ for the web page. A LibreTranslate client takes the same\naddress, e.g. in Python: LibreTranslateAPI(\"http://127.0.0.1:5000/\").translate(\"Hallo\", \"de\", \"en\").\nSIGTERM or Ctrl-C stops accepting, finishes the requests in flight, and prints a summary."
+    )]
+    Serve(serve::ServeArgs),
     /// Benchmark our implementation at fixed shapes (compare with PyTorch:
     /// scripts/bench_vs_pytorch.sh).
     #[command(subcommand)]
@@ -213,6 +221,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Lm(cmd) => lm::run(cmd),
         Command::Mt(cmd) => mt::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Serve(args) => serve::serve(args),
         Command::Bleu(args) => bleu::run(args),
         Command::Show(cmd) => show(cmd),
     }

@@ -104,6 +104,13 @@ pub struct TrainArgs {
     test_src: Option<PathBuf>,
     #[arg(long)]
     test_tgt: Option<PathBuf>,
+    /// The source language's code, recorded in the run for `transformer serve` (ISO 639-1,
+    /// as de) [default: the corpus's, de for multi30k-de-en, ko for ko-en]
+    #[arg(long)]
+    src_lang: Option<String>,
+    /// The target language's code (as en) [default: the corpus's]
+    #[arg(long)]
+    tgt_lang: Option<String>,
     /// Run directory for config, tokenizer, checkpoints, metrics and the loss plot.
     #[arg(long, default_value = "runs/mt")]
     out: PathBuf,
@@ -254,6 +261,12 @@ impl TrainArgs {
         }
         if self.corpus.is_some() {
             c.corpus = self.corpus;
+        }
+        if self.src_lang.is_some() {
+            c.src_lang.clone_from(&self.src_lang);
+        }
+        if self.tgt_lang.is_some() {
+            c.tgt_lang.clone_from(&self.tgt_lang);
         }
         if let Some(l) = self.layers {
             c.encoder_layers = l;

@@ -47,7 +47,9 @@
 pub mod search;
 pub mod step;
 
-pub use search::{beam_search, greedy, sample_decode, DecodeOptions, Hypothesis};
+pub use search::{
+    beam_search, beam_search_nbest, greedy, sample_decode, DecodeOptions, Hypothesis,
+};
 pub use step::{LogProbs, Recompute, StepModel, StepOutput};
 
 use candle_core::{Result, Tensor};

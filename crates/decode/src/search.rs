@@ -331,6 +331,24 @@ pub fn beam_search<M: StepModel>(
     src: &Tensor,
     opts: &DecodeOptions,
 ) -> Result<Vec<Hypothesis>> {
+    Ok(beam_search_nbest(model, src, opts)?
+        .into_iter()
+        .map(|mut hs| hs.swap_remove(0))
+        .collect())
+}
+
+/// [`beam_search`] returning every finished hypothesis of each sentence (at most `beam`,
+/// plus the greedy path's ending when it fell outside the beam), best first by normalised
+/// score: the first is exactly [`beam_search`]'s result, the rest are its runners-up (the
+/// n-best list).
+///
+/// # Shapes
+/// src (B, S) u32 padded with `opts.pad`
+pub fn beam_search_nbest<M: StepModel>(
+    model: &M,
+    src: &Tensor,
+    opts: &DecodeOptions,
+) -> Result<Vec<Vec<Hypothesis>>> {
     let k = opts.beam.max(1);
     let mut state = model.start(src, opts.pad)?;
     let src_lens = model.src_lens(&state);
@@ -446,14 +464,20 @@ pub fn beam_search<M: StepModel>(
     }
     Ok(finished
         .into_iter()
-        .map(|hs| {
-            hs.into_iter()
-                .max_by(|a, b| {
-                    let na = opts.normalized(a.score, a.tokens.len() + 1);
-                    let nb = opts.normalized(b.score, b.tokens.len() + 1);
-                    na.total_cmp(&nb)
-                })
-                .expect("a finished hypothesis per sentence")
+        .map(|mut hs| {
+            let norm = |h: &Hypothesis| opts.normalized(h.score, h.tokens.len() + 1);
+            // The best is the last of the largest (`max_by`'s choice among ties); the rest
+            // follow, better first.
+            let best = hs
+                .iter()
+                .enumerate()
+                .max_by(|a, b| norm(a.1).total_cmp(&norm(b.1)))
+                .map(|(i, _)| i)
+                .expect("a finished hypothesis per sentence");
+            let first = hs.remove(best);
+            hs.sort_by(|a, b| norm(b).total_cmp(&norm(a)));
+            hs.insert(0, first);
+            hs
         })
         .collect())
 }

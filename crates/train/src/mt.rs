@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use transformer_decode::{beam_search, greedy, DecodeOptions, Hypothesis};
+use transformer_decode::{beam_search_nbest, greedy, DecodeOptions, Hypothesis};
 use transformer_model::kernels::Precision;
 use transformer_model::{
     DirectGrads, Mode, ParamBuilder, Params, Rng, RnnSeq2SeqConfig, Seq2SeqConfig,
@@ -78,6 +78,31 @@ impl std::str::FromStr for Corpus {
             )),
         }
     }
+}
+
+impl Corpus {
+    /// The corpus's (source, target) language codes.
+    pub fn languages(self) -> (&'static str, &'static str) {
+        match self {
+            Corpus::Multi30kDeEn => ("de", "en"),
+            Corpus::KoEn => ("ko", "en"),
+        }
+    }
+}
+
+/// Whether `code` looks like a language code: 2 or 3 lowercase ASCII letters, optionally
+/// followed by `-` and a region or script of 2 to 4 ASCII letters or digits (`pt-BR`,
+/// `zh-Hans`), as LibreTranslate's codes are.
+pub fn is_language_code(code: &str) -> bool {
+    let (lang, rest) = match code.split_once('-') {
+        Some((l, r)) => (l, Some(r)),
+        None => (code, None),
+    };
+    (2..=3).contains(&lang.len())
+        && lang.bytes().all(|b| b.is_ascii_lowercase())
+        && rest.is_none_or(|r| {
+            (2..=4).contains(&r.len()) && r.bytes().all(|b| b.is_ascii_alphanumeric())
+        })
 }
 
 /// The train, validation and test sources of a corpus.
@@ -216,6 +241,11 @@ pub struct MtTrainConfig {
     pub test_src: Option<PathBuf>,
     /// Test target sentences, parallel to `test_src`.
     pub test_tgt: Option<PathBuf>,
+    /// The source language's code (ISO 639-1, as `de`), for `transformer serve`; a bundled
+    /// corpus implies it.
+    pub src_lang: Option<String>,
+    /// The target language's code (as `en`); a bundled corpus implies it.
+    pub tgt_lang: Option<String>,
     /// The model: the Transformer, or a recurrent baseline (`gru`, `gru-dot`,
     /// `gru-bahdanau`).
     pub arch: Arch,
@@ -303,6 +333,8 @@ impl Default for MtTrainConfig {
             valid_tgt: None,
             test_src: None,
             test_tgt: None,
+            src_lang: None,
+            tgt_lang: None,
             arch: Arch::Transformer,
             rnn_hidden: 256,
             tokenizer: TokenizerKind::Bpe,
@@ -339,6 +371,15 @@ impl Default for MtTrainConfig {
 }
 
 impl MtTrainConfig {
+    /// The run's language codes (source, target): `src_lang` and `tgt_lang` where set, else
+    /// those of the bundled corpus; `None` when neither says.
+    pub fn language_pair(&self) -> Option<(String, String)> {
+        let implied = self.corpus.map(|c| c.languages());
+        let src = self.src_lang.clone().or(implied.map(|l| l.0.to_string()))?;
+        let tgt = self.tgt_lang.clone().or(implied.map(|l| l.1.to_string()))?;
+        Some((src, tgt))
+    }
+
     /// Sets the model's sizes and dropout to a preset's.
     pub fn apply_preset(&mut self, preset: MtPreset) {
         let t = match preset {
@@ -432,6 +473,16 @@ impl MtTrainConfig {
         }
         if !(self.lr_factor > 0.0 && self.clip > 0.0) {
             return Err(Error::Usage("lr_factor and clip must be positive".into()));
+        }
+        for (name, code) in [("src_lang", &self.src_lang), ("tgt_lang", &self.tgt_lang)] {
+            if let Some(c) = code {
+                if !is_language_code(c) {
+                    return Err(Error::Usage(format!(
+                        "{name} is {c:?}: give a language code of 2 or 3 lowercase letters, \
+                         optionally with a region or script (de, en, ko, pt-BR, zh-Hans)"
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -686,13 +737,32 @@ pub fn translate_ids_batched(
     opts: &DecodeOptions,
     batch_rows: usize,
     dev: &Device,
-    mut on_batch: impl FnMut(usize, usize),
+    on_batch: impl FnMut(usize, usize),
 ) -> Result<Vec<Hypothesis>> {
+    Ok(
+        translate_ids_nbest(model, src, opts, batch_rows, dev, on_batch)?
+            .into_iter()
+            .map(|mut hs| hs.swap_remove(0))
+            .collect(),
+    )
+}
+
+/// [`translate_ids_batched`] with each input's n-best list (best first; the first is
+/// exactly what [`translate_ids_batched`] returns): beam search's finished hypotheses, or
+/// the one greedy hypothesis for beam 1.
+pub fn translate_ids_nbest(
+    model: &MtModel,
+    src: &[Vec<u32>],
+    opts: &DecodeOptions,
+    batch_rows: usize,
+    dev: &Device,
+    mut on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<Vec<Hypothesis>>> {
     let sp = transformer_text::Specials::FIXED;
     // Sentences per batch: beams multiply the decoder's rows.
     let max_rows = (batch_rows / opts.beam.max(1)).max(1);
     let groups = source_batches(src, 2048, max_rows);
-    let mut out: Vec<Option<Hypothesis>> = vec![None; src.len()];
+    let mut out: Vec<Vec<Hypothesis>> = vec![Vec::new(); src.len()];
     let mut done = 0;
     let decoder = model.decoder()?;
     for g in &groups {
@@ -701,16 +771,19 @@ pub fn translate_ids_batched(
         let s = Tensor::from_vec(b.src.clone(), (b.rows, b.src_len), dev)?;
         let hyps = if opts.beam <= 1 {
             greedy(&decoder, &s, opts)?
+                .into_iter()
+                .map(|h| vec![h])
+                .collect()
         } else {
-            beam_search(&decoder, &s, opts)?
+            beam_search_nbest(&decoder, &s, opts)?
         };
         for (&i, h) in g.iter().zip(hyps) {
-            out[i] = Some(h);
+            out[i] = h;
         }
         done += g.len();
         on_batch(done, src.len());
     }
-    Ok(out.into_iter().map(|h| h.expect("translated")).collect())
+    Ok(out)
 }
 
 /// Translates sentences with a tokenizer; returns the detokenized outputs in order.
@@ -1252,7 +1325,7 @@ pub fn attention_set(
     dev: &Device,
 ) -> Result<crate::viz::AttentionSet> {
     let tok = &run.tokenizer;
-    let sp = tok.specials();
+
     let ids = tok.encode(sentence);
     if ids.is_empty() {
         return Err(Error::Usage(
@@ -1262,25 +1335,41 @@ pub fn attention_set(
     let hyp = translate_ids(&run.model, std::slice::from_ref(&ids), opts, dev, |_, _| {})?
         .remove(0)
         .tokens;
-    let mut src_ids = ids.clone();
+    attention_of(&run.model, tok, run.config.arch, sentence, &ids, &hyp, dev)
+}
+
+/// Every attention of `model` translating `sentence` (tokens `ids`, without `<eos>`) as
+/// `hyp` (output tokens, without `<bos>` and `<eos>`), fed through the model with teacher
+/// forcing: what [`attention_set`] returns once it has translated.
+pub fn attention_of(
+    model: &MtModel,
+    tok: &Subword,
+    arch: Arch,
+    sentence: &str,
+    ids: &[u32],
+    hyp: &[u32],
+    dev: &Device,
+) -> Result<crate::viz::AttentionSet> {
+    let sp = tok.specials();
+    let mut src_ids = ids.to_vec();
     src_ids.push(sp.eos);
     let mut tgt_ids = vec![sp.bos];
-    tgt_ids.extend(&hyp);
+    tgt_ids.extend(hyp);
     let src = Tensor::from_vec(src_ids.clone(), (1, src_ids.len()), dev)?;
     let tgt_in = Tensor::from_vec(tgt_ids.clone(), (1, tgt_ids.len()), dev)?;
     let name = |ids: &[u32]| -> Vec<String> { ids.iter().map(|&i| tok.token(i)).collect() };
-    let mut tgt_out = hyp.clone();
+    let mut tgt_out = hyp.to_vec();
     tgt_out.push(sp.eos);
     let mut set = crate::viz::AttentionSet {
         source: sentence.to_string(),
-        translation: tok.decode(&hyp),
+        translation: tok.decode(hyp),
         src_tokens: name(&src_ids),
         tgt_in_tokens: name(&tgt_ids),
         tgt_out_tokens: name(&tgt_out),
-        model: run.config.arch.name().to_string(),
+        model: arch.name().to_string(),
         ..Default::default()
     };
-    match &run.model {
+    match model {
         MtModel::Transformer(m) => {
             let masks = transformer_model::seq2seq::Seq2SeqMasks::new(&src, &tgt_in, sp.pad)?;
             let (memory, enc) = m.encode_with_weights(&src, Some(&masks.src), Mode::Eval)?;
@@ -1307,7 +1396,7 @@ pub fn attention_set(
                 Error::Usage(format!(
                     "the {} model has no attention to show: it reads the source as one \
                      fixed-size vector (train gru-dot or gru-bahdanau for attention)",
-                    run.config.arch.name()
+                    arch.name()
                 ))
             })?;
             set.cross = vec![vec![w

@@ -1,0 +1,907 @@
+//! The HTTP API: LibreTranslate's endpoints as its clients call them, a native endpoint with
+//! scores, n-best lists and alignments, and the web page.
+//!
+//! LibreTranslate's conventions kept here: the fields come as JSON, a url-encoded form or a
+//! multipart form (query-string fields count too, the body's win); a single `q` answers a
+//! single `translatedText`, a list answers a list in the same order; every error is
+//! `{"error": "..."}` with status 400 (a bad request, naming the field), 403 (API key), 429
+//! (`Slowdown: ...`, the queue is full) or 500 (a real fault); every answer carries
+//! `Access-Control-Allow-Origin: *`, and `OPTIONS` answers a CORS preflight.
+//!
+//! Text is translated line by line, as `transformer mt translate` translates a file (each
+//! line of `q` is one sentence to the model; the lines are joined back with `\n`), so an
+//! answer is exactly what `mt translate` prints for the same lines.
+
+use crate::detect::{detect, Detection};
+use crate::engine::{encode_checked, Done, Engine, EngineError, Work};
+use crate::{html, languages};
+use axum::body::{to_bytes, Body};
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use transformer_decode::Hypothesis;
+use transformer_text::subword::TextTokenizer;
+
+/// Limits on what one request may ask.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Body bytes at most (413 beyond).
+    pub max_body: usize,
+    /// Characters of `q` per request at most (`None`: no limit).
+    pub char_limit: Option<usize>,
+    /// Texts in a list `q` at most.
+    pub batch_limit: usize,
+    /// Time to receive a body once its headers are in (408 beyond).
+    pub body_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body: 1 << 20,
+            char_limit: Some(20_000),
+            batch_limit: 256,
+            body_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the server counts, for the summary it prints on shutdown.
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    /// Requests answered.
+    pub requests: usize,
+    /// Of those, answered with a status of 400 or above.
+    pub errors: usize,
+    /// Of those, refused because the queue was full (429).
+    pub refused: usize,
+    /// Sentences translated.
+    pub sentences: usize,
+    /// Milliseconds per translation request (the first million).
+    pub translate_ms: Vec<f64>,
+}
+
+/// The server's shared state.
+pub struct AppState {
+    /// The models and their worker.
+    pub engine: Arc<Engine>,
+    /// Request limits.
+    pub limits: Limits,
+    /// Accepted API keys (`None`: no key needed).
+    pub api_keys: Option<HashSet<String>>,
+    /// Counters for the shutdown summary.
+    pub stats: Mutex<Stats>,
+    /// Log one line per request to stderr.
+    pub log: bool,
+}
+
+/// Sentences a response translated (read by the request log).
+#[derive(Clone, Copy)]
+struct Sentences(usize);
+
+/// An error answer: `{"error": message}` with a status.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+    fn bad(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+    fn missing(field: &str) -> Self {
+        Self::bad(format!("Invalid request: missing {field} parameter"))
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Busy { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, format!("Slowdown: {e}"))
+            }
+            EngineError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            EngineError::Failed(_) => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Cannot translate text: {e}"),
+            ),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// The router: every endpoint, the request log and CORS.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/translate", post(translate))
+        .route("/detect", post(detect_route))
+        .route("/languages", get(languages_route).post(languages_route))
+        .route("/frontend/settings", get(frontend_settings))
+        .route("/health", get(health))
+        .route("/v1/translate", post(native_translate))
+        .route("/v1/attention", post(attention_page))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            log_and_cors,
+        ))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "Not found: see GET /languages, POST /translate, POST /detect",
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed")
+}
+
+/// Answers CORS preflights, adds LibreTranslate's CORS headers to every answer, counts and
+/// logs each request.
+async fn log_and_cors(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let t = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let mut resp = if method == Method::OPTIONS {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        next.run(req).await
+    };
+    let h = resp.headers_mut();
+    for (k, v) in [
+        ("access-control-allow-origin", "*"),
+        (
+            "access-control-allow-headers",
+            "Authorization, Content-Type",
+        ),
+        ("access-control-expose-headers", "Authorization"),
+        ("access-control-allow-methods", "GET, POST"),
+        ("access-control-max-age", "1728000"),
+    ] {
+        h.insert(k, HeaderValue::from_static(v));
+    }
+    let sentences = resp.extensions().get::<Sentences>().map_or(0, |s| s.0);
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let status = resp.status();
+    {
+        let mut s = st.stats.lock().expect("stats lock");
+        s.requests += 1;
+        s.sentences += sentences;
+        if status.as_u16() >= 400 {
+            s.errors += 1;
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            s.refused += 1;
+        }
+        if path == "/translate" && status.is_success() && s.translate_ms.len() < 1_000_000 {
+            s.translate_ms.push(ms);
+        }
+    }
+    if st.log {
+        eprintln!(
+            "{method} {path} {} {sentences} sentences {ms:.1} ms",
+            status.as_u16()
+        );
+    }
+    resp
+}
+
+/// A request's fields, whatever the body's encoding.
+struct Fields {
+    map: Map<String, Value>,
+}
+
+impl Fields {
+    /// A field that must be a string when present.
+    fn string(&self, name: &str) -> Result<Option<String>, ApiError> {
+        match self.map.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(ApiError::bad(format!(
+                "Invalid request: {name} must be a string"
+            ))),
+        }
+    }
+
+    /// A required, non-empty string field.
+    fn required(&self, name: &str) -> Result<String, ApiError> {
+        match self.string(name)? {
+            Some(s) if !s.is_empty() => Ok(s),
+            _ => Err(ApiError::missing(name)),
+        }
+    }
+
+    /// A non-negative integer field (a JSON number, or a string of digits in a form).
+    fn count(&self, name: &str) -> Result<usize, ApiError> {
+        let bad = || ApiError::bad(format!("Invalid request: {name} parameter is not a number"));
+        match self.map.get(name) {
+            None | Some(Value::Null) => Ok(0),
+            Some(Value::Number(n)) => n.as_u64().map(|v| v as usize).ok_or_else(bad),
+            Some(Value::String(s)) if s.is_empty() => Ok(0),
+            Some(Value::String(s)) => s.trim().parse().map_err(|_| bad()),
+            Some(Value::Bool(_)) | Some(_) => Err(bad()),
+        }
+    }
+
+    /// `q`: one text or a list of texts.
+    fn q(&self) -> Result<Q, ApiError> {
+        match self.map.get("q") {
+            None | Some(Value::Null) => Err(ApiError::missing("q")),
+            Some(Value::String(s)) if s.is_empty() => Err(ApiError::missing("q")),
+            Some(Value::String(s)) => Ok(Q::One(s.clone())),
+            Some(Value::Array(a)) if a.is_empty() => Err(ApiError::missing("q")),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .map(Q::Many)
+                .ok_or_else(|| {
+                    ApiError::bad("Invalid request: q must be a string or a list of strings")
+                }),
+            Some(_) => Err(ApiError::bad(
+                "Invalid request: q must be a string or a list of strings",
+            )),
+        }
+    }
+}
+
+enum Q {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Q {
+    fn texts(&self) -> Vec<&str> {
+        match self {
+            Q::One(s) => vec![s.as_str()],
+            Q::Many(v) => v.iter().map(|s| s.as_str()).collect(),
+        }
+    }
+}
+
+/// Reads the body (bounded in size and time) and its fields: JSON, url-encoded or multipart
+/// form; the query string's fields first, the body's over them.
+async fn read_fields(st: &AppState, req: Request) -> Result<Fields, ApiError> {
+    let limit = st.limits.max_body;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("Request body too large: at most {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let mut map = Map::new();
+    if let Some(q) = req.uri().query() {
+        for (k, v) in form_urlencoded::parse(q.as_bytes()) {
+            map.insert(k.into_owned(), Value::String(v.into_owned()));
+        }
+    }
+    let ctype = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let (parts, body) = req.into_parts();
+    let bytes = match tokio::time::timeout(st.limits.body_timeout, to_bytes(body, limit)).await {
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "Request body not received in time",
+            ))
+        }
+        Ok(Err(e)) => {
+            // A body past the limit, or a client that went away mid-body.
+            let length = std::error::Error::source(&e)
+                .is_some_and(|s| s.to_string().contains("length limit"))
+                || e.to_string().contains("length limit");
+            return Err(if length {
+                too_large()
+            } else {
+                ApiError::bad(format!("Invalid request: cannot read the body: {e}"))
+            });
+        }
+        Ok(Ok(b)) => b,
+    };
+    if ctype.starts_with("application/json") || ctype.contains("+json") {
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad(format!("Invalid JSON format: {e}")))?;
+        match v {
+            Value::Object(o) => map.extend(o),
+            _ => return Err(ApiError::bad("Invalid JSON format")),
+        }
+    } else if ctype.starts_with("multipart/form-data") {
+        let req = Request::from_parts(parts, Body::from(bytes));
+        let mut mp = axum::extract::Multipart::from_request(req, &())
+            .await
+            .map_err(|e| ApiError::bad(format!("Invalid multipart form: {}", e.body_text())))?;
+        while let Some(field) = mp
+            .next_field()
+            .await
+            .map_err(|e| ApiError::bad(format!("Invalid multipart form: {}", e.body_text())))?
+        {
+            let name = field.name().unwrap_or("").to_string();
+            let text = field
+                .text()
+                .await
+                .map_err(|e| ApiError::bad(format!("Invalid multipart form: {}", e.body_text())))?;
+            map.insert(name, Value::String(text));
+        }
+    } else {
+        if std::str::from_utf8(&bytes).is_err() {
+            return Err(ApiError::bad("Invalid request: the body is not UTF-8"));
+        }
+        for (k, v) in form_urlencoded::parse(&bytes) {
+            map.insert(k.into_owned(), Value::String(v.into_owned()));
+        }
+    }
+    Ok(Fields { map })
+}
+
+fn check_key(st: &AppState, f: &Fields) -> Result<(), ApiError> {
+    let Some(keys) = &st.api_keys else {
+        return Ok(());
+    };
+    match f.string("api_key")? {
+        Some(k) if keys.contains(&k) => Ok(()),
+        Some(_) => Err(ApiError::new(StatusCode::FORBIDDEN, "Invalid API key")),
+        None => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "Invalid request: missing api_key parameter (this server needs an API key; ask its operator for one)",
+        )),
+    }
+}
+
+fn check_size(st: &AppState, q: &Q) -> Result<(), ApiError> {
+    if let Q::Many(v) = q {
+        if v.len() > st.limits.batch_limit {
+            return Err(ApiError::bad(format!(
+                "Invalid request: request ({} texts) exceeds the batch limit ({}): send fewer texts per request",
+                v.len(),
+                st.limits.batch_limit
+            )));
+        }
+    }
+    if let Some(limit) = st.limits.char_limit {
+        let chars: usize = q.texts().iter().map(|t| t.chars().count()).sum();
+        if chars > limit {
+            return Err(ApiError::bad(format!(
+                "Invalid request: request ({chars} characters) exceeds text limit ({limit})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The source languages served.
+fn sources(engine: &Engine) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for p in engine.pairs() {
+        if !out.contains(&p.src) {
+            out.push(p.src.clone());
+        }
+    }
+    out
+}
+
+fn known(engine: &Engine, code: &str) -> bool {
+    engine
+        .pairs()
+        .iter()
+        .any(|p| p.src == code || p.tgt == code)
+}
+
+/// The pair translating `src` into `tgt`, or LibreTranslate's error for it.
+fn pair_for(engine: &Engine, src: &str, tgt: &str) -> Result<usize, ApiError> {
+    for code in [src, tgt] {
+        if !known(engine, code) {
+            return Err(ApiError::bad(format!("{code} is not supported")));
+        }
+    }
+    engine.find(src, tgt).ok_or_else(|| {
+        ApiError::bad(format!(
+            "{} ({tgt}) is not available as a target language from {} ({src})",
+            languages::name(tgt),
+            languages::name(src)
+        ))
+    })
+}
+
+/// One text split into what the model translates: its lines (text) or text nodes (HTML),
+/// each an index into the request's segments.
+enum Layout {
+    /// Each line's segment.
+    Lines(Vec<usize>),
+    /// The fragment's pieces and the segment of its first text node (the others follow).
+    Html(Vec<html::Piece>, usize),
+}
+
+/// Splits every text into segments, their token ids appended to `ids` (empty for a segment
+/// with no tokens, which translates to nothing); refuses a segment longer than the model
+/// takes.
+fn segment(
+    engine: &Engine,
+    pair: usize,
+    texts: &[&str],
+    format_html: bool,
+    ids: &mut Vec<Vec<u32>>,
+) -> Result<Vec<Layout>, ApiError> {
+    let p = &engine.pairs()[pair];
+    let mut layouts = Vec::with_capacity(texts.len());
+    for (i, text) in texts.iter().enumerate() {
+        let add = |ids: &mut Vec<Vec<u32>>, s: &str| -> Result<usize, ApiError> {
+            let v = encode_checked(p, s).map_err(|n| {
+                ApiError::bad(format!(
+                    "Invalid request: text {} holds a sentence of {n} tokens; this model takes \
+                     at most {} tokens per sentence (split the text into shorter sentences or lines)",
+                    i + 1,
+                    p.max_source_tokens
+                ))
+            })?;
+            ids.push(v);
+            Ok(ids.len() - 1)
+        };
+        if format_html {
+            let pieces = html::split(text);
+            let first = ids.len();
+            for t in html::texts(&pieces) {
+                add(ids, t)?;
+            }
+            layouts.push(Layout::Html(pieces, first));
+        } else {
+            let mut lines = Vec::new();
+            for l in text.split('\n') {
+                lines.push(add(ids, l.strip_suffix('\r').unwrap_or(l))?);
+            }
+            layouts.push(Layout::Lines(lines));
+        }
+    }
+    Ok(layouts)
+}
+
+/// Translates the non-empty segments; an empty one gets an empty list.
+async fn translate_segments(
+    engine: &Engine,
+    pair: usize,
+    ids: Vec<Vec<u32>>,
+) -> Result<Vec<Vec<Hypothesis>>, ApiError> {
+    let nonempty: Vec<usize> = (0..ids.len()).filter(|&i| !ids[i].is_empty()).collect();
+    let mut out = vec![Vec::new(); ids.len()];
+    if nonempty.is_empty() {
+        return Ok(out);
+    }
+    let run: Vec<Vec<u32>> = nonempty.iter().map(|&i| ids[i].clone()).collect();
+    match engine.run(pair, Work::Translate(run)).await? {
+        Done::Translated(h) => {
+            for (i, hs) in nonempty.into_iter().zip(h) {
+                out[i] = hs;
+            }
+            Ok(out)
+        }
+        Done::Attention(_) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the engine answered the wrong work",
+        )),
+    }
+}
+
+/// The `k`-th best text of a layout (0 = the translation; a segment with fewer hypotheses
+/// uses its best).
+fn render(
+    engine: &Engine,
+    pair: usize,
+    layout: &Layout,
+    hyps: &[Vec<Hypothesis>],
+    k: usize,
+) -> String {
+    let tok = &engine.pairs()[pair].tokenizer;
+    let text_of = |seg: usize| -> Option<String> {
+        let hs = &hyps[seg];
+        hs.get(k).or(hs.first()).map(|h| tok.decode(&h.tokens))
+    };
+    match layout {
+        Layout::Lines(lines) => lines
+            .iter()
+            .map(|&l| text_of(l).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Layout::Html(pieces, first) => {
+            let n = html::texts(pieces).len();
+            let originals = html::texts(pieces);
+            let tr: Vec<String> = (0..n)
+                .map(|j| text_of(first + j).unwrap_or_else(|| originals[j].to_string()))
+                .collect();
+            html::join(pieces, tr.iter().map(|s| s.as_str()))
+        }
+    }
+}
+
+/// `POST /translate`, as LibreTranslate.
+async fn translate(State(st): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let f = read_fields(&st, req).await?;
+    check_key(&st, &f)?;
+    let q = f.q()?;
+    let source = f.required("source")?;
+    let target = f.required("target")?;
+    let format = f.string("format")?.unwrap_or_else(|| "text".into());
+    let format_html = match format.as_str() {
+        "text" | "" => false,
+        "html" => true,
+        other => return Err(ApiError::bad(format!("{other} format is not supported"))),
+    };
+    let alternatives = f.count("alternatives")?;
+    check_size(&st, &q)?;
+    let engine = &st.engine;
+    let texts = q.texts();
+    // Each text's pair (with source=auto, each text's own detection).
+    let (pairs, detected): (Vec<usize>, Option<Vec<Detection>>) = if source == "auto" {
+        if !known(engine, &target) {
+            return Err(ApiError::bad(format!("{target} is not supported")));
+        }
+        let candidates: Vec<String> = engine
+            .pairs()
+            .iter()
+            .filter(|p| p.tgt == target)
+            .map(|p| p.src.clone())
+            .collect();
+        if candidates.is_empty() {
+            return Err(ApiError::bad(format!(
+                "{} ({target}) is not available as a target language from any language served",
+                languages::name(&target)
+            )));
+        }
+        // As LibreTranslate: a short text is judged with the whole request's text.
+        let all = texts.join("\n");
+        let whole = detect(&all, &candidates);
+        let d: Vec<Detection> = texts
+            .iter()
+            .map(|t| {
+                if t.chars().count() > 40 {
+                    detect(t, &candidates).remove(0)
+                } else {
+                    whole[0].clone()
+                }
+            })
+            .collect();
+        let pairs = d
+            .iter()
+            .map(|x| pair_for(engine, &x.language, &target))
+            .collect::<Result<_, _>>()?;
+        (pairs, Some(d))
+    } else {
+        let p = pair_for(engine, &source, &target)?;
+        (vec![p; texts.len()], None)
+    };
+    // Translate each pair's texts together.
+    let mut outputs: Vec<(String, Vec<String>)> = vec![Default::default(); texts.len()];
+    let mut sentences = 0;
+    let mut order: Vec<usize> = pairs.clone();
+    order.sort_unstable();
+    order.dedup();
+    for pair in order {
+        let which: Vec<usize> = (0..texts.len()).filter(|&i| pairs[i] == pair).collect();
+        let mine: Vec<&str> = which.iter().map(|&i| texts[i]).collect();
+        let mut ids = Vec::new();
+        let layouts = segment(engine, pair, &mine, format_html, &mut ids)?;
+        sentences += ids.iter().filter(|v| !v.is_empty()).count();
+        let hyps = translate_segments(engine, pair, ids).await?;
+        for (&i, layout) in which.iter().zip(&layouts) {
+            let best = render(engine, pair, layout, &hyps, 0);
+            let mut alts: Vec<String> = Vec::new();
+            if !format_html {
+                for k in 1..=alternatives {
+                    let a = render(engine, pair, layout, &hyps, k);
+                    if a != best && !alts.contains(&a) {
+                        alts.push(a);
+                    }
+                }
+            }
+            outputs[i] = (best, alts);
+        }
+    }
+    let mut body = Map::new();
+    match &q {
+        Q::One(_) => {
+            let (text, alts) = outputs.remove(0);
+            body.insert("translatedText".into(), json!(text));
+            if alternatives > 0 {
+                body.insert("alternatives".into(), json!(alts));
+            }
+            if let Some(d) = detected {
+                body.insert("detectedLanguage".into(), json!(d[0]));
+            }
+        }
+        Q::Many(_) => {
+            let (texts, alts): (Vec<String>, Vec<Vec<String>>) = outputs.into_iter().unzip();
+            body.insert("translatedText".into(), json!(texts));
+            if alternatives > 0 {
+                body.insert("alternatives".into(), json!(alts));
+            }
+            if let Some(d) = detected {
+                body.insert("detectedLanguage".into(), json!(d));
+            }
+        }
+    }
+    let mut resp = Json(Value::Object(body)).into_response();
+    resp.extensions_mut().insert(Sentences(sentences));
+    Ok(resp)
+}
+
+/// `POST /detect`: the served source languages, most likely first.
+async fn detect_route(State(st): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let f = read_fields(&st, req).await?;
+    check_key(&st, &f)?;
+    let q = match f.q()? {
+        Q::One(s) => s,
+        Q::Many(v) => v.join("\n"),
+    };
+    Ok(Json(detect(&q, &sources(&st.engine))).into_response())
+}
+
+/// `GET /languages` (and POST): every language served, with the targets it translates to.
+async fn languages_route(State(st): State<Arc<AppState>>) -> Response {
+    Json(language_list(&st.engine)).into_response()
+}
+
+fn language_list(engine: &Engine) -> Value {
+    let mut codes: Vec<String> = Vec::new();
+    for p in engine.pairs() {
+        for c in [&p.src, &p.tgt] {
+            if !codes.contains(c) {
+                codes.push(c.clone());
+            }
+        }
+    }
+    Value::Array(
+        codes
+            .iter()
+            .map(|c| {
+                let mut targets: Vec<&str> = engine
+                    .pairs()
+                    .iter()
+                    .filter(|p| &p.src == c)
+                    .map(|p| p.tgt.as_str())
+                    .collect();
+                targets.sort_unstable();
+                json!({ "code": c, "name": languages::name(c), "targets": targets })
+            })
+            .collect(),
+    )
+}
+
+/// `GET /frontend/settings`, with LibreTranslate's fields as far as they apply.
+async fn frontend_settings(State(st): State<Arc<AppState>>) -> Response {
+    let target = st.engine.pairs()[0].tgt.clone();
+    let keys = st.api_keys.is_some();
+    Json(json!({
+        "charLimit": st.limits.char_limit.map_or(-1, |c| c as i64),
+        "frontendTimeout": 500,
+        "apiKeys": keys,
+        "keyRequired": keys,
+        "suggestions": false,
+        "filesTranslation": false,
+        "supportedFilesFormat": [],
+        "language": {
+            "source": { "code": "auto", "name": "Auto Detect" },
+            "target": { "code": target, "name": languages::name(&target) },
+        },
+    }))
+    .into_response()
+}
+
+async fn health() -> Response {
+    Json(json!({ "status": "ok" })).into_response()
+}
+
+/// `POST /v1/translate`: each text of `q` as one sentence, with its score, its n-best list
+/// (`n_best`, at most the beam) and, with `alignment: true`, the source token each output
+/// token attends to most (the last decoder layer's encoder-decoder attention, averaged over
+/// its heads).
+async fn native_translate(State(st): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let f = read_fields(&st, req).await?;
+    check_key(&st, &f)?;
+    let q = f.q()?;
+    check_size(&st, &q)?;
+    let pair = pair_for(&st.engine, &f.required("source")?, &f.required("target")?)?;
+    let n_best = f.count("n_best")?.max(1);
+    let alignment = match f.map.get("alignment") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) => matches!(s.as_str(), "true" | "1"),
+        Some(_) => {
+            return Err(ApiError::bad(
+                "Invalid request: alignment must be true or false",
+            ))
+        }
+    };
+    let engine = &st.engine;
+    let p = &engine.pairs()[pair];
+    let texts = q.texts();
+    let mut ids = Vec::new();
+    for (i, t) in texts.iter().enumerate() {
+        ids.push(encode_checked(p, t).map_err(|n| {
+            ApiError::bad(format!(
+                "Invalid request: text {} has {n} tokens; this model takes at most {}",
+                i + 1,
+                p.max_source_tokens
+            ))
+        })?);
+    }
+    let hyps = translate_segments(engine, pair, ids.clone()).await?;
+    let tok = &p.tokenizer;
+    let lp = p.opts.length_penalty;
+    let norm = |h: &Hypothesis| {
+        if lp == 0.0 {
+            h.score
+        } else {
+            h.score / ((h.tokens.len() + 1) as f64).powf(lp)
+        }
+    };
+    let mut out = Vec::new();
+    for (i, hs) in hyps.iter().enumerate() {
+        let Some(best) = hs.first() else {
+            out.push(json!({ "text": "", "score": 0.0, "tokens": [], "source_tokens": [], "n_best": [] }));
+            continue;
+        };
+        let mut item = json!({
+            "text": tok.decode(&best.tokens),
+            "score": best.score,
+            "normalized_score": norm(best),
+            "finished": best.finished,
+            "tokens": best.tokens.iter().map(|&t| tok.token(t)).collect::<Vec<_>>(),
+            "source_tokens": ids[i].iter().map(|&t| tok.token(t)).collect::<Vec<_>>(),
+            "n_best": hs.iter().take(n_best).map(|h| json!({
+                "text": tok.decode(&h.tokens),
+                "score": h.score,
+                "normalized_score": norm(h),
+            })).collect::<Vec<_>>(),
+        });
+        if alignment {
+            let set = match engine
+                .run(
+                    pair,
+                    Work::Attention {
+                        sentence: texts[i].to_string(),
+                        ids: ids[i].clone(),
+                        hyp: Some(best.tokens.clone()),
+                    },
+                )
+                .await?
+            {
+                Done::Attention(s) => s,
+                Done::Translated(_) => {
+                    return Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the engine answered the wrong work",
+                    ))
+                }
+            };
+            item["alignment"] = json!(align(&set, ids[i].len(), best.tokens.len()));
+        }
+        out.push(item);
+    }
+    let mut resp = Json(json!({ "translations": out })).into_response();
+    resp.extensions_mut()
+        .insert(Sentences(hyps.iter().filter(|h| !h.is_empty()).count()));
+    Ok(resp)
+}
+
+/// `[target index, source index]` per output token: the source token (its `<eos>` left out)
+/// with the most encoder-decoder attention in the last layer, heads averaged.
+fn align(
+    set: &transformer_train::viz::AttentionSet,
+    src_len: usize,
+    out_len: usize,
+) -> Vec<[usize; 2]> {
+    let Some(layer) = set.cross.last() else {
+        return Vec::new();
+    };
+    let heads = layer.len().max(1) as f32;
+    (0..out_len)
+        .filter_map(|t| {
+            let row: Vec<f32> = (0..src_len)
+                .map(|s| {
+                    layer
+                        .iter()
+                        .map(|h| h.get(t).and_then(|r| r.get(s)).copied().unwrap_or(0.0))
+                        .sum::<f32>()
+                        / heads
+                })
+                .collect();
+            row.iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(s, _)| [t, s])
+        })
+        .collect()
+}
+
+/// `POST /v1/attention`: the attention explorer page (as `mt attention --html` writes it)
+/// of one sentence's translation.
+async fn attention_page(State(st): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let f = read_fields(&st, req).await?;
+    check_key(&st, &f)?;
+    let text = match f.q()? {
+        Q::One(s) => s,
+        Q::Many(_) => return Err(ApiError::bad("Invalid request: q must be one sentence")),
+    };
+    let pair = pair_for(&st.engine, &f.required("source")?, &f.required("target")?)?;
+    let p = &st.engine.pairs()[pair];
+    let sentence = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let ids = encode_checked(p, &sentence).map_err(|n| {
+        ApiError::bad(format!(
+            "Invalid request: the sentence has {n} tokens; this model takes at most {}",
+            p.max_source_tokens
+        ))
+    })?;
+    if ids.is_empty() {
+        return Err(ApiError::missing("q"));
+    }
+    // The page draws one cell per token pair: keep it to what a screen shows.
+    if ids.len() > 120 {
+        return Err(ApiError::bad(format!(
+            "Invalid request: the sentence has {} tokens; the attention page shows at most 120",
+            ids.len()
+        )));
+    }
+    match st
+        .engine
+        .run(
+            pair,
+            Work::Attention {
+                sentence,
+                ids,
+                hyp: None,
+            },
+        )
+        .await?
+    {
+        Done::Attention(set) => {
+            let mut resp = Html(transformer_train::viz::attention_html(&set)).into_response();
+            resp.extensions_mut().insert(Sentences(1));
+            Ok(resp)
+        }
+        Done::Translated(_) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the engine answered the wrong work",
+        )),
+    }
+}
+
+/// `GET /`: the web page (self-contained: no script, style or font from elsewhere).
+async fn page() -> Response {
+    Html(include_str!("page.html")).into_response()
+}

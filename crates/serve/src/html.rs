@@ -1,0 +1,282 @@
+//! `format=html`: translate the text of an HTML fragment and keep its markup.
+//!
+//! The fragment is read by html5ever's tokenizer (the WHATWG algorithm browsers use), so
+//! tags, attributes, comments and character references are read as a browser reads them.
+//! Every text node is one unit to translate: its character references decoded, its inner
+//! whitespace collapsed to single spaces, its leading and trailing whitespace kept around the
+//! translation. Tags are written back with their attributes (values re-escaped), in the same
+//! order and nesting; the contents of `<script>` and `<style>` are kept as they are and
+//! never translated; translated text is escaped (`&`, `<`, `>`, and the no-break space as
+//! `&nbsp;`).
+//!
+//! A sentence split by inline markup (`Ein <b>Mann</b> fährt`) is translated piece by
+//! piece, as LibreTranslate's own HTML mode does: the markup stays exactly where it was, at
+//! some cost to the translation of such sentences.
+
+use html5ever::tendril::StrTendril;
+use html5ever::tokenizer::states::RawKind;
+use html5ever::tokenizer::{
+    BufferQueue, TagKind, Token, TokenSink, TokenSinkResult, Tokenizer, TokenizerOpts,
+};
+use std::cell::{Cell, RefCell};
+
+/// A piece of a fragment: markup to keep, or text to translate.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    /// Written back as it is (already HTML).
+    Markup(String),
+    /// A text node: `text` (decoded, whitespace collapsed, non-empty) is translated; `lead`
+    /// and `trail` are its original leading and trailing whitespace.
+    Text {
+        /// Leading whitespace.
+        lead: String,
+        /// The text to translate.
+        text: String,
+        /// Trailing whitespace.
+        trail: String,
+    },
+}
+
+struct Sink {
+    pieces: RefCell<Vec<Piece>>,
+    text: RefCell<String>,
+    /// Inside `<script>` or `<style>`: text is kept raw.
+    raw: Cell<bool>,
+}
+
+impl Sink {
+    fn flush(&self) {
+        let text = std::mem::take(&mut *self.text.borrow_mut());
+        if text.is_empty() {
+            return;
+        }
+        let piece = if self.raw.get() {
+            Piece::Markup(text)
+        } else {
+            text_piece(&text)
+        };
+        self.pieces.borrow_mut().push(piece);
+    }
+}
+
+fn text_piece(text: &str) -> Piece {
+    let core = text.trim_matches(is_html_space);
+    if core.is_empty() {
+        return Piece::Markup(escape_text(text));
+    }
+    let start = text.len() - text.trim_start_matches(is_html_space).len();
+    let end = text.trim_end_matches(is_html_space).len();
+    Piece::Text {
+        lead: text[..start].to_string(),
+        text: core
+            .split(is_html_space)
+            .filter(|w| !w.is_empty())
+            .collect::<Vec<_>>()
+            .join(" "),
+        trail: text[end..].to_string(),
+    }
+}
+
+/// HTML's ASCII whitespace (the no-break space is text, not whitespace).
+fn is_html_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0c')
+}
+
+impl TokenSink for Sink {
+    type Handle = ();
+
+    fn process_token(&self, token: Token, _line: u64) -> TokenSinkResult<()> {
+        match token {
+            Token::CharacterTokens(t) => self.text.borrow_mut().push_str(&t),
+            Token::NullCharacterToken | Token::ParseError(_) => {}
+            Token::TagToken(tag) => {
+                self.flush();
+                let name = tag.name.to_string();
+                let mut s = String::new();
+                match tag.kind {
+                    TagKind::StartTag => {
+                        s.push('<');
+                        s.push_str(&name);
+                        for a in &tag.attrs {
+                            s.push(' ');
+                            if let Some(p) = &a.name.prefix {
+                                s.push_str(p);
+                                s.push(':');
+                            }
+                            s.push_str(&a.name.local);
+                            s.push_str("=\"");
+                            s.push_str(&escape_attr(&a.value));
+                            s.push('"');
+                        }
+                        s.push_str(if tag.self_closing { " />" } else { ">" });
+                    }
+                    TagKind::EndTag => {
+                        s.push_str("</");
+                        s.push_str(&name);
+                        s.push('>');
+                    }
+                }
+                self.pieces.borrow_mut().push(Piece::Markup(s));
+                match (tag.kind, name.as_str()) {
+                    (TagKind::StartTag, "script") if !tag.self_closing => {
+                        self.raw.set(true);
+                        return TokenSinkResult::RawData(RawKind::ScriptData);
+                    }
+                    (TagKind::StartTag, "style" | "xmp" | "iframe" | "noembed" | "noframes")
+                        if !tag.self_closing =>
+                    {
+                        self.raw.set(true);
+                        return TokenSinkResult::RawData(RawKind::Rawtext);
+                    }
+                    (TagKind::StartTag, "textarea" | "title") if !tag.self_closing => {
+                        return TokenSinkResult::RawData(RawKind::Rcdata);
+                    }
+                    (TagKind::EndTag, _) => self.raw.set(false),
+                    _ => {}
+                }
+            }
+            Token::CommentToken(c) => {
+                self.flush();
+                self.pieces
+                    .borrow_mut()
+                    .push(Piece::Markup(format!("<!--{c}-->")));
+            }
+            Token::DoctypeToken(d) => {
+                self.flush();
+                let name = d
+                    .name
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "html".into());
+                self.pieces
+                    .borrow_mut()
+                    .push(Piece::Markup(format!("<!DOCTYPE {name}>")));
+            }
+            Token::EOFToken => self.flush(),
+        }
+        TokenSinkResult::Continue
+    }
+}
+
+/// Splits an HTML fragment into markup and text nodes.
+pub fn split(html: &str) -> Vec<Piece> {
+    let sink = Sink {
+        pieces: RefCell::new(Vec::new()),
+        text: RefCell::new(String::new()),
+        raw: Cell::new(false),
+    };
+    let tok = Tokenizer::new(sink, TokenizerOpts::default());
+    let input = BufferQueue::default();
+    input.push_back(StrTendril::from_slice(html));
+    let _ = tok.feed(&input);
+    tok.end();
+    tok.sink.flush();
+    tok.sink.pieces.take()
+}
+
+/// Writes the pieces back, each text node's `text` replaced by the next of `translations`
+/// (in the order of the text pieces).
+pub fn join<'a>(pieces: &[Piece], translations: impl IntoIterator<Item = &'a str>) -> String {
+    let mut tr = translations.into_iter();
+    let mut out = String::new();
+    for p in pieces {
+        match p {
+            Piece::Markup(m) => out.push_str(m),
+            Piece::Text { lead, text, trail } => {
+                out.push_str(&escape_text(lead));
+                out.push_str(&escape_text(tr.next().unwrap_or(text)));
+                out.push_str(&escape_text(trail));
+            }
+        }
+    }
+    out
+}
+
+/// The texts to translate, in order.
+pub fn texts(pieces: &[Piece]) -> Vec<&str> {
+    pieces
+        .iter()
+        .filter_map(|p| match p {
+            Piece::Text { text, .. } => Some(text.as_str()),
+            Piece::Markup(_) => None,
+        })
+        .collect()
+}
+
+fn escape_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '\u{a0}' => out.push_str("&nbsp;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn escape_attr(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '\u{a0}' => out.push_str("&nbsp;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upper(html: &str) -> String {
+        let pieces = split(html);
+        let t: Vec<String> = texts(&pieces).iter().map(|s| s.to_uppercase()).collect();
+        join(&pieces, t.iter().map(|s| s.as_str()))
+    }
+
+    #[test]
+    fn markup_and_nesting_are_kept_and_text_is_replaced() {
+        let html = "<p>Ein <b>großer <i>Hund</i></b> läuft.<br>Zweite Zeile<br/></p>\
+                    <p><a href=\"https://example.org/?a=1&amp;b=2\" class=\"mention\">@ana</a> hallo</p>";
+        assert_eq!(
+            upper(html),
+            "<p>EIN <b>GROSSER <i>HUND</i></b> LÄUFT.<br>ZWEITE ZEILE<br /></p>\
+             <p><a href=\"https://example.org/?a=1&amp;b=2\" class=\"mention\">@ANA</a> HALLO</p>"
+        );
+    }
+
+    #[test]
+    fn entities_are_decoded_for_translation_and_encoded_after() {
+        let pieces = split("<p>Tom &amp; Jerry &lt;3&nbsp;&eacute;t&#233;</p>");
+        assert_eq!(texts(&pieces), vec!["Tom & Jerry <3\u{a0}été"]);
+        assert_eq!(
+            join(&pieces, ["A & B <c>\u{a0}d"]),
+            "<p>A &amp; B &lt;c&gt;&nbsp;d</p>"
+        );
+    }
+
+    #[test]
+    fn scripts_styles_and_comments_are_not_translated() {
+        let html = "<style>p { color: red; }</style><!-- note --><script>if (a < b) x();</script><p>hi</p>";
+        let pieces = split(html);
+        assert_eq!(texts(&pieces), vec!["hi"]);
+        assert_eq!(upper(html), html.replace("hi", "HI"));
+    }
+
+    #[test]
+    fn whitespace_around_text_is_kept_and_inside_collapsed() {
+        let pieces = split("<p>\n  two\n   words  </p>");
+        assert_eq!(texts(&pieces), vec!["two words"]);
+        assert_eq!(join(&pieces, ["zwei Wörter"]), "<p>\n  zwei Wörter  </p>");
+        // Plain text is one text node.
+        assert_eq!(texts(&split("just text")), vec!["just text"]);
+        assert!(texts(&split("<p> </p><br>")).is_empty());
+    }
+}

@@ -5,9 +5,9 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Subcommand};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
-use transformer_text::parallel::{read_lines, read_lines_from};
+use transformer_text::parallel::read_lines;
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
 use transformer_text::score::chrf::{corpus_chrf, ChrfOptions};
 use transformer_train::mt::{
@@ -369,6 +369,54 @@ fn translate_with_bar(
     Ok(out)
 }
 
+/// Lines read and translated at a time by `mt translate`: enough to batch sentences of
+/// similar length together, few enough to print the first translations at once.
+const TRANSLATE_CHUNK: usize = 1000;
+
+/// `mt translate`: reads a chunk of lines, translates it, prints it, and goes on, so that
+/// memory stays bounded on a file of any length and output follows input; a progress bar
+/// with ETA on stderr for a file; a closed output pipe (`| head`) ends quietly.
+fn translate_stream(args: &TranslateArgs, device: &Device) -> Result<()> {
+    let (run, opts) = load(&args.decode, device)?;
+    let (mut reader, total) = match &args.src {
+        Some(p) => (
+            transformer_text::parallel::LineReader::open(p)?,
+            Some(transformer_text::parallel::count_lines(p)?),
+        ),
+        None => (transformer_text::parallel::LineReader::stdin(), None),
+    };
+    let mut console = Console::new("sentences");
+    let mut stdout = std::io::stdout().lock();
+    loop {
+        let lines = reader.next_chunk(TRANSLATE_CHUNK)?;
+        if lines.is_empty() {
+            break;
+        }
+        let before = reader.lines_read() - lines.len();
+        let out =
+            mt::translate_lines(&run.model, &run.tokenizer, &lines, &opts, device, |d, _| {
+                if let Some(t) = total {
+                    console.batch(0, before + d, t)
+                }
+            })?;
+        let mut text = out.join("\n");
+        text.push('\n');
+        let written = stdout
+            .write_all(text.as_bytes())
+            .and_then(|_| stdout.flush());
+        if let Err(e) = written {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                // The reader has what it wanted (`| head`): not an error.
+                console.finish();
+                return Ok(());
+            }
+            return Err(e).context("cannot write the translations to stdout");
+        }
+    }
+    console.finish();
+    Ok(())
+}
+
 pub fn run(cmd: MtCommand) -> Result<()> {
     let device = Device::Cpu;
     match cmd {
@@ -406,18 +454,7 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 );
             }
         }
-        MtCommand::Translate(args) => {
-            let (run, opts) = load(&args.decode, &device)?;
-            let lines = match &args.src {
-                Some(p) => read_lines(p)?,
-                None => read_lines_from(std::io::stdin().lock(), Path::new("<stdin>"))?,
-            };
-            let out = translate_with_bar(&run, &lines, &opts, &device)?;
-            let mut stdout = std::io::stdout().lock();
-            for l in out {
-                writeln!(stdout, "{l}")?;
-            }
-        }
+        MtCommand::Translate(args) => translate_stream(&args, &device)?,
         MtCommand::Eval(args) => {
             let (run, opts) = load(&args.decode, &device)?;
             let src = read_lines(&args.src)?;

@@ -906,3 +906,69 @@ fn web_page_translates_as_you_type_in_chromium() {
     let png = std::fs::read(&shot).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
 }
+
+/// `mt translate` answers each line sent on a pipe before the next arrives (it streams), and
+/// stops quietly with status 0 when its reader closes the pipe (`| head -1`).
+#[test]
+fn mt_translate_streams_and_ends_quietly_on_a_closed_pipe() {
+    let want = mt_translate(&LINES);
+    let mut child = bin()
+        .args(["mt", "translate", "--run"])
+        .arg(run_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    for (line, w) in LINES.iter().zip(&want) {
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+        let mut got = String::new();
+        stdout.read_line(&mut got).unwrap();
+        assert_eq!(
+            got.trim_end_matches('\n'),
+            w,
+            "answered before the next line"
+        );
+    }
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+
+    // A file much longer than one chunk, read by `head -1`.
+    let file = run_dir().with_file_name("long.de");
+    let text: String = (0..3000)
+        .map(|i| format!("{}\n", LINES[i % LINES.len()]))
+        .collect();
+    std::fs::write(&file, text).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "'{}' mt translate --run '{}' --src '{}' | head -1",
+            env!("CARGO_BIN_EXE_transformer"),
+            run_dir().display(),
+            file.display()
+        ))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stdout.lines().next(), Some(want[0].as_str()), "{stdout}");
+    assert!(
+        !stderr.contains("Broken pipe") && !stderr.contains("error"),
+        "{stderr}"
+    );
+    // The translator's own status, through bash's PIPESTATUS.
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "'{}' mt translate --run '{}' --src '{}' | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}",
+            env!("CARGO_BIN_EXE_transformer"),
+            run_dir().display(),
+            file.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
+}

@@ -248,6 +248,149 @@ impl PairSource {
     }
 }
 
+/// Lines read a chunk at a time (trimmed, as [`read_lines`] gives them), so that a file of
+/// any length is translated in bounded memory; invalid UTF-8 is an error naming the line.
+pub struct LineReader {
+    input: Input,
+    name: PathBuf,
+    /// Lines read so far.
+    line: usize,
+    /// Bytes read so far.
+    offset: u64,
+    done: bool,
+}
+
+enum Input {
+    File(Box<dyn BufRead>),
+    /// Standard input: a chunk ends where the input buffered so far ends, so that lines
+    /// typed or sent one at a time are answered one at a time.
+    Stdin(BufReader<std::io::Stdin>),
+}
+
+impl Input {
+    fn reader(&mut self) -> &mut dyn BufRead {
+        match self {
+            Input::File(r) => r.as_mut(),
+            Input::Stdin(r) => r,
+        }
+    }
+}
+
+impl LineReader {
+    /// Reads `path` (gzip when its name ends in `.gz`).
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                Error::FileNotFound { path: path.into() }
+            } else {
+                Error::Io {
+                    action: "read",
+                    path: path.into(),
+                    source,
+                }
+            }
+        })?;
+        let reader: Box<dyn BufRead> = if path.extension().is_some_and(|e| e == "gz") {
+            Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(file)))
+        } else {
+            Box::new(BufReader::new(file))
+        };
+        Ok(Self::with(Input::File(reader), path))
+    }
+
+    /// Reads standard input (called `<stdin>` in errors).
+    pub fn stdin() -> Self {
+        // A large buffer: a pipe hands over what it holds (up to 64 KiB) per read.
+        let r = BufReader::with_capacity(1 << 20, std::io::stdin());
+        Self::with(Input::Stdin(r), Path::new("<stdin>"))
+    }
+
+    fn with(input: Input, name: &Path) -> Self {
+        Self {
+            input,
+            name: name.into(),
+            line: 0,
+            offset: 0,
+            done: false,
+        }
+    }
+
+    /// Lines read so far.
+    pub fn lines_read(&self) -> usize {
+        self.line
+    }
+
+    /// The next `n` lines at most; empty at the end of the input.
+    pub fn next_chunk(&mut self, n: usize) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        let mut buf = Vec::new();
+        while out.len() < n && !self.done {
+            buf.clear();
+            let read = self
+                .input
+                .reader()
+                .read_until(b'\n', &mut buf)
+                .map_err(|source| {
+                    if self.name.extension().is_some_and(|e| e == "gz") {
+                        Error::Gzip {
+                            path: self.name.clone(),
+                            source,
+                        }
+                    } else {
+                        Error::Io {
+                            action: "read",
+                            path: self.name.clone(),
+                            source,
+                        }
+                    }
+                })?;
+            if read == 0 {
+                self.done = true;
+                break;
+            }
+            let text = std::str::from_utf8(&buf).map_err(|e| Error::InvalidUtf8 {
+                path: self.name.clone(),
+                line: self.line + 1,
+                column: e.valid_up_to() + 1,
+                byte_offset: self.offset + e.valid_up_to() as u64,
+                byte: buf[e.valid_up_to()],
+            })?;
+            out.push(text.trim().to_string());
+            self.line += 1;
+            self.offset += read as u64;
+            if let Input::Stdin(r) = &self.input {
+                if r.buffer().is_empty() {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The lines of a file (gzip when its name ends in `.gz`), counted without keeping them.
+pub fn count_lines(path: &Path) -> Result<usize> {
+    let mut r = LineReader::open(path)?;
+    let mut n = 0;
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let read = r
+            .input
+            .reader()
+            .read_until(b'\n', &mut buf)
+            .map_err(|source| Error::Io {
+                action: "read",
+                path: path.into(),
+                source,
+            })?;
+        if read == 0 {
+            return Ok(n);
+        }
+        n += 1;
+    }
+}
+
 /// Reads lines from any reader (stdin for `mt translate`), trimmed.
 pub fn read_lines_from(reader: impl BufRead, name: &Path) -> Result<Vec<String>> {
     let mut bytes = Vec::new();
@@ -294,6 +437,23 @@ mod tests {
             err.contains("has 3 lines") && err.contains("has 2"),
             "{err}"
         );
+
+        // Read in chunks, the same lines.
+        let mut r = LineReader::open(&d.join("a.de.gz")).unwrap();
+        let mut chunks = Vec::new();
+        loop {
+            let c = r.next_chunk(2).unwrap();
+            if c.is_empty() {
+                break;
+            }
+            chunks.push(c);
+        }
+        assert_eq!(chunks, vec![plain[..2].to_vec(), plain[2..].to_vec()]);
+        assert_eq!(count_lines(&d.join("a.de")).unwrap(), 3);
+        std::fs::write(d.join("bad.txt"), b"fine\nbad \xff here\n").unwrap();
+        let mut r = LineReader::open(&d.join("bad.txt")).unwrap();
+        let err = r.next_chunk(10).unwrap_err().to_string();
+        assert!(err.contains("bad.txt") && err.contains("line 2"), "{err}");
 
         // A .gz that is not gzip names the file.
         std::fs::write(d.join("bad.de.gz"), b"not gzip at all").unwrap();

@@ -53,8 +53,8 @@ fn run_dir() -> &'static Path {
                 "train_src = \"{d}/train.de\"\ntrain_tgt = \"{d}/train.en\"\n\
                  valid_src = \"{d}/valid.de\"\nvalid_tgt = \"{d}/valid.en\"\n\
                  vocab_size = 60\nd_model = 32\nnhead = 4\nencoder_layers = 2\n\
-                 decoder_layers = 2\ndim_feedforward = 64\nwarmup = 30\nlr_factor = 0.1\n\
-                 epochs = 2\nmax_tokens = 160\nlog_interval = 20\nbeam = 3\n"
+                 decoder_layers = 2\ndim_feedforward = 64\nwarmup = 30\nlr_factor = 0.7\n\
+                 epochs = 30\nmax_tokens = 160\nlog_interval = 20\nbeam = 3\n"
             ),
         )
         .unwrap();

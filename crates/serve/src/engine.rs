@@ -2,7 +2,7 @@
 //! the requests queue, the requests that arrive together in one batch.
 //!
 //! Requests never touch a model. A handler tokenizes its text, checks it against the
-//! model's length limit and the queue's bound, and sends a [`Job`]; the worker takes the
+//! model's length limit and the queue's bound, and sends a job ([`Work`]); the worker takes the
 //! first job waiting, gathers every job that arrives within the batching window (up to a
 //! number of sentences), and translates each language pair's sentences in one call of
 //! [`mt::translate_ids_nbest`], which sorts them by length and cuts them into batches under

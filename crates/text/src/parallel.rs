@@ -453,7 +453,7 @@ mod tests {
         std::fs::write(d.join("bad.txt"), b"fine\nbad \xff here\n").unwrap();
         let mut r = LineReader::open(&d.join("bad.txt")).unwrap();
         let err = r.next_chunk(10).unwrap_err().to_string();
-        assert!(err.contains("bad.txt") && err.contains("line 2"), "{err}");
+        assert!(err.contains("bad.txt:2:5"), "{err}");
 
         // A .gz that is not gzip names the file.
         std::fs::write(d.join("bad.de.gz"), b"not gzip at all").unwrap();

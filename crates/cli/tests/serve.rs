@@ -361,7 +361,7 @@ fn html_keeps_markup_nesting_and_entities() {
     ]);
     let s = Server::start(&[]);
     let q = "<p>ein hund läuft <b>zwei <i>katzen</i></b><br>schlafen im haus .</p>\
-             <p><a href=\"https://example.org/?a=1&amp;b=2\">ein &amp; haus</a></p>";
+             <p><a href=\"https://example.org/?a=1&amp;b=2\">ein &amp; haus</a> .</p>";
     let (st, v) = s.json(
         "/translate",
         &json!({"q": [q], "source": "de", "target": "en", "format": "html"}),
@@ -374,7 +374,7 @@ fn html_keeps_markup_nesting_and_entities() {
             .replace('>', "&gt;")
     };
     let expect = format!(
-        "<p>{} <b>{} <i>{}</i></b><br>{}</p><p><a href=\"https://example.org/?a=1&amp;b=2\">{}</a></p>",
+        "<p>{} <b>{} <i>{}</i></b><br>{}</p><p><a href=\"https://example.org/?a=1&amp;b=2\">{}</a> .</p>",
         esc(&want[0]),
         esc(&want[1]),
         esc(&want[2]),

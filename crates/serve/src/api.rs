@@ -478,7 +478,13 @@ fn segment(
             let pieces = html::split(text);
             let first = ids.len();
             for t in html::texts(&pieces) {
-                add(ids, t)?;
+                if t.chars().any(char::is_alphanumeric) {
+                    add(ids, t)?;
+                } else {
+                    // Punctuation or symbols between tags (the `.` after a link): kept as
+                    // written rather than given to a model trained on sentences.
+                    ids.push(Vec::new());
+                }
             }
             layouts.push(Layout::Html(pieces, first));
         } else {

@@ -110,10 +110,12 @@ impl Server {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let log = run_dir().with_file_name(format!("server-{n}.log"));
-        let mut child = bin()
-            .arg("serve")
-            .arg("--run")
-            .arg(run_dir())
+        let mut cmd = bin();
+        cmd.arg("serve");
+        if !extra.contains(&"--run") {
+            cmd.arg("--run").arg(run_dir());
+        }
+        let mut child = cmd
             .args(["--port", "0"])
             .args(extra)
             .stdout(Stdio::piped())
@@ -399,7 +401,7 @@ fn batching_across_requests_changes_no_answer() {
         })
         .collect();
     let refs: Vec<&str> = sentences.iter().map(|s| s.as_str()).collect();
-    let alone = mt_translate(&refs);
+    let batched = mt_translate(&refs);
     // Requests arriving within the window (100 ms here) are translated together.
     let s = Server::start(&["--batch-wait-ms", "100"]);
     let port = s.port;
@@ -424,7 +426,16 @@ fn batching_across_requests_changes_no_answer() {
         })
         .collect();
     let got: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-    assert_eq!(got, alone, "each answer is what translating it alone gives");
+    assert_eq!(got, batched, "each answer is what mt translate prints");
+    // And what each sentence gets alone: one request at a time, each its own batch.
+    let single = Server::start(&["--batch-wait-ms", "0"]);
+    for (q, g) in sentences.iter().zip(&got) {
+        let (_, v) = single.json(
+            "/translate",
+            &json!({"q": q, "source": "de", "target": "en"}),
+        );
+        assert_eq!(v["translatedText"], g.as_str(), "{q}: alone and in a batch");
+    }
     let (status, log) = s.stop();
     assert!(status.success());
     // Fewer batches than requests: they were translated together.
@@ -515,6 +526,7 @@ fn api_keys_are_required_when_configured() {
 #[test]
 fn bad_input_never_takes_the_server_down() {
     let s = Server::start(&["--char-limit", "-1", "--header-timeout", "2"]);
+    let rss_before = rss_kb(s.child.id());
     let ok = |s: &Server| {
         let (st, v) = s.json(
             "/translate",
@@ -691,6 +703,8 @@ fn bad_input_never_takes_the_server_down() {
         let body = json!({"q": LINES[1], "source": "de", "target": "en"}).to_string();
         write!(c, "POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     }
+    // Memory stays bounded through all of it.
+    let rss_after_bad = rss_kb(s.child.id());
     // 1,000 connections at once.
     let conns: Vec<TcpStream> = (0..1000)
         .filter_map(|_| TcpStream::connect(("127.0.0.1", s.port)).ok())
@@ -698,8 +712,59 @@ fn bad_input_never_takes_the_server_down() {
     assert!(conns.len() >= 900, "{} connections opened", conns.len());
     drop(conns);
     ok(&s);
+    let rss = rss_kb(s.child.id());
+    assert!(
+        rss < rss_before + 200_000 && rss < rss_after_bad + 100_000,
+        "resident memory {rss_before} kB at start, {rss_after_bad} kB after the bad requests, {rss} kB at the end"
+    );
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
+}
+
+/// Resident memory of a process, kB (Linux).
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn several_runs_are_routed_by_pair_and_source_auto_detects() {
+    let want = mt_translate(&[LINES[1]]);
+    let (de, ko) = (
+        format!("de:en={}", run_dir().display()),
+        format!("ko:en={}", run_dir().display()),
+    );
+    let s = Server::start(&["--run", &de, "--run", &ko]);
+    let (_, _, v) = s.get("/languages");
+    let codes: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, vec!["de", "en", "ko"], "{v}");
+    let (st, v) = s.json(
+        "/translate",
+        &json!({"q": [LINES[1], "고양이 두 마리가 집에서 잔다 ."], "source": "auto", "target": "en"}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["detectedLanguage"][0]["language"], "de");
+    assert_eq!(v["detectedLanguage"][1]["language"], "ko");
+    assert_eq!(v["translatedText"][0], want[0]);
+    let (_, d) = s.json("/detect", &json!({"q": "고양이 두 마리"}));
+    assert_eq!(d[0]["language"], "ko");
+    // The same pair twice is refused at start.
+    let out = bin()
+        .arg("serve")
+        .args(["--run", &de, "--run", &de, "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("served twice"));
 }
 
 #[test]

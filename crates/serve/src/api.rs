@@ -589,14 +589,17 @@ async fn translate(State(st): State<Arc<AppState>>, req: Request) -> ApiResult {
                 languages::name(&target)
             )));
         }
-        // As LibreTranslate: a short text is judged with the whole request's text.
+        // A short text that its own letters do not settle (80% confidence) is judged with
+        // the whole request's text, as LibreTranslate judges texts of 40 characters or
+        // fewer; a short text in a script of its own (Korean among German) keeps its own.
         let all = texts.join("\n");
         let whole = detect(&all, &candidates);
         let d: Vec<Detection> = texts
             .iter()
             .map(|t| {
-                if t.chars().count() > 40 {
-                    detect(t, &candidates).remove(0)
+                let own = detect(t, &candidates).remove(0);
+                if t.chars().count() > 40 || own.confidence >= 80.0 {
+                    own
                 } else {
                     whole[0].clone()
                 }

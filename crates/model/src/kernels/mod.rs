@@ -50,6 +50,7 @@ mod dropout;
 mod encoder_layer;
 mod few_rows;
 mod float;
+pub mod int8;
 mod layer_norm;
 mod linear;
 mod matmul;

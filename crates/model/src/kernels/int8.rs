@@ -1,0 +1,506 @@
+//! int8 products for decoding: `y = x W^T + b` with `W` stored as int8.
+//!
+//! # The scheme
+//! The one CTranslate2 uses on CPUs: **weights** symmetric int8 with one scale per output
+//! row (`scale_o = max_k |W[o, k]| / 127`, `q = round(W / scale_o)`), quantized once when a
+//! model is prepared for decoding; **activations** symmetric int8 per row at run time
+//! (`s_i = max_k |x[i, k]| / 127`); products accumulated exactly in i32 and scaled back,
+//! `y[i, o] = s_i scale_o sum_k qx[i, k] qW[o, k] + b[o]`. The only rounding is the two
+//! quantizations; every kernel below computes the same i32 sums, so their outputs are equal
+//! bit for bit (tested), and the float result differs from the f32 product by the
+//! quantization error only (tested against a bound).
+//!
+//! # The kernels, chosen at run time by CPU feature
+//! - **AVX512-VNNI** (Zen 4, Intel since Cascade Lake): `vpdpbusd` multiplies 64 unsigned
+//!   bytes by 64 signed bytes and adds each group of 4 products to an i32 lane. The
+//!   activations are made unsigned by adding 128 (`u = qx + 128`), and the excess
+//!   `128 sum_k qW[o, k]` (precomputed per output) is taken off the sums. Weights are packed
+//!   in blocks of 16 outputs x 4 inputs (64 bytes, one register): a tile of 4 rows x 64
+//!   outputs keeps 16 accumulators in registers and loads each weight byte once per 4 rows.
+//! - **AVX2** (every x86-64 CPU this project runs on): `vpmaddubsw` would saturate its i16
+//!   pair sums (255 x 127 x 2 > 32767), so the bytes are widened to i16 and multiplied with
+//!   `vpmaddwd` (16 products per instruction, exact).
+//! - **Scalar**: the reference.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Which int8 kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Int8Kernel {
+    /// AVX512-VNNI `vpdpbusd`.
+    Avx512Vnni,
+    /// AVX2 with widening to i16.
+    Avx2,
+    /// Plain Rust.
+    Scalar,
+}
+
+impl Int8Kernel {
+    /// The fastest kernel this CPU runs.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512f")
+            {
+                return Int8Kernel::Avx512Vnni;
+            }
+            if is_x86_feature_detected!("avx2") {
+                return Int8Kernel::Avx2;
+            }
+        }
+        Int8Kernel::Scalar
+    }
+
+    /// Whether this CPU can run `self`.
+    pub fn available(self) -> bool {
+        match self {
+            Int8Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Int8Kernel::Avx2 => is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Int8Kernel::Avx512Vnni => Int8Kernel::detect() == Int8Kernel::Avx512Vnni,
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// A name for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Int8Kernel::Avx512Vnni => "AVX512-VNNI",
+            Int8Kernel::Avx2 => "AVX2",
+            Int8Kernel::Scalar => "scalar",
+        }
+    }
+}
+
+/// Outputs per VNNI block.
+const BLOCK: usize = 16;
+
+/// A linear layer's weight in int8 (one scale per output row) and its bias, laid out for
+/// one kernel.
+#[derive(Debug, Clone)]
+pub struct QuantizedLinear {
+    /// Outputs (rows of `W`).
+    out: usize,
+    /// Inputs (columns of `W`).
+    k: usize,
+    /// Inputs padded to a multiple of 16 (AVX2) or 4 (VNNI), the padding zero.
+    kp: usize,
+    /// The weights: `[out][kp]` row-major (AVX2, scalar), or VNNI blocks
+    /// `[out / 16][kp / 4][16][4]` (outputs padded to 16).
+    w: Vec<i8>,
+    /// `scale_o` per output.
+    scale: Vec<f32>,
+    /// `128 sum_k qW[o, k]` per output (VNNI's correction).
+    excess: Vec<i32>,
+    bias: Vec<f32>,
+    kernel: Int8Kernel,
+}
+
+impl QuantizedLinear {
+    /// Quantizes `w` (`out x k`, row-major, PyTorch's layout) with `bias` (`out`) for
+    /// `kernel`.
+    pub fn new(w: &[f32], bias: &[f32], out: usize, k: usize, kernel: Int8Kernel) -> Self {
+        assert_eq!(w.len(), out * k, "weight size");
+        assert_eq!(bias.len(), out, "bias size");
+        assert!(
+            kernel.available(),
+            "{} is not available here",
+            kernel.name()
+        );
+        let kp = k.div_ceil(16) * 16;
+        let mut q = vec![0i8; out * kp];
+        let mut scale = vec![1f32; out];
+        let mut excess = vec![0i32; out];
+        for o in 0..out {
+            let row = &w[o * k..(o + 1) * k];
+            let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+            scale[o] = s;
+            let mut sum = 0i32;
+            for (j, &v) in row.iter().enumerate() {
+                let t = (v / s).round().clamp(-127.0, 127.0) as i8;
+                q[o * kp + j] = t;
+                sum += t as i32;
+            }
+            excess[o] = 128 * sum;
+        }
+        let w = match kernel {
+            Int8Kernel::Avx512Vnni => {
+                let blocks = out.div_ceil(BLOCK);
+                let mut p = vec![0i8; blocks * BLOCK * kp];
+                for o in 0..out {
+                    let (b, lane) = (o / BLOCK, o % BLOCK);
+                    for j in 0..kp {
+                        p[((b * (kp / 4) + j / 4) * BLOCK + lane) * 4 + j % 4] = q[o * kp + j];
+                    }
+                }
+                p
+            }
+            _ => q,
+        };
+        Self {
+            out,
+            k,
+            kp,
+            w,
+            scale,
+            excess,
+            bias: bias.to_vec(),
+            kernel,
+        }
+    }
+
+    /// Outputs.
+    pub fn out_features(&self) -> usize {
+        self.out
+    }
+
+    /// Inputs.
+    pub fn in_features(&self) -> usize {
+        self.k
+    }
+
+    /// The kernel this layer runs.
+    pub fn kernel(&self) -> Int8Kernel {
+        self.kernel
+    }
+
+    /// Bytes of weights, scales and bias.
+    pub fn bytes(&self) -> usize {
+        self.w.len() + 4 * (self.scale.len() + self.excess.len() + self.bias.len())
+    }
+
+    /// `y = x W^T + b` for the rows of `x` (`n x k`) into `y` (`n x out`), on the calling
+    /// thread, for outputs `outs` only (the rest of `y` untouched).
+    pub fn forward_outputs(&self, y: &mut [f32], x: &[f32], outs: std::ops::Range<usize>) {
+        let (k, kp) = (self.k, self.kp);
+        let n = x.len() / k;
+        assert_eq!(x.len(), n * k, "input size");
+        assert_eq!(y.len(), n * self.out, "output size");
+        let (qx, sx) = quantize_rows(x, k, kp, self.kernel == Int8Kernel::Avx512Vnni);
+        let mut acc = vec![0i32; n * outs.len()];
+        match self.kernel {
+            #[cfg(target_arch = "x86_64")]
+            Int8Kernel::Avx512Vnni => unsafe { self.dots_vnni(&qx, n, outs.clone(), &mut acc) },
+            #[cfg(target_arch = "x86_64")]
+            Int8Kernel::Avx2 => unsafe { self.dots_avx2(&qx, n, outs.clone(), &mut acc) },
+            _ => self.dots_scalar(&qx, n, outs.clone(), &mut acc),
+        }
+        let width = outs.len();
+        for i in 0..n {
+            for (j, o) in outs.clone().enumerate() {
+                y[i * self.out + o] =
+                    acc[i * width + j] as f32 * (sx[i] * self.scale[o]) + self.bias[o];
+            }
+        }
+    }
+
+    /// `y = x W^T + b` for every output, on the calling thread.
+    pub fn forward(&self, y: &mut [f32], x: &[f32]) {
+        self.forward_outputs(y, x, 0..self.out);
+    }
+
+    /// `y = x W^T + b`, the outputs split between the kernels' threads (for a wide layer:
+    /// the output layer).
+    pub fn forward_parallel(&self, y: &mut [f32], x: &[f32]) {
+        let n = x.len() / self.k.max(1);
+        let work = n * self.out * self.k;
+        // Ranges of whole VNNI blocks.
+        let blocks = self.out.div_ceil(BLOCK);
+        let ranges = super::split_ranges(blocks, work, 1 << 20);
+        if ranges.len() <= 1 {
+            return self.forward(y, x);
+        }
+        let parts = super::run_parallel(ranges, |r| {
+            let outs = r.start * BLOCK..(r.end * BLOCK).min(self.out);
+            let mut part = vec![0f32; n * self.out];
+            self.forward_outputs(&mut part, x, outs.clone());
+            (outs, part)
+        });
+        for (outs, part) in parts {
+            for i in 0..n {
+                let row = i * self.out;
+                y[row + outs.start..row + outs.end]
+                    .copy_from_slice(&part[row + outs.start..row + outs.end]);
+            }
+        }
+    }
+
+    fn dots_scalar(&self, qx: &[u8], n: usize, outs: std::ops::Range<usize>, acc: &mut [i32]) {
+        let kp = self.kp;
+        let width = outs.len();
+        let unsigned = self.kernel == Int8Kernel::Avx512Vnni;
+        for i in 0..n {
+            let xr = &qx[i * kp..(i + 1) * kp];
+            for (j, o) in outs.clone().enumerate() {
+                let mut s = 0i32;
+                for (jj, &xv) in xr.iter().enumerate() {
+                    let xv = if unsigned {
+                        xv as i32 - 128
+                    } else {
+                        xv as i8 as i32
+                    };
+                    s += xv * self.weight(o, jj) as i32;
+                }
+                acc[i * width + j] = s;
+            }
+        }
+    }
+
+    /// The quantized weight `(o, j)` whatever the layout.
+    fn weight(&self, o: usize, j: usize) -> i8 {
+        match self.kernel {
+            Int8Kernel::Avx512Vnni => {
+                let (b, lane) = (o / BLOCK, o % BLOCK);
+                self.w[((b * (self.kp / 4) + j / 4) * BLOCK + lane) * 4 + j % 4]
+            }
+            _ => self.w[o * self.kp + j],
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn dots_avx2(&self, qx: &[u8], n: usize, outs: std::ops::Range<usize>, acc: &mut [i32]) {
+        let kp = self.kp;
+        let width = outs.len();
+        let hsum = |v: __m256i| -> i32 {
+            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+            _mm_cvtsi128_si32(s)
+        };
+        let mut i = 0;
+        while i < n {
+            let rows = (n - i).min(4);
+            for (j, o) in outs.clone().enumerate() {
+                let wr = self.w.as_ptr().add(o * kp);
+                let mut a = [_mm256_setzero_si256(); 4];
+                let mut kk = 0;
+                while kk < kp {
+                    let w16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wr.add(kk) as *const __m128i));
+                    for (r, ar) in a.iter_mut().enumerate().take(rows) {
+                        let xp = qx.as_ptr().add((i + r) * kp + kk) as *const __m128i;
+                        let x16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(xp));
+                        *ar = _mm256_add_epi32(*ar, _mm256_madd_epi16(x16, w16));
+                    }
+                    kk += 16;
+                }
+                for (r, ar) in a.iter().enumerate().take(rows) {
+                    acc[(i + r) * width + j] = hsum(*ar);
+                }
+            }
+            i += rows;
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn dots_vnni(&self, qx: &[u8], n: usize, outs: std::ops::Range<usize>, acc: &mut [i32]) {
+        // `outs` starts on a block boundary (forward_parallel cuts whole blocks; forward
+        // takes all), and may end inside the last block.
+        debug_assert_eq!(outs.start % BLOCK, 0);
+        let (b0, b1) = (outs.start / BLOCK, outs.end.div_ceil(BLOCK));
+        let mut i = 0;
+        while i < n {
+            let rows = (n - i).min(4);
+            let mut b = b0;
+            while b < b1 {
+                let blocks = (b1 - b).min(4);
+                match (rows, blocks) {
+                    (4, 4) => self.tile_vnni::<4, 4>(qx, i, b, &outs, acc),
+                    (4, _) => {
+                        for bb in b..b + blocks {
+                            self.tile_vnni::<4, 1>(qx, i, bb, &outs, acc);
+                        }
+                    }
+                    (_, 4) => {
+                        for r in i..i + rows {
+                            self.tile_vnni::<1, 4>(qx, r, b, &outs, acc);
+                        }
+                    }
+                    _ => {
+                        for r in i..i + rows {
+                            for bb in b..b + blocks {
+                                self.tile_vnni::<1, 1>(qx, r, bb, &outs, acc);
+                            }
+                        }
+                    }
+                }
+                b += blocks;
+            }
+            i += rows;
+        }
+    }
+
+    /// Rows `i..i + R` x blocks `b..b + B` of 16 outputs.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn tile_vnni<const R: usize, const B: usize>(
+        &self,
+        qx: &[u8],
+        i: usize,
+        b: usize,
+        outs: &std::ops::Range<usize>,
+        acc: &mut [i32],
+    ) {
+        let kp = self.kp;
+        let mut a = [[_mm512_setzero_si512(); B]; R];
+        let wp = self.w.as_ptr();
+        for k4 in 0..kp / 4 {
+            let mut wv = [_mm512_setzero_si512(); B];
+            for (bb, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(wp.add(((b + bb) * (kp / 4) + k4) * 64) as *const _);
+            }
+            for (r, ar) in a.iter_mut().enumerate() {
+                let xp = qx.as_ptr().add((i + r) * kp + k4 * 4) as *const i32;
+                let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xp));
+                for (bb, v) in ar.iter_mut().enumerate() {
+                    *v = _mm512_dpbusd_epi32(*v, xv, wv[bb]);
+                }
+            }
+        }
+        let width = outs.len();
+        for (r, ar) in a.iter().enumerate() {
+            for (bb, v) in ar.iter().enumerate() {
+                let mut lanes = [0i32; BLOCK];
+                _mm512_storeu_si512(lanes.as_mut_ptr() as *mut _, *v);
+                for (lane, &s) in lanes.iter().enumerate() {
+                    let o = (b + bb) * BLOCK + lane;
+                    if o < outs.end {
+                        acc[(i + r) * width + (o - outs.start)] = s - self.excess[o];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Each row of `x` (`n x k`) quantized to int8 with its own scale, padded with zeros to
+/// `kp`; `unsigned` adds 128 (VNNI's unsigned operand). Returns the bytes and the scales.
+fn quantize_rows(x: &[f32], k: usize, kp: usize, unsigned: bool) -> (Vec<u8>, Vec<f32>) {
+    let n = x.len() / k;
+    let pad = if unsigned { 128u8 } else { 0 };
+    let mut q = vec![pad; n * kp];
+    let mut s = vec![1f32; n];
+    for i in 0..n {
+        let row = &x[i * k..(i + 1) * k];
+        let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+        s[i] = scale;
+        let inv = 1.0 / scale;
+        for (j, &v) in row.iter().enumerate() {
+            let t = (v * inv).round().clamp(-127.0, 127.0) as i32;
+            q[i * kp + j] = if unsigned {
+                (t + 128) as u8
+            } else {
+                t as i8 as u8
+            };
+        }
+    }
+    (q, s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) % 20001) as f32 / 10000.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn kernels() -> Vec<Int8Kernel> {
+        [Int8Kernel::Scalar, Int8Kernel::Avx2, Int8Kernel::Avx512Vnni]
+            .into_iter()
+            .filter(|k| k.available())
+            .collect()
+    }
+
+    /// Every kernel gives the scalar kernel's output bit for bit, at shapes with edges (rows
+    /// not a multiple of 4, outputs not a multiple of 16 or 64, inputs not a multiple of 16).
+    #[test]
+    fn every_kernel_equals_the_scalar_one_exactly() {
+        for (n, out, k) in [
+            (1, 1, 1),
+            (3, 17, 5),
+            (5, 70, 37),
+            (9, 130, 256),
+            (4, 64, 64),
+        ] {
+            let w = data(out * k, 1);
+            let b = data(out, 2);
+            let x = data(n * k, 3);
+            let want = {
+                let q = QuantizedLinear::new(&w, &b, out, k, Int8Kernel::Scalar);
+                let mut y = vec![0f32; n * out];
+                q.forward(&mut y, &x);
+                y
+            };
+            for kern in kernels() {
+                let q = QuantizedLinear::new(&w, &b, out, k, kern);
+                let mut y = vec![0f32; n * out];
+                q.forward(&mut y, &x);
+                assert_eq!(y, want, "{} at {n}x{out}x{k}", kern.name());
+                let mut y = vec![0f32; n * out];
+                q.forward_parallel(&mut y, &x);
+                assert_eq!(y, want, "{} in parallel at {n}x{out}x{k}", kern.name());
+            }
+        }
+    }
+
+    /// The int8 product is the f32 product up to the quantization error: each term's error
+    /// is at most half a step of each factor, so `|y - y32| <= sum_k (|x| ds_w + |w| ds_x) / 2
+    /// + ds_x ds_w k / 4` per output, with steps `ds = max / 127`.
+    #[test]
+    fn int8_is_the_f32_product_within_the_quantization_error() {
+        let (n, out, k) = (6, 40, 96);
+        let w = data(out * k, 4);
+        let b = data(out, 5);
+        let x = data(n * k, 6);
+        let q = QuantizedLinear::new(&w, &b, out, k, Int8Kernel::detect());
+        let mut y = vec![0f32; n * out];
+        q.forward(&mut y, &x);
+        let mut worst = 0f32;
+        for i in 0..n {
+            let xr = &x[i * k..(i + 1) * k];
+            let dx = xr.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            for o in 0..out {
+                let wr = &w[o * k..(o + 1) * k];
+                let dw = wr.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                let exact: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum::<f32>() + b[o];
+                let bound: f32 = xr
+                    .iter()
+                    .zip(wr)
+                    .map(|(a, b)| (a.abs() * dw + b.abs() * dx) / 2.0 + dx * dw / 4.0)
+                    .sum::<f32>()
+                    + 1e-5;
+                let err = (y[i * out + o] - exact).abs();
+                assert!(err <= bound, "({i}, {o}): error {err} over bound {bound}");
+                worst = worst.max(err / bound);
+            }
+        }
+        // The bound is not vacuous: the error uses a fair part of it somewhere.
+        assert!(worst > 0.01, "worst error / bound {worst}");
+    }
+
+    #[test]
+    fn zero_rows_and_weights_give_the_bias() {
+        let q = QuantizedLinear::new(&[0.0; 6], &[1.0, 2.0], 2, 3, Int8Kernel::detect());
+        let mut y = vec![9f32; 4];
+        q.forward(&mut y, &[0.0; 6]);
+        assert_eq!(y, vec![1.0, 2.0, 1.0, 2.0]);
+    }
+}

@@ -13,6 +13,7 @@ use transformer_model::kernels::Precision;
 use transformer_model::Rng;
 use transformer_text::basic_english;
 use transformer_train::lm::{self, LmTrainConfig, Progress, TrainOptions};
+use transformer_train::runner::Given;
 use transformer_train::viz;
 
 #[derive(Subcommand)]
@@ -139,13 +140,19 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    fn resolve(&self) -> Result<LmTrainConfig> {
+    /// The configuration these arguments ask for, and the settings they give explicitly
+    /// (flags first, then the keys of --config), which a resumed run checks against its own.
+    fn resolve(&self) -> Result<(LmTrainConfig, Vec<Given>)> {
+        let mut given = Vec::new();
         let mut c = match &self.config {
             Some(p) => LmTrainConfig::from_toml_file(p)?,
             None => LmTrainConfig::default(),
         };
         macro_rules! set {
-            ($($f:ident),*) => { $( if let Some(v) = self.$f { c.$f = v; } )* };
+            ($($f:ident),*) => { $( if let Some(v) = self.$f {
+                c.$f = v;
+                given.push(Given::new(stringify!($f), format!("--{}", stringify!($f).replace('_', "-"))));
+            } )* };
         }
         set!(
             emsize,
@@ -168,21 +175,32 @@ impl TrainArgs {
         );
         if self.tie_weights {
             c.tie_weights = true;
+            given.push(Given::new("tie_weights", "--tie-weights"));
         }
         if self.no_precision_check {
             c.measure_precision = false;
+            given.push(Given::new("measure_precision", "--no-precision-check"));
         }
         if self.eos_per_line {
             c.eos_per_line = true;
+            given.push(Given::new("eos_per_line", "--eos-per-line"));
         }
         if self.max_batches.is_some() {
             c.max_batches = self.max_batches;
+            given.push(Given::new("max_batches", "--max-batches"));
         }
         if self.data.is_some() {
             c.data = self.data.clone();
+            given.push(Given::new("data", "--data"));
         }
-        c.validate()?;
-        Ok(c)
+        if let Some(p) = &self.config {
+            given.extend(Given::from_config_file(p)?);
+        }
+        // A resumed run checks the settings against its own first, then validates the result.
+        if !self.resume {
+            c.validate()?;
+        }
+        Ok((c, given))
     }
 }
 
@@ -370,19 +388,33 @@ pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
     flag
 }
 
+/// After a run stopped by Ctrl-C has saved its checkpoint: exits with status 130, as an
+/// interrupted command does.
+pub(crate) fn exit_if_interrupted(flag: &AtomicBool) {
+    if flag.load(Ordering::SeqCst) {
+        std::process::exit(130);
+    }
+}
+
 pub fn run(cmd: LmCommand) -> Result<()> {
     let device = Device::Cpu;
     match cmd {
         LmCommand::Train(args) => {
-            let config = args.resolve()?;
+            let (config, given) = args.resolve()?;
+            anyhow::ensure!(
+                args.max_steps != Some(0),
+                "--max-steps must be at least 1 (it stops this invocation after that many steps)"
+            );
+            let interrupt = interrupt_flag();
             let opts = TrainOptions {
                 config,
                 out: args.out.clone(),
                 resume: args.resume,
                 stop_after_steps: args.max_steps,
                 crash_after_steps: None,
-                interrupt: Some(interrupt_flag()),
+                interrupt: Some(interrupt.clone()),
                 device,
+                given,
             };
             let mut console = Console::new("batches");
             let summary = lm::train(&opts, &mut console);
@@ -411,8 +443,13 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 );
             }
             println!("run directory: {}", args.out.display());
+            exit_if_interrupted(&interrupt);
         }
         LmCommand::Eval(args) => {
+            anyhow::ensure!(
+                args.batch_size >= 1 && args.bptt >= 1,
+                "--batch-size and --bptt must be at least 1"
+            );
             let loaded = lm::load_run(&args.run, &device)?;
             let r = lm::evaluate_file(&loaded, &args.text, args.batch_size, args.bptt, &device)?;
             if args.json {
@@ -479,6 +516,20 @@ pub fn run(cmd: LmCommand) -> Result<()> {
             pic.write(map.as_ref(), &set)?;
         }
         LmCommand::Generate(args) => {
+            anyhow::ensure!(
+                args.temperature.is_finite() && args.temperature >= 0.0,
+                "--temperature is {}: it must be a number at least 0 (0 = greedy, 1 = the \
+                 model's distribution)",
+                args.temperature
+            );
+            anyhow::ensure!(
+                args.top_k != Some(0),
+                "--top-k must be at least 1 (1 = greedy; leave it out to sample from every token)"
+            );
+            anyhow::ensure!(
+                args.max_tokens >= 1,
+                "--max-tokens must be at least 1"
+            );
             let loaded = lm::load_run(&args.run, &device)?;
             let prompt: Vec<u32> = loaded.vocab.encode(basic_english(&args.prompt));
             anyhow::ensure!(

@@ -268,6 +268,7 @@ fn copy(args: CopyArgs) -> Result<()> {
         crash_after_steps: None,
         interrupt: None,
         device: dev,
+        given: Vec::new(),
     };
     let start = Instant::now();
     let mut console = lm::Console::new("steps");

@@ -1,6 +1,6 @@
 //! `transformer mt ...`: translation with an encoder-decoder Transformer.
 
-use crate::lm::{interrupt_flag, Console};
+use crate::lm::{exit_if_interrupted, interrupt_flag, Console};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Subcommand};
@@ -13,7 +13,7 @@ use transformer_text::score::chrf::{corpus_chrf, ChrfOptions};
 use transformer_train::mt::{
     self, Arch, Corpus, MtPreset, MtTrainConfig, MtTrainOptions, TokenizerKind,
 };
-use transformer_train::runner::Progress;
+use transformer_train::runner::{Given, Progress};
 use transformer_train::viz;
 
 #[derive(Subcommand)]
@@ -203,22 +203,40 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    fn resolve(&self) -> Result<MtTrainConfig> {
+    /// The configuration these arguments ask for, and the settings they give explicitly
+    /// (flags first, then the keys of --config), which a resumed run checks against its own.
+    fn resolve(&self) -> Result<(MtTrainConfig, Vec<Given>)> {
+        let mut given = Vec::new();
         let mut c = match &self.config {
             Some(p) => MtTrainConfig::from_toml_file(p)?,
             None => MtTrainConfig::default(),
         };
         if let Some(p) = self.preset {
             c.apply_preset(p);
+            for key in [
+                "d_model",
+                "nhead",
+                "encoder_layers",
+                "decoder_layers",
+                "dim_feedforward",
+                "dropout",
+            ] {
+                given.push(Given::new(key, "--preset"));
+            }
         }
         if self.norm_first {
             c.norm_first = true;
+            given.push(Given::new("norm_first", "--norm-first"));
         }
         if self.no_precision_check {
             c.measure_precision = false;
+            given.push(Given::new("measure_precision", "--no-precision-check"));
         }
         macro_rules! set {
-            ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v.into(); } )* };
+            ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() {
+                c.$f = v.into();
+                given.push(Given::new(stringify!($f), format!("--{}", stringify!($f).replace('_', "-"))));
+            } )* };
         }
         set!(
             arch,
@@ -239,37 +257,50 @@ impl TrainArgs {
             average_decay,
             precision
         );
-        for (dst, src) in [
-            (&mut c.train_src, &self.train_src),
-            (&mut c.train_tgt, &self.train_tgt),
-            (&mut c.valid_src, &self.valid_src),
-            (&mut c.valid_tgt, &self.valid_tgt),
-            (&mut c.test_src, &self.test_src),
-            (&mut c.test_tgt, &self.test_tgt),
-            (&mut c.data, &self.data),
+        for (key, dst, src) in [
+            ("train_src", &mut c.train_src, &self.train_src),
+            ("train_tgt", &mut c.train_tgt, &self.train_tgt),
+            ("valid_src", &mut c.valid_src, &self.valid_src),
+            ("valid_tgt", &mut c.valid_tgt, &self.valid_tgt),
+            ("test_src", &mut c.test_src, &self.test_src),
+            ("test_tgt", &mut c.test_tgt, &self.test_tgt),
+            ("data", &mut c.data, &self.data),
         ] {
             if src.is_some() {
                 dst.clone_from(src);
+                given.push(Given::new(key, format!("--{}", key.replace('_', "-"))));
             }
         }
         if self.corpus.is_some() {
             c.corpus = self.corpus;
+            given.push(Given::new("corpus", "--corpus"));
         }
         if let Some(l) = self.layers {
             c.encoder_layers = l;
             c.decoder_layers = l;
+            given.push(Given::new("encoder_layers", "--layers"));
+            given.push(Given::new("decoder_layers", "--layers"));
         }
         if self.no_share_embeddings {
             c.share_embeddings = false;
+            given.push(Given::new("share_embeddings", "--no-share-embeddings"));
         }
         if self.max_batches.is_some() {
             c.max_batches = self.max_batches;
+            given.push(Given::new("max_batches", "--max-batches"));
         }
         if self.max_valid.is_some() {
             c.max_valid = self.max_valid;
+            given.push(Given::new("max_valid", "--max-valid"));
         }
-        c.validate()?;
-        Ok(c)
+        if let Some(p) = &self.config {
+            given.extend(Given::from_config_file(p)?);
+        }
+        // A resumed run checks the settings against its own first, then validates the result.
+        if !self.resume {
+            c.validate()?;
+        }
+        Ok((c, given))
     }
 }
 
@@ -372,26 +403,33 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             pic.write(map.as_ref(), &set)?;
         }
         MtCommand::Train(args) => {
-            let config = args.resolve()?;
+            let (config, given) = args.resolve()?;
+            anyhow::ensure!(
+                args.max_steps != Some(0),
+                "--max-steps must be at least 1 (it stops this invocation after that many steps)"
+            );
+            let interrupt = interrupt_flag();
             let opts = MtTrainOptions {
                 config,
                 out: args.out.clone(),
                 resume: args.resume,
                 stop_after_steps: args.max_steps,
                 crash_after_steps: None,
-                interrupt: Some(interrupt_flag()),
+                interrupt: Some(interrupt.clone()),
                 device,
+                given,
             };
             let mut console = Console::new("batches");
             let summary = mt::train(&opts, &mut console)?;
             console.finish();
-            if summary.state.epoch <= opts.config.epochs && !summary.state.finished {
+            if !summary.state.finished {
                 println!(
                     "stopped after {} steps; continue with: transformer mt train --out {} --resume",
                     summary.state.step,
                     args.out.display()
                 );
             }
+            exit_if_interrupted(&interrupt);
         }
         MtCommand::Translate(args) => {
             let (run, opts) = load(&args.decode, &device)?;

@@ -119,6 +119,18 @@ pub struct LmTrainConfig {
 /// tutorial's three epochs, so longer horizons lag behind it.
 pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
 
+/// The settings a resumed run may change ([`crate::runner::resume_config`]): how long it
+/// trains, what it logs and checkpoints, and where its data lies. The rest (the model, the
+/// optimizer, the batches, the seed) are the run's own.
+pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
+    "epochs",
+    "max_batches",
+    "log_interval",
+    "checkpoint_interval",
+    "data",
+    "measure_precision",
+];
+
 /// What `--precision bf16` runs in bf16, as the log says it (the encoder layers stay f32, so
 /// that the language model's bf16 arithmetic is the output layer's alone).
 const BF16_COVERS: &str = "the output layer's products";
@@ -676,7 +688,9 @@ impl Task for LmTask {
 pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary> {
     let run = &opts.out;
     let dev = &opts.device;
-    let resuming = open_run_dir(run, opts.resume)?;
+    let (resuming, _lock) = open_run_dir(run, opts.resume)?;
+    let mut asked = opts.config.clone();
+    asked.data = asked.data.as_deref().map(runner::absolute);
 
     // Configuration, vocabulary and checkpoint: fresh or from the checkpoint.
     let (cfg, vocab, saved) = if resuming {
@@ -690,9 +704,18 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         if predates_averaging(text) {
             cfg.average_decay = 0.0;
         }
+        let (cfg, notes) =
+            runner::resume_config(run, &cfg, &asked, &opts.given, MAY_CHANGE_ON_RESUME)?;
+        for n in &notes {
+            progress.line(n);
+        }
+        runner::check_recorded_paths(run, &[("data", &cfg.data)], &opts.given)?;
+        if !notes.is_empty() {
+            checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+        }
         (cfg, Some(Vocab::load(&vocab_path(run))?), Some(saved))
     } else {
-        (opts.config.clone(), None, None)
+        (asked, None, None)
     };
     cfg.validate()?;
     let data_dir = cfg.data.clone().or_else(default_data_dir).ok_or_else(|| {
@@ -700,6 +723,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
             "no data: pass --data DIR (a folder with train.txt, valid.txt and test.txt, such as WikiText-2)".into(),
         )
     })?;
+    let data_dir = runner::absolute(&data_dir);
     let data = LmData::load(&data_dir, &cfg, vocab)?;
     let mut cfg = LmTrainConfig {
         data: Some(data_dir),

@@ -186,6 +186,30 @@ impl std::str::FromStr for TokenizerKind {
 /// The default decay of the weight average.
 pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
 
+/// The settings a resumed run may change ([`crate::runner::resume_config`]): how long it
+/// trains, what it logs and checkpoints, how it validates and decodes the test set, and where
+/// its data lies. The rest (the model, the tokenizer, the optimizer, the batches, the seed)
+/// are the run's own.
+pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
+    "epochs",
+    "max_batches",
+    "max_valid",
+    "log_interval",
+    "checkpoint_interval",
+    "beam",
+    "length_penalty",
+    "max_len_a",
+    "max_len_b",
+    "data",
+    "train_src",
+    "train_tgt",
+    "valid_src",
+    "valid_tgt",
+    "test_src",
+    "test_tgt",
+    "measure_precision",
+];
+
 /// What `--precision bf16` runs in bf16, as the log says it: the output layer's products and,
 /// in the Transformer, the encoder and decoder layers' projection and feed-forward products
 /// (`EncoderLayerOptions::precision`), all on the same bf16 unit.
@@ -501,6 +525,25 @@ impl MtTrainConfig {
         Ok(files)
     }
 
+    /// Makes every file and folder the configuration names absolute, so that a run's
+    /// `config.toml` names them wherever the run is resumed from.
+    pub fn make_paths_absolute(&mut self) {
+        for p in [
+            &mut self.data,
+            &mut self.train_src,
+            &mut self.train_tgt,
+            &mut self.valid_src,
+            &mut self.valid_tgt,
+            &mut self.test_src,
+            &mut self.test_tgt,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *p = runner::absolute(p);
+        }
+    }
+
     /// Reads a TOML file of the same keys (any subset; the rest keep their defaults).
     pub fn from_toml_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
@@ -589,7 +632,11 @@ pub fn evaluate_loss(
 ) -> Result<f64> {
     let sp = transformer_text::Specials::FIXED;
     let all: Vec<usize> = (0..data.src.len()).collect();
-    let batches = pair_batches(&data.src, &data.tgt, &all, max_tokens, sp, 0);
+    // Sentences longer than the model takes are scored on their first positions (the length
+    // rule of `translate_ids`).
+    let max = max_source_tokens(model);
+    let (src, tgt) = (fit(&data.src, max), fit(&data.tgt, max));
+    let batches = pair_batches(&src, &tgt, &all, max_tokens, sp, 0);
     let (mut total, mut tokens) = (0.0, 0usize);
     for b in &batches {
         let (src, tgt_in, tgt_out) = batch_tensors(b, dev)?;
@@ -666,9 +713,80 @@ pub fn train_step(
 /// Decoder rows (sentences x beam) per batch when translating: [`translate_ids`]'s default.
 pub const DECODE_BATCH_ROWS: usize = 128;
 
+/// A source longer than the model takes, cut to fit by the length rule of [`translate_ids`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Truncated {
+    /// The source's index in the input (0-based; line `index + 1` of a file).
+    pub index: usize,
+    /// Its tokens.
+    pub tokens: usize,
+    /// The tokens translated: its first `kept`.
+    pub kept: usize,
+}
+
+impl std::fmt::Display for Truncated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "line {}: {} tokens, more than the model's {}: only its first {} tokens are \
+             translated (split the line to translate all of it)",
+            self.index + 1,
+            self.tokens,
+            self.kept,
+            self.kept
+        )
+    }
+}
+
+/// The most source tokens (without `<eos>`) `model` takes: its positions less one for
+/// `<eos>`; `None` for a model without a limit (the recurrent ones).
+pub fn max_source_tokens(model: &MtModel) -> Option<usize> {
+    model.max_positions().map(|p| p.saturating_sub(1))
+}
+
+/// The sources of `src` that the length rule of [`translate_ids`] cuts, in input order.
+pub fn over_long(model: &MtModel, src: &[Vec<u32>]) -> Vec<Truncated> {
+    let Some(max) = max_source_tokens(model) else {
+        return Vec::new();
+    };
+    src.iter()
+        .enumerate()
+        .filter(|(_, s)| s.len() > max)
+        .map(|(index, s)| Truncated {
+            index,
+            tokens: s.len(),
+            kept: max,
+        })
+        .collect()
+}
+
+/// The lines of `lines` that [`translate_lines`] cuts to fit the model (tokenized with
+/// `tok`), in input order: what a caller reports as warnings.
+pub fn over_long_lines(model: &MtModel, tok: &Subword, lines: &[String]) -> Vec<Truncated> {
+    let ids: Vec<Vec<u32>> = lines.iter().map(|l| tok.encode(l)).collect();
+    over_long(model, &ids)
+}
+
+/// `seqs` with every sequence longer than `max` tokens cut to its first `max` (borrowed when
+/// none is).
+fn fit(seqs: &[Vec<u32>], max: Option<usize>) -> std::borrow::Cow<'_, [Vec<u32>]> {
+    match max {
+        Some(m) if seqs.iter().any(|s| s.len() > m) => {
+            std::borrow::Cow::Owned(seqs.iter().map(|s| s[..s.len().min(m)].to_vec()).collect())
+        }
+        _ => std::borrow::Cow::Borrowed(seqs),
+    }
+}
+
 /// Translates token sequences in batches of at most [`DECODE_BATCH_ROWS`] decoder rows
 /// (greedy for beam 1, else beam search); returns one hypothesis per input, in input order.
 /// `on_batch(done, total)` reports progress.
+///
+/// The length rule: a Transformer takes at most its positions (1,024) less one tokens of
+/// source, so a longer source is translated from its first [`max_source_tokens`] tokens
+/// ([`over_long`] names them, for warnings), and no output is longer than the positions less
+/// one, whatever `max_len_a * source + max_len_b` says; every other sentence of the job is
+/// translated as usual.
 pub fn translate_ids(
     model: &MtModel,
     src: &[Vec<u32>],
@@ -689,6 +807,7 @@ pub fn translate_ids_batched(
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<Vec<Hypothesis>> {
     let sp = transformer_text::Specials::FIXED;
+    let src = &*fit(src, max_source_tokens(model));
     // Sentences per batch: beams multiply the decoder's rows.
     let max_rows = (batch_rows / opts.beam.max(1)).max(1);
     let groups = source_batches(src, 2048, max_rows);
@@ -713,7 +832,9 @@ pub fn translate_ids_batched(
     Ok(out.into_iter().map(|h| h.expect("translated")).collect())
 }
 
-/// Translates sentences with a tokenizer; returns the detokenized outputs in order.
+/// Translates sentences with a tokenizer; returns the detokenized outputs in order. Lines
+/// longer than the model takes follow the length rule of [`translate_ids`]
+/// ([`over_long_lines`] names them).
 pub fn translate_lines(
     model: &MtModel,
     tok: &Subword,
@@ -1071,7 +1192,9 @@ impl Task for MtTask {
 pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSummary> {
     let run = &opts.out;
     let dev = &opts.device;
-    let resuming = open_run_dir(run, opts.resume)?;
+    let (resuming, _lock) = open_run_dir(run, opts.resume)?;
+    let mut asked = opts.config.clone();
+    asked.make_paths_absolute();
 
     // Configuration, tokenizer and checkpoint: fresh or from the checkpoint.
     let (cfg, saved) = if resuming {
@@ -1085,9 +1208,30 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         if predates_averaging(text) {
             cfg.average_decay = 0.0;
         }
+        let (cfg, notes) =
+            runner::resume_config(run, &cfg, &asked, &opts.given, MAY_CHANGE_ON_RESUME)?;
+        for n in &notes {
+            progress.line(n);
+        }
+        runner::check_recorded_paths(
+            run,
+            &[
+                ("train_src", &cfg.train_src),
+                ("train_tgt", &cfg.train_tgt),
+                ("valid_src", &cfg.valid_src),
+                ("valid_tgt", &cfg.valid_tgt),
+                ("test_src", &cfg.test_src),
+                ("test_tgt", &cfg.test_tgt),
+                ("data", &cfg.data),
+            ],
+            &opts.given,
+        )?;
+        if !notes.is_empty() {
+            checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+        }
         (cfg, Some(saved))
     } else {
-        (opts.config.clone(), None)
+        (asked, None)
     };
     cfg.validate()?;
     let files = cfg.sources()?;
@@ -1253,7 +1397,11 @@ pub fn attention_set(
 ) -> Result<crate::viz::AttentionSet> {
     let tok = &run.tokenizer;
     let sp = tok.specials();
-    let ids = tok.encode(sentence);
+    let mut ids = tok.encode(sentence);
+    // The length rule of `translate_ids` (the caller warns with `over_long_lines`).
+    if let Some(max) = max_source_tokens(&run.model) {
+        ids.truncate(max);
+    }
     if ids.is_empty() {
         return Err(Error::Usage(
             "the sentence has no tokens: give a sentence to translate".into(),

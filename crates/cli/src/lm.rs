@@ -5,7 +5,7 @@ use candle_core::{DType, Device, Tensor};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use transformer_decode::Sampling;
@@ -273,14 +273,42 @@ impl PictureArgs {
     /// Writes `map` to `--out` and the explorer page of `set` to `--html`, where given.
     pub fn write(&self, map: Option<&viz::Heatmap>, set: &viz::AttentionSet) -> Result<()> {
         if let (Some(p), Some(map)) = (&self.out, map) {
-            std::fs::write(p, viz::heatmap_svg(map))
-                .with_context(|| format!("writing {}", p.display()))?;
-            eprintln!("wrote {}", p.display());
+            write_picture(p, "--out", &viz::heatmap_svg(map), set)?;
         }
         if let Some(p) = &self.html {
-            std::fs::write(p, viz::attention_html(set))
-                .with_context(|| format!("writing {}", p.display()))?;
-            eprintln!("wrote {}", p.display());
+            write_picture(p, "--html", &viz::attention_html(set), set)?;
+        }
+        Ok(())
+    }
+}
+
+/// Pictures above this size come with a warning: browsers slow down on them.
+const LARGE_PICTURE_BYTES: usize = 8 << 20;
+
+/// Writes a picture to `path` (from `flag`), warning when it is large.
+fn write_picture(path: &Path, flag: &str, text: &str, set: &viz::AttentionSet) -> Result<()> {
+    if text.len() > LARGE_PICTURE_BYTES {
+        eprintln!(
+            "warning: {flag} {}: {:.0} MB for {} source and {} output tokens; browsers are slow \
+             on pictures this large: a shorter text makes a smaller one",
+            path.display(),
+            text.len() as f64 / 1e6,
+            set.src_tokens.len(),
+            set.tgt_out_tokens.len()
+        );
+    }
+    std::fs::write(path, text).with_context(|| format!("{flag} {}: cannot write it", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+impl PictureArgs {
+    /// Checks --layer and --head against a model of `layers` layers of `heads` heads each
+    /// (before any long work).
+    pub fn check_against(&self, layers: usize, heads: usize) -> Result<()> {
+        let shape = vec![vec![Vec::new(); heads.max(1)]; layers];
+        if self.layer.is_some() || self.head.is_some() {
+            viz::select_map(&shape, self.layer, self.head).map_err(|e| anyhow::anyhow!("--{e}"))?;
         }
         Ok(())
     }
@@ -388,6 +416,13 @@ pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
     flag
 }
 
+/// Prints a loaded run's note (weights taken from the checkpoint) as a warning.
+pub(crate) fn warn_note(note: &Option<String>) {
+    if let Some(n) = note {
+        eprintln!("warning: {n}");
+    }
+}
+
 /// After a run stopped by Ctrl-C has saved its checkpoint: exits with status 130, as an
 /// interrupted command does.
 pub(crate) fn exit_if_interrupted(flag: &AtomicBool) {
@@ -451,6 +486,7 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 "--batch-size and --bptt must be at least 1"
             );
             let loaded = lm::load_run(&args.run, &device)?;
+            warn_note(&loaded.note);
             let r = lm::evaluate_file(&loaded, &args.text, args.batch_size, args.bptt, &device)?;
             if args.json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -468,6 +504,8 @@ pub fn run(cmd: LmCommand) -> Result<()> {
             let pic = &args.picture;
             pic.check()?;
             let loaded = lm::load_run(&args.run, &device)?;
+            warn_note(&loaded.note);
+            pic.check_against(loaded.config.nlayers, loaded.config.nhead)?;
             let ids: Vec<u32> = loaded.vocab.encode(basic_english(&args.text));
             anyhow::ensure!(!ids.is_empty(), "the text has no tokens after tokenization");
             anyhow::ensure!(
@@ -531,6 +569,7 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 "--max-tokens must be at least 1"
             );
             let loaded = lm::load_run(&args.run, &device)?;
+            warn_note(&loaded.note);
             let prompt: Vec<u32> = loaded.vocab.encode(basic_english(&args.prompt));
             anyhow::ensure!(
                 !prompt.is_empty(),

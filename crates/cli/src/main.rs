@@ -200,10 +200,60 @@ struct InfoArgs {
 fn main() {
     // Reuse freed step buffers; a shorter spin for candle's pool (see the module docs).
     transformer_train::runtime::configure();
+    quiet_on_closed_stdout();
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("error: {e:#}");
+        // Output into a closed pipe (`| head -1`): the reader has what it wanted.
+        if is_broken_pipe(&e) {
+            std::process::exit(0);
+        }
+        eprintln!("error: {}", said_once(&e));
         std::process::exit(1);
     }
+}
+
+/// Whether an io error of kind `BrokenPipe` is anywhere in the error's chain.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The error and its causes, `: `-separated, each said once: a cause whose text its
+/// parent's message already ends with (an OS error that a library error quotes) is skipped.
+fn said_once(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut last = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if !last.is_empty() && last.ends_with(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+        last = msg;
+    }
+    out
+}
+
+/// `println!` panics when stdout is a closed pipe; end quietly with status 0 instead, as
+/// for any other output cut short by its reader.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -355,6 +355,7 @@ fn load(
     device: &Device,
 ) -> Result<(mt::LoadedMt, transformer_decode::DecodeOptions)> {
     let run = mt::load_run(&args.run, device)?;
+    crate::lm::warn_note(&run.note);
     let mut c = run.config.clone();
     if let Some(a) = args.max_len_a {
         c.max_len_a = a;
@@ -369,6 +370,7 @@ fn load(
     if beam == 0 {
         bail!("--beam must be at least 1 (1 = greedy)");
     }
+    c.validate_decoding()?;
     let opts = c.decode_options(beam);
     Ok((run, opts))
 }
@@ -379,6 +381,9 @@ fn translate_with_bar(
     opts: &transformer_decode::DecodeOptions,
     device: &Device,
 ) -> Result<Vec<String>> {
+    for t in mt::over_long_lines(&run.model, &run.tokenizer, lines) {
+        eprintln!("warning: {t}");
+    }
     let mut console = Console::new("sentences");
     let out = mt::translate_lines(&run.model, &run.tokenizer, lines, opts, device, |d, t| {
         console.batch(0, d, t)
@@ -393,6 +398,20 @@ pub fn run(cmd: MtCommand) -> Result<()> {
         MtCommand::Attention(args) => {
             args.picture.check()?;
             let (run, opts) = load(&args.decode, &device)?;
+            let (layers, heads) = match &run.model_config {
+                mt::MtModelConfig::Transformer(c) => {
+                    (c.transformer.num_decoder_layers, c.transformer.nhead)
+                }
+                mt::MtModelConfig::Rnn(_) => (1, 1),
+            };
+            args.picture.check_against(layers, heads)?;
+            for t in mt::over_long_lines(
+                &run.model,
+                &run.tokenizer,
+                std::slice::from_ref(&args.src),
+            ) {
+                eprintln!("warning: --src {t}");
+            }
             let set = mt::attention_set(&run, &args.src, &opts, &device)?;
             println!("{}", set.translation);
             let pic = &args.picture;
@@ -444,6 +463,16 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             }
         }
         MtCommand::Eval(args) => {
+            // The output file is checked before any translating.
+            let hyp_file = match &args.hyp_out {
+                Some(p) if p.is_dir() => {
+                    bail!("--hyp-out {} is a directory: name a file", p.display())
+                }
+                Some(p) => Some(std::fs::File::create(p).with_context(|| {
+                    format!("--hyp-out {}: cannot write it", p.display())
+                })?),
+                None => None,
+            };
             let (run, opts) = load(&args.decode, &device)?;
             let src = read_lines(&args.src)?;
             let refs = read_lines(&args.reference)?;
@@ -459,9 +488,9 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             let t = Instant::now();
             let hyps = translate_with_bar(&run, &src, &opts, &device)?;
             let secs = t.elapsed().as_secs_f64();
-            if let Some(p) = &args.hyp_out {
-                std::fs::write(p, hyps.join("\n") + "\n")
-                    .with_context(|| format!("cannot write {}", p.display()))?;
+            if let (Some(mut f), Some(p)) = (hyp_file, &args.hyp_out) {
+                f.write_all((hyps.join("\n") + "\n").as_bytes())
+                    .with_context(|| format!("--hyp-out {}: cannot write it", p.display()))?;
             }
             let data = mt::EncodedSplit::encode(
                 transformer_text::parallel::Pairs {

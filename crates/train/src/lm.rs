@@ -191,6 +191,17 @@ impl LmTrainConfig {
     /// Checks the model sizes and that counts are positive and rates in range.
     pub fn validate(&self) -> Result<()> {
         self.model(1).validate()?;
+        if self.max_batches == Some(0) {
+            return Err(Error::Usage(
+                "max_batches (--max-batches) must be at least 1 (leave it out for all)".into(),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(Error::Usage(format!(
+                "dropout is {}: it must be in [0, 1)",
+                self.dropout
+            )));
+        }
         for (name, v) in [
             ("epochs", self.epochs),
             ("batch_size", self.batch_size),
@@ -424,6 +435,9 @@ pub struct LoadedLm {
     /// How the run's text was read (its `config.toml`; the newer tutorial's where there is
     /// none, as for imported models).
     pub line_end: LineEnd,
+    /// What the front end should tell the user about where the weights came from: set
+    /// when there is no `best.safetensors` yet and the checkpoint's weights are used.
+    pub note: Option<String>,
 }
 
 /// Loads the model of the run directory `run` onto `device`: see [`LoadedLm`].
@@ -440,10 +454,11 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedLm> {
     } else {
         LineEnd::Dropped
     };
-    let (path, format) = if best_path(run).exists() {
-        (best_path(run), WEIGHTS_FORMAT)
+    let (path, note) = runner::weights_file(run);
+    let format = if note.is_none() {
+        WEIGHTS_FORMAT
     } else {
-        (checkpoint_path(run), CHECKPOINT_FORMAT)
+        CHECKPOINT_FORMAT
     };
     if !path.exists() {
         return Err(Error::Usage(format!(
@@ -451,13 +466,15 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedLm> {
             run.display()
         )));
     }
-    let (model, params, config) = load_model(&path, format, vocab.len(), device)?;
+    let (model, params, config) = load_model(&path, format, vocab.len(), device)
+        .map_err(|e| runner::with_fallback_advice(e, run, &path))?;
     Ok(LoadedLm {
         model,
         params,
         config,
         vocab,
         line_end,
+        note,
     })
 }
 

@@ -424,8 +424,43 @@ impl MtTrainConfig {
         }
     }
 
+    /// Checks the decoding settings: a length limit `max_len_a * source + max_len_b` with
+    /// `max_len_a` a number at least 0, and a finite length penalty at least 0.
+    pub fn validate_decoding(&self) -> Result<()> {
+        if !(self.max_len_a.is_finite() && self.max_len_a >= 0.0) {
+            return Err(Error::Usage(format!(
+                "max_len_a (--max-len-a) is {}: it must be a number at least 0 (outputs are at \
+                 most max_len_a * source tokens + max_len_b long)",
+                self.max_len_a
+            )));
+        }
+        if !(self.length_penalty.is_finite() && self.length_penalty >= 0.0) {
+            return Err(Error::Usage(format!(
+                "length_penalty (--length-penalty) is {}: it must be a number at least 0 \
+                 (0 = raw log-probabilities, 1 = per-token average)",
+                self.length_penalty
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks the model configuration and that counts are positive and rates in range.
     pub fn validate(&self) -> Result<()> {
+        self.validate_decoding()?;
+        for (name, v) in [("max_batches", self.max_batches), ("max_valid", self.max_valid)] {
+            if v == Some(0) {
+                return Err(Error::Usage(format!(
+                    "{name} (--{}) must be at least 1 (leave it out for all)",
+                    name.replace('_', "-")
+                )));
+            }
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(Error::Usage(format!(
+                "dropout is {}: it must be in [0, 1)",
+                self.dropout
+            )));
+        }
         match self.model_config(self.vocab_size) {
             MtModelConfig::Transformer(c) => c.validate()?,
             MtModelConfig::Rnn(c) => c.validate().map_err(Error::Usage)?,
@@ -888,6 +923,9 @@ pub struct LoadedMt {
     pub model_config: MtModelConfig,
     /// The run's tokenizer (`tokenizer.json`), for both languages.
     pub tokenizer: Subword,
+    /// What the front end should tell the user about where the weights came from: set
+    /// when there is no `best.safetensors` yet and the checkpoint's weights are used.
+    pub note: Option<String>,
 }
 
 /// Loads a run's best weights (or its latest checkpoint's, before the first epoch ends).
@@ -911,19 +949,16 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
     }
     let tokenizer = Subword::load(&tokenizer_path(run))?;
     let config = MtTrainConfig::from_toml_file(&config_path(run))?;
-    let path = if best_path(run).exists() {
-        best_path(run)
-    } else {
-        checkpoint_path(run)
-    };
+    let (path, note) = runner::weights_file(run);
     if !path.exists() {
         return Err(Error::Usage(format!(
             "{}: no best.safetensors or checkpoint.safetensors yet",
             run.display()
         )));
     }
+    let advise = |e| runner::with_fallback_advice(e, run, &path);
     let (tensors, model_config) = if path == best_path(run) {
-        let (tensors, meta) = load_tagged(&path, WEIGHTS_FORMAT, device)?;
+        let (tensors, meta) = load_tagged(&path, WEIGHTS_FORMAT, device).map_err(advise)?;
         (tensors, meta_json(&path, &meta, "model")?)
     } else {
         let (mut tensors, _) = load_tagged(&path, CHECKPOINT_FORMAT, device)?;
@@ -943,6 +978,7 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
         config,
         model_config,
         tokenizer,
+        note,
     })
 }
 

@@ -141,7 +141,7 @@ pub fn resume_config<C: Serialize + serde::de::DeserializeOwned>(
             };
         } else {
             conflicts.push(format!(
-                "  {} = {} (the run's {}: {})",
+                "  {}: {} (the run has {} = {})",
                 g.from,
                 show(new.as_ref()),
                 g.key,
@@ -355,6 +355,46 @@ pub fn save_tagged(
     let mut m: HashMap<String, String> = meta.into_iter().map(|(k, v)| (k.into(), v)).collect();
     m.insert("format".into(), format.into());
     checkpoint::save(path, tensors, m)
+}
+
+/// The weights file a trained model is loaded from: `best.safetensors`, or, before the
+/// first epoch has ended, the latest checkpoint, with a note saying so (for the front end
+/// to print). A damaged `best.safetensors` is never skipped for the checkpoint silently:
+/// [`with_fallback_advice`] says how to use the checkpoint instead.
+pub fn weights_file(run: &Path) -> (PathBuf, Option<String>) {
+    if best_path(run).exists() {
+        (best_path(run), None)
+    } else {
+        (
+            checkpoint_path(run),
+            Some(format!(
+                "{} has no best.safetensors (one is written when the first epoch ends): using \
+                 the latest checkpoint's weights, checkpoint.safetensors",
+                run.display()
+            )),
+        )
+    }
+}
+
+/// `e`, an error loading `path` (a run's weights file), with what to fall back to when the
+/// file is `best.safetensors` and the run has a checkpoint.
+pub fn with_fallback_advice(e: Error, run: &Path, path: &Path) -> Error {
+    match e {
+        Error::Checkpoint { path: p, msg }
+            if path == best_path(run) && checkpoint_path(run).exists() =>
+        {
+            Error::Checkpoint {
+                msg: format!(
+                    "{msg}; to use the run's latest checkpoint instead, move this file aside \
+                     (mv {} {}.damaged)",
+                    p.display(),
+                    p.display()
+                ),
+                path: p,
+            }
+        }
+        e => e,
+    }
 }
 
 /// Loads a file of tensors and checks its format tag; a file of another task says so.
@@ -638,7 +678,21 @@ impl Saved {
     /// Loads `run`'s checkpoint, checks its tag, and parses its state.
     pub fn load(run: &Path, format: &str, device: &Device) -> Result<Self> {
         let path = checkpoint_path(run);
-        let (tensors, meta) = load_tagged(&path, format, device)?;
+        let (tensors, meta) = load_tagged(&path, format, device).map_err(|e| match e {
+            Error::Checkpoint { path, msg } => Error::Checkpoint {
+                msg: format!(
+                    "{msg}; the run cannot resume from it{}",
+                    if best_path(run).exists() {
+                        " (its best weights, best.safetensors, still translate and evaluate): \
+                         restore the file from a copy, or start a new run with another --out"
+                    } else {
+                        ": restore the file from a copy, or start a new run with another --out"
+                    }
+                ),
+                path,
+            },
+            e => e,
+        })?;
         let state = meta_json(&path, &meta, "state")?;
         Ok(Self {
             tensors,

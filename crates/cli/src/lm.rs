@@ -297,7 +297,8 @@ fn write_picture(path: &Path, flag: &str, text: &str, set: &viz::AttentionSet) -
             set.tgt_out_tokens.len()
         );
     }
-    std::fs::write(path, text).with_context(|| format!("{flag} {}: cannot write it", path.display()))?;
+    std::fs::write(path, text)
+        .with_context(|| format!("{flag} {}: cannot write it", path.display()))?;
     eprintln!("wrote {}", path.display());
     Ok(())
 }
@@ -564,10 +565,7 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 args.top_k != Some(0),
                 "--top-k must be at least 1 (1 = greedy; leave it out to sample from every token)"
             );
-            anyhow::ensure!(
-                args.max_tokens >= 1,
-                "--max-tokens must be at least 1"
-            );
+            anyhow::ensure!(args.max_tokens >= 1, "--max-tokens must be at least 1");
             let loaded = lm::load_run(&args.run, &device)?;
             warn_note(&loaded.note);
             let prompt: Vec<u32> = loaded.vocab.encode(basic_english(&args.prompt));

@@ -405,11 +405,9 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 mt::MtModelConfig::Rnn(_) => (1, 1),
             };
             args.picture.check_against(layers, heads)?;
-            for t in mt::over_long_lines(
-                &run.model,
-                &run.tokenizer,
-                std::slice::from_ref(&args.src),
-            ) {
+            for t in
+                mt::over_long_lines(&run.model, &run.tokenizer, std::slice::from_ref(&args.src))
+            {
                 eprintln!("warning: --src {t}");
             }
             let set = mt::attention_set(&run, &args.src, &opts, &device)?;
@@ -468,9 +466,10 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 Some(p) if p.is_dir() => {
                     bail!("--hyp-out {} is a directory: name a file", p.display())
                 }
-                Some(p) => Some(std::fs::File::create(p).with_context(|| {
-                    format!("--hyp-out {}: cannot write it", p.display())
-                })?),
+                Some(p) => Some(
+                    std::fs::File::create(p)
+                        .with_context(|| format!("--hyp-out {}: cannot write it", p.display()))?,
+                ),
                 None => None,
             };
             let (run, opts) = load(&args.decode, &device)?;

@@ -357,7 +357,8 @@ pub fn beam_search<M: StepModel>(
             while end < rows.len() && rows[end].sentence == sentence {
                 end += 1;
             }
-            let at_limit = rows[start].tokens.len() >= output_limit(model, opts, src_lens[sentence]);
+            let at_limit =
+                rows[start].tokens.len() >= output_limit(model, opts, src_lens[sentence]);
             if at_limit {
                 // The length limit: every live hypothesis ends here, `<eos>` forced.
                 for (r, row) in rows.iter().enumerate().take(end).skip(start) {

@@ -162,7 +162,22 @@ pub fn load(
         safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let views = st.tensors();
-    // Files written before checksums existed have none: they load as they always did.
+    // Files written before checksums existed have none: they load as they always did. Their
+    // metadata holds only the keys below, none of which a few flipped bits turn the
+    // checksum's key into (all are of other lengths): a file without a checksum and with
+    // another key is a damaged one.
+    const BEFORE_CHECKSUMS: [&str; 5] = ["format", "state", "config", "model", "adam_step"];
+    if !meta.contains_key(CHECKSUM_KEY) {
+        if let Some(k) = meta
+            .keys()
+            .find(|k| !BEFORE_CHECKSUMS.contains(&k.as_str()))
+        {
+            return Err(bad(format!(
+                "its metadata has no checksum but a key {k:?} that files without one never \
+                 have: the file is damaged"
+            )));
+        }
+    }
     if let Some(want) = meta.get(CHECKSUM_KEY) {
         let got = checksum(
             views

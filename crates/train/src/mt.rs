@@ -447,7 +447,10 @@ impl MtTrainConfig {
     /// Checks the model configuration and that counts are positive and rates in range.
     pub fn validate(&self) -> Result<()> {
         self.validate_decoding()?;
-        for (name, v) in [("max_batches", self.max_batches), ("max_valid", self.max_valid)] {
+        for (name, v) in [
+            ("max_batches", self.max_batches),
+            ("max_valid", self.max_valid),
+        ] {
             if v == Some(0) {
                 return Err(Error::Usage(format!(
                     "{name} (--{}) must be at least 1 (leave it out for all)",

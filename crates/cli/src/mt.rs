@@ -177,6 +177,12 @@ pub struct TrainArgs {
     /// Batches per epoch at most (quick runs).
     #[arg(long)]
     max_batches: Option<usize>,
+    /// Print and record the mean training loss every N batches [default: 50]
+    #[arg(long)]
+    log_interval: Option<usize>,
+    /// Write a resumable checkpoint every N batches, and at every epoch end [default: 200]
+    #[arg(long)]
+    checkpoint_interval: Option<usize>,
     /// Validate on the first N sentences only (quick runs).
     #[arg(long)]
     max_valid: Option<usize>,
@@ -252,6 +258,8 @@ impl TrainArgs {
             lr_factor,
             epochs,
             max_tokens,
+            log_interval,
+            checkpoint_interval,
             beam,
             seed,
             average_decay,

@@ -54,10 +54,16 @@ pub struct TrainArgs {
     /// Run directory for config, vocabulary, checkpoints, metrics and the loss plot.
     #[arg(long, default_value = "runs/lm")]
     out: PathBuf,
-    /// Continue the run in --out from its last checkpoint, exactly where it stopped.
+    /// Continue the run in --out from its last checkpoint, exactly where it stopped, from any
+    /// directory. Flags given with it may change --epochs, --max-batches, --log-interval,
+    /// --checkpoint-interval and --data; the others are the run's own, and changing them is an
+    /// error that lists them.
     #[arg(long)]
     resume: bool,
-    /// TOML file with any of the settings below (keys as the flags, with underscores).
+    /// TOML file with any of the settings below: the keys are the flags' names with
+    /// underscores (emsize = 200, eval_batch_size = 10), except --no-precision-check
+    /// (measure_precision = false). A run's own config.toml is such a file. Flags override
+    /// the file.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Stop after this many steps in this invocation (continue later with --resume).
@@ -76,16 +82,16 @@ pub struct TrainArgs {
     #[arg(long)]
     nhead: Option<usize>,
     /// Dropout probability [default: 0.2]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     dropout: Option<f64>,
     /// SGD learning rate [default: 5.0]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr: Option<f64>,
     /// Learning-rate decay per epoch (StepLR) [default: 0.95]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     gamma: Option<f64>,
     /// Gradient-norm clipping threshold [default: 0.5]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     clip: Option<f64>,
     /// Epochs [default: 3]
     #[arg(long)]
@@ -135,7 +141,7 @@ pub struct TrainArgs {
     /// weights at every epoch end; the better of the two by validation loss is the best
     /// model (training itself is the tutorial's either way). 0 = no average, the tutorial's
     /// read-out alone [default: 0.999]
-    #[arg(long, value_name = "DECAY")]
+    #[arg(long, value_name = "DECAY", allow_negative_numbers = true)]
     average_decay: Option<f64>,
 }
 
@@ -317,19 +323,22 @@ impl PictureArgs {
 
 #[derive(Args)]
 pub struct GenerateArgs {
+    /// Run directory of a trained (or imported) model.
     #[arg(long)]
     run: PathBuf,
     /// Text to continue (tokenized like the training data; unknown words become <unk>).
     #[arg(long)]
     prompt: String,
+    /// Tokens to generate (the prompt and these must fit the model's positions).
     #[arg(long, default_value_t = 50)]
     max_tokens: usize,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long, default_value_t = 1.0)]
+    /// Sampling temperature, at least 0; 0 = greedy.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     temperature: f64,
-    /// Sample among the K most likely tokens only.
+    /// Sample among the K most likely tokens only (K at least 1).
     #[arg(long)]
     top_k: Option<usize>,
+    /// Seed of the sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }

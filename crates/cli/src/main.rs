@@ -171,6 +171,7 @@ enum Preset {
 
 #[derive(clap::Args)]
 struct InfoArgs {
+    /// The configuration to start from; the flags below override single values.
     #[arg(long, value_enum, default_value_t = Preset::Base)]
     preset: Preset,
     /// Override d_model.
@@ -388,4 +389,32 @@ fn info(args: InfoArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every option of every subcommand says what it is in `--help`.
+    #[test]
+    fn every_option_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} --{id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "transformer", &mut missing);
+        assert!(missing.is_empty(), "options without help: {missing:#?}");
+    }
 }

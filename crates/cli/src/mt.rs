@@ -95,22 +95,35 @@ pub struct TrainArgs {
     /// Training target sentences, line i translating line i of --train-src.
     #[arg(long)]
     train_tgt: Option<PathBuf>,
+    /// Validation source sentences, one per line: loss, perplexity and BLEU every epoch choose
+    /// the best model.
     #[arg(long)]
     valid_src: Option<PathBuf>,
+    /// Validation target sentences, line i translating line i of --valid-src.
     #[arg(long)]
     valid_tgt: Option<PathBuf>,
-    /// Test files: scored with beam search by the best model at the end.
+    /// Test source sentences: translated with beam search by the best model at the end
+    /// (into test.hyp in the run directory) and scored.
     #[arg(long)]
     test_src: Option<PathBuf>,
+    /// Test target sentences, line i translating line i of --test-src.
     #[arg(long)]
     test_tgt: Option<PathBuf>,
     /// Run directory for config, tokenizer, checkpoints, metrics and the loss plot.
     #[arg(long, default_value = "runs/mt")]
     out: PathBuf,
-    /// Continue the run in --out from its last checkpoint.
+    /// Continue the run in --out from its last checkpoint, from any directory. Flags given
+    /// with it may change how long the run trains (--epochs, --max-batches), what it logs and
+    /// validates, how it decodes the test set, and where its data lies; the model, tokenizer,
+    /// optimizer and seed are the run's own, and changing them is an error that lists them.
     #[arg(long)]
     resume: bool,
-    /// TOML file with any of the settings (keys as the flags, with underscores).
+    /// TOML file with any of the settings: the keys are the flags' names with underscores
+    /// (d_model = 256, train_src = "train.de"), except --layers (encoder_layers and
+    /// decoder_layers), --no-share-embeddings (share_embeddings = false),
+    /// --no-precision-check (measure_precision = false) and --preset (no key); keys without a
+    /// flag: clip, max_sentence_tokens, length_penalty, max_len_a, max_len_b. A run's own
+    /// config.toml is such a file. Flags override the file.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Stop after this many steps in this invocation (continue later with --resume).
@@ -157,16 +170,16 @@ pub struct TrainArgs {
     #[arg(long)]
     dim_feedforward: Option<usize>,
     /// Dropout [default: 0.1]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     dropout: Option<f64>,
     /// Label smoothing [default: 0.1]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     label_smoothing: Option<f64>,
     /// Warm-up steps of the learning-rate schedule [default: 400]
     #[arg(long)]
     warmup: Option<usize>,
     /// Multiplies the schedule's learning rate [default: 0.4]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr_factor: Option<f64>,
     /// Epochs [default: 20]
     #[arg(long)]
@@ -194,7 +207,7 @@ pub struct TrainArgs {
     seed: Option<u64>,
     /// Decay per step of a moving average of the weights, validated beside the trained
     /// weights every epoch (the better by BLEU is kept); 0 turns it off [default: 0.999]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     average_decay: Option<f64>,
     /// The output layer's products in training: f32, or bf16 (mixed precision on the AMX
     /// units or AVX512-BF16). A fresh run times the output layer both ways first and trains
@@ -320,14 +333,17 @@ pub struct DecodeArgs {
     /// Beam size (1 = greedy) [default: the run's, 5]
     #[arg(long)]
     beam: Option<usize>,
-    /// Longest output: A * source tokens + B [default: the run's, 1.2]
-    #[arg(long)]
+    /// Longest output: A * source tokens + B, A at least 0, and never more than the model's
+    /// positions (1,023 tokens); a source longer than the model takes is translated from its
+    /// first 1,023 tokens, with a warning naming the line [default: the run's, 1.2]
+    #[arg(long, allow_negative_numbers = true)]
     max_len_a: Option<f64>,
     /// See --max-len-a [default: the run's, 10]
     #[arg(long)]
     max_len_b: Option<usize>,
-    /// Beam scores are divided by length^P (0 = raw log-probabilities) [default: the run's, 1.0]
-    #[arg(long)]
+    /// Beam scores are divided by length^P, P at least 0 (0 = raw log-probabilities)
+    /// [default: the run's, 1.0]
+    #[arg(long, allow_negative_numbers = true)]
     length_penalty: Option<f64>,
 }
 

@@ -151,7 +151,7 @@ impl TrainArgs {
     fn resolve(&self) -> Result<(LmTrainConfig, Vec<Given>)> {
         let mut given = Vec::new();
         let mut c = match &self.config {
-            Some(p) => LmTrainConfig::from_toml_file(p)?,
+            Some(p) => LmTrainConfig::from_toml_file(p).context("--config")?,
             None => LmTrainConfig::default(),
         };
         macro_rules! set {
@@ -497,7 +497,8 @@ pub fn run(cmd: LmCommand) -> Result<()> {
             );
             let loaded = lm::load_run(&args.run, &device)?;
             warn_note(&loaded.note);
-            let r = lm::evaluate_file(&loaded, &args.text, args.batch_size, args.bptt, &device)?;
+            let r = lm::evaluate_file(&loaded, &args.text, args.batch_size, args.bptt, &device)
+                .context("--text")?;
             if args.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {

@@ -227,7 +227,7 @@ impl TrainArgs {
     fn resolve(&self) -> Result<(MtTrainConfig, Vec<Given>)> {
         let mut given = Vec::new();
         let mut c = match &self.config {
-            Some(p) => MtTrainConfig::from_toml_file(p)?,
+            Some(p) => MtTrainConfig::from_toml_file(p).context("--config")?,
             None => MtTrainConfig::default(),
         };
         if let Some(p) = self.preset {
@@ -497,8 +497,8 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 None => None,
             };
             let (run, opts) = load(&args.decode, &device)?;
-            let src = read_lines(&args.src)?;
-            let refs = read_lines(&args.reference)?;
+            let src = read_lines(&args.src).context("--src")?;
+            let refs = read_lines(&args.reference).context("--ref")?;
             if src.len() != refs.len() {
                 bail!(
                     "{} has {} lines but {} has {}: line i of the references must translate line i of the source",

@@ -316,9 +316,11 @@ pub fn open_run_dir(run: &Path, resume: bool) -> Result<(bool, RunLock)> {
             run.display()
         )));
     }
-    std::fs::create_dir_all(run).map_err(|source| Error::Io {
-        path: run.into(),
-        source,
+    std::fs::create_dir_all(run).map_err(|e| {
+        Error::Usage(format!(
+            "--out {}: cannot create the run directory ({e}): choose another --out",
+            run.display()
+        ))
     })?;
     let lock = RunLock::acquire(run)?;
     let has_checkpoint = checkpoint_path(run).exists();

@@ -275,3 +275,61 @@ fn damaged_run_directories_are_errors_never_panics() {
         std::fs::write(&path, &good).unwrap();
     }
 }
+
+/// The length rule of translation: a source longer than the model takes is cut to it (and
+/// named), no output is longer than the model can write, and the other sentences of the job
+/// translate as they do alone; the loss of an over-long pair is scored on its first positions.
+#[test]
+fn over_long_sources_are_cut_to_the_model_and_the_job_goes_on() {
+    let dev = Device::Cpu;
+    let pb = ParamBuilder::new(DType::F32, &dev, 3);
+    let cfg = Seq2SeqConfig {
+        transformer: TransformerConfig {
+            max_len: 16,
+            ..TransformerConfig::tiny()
+        },
+        src_vocab: 12,
+        tgt_vocab: 12,
+        share_embeddings: true,
+    };
+    let model = mt::MtModel::build(&pb, &mt::MtModelConfig::Transformer(cfg)).unwrap();
+    let long: Vec<u32> = (0..40).map(|i| 4 + i % 8).collect();
+    let src = vec![vec![5u32, 6, 7], long.clone(), vec![8, 9]];
+    assert_eq!(
+        mt::over_long(&model, &src),
+        vec![mt::Truncated {
+            index: 1,
+            tokens: 40,
+            kept: 15
+        }]
+    );
+    let run_cfg = mt::MtTrainConfig {
+        max_len_a: 3.0,
+        max_len_b: 5,
+        ..mt::MtTrainConfig::default()
+    };
+    for beam in [1, 3] {
+        let opts = run_cfg.decode_options(beam);
+        let hyps = mt::translate_ids(&model, &src, &opts, &dev, |_, _| {}).unwrap();
+        assert_eq!(hyps.len(), 3);
+        assert!(hyps.iter().all(|h| h.tokens.len() <= 15), "{hyps:?}");
+        for (i, s) in [(0, &src[0]), (2, &src[2])] {
+            let alone =
+                mt::translate_ids(&model, std::slice::from_ref(s), &opts, &dev, |_, _| {}).unwrap();
+            assert_eq!(alone[0].tokens, hyps[i].tokens);
+        }
+        let cut =
+            mt::translate_ids(&model, &[long[..15].to_vec()], &opts, &dev, |_, _| {}).unwrap();
+        assert_eq!(cut[0].tokens, hyps[1].tokens);
+    }
+    let data = mt::EncodedSplit {
+        pairs: transformer_text::parallel::Pairs {
+            src: vec![String::new(); 3],
+            tgt: vec![String::new(); 3],
+        },
+        src: src.clone(),
+        tgt: vec![vec![4, 5], long.clone(), vec![6]],
+    };
+    let loss = mt::evaluate_loss(&model, &data, 4096, &dev).unwrap();
+    assert!(loss.is_finite() && loss > 0.0);
+}

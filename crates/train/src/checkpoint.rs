@@ -50,7 +50,8 @@ fn tmp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// The metadata key of a file's checksum ([`checksum`]).
+/// The metadata key of a file's checksum: a 64-bit hash of its tensors and other metadata,
+/// written by [`save`] and verified by [`load`].
 pub const CHECKSUM_KEY: &str = "checksum";
 /// The checksum's prefix, naming its function.
 const CHECKSUM_PREFIX: &str = "mix64:";

@@ -290,6 +290,9 @@ impl RunLock {
                     }
                 )));
             }
+            // A file system without locks: the run goes on unlocked, as it always did.
+            Err(std::fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
+            }
             Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
         file.set_len(0).map_err(io)?;

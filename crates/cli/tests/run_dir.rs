@@ -341,6 +341,24 @@ fn bad_input_and_damage_never_pass_silently() {
     assert_eq!(v["sentences"], 3);
     assert!(v["loss"].as_f64().unwrap().is_finite());
 
+    // A long sentence's attention page is written, with a warning about its size.
+    let page = dir.join("page.html");
+    let o = run({
+        let mut c = bin();
+        c.args(["mt", "attention", "--run", r, "--beam", "1", "--src"])
+            .arg(long[..300].join(" "))
+            .arg("--html")
+            .arg(&page);
+        c
+    });
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("warning: --html") && err.contains(" MB "),
+        "{err}"
+    );
+    assert!(std::fs::metadata(&page).unwrap().len() > 8 << 20);
+
     // Values that make no sense are refused, before any long work, naming the flag.
     let a_file = dir.join("test.de");
     let a_file = a_file.to_str().unwrap();
@@ -528,7 +546,7 @@ fn ctrl_c_exits_130_after_its_checkpoint_and_closed_pipes_exit_0() {
     write_corpus(&dir, 1);
     let out = dir.join("run");
     let mut c = train(&dir, &out, &[]);
-    c.env("TRANSFORMER_TEST_STEP_DELAY_MS", "40")
+    c.env("TRANSFORMER_TEST_STEP_DELAY_MS", "100")
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let child = c.spawn().unwrap();

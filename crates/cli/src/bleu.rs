@@ -19,7 +19,7 @@ use transformer_text::score::{
                   the convention of torchtext's bleu_score behind the PyTorch translation \
                   tutorial's published scores), labelled as such.\n\n\
                   Examples:\n  \
-                  transformer bleu --hyp runs/mt/test.hyp.en --ref test.en\n  \
+                  transformer bleu --hyp runs/mt/test.hyp --ref ../shared/data/multi30k/task1/raw/test_2016_flickr.en.gz\n  \
                   transformer bleu --hyp out.txt --ref ref.txt --tokenize intl --json\n\n\
                   The first two lines are those of \
                   `sacrebleu ref.txt -i out.txt -m bleu chrf -w 2 -f text` (without its \

@@ -5,7 +5,7 @@ use candle_core::{DType, Device, Tensor};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use transformer_decode::Sampling;
@@ -13,6 +13,7 @@ use transformer_model::kernels::Precision;
 use transformer_model::Rng;
 use transformer_text::basic_english;
 use transformer_train::lm::{self, LmTrainConfig, Progress, TrainOptions};
+use transformer_train::runner::Given;
 use transformer_train::viz;
 
 #[derive(Subcommand)]
@@ -53,10 +54,16 @@ pub struct TrainArgs {
     /// Run directory for config, vocabulary, checkpoints, metrics and the loss plot.
     #[arg(long, default_value = "runs/lm")]
     out: PathBuf,
-    /// Continue the run in --out from its last checkpoint, exactly where it stopped.
+    /// Continue the run in --out from its last checkpoint, exactly where it stopped, from any
+    /// directory. Flags given with it may change --epochs, --max-batches, --log-interval,
+    /// --checkpoint-interval and --data; the others are the run's own, and changing them is an
+    /// error that lists them.
     #[arg(long)]
     resume: bool,
-    /// TOML file with any of the settings below (keys as the flags, with underscores).
+    /// TOML file with any of the settings below: the keys are the flags' names with
+    /// underscores (emsize = 200, eval_batch_size = 10), except --no-precision-check
+    /// (measure_precision = false). A run's own config.toml is such a file. Flags override
+    /// the file.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Stop after this many steps in this invocation (continue later with --resume).
@@ -75,16 +82,16 @@ pub struct TrainArgs {
     #[arg(long)]
     nhead: Option<usize>,
     /// Dropout probability [default: 0.2]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     dropout: Option<f64>,
     /// SGD learning rate [default: 5.0]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr: Option<f64>,
     /// Learning-rate decay per epoch (StepLR) [default: 0.95]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     gamma: Option<f64>,
     /// Gradient-norm clipping threshold [default: 0.5]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     clip: Option<f64>,
     /// Epochs [default: 3]
     #[arg(long)]
@@ -134,18 +141,24 @@ pub struct TrainArgs {
     /// weights at every epoch end; the better of the two by validation loss is the best
     /// model (training itself is the tutorial's either way). 0 = no average, the tutorial's
     /// read-out alone [default: 0.999]
-    #[arg(long, value_name = "DECAY")]
+    #[arg(long, value_name = "DECAY", allow_negative_numbers = true)]
     average_decay: Option<f64>,
 }
 
 impl TrainArgs {
-    fn resolve(&self) -> Result<LmTrainConfig> {
+    /// The configuration these arguments ask for, and the settings they give explicitly
+    /// (flags first, then the keys of --config), which a resumed run checks against its own.
+    fn resolve(&self) -> Result<(LmTrainConfig, Vec<Given>)> {
+        let mut given = Vec::new();
         let mut c = match &self.config {
-            Some(p) => LmTrainConfig::from_toml_file(p)?,
+            Some(p) => LmTrainConfig::from_toml_file(p).context("--config")?,
             None => LmTrainConfig::default(),
         };
         macro_rules! set {
-            ($($f:ident),*) => { $( if let Some(v) = self.$f { c.$f = v; } )* };
+            ($($f:ident),*) => { $( if let Some(v) = self.$f {
+                c.$f = v;
+                given.push(Given::new(stringify!($f), format!("--{}", stringify!($f).replace('_', "-"))));
+            } )* };
         }
         set!(
             emsize,
@@ -168,21 +181,32 @@ impl TrainArgs {
         );
         if self.tie_weights {
             c.tie_weights = true;
+            given.push(Given::new("tie_weights", "--tie-weights"));
         }
         if self.no_precision_check {
             c.measure_precision = false;
+            given.push(Given::new("measure_precision", "--no-precision-check"));
         }
         if self.eos_per_line {
             c.eos_per_line = true;
+            given.push(Given::new("eos_per_line", "--eos-per-line"));
         }
         if self.max_batches.is_some() {
             c.max_batches = self.max_batches;
+            given.push(Given::new("max_batches", "--max-batches"));
         }
         if self.data.is_some() {
             c.data = self.data.clone();
+            given.push(Given::new("data", "--data"));
         }
-        c.validate()?;
-        Ok(c)
+        if let Some(p) = &self.config {
+            given.extend(Given::from_config_file(p)?);
+        }
+        // A resumed run checks the settings against its own first, then validates the result.
+        if !self.resume {
+            c.validate()?;
+        }
+        Ok((c, given))
     }
 }
 
@@ -255,14 +279,43 @@ impl PictureArgs {
     /// Writes `map` to `--out` and the explorer page of `set` to `--html`, where given.
     pub fn write(&self, map: Option<&viz::Heatmap>, set: &viz::AttentionSet) -> Result<()> {
         if let (Some(p), Some(map)) = (&self.out, map) {
-            std::fs::write(p, viz::heatmap_svg(map))
-                .with_context(|| format!("writing {}", p.display()))?;
-            eprintln!("wrote {}", p.display());
+            write_picture(p, "--out", &viz::heatmap_svg(map), set)?;
         }
         if let Some(p) = &self.html {
-            std::fs::write(p, viz::attention_html(set))
-                .with_context(|| format!("writing {}", p.display()))?;
-            eprintln!("wrote {}", p.display());
+            write_picture(p, "--html", &viz::attention_html(set), set)?;
+        }
+        Ok(())
+    }
+}
+
+/// Pictures above this size come with a warning: browsers slow down on them.
+const LARGE_PICTURE_BYTES: usize = 8 << 20;
+
+/// Writes a picture to `path` (from `flag`), warning when it is large.
+fn write_picture(path: &Path, flag: &str, text: &str, set: &viz::AttentionSet) -> Result<()> {
+    if text.len() > LARGE_PICTURE_BYTES {
+        eprintln!(
+            "warning: {flag} {}: {:.0} MB for {} source and {} output tokens; browsers are slow \
+             on pictures this large: a shorter text makes a smaller one",
+            path.display(),
+            text.len() as f64 / 1e6,
+            set.src_tokens.len(),
+            set.tgt_out_tokens.len()
+        );
+    }
+    std::fs::write(path, text)
+        .with_context(|| format!("{flag} {}: cannot write it", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+impl PictureArgs {
+    /// Checks --layer and --head against a model of `layers` layers of `heads` heads each
+    /// (before any long work).
+    pub fn check_against(&self, layers: usize, heads: usize) -> Result<()> {
+        let shape = vec![vec![Vec::new(); heads.max(1)]; layers];
+        if self.layer.is_some() || self.head.is_some() {
+            viz::select_map(&shape, self.layer, self.head).map_err(|e| anyhow::anyhow!("--{e}"))?;
         }
         Ok(())
     }
@@ -270,19 +323,22 @@ impl PictureArgs {
 
 #[derive(Args)]
 pub struct GenerateArgs {
+    /// Run directory of a trained (or imported) model.
     #[arg(long)]
     run: PathBuf,
     /// Text to continue (tokenized like the training data; unknown words become <unk>).
     #[arg(long)]
     prompt: String,
+    /// Tokens to generate (the prompt and these must fit the model's positions).
     #[arg(long, default_value_t = 50)]
     max_tokens: usize,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long, default_value_t = 1.0)]
+    /// Sampling temperature, at least 0; 0 = greedy.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     temperature: f64,
-    /// Sample among the K most likely tokens only.
+    /// Sample among the K most likely tokens only (K at least 1).
     #[arg(long)]
     top_k: Option<usize>,
+    /// Seed of the sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }
@@ -370,19 +426,40 @@ pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
     flag
 }
 
+/// Prints a loaded run's note (weights taken from the checkpoint) as a warning.
+pub(crate) fn warn_note(note: &Option<String>) {
+    if let Some(n) = note {
+        eprintln!("warning: {n}");
+    }
+}
+
+/// After a run stopped by Ctrl-C has saved its checkpoint: exits with status 130, as an
+/// interrupted command does.
+pub(crate) fn exit_if_interrupted(flag: &AtomicBool) {
+    if flag.load(Ordering::SeqCst) {
+        std::process::exit(130);
+    }
+}
+
 pub fn run(cmd: LmCommand) -> Result<()> {
     let device = Device::Cpu;
     match cmd {
         LmCommand::Train(args) => {
-            let config = args.resolve()?;
+            let (config, given) = args.resolve()?;
+            anyhow::ensure!(
+                args.max_steps != Some(0),
+                "--max-steps must be at least 1 (it stops this invocation after that many steps)"
+            );
+            let interrupt = interrupt_flag();
             let opts = TrainOptions {
                 config,
                 out: args.out.clone(),
                 resume: args.resume,
                 stop_after_steps: args.max_steps,
                 crash_after_steps: None,
-                interrupt: Some(interrupt_flag()),
+                interrupt: Some(interrupt.clone()),
                 device,
+                given,
             };
             let mut console = Console::new("batches");
             let summary = lm::train(&opts, &mut console);
@@ -411,10 +488,17 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 );
             }
             println!("run directory: {}", args.out.display());
+            exit_if_interrupted(&interrupt);
         }
         LmCommand::Eval(args) => {
+            anyhow::ensure!(
+                args.batch_size >= 1 && args.bptt >= 1,
+                "--batch-size and --bptt must be at least 1"
+            );
             let loaded = lm::load_run(&args.run, &device)?;
-            let r = lm::evaluate_file(&loaded, &args.text, args.batch_size, args.bptt, &device)?;
+            warn_note(&loaded.note);
+            let r = lm::evaluate_file(&loaded, &args.text, args.batch_size, args.bptt, &device)
+                .context("--text")?;
             if args.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -431,6 +515,8 @@ pub fn run(cmd: LmCommand) -> Result<()> {
             let pic = &args.picture;
             pic.check()?;
             let loaded = lm::load_run(&args.run, &device)?;
+            warn_note(&loaded.note);
+            pic.check_against(loaded.config.nlayers, loaded.config.nhead)?;
             let ids: Vec<u32> = loaded.vocab.encode(basic_english(&args.text));
             anyhow::ensure!(!ids.is_empty(), "the text has no tokens after tokenization");
             anyhow::ensure!(
@@ -479,7 +565,19 @@ pub fn run(cmd: LmCommand) -> Result<()> {
             pic.write(map.as_ref(), &set)?;
         }
         LmCommand::Generate(args) => {
+            anyhow::ensure!(
+                args.temperature.is_finite() && args.temperature >= 0.0,
+                "--temperature is {}: it must be a number at least 0 (0 = greedy, 1 = the \
+                 model's distribution)",
+                args.temperature
+            );
+            anyhow::ensure!(
+                args.top_k != Some(0),
+                "--top-k must be at least 1 (1 = greedy; leave it out to sample from every token)"
+            );
+            anyhow::ensure!(args.max_tokens >= 1, "--max-tokens must be at least 1");
             let loaded = lm::load_run(&args.run, &device)?;
+            warn_note(&loaded.note);
             let prompt: Vec<u32> = loaded.vocab.encode(basic_english(&args.prompt));
             anyhow::ensure!(
                 !prompt.is_empty(),

@@ -179,6 +179,7 @@ enum Preset {
 
 #[derive(clap::Args)]
 struct InfoArgs {
+    /// The configuration to start from; the flags below override single values.
     #[arg(long, value_enum, default_value_t = Preset::Base)]
     preset: Preset,
     /// Override d_model.
@@ -208,10 +209,60 @@ struct InfoArgs {
 fn main() {
     // Reuse freed step buffers; a shorter spin for candle's pool (see the module docs).
     transformer_train::runtime::configure();
+    quiet_on_closed_stdout();
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("error: {e:#}");
+        // Output into a closed pipe (`| head -1`): the reader has what it wanted.
+        if is_broken_pipe(&e) {
+            std::process::exit(0);
+        }
+        eprintln!("error: {}", said_once(&e));
         std::process::exit(1);
     }
+}
+
+/// Whether an io error of kind `BrokenPipe` is anywhere in the error's chain.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The error and its causes, `: `-separated, each said once: a cause whose text its
+/// parent's message already ends with (an OS error that a library error quotes) is skipped.
+fn said_once(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut last = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if !last.is_empty() && last.ends_with(&msg) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+        last = msg;
+    }
+    out
+}
+
+/// `println!` panics when stdout is a closed pipe; end quietly with status 0 instead, as
+/// for any other output cut short by its reader.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -277,6 +328,7 @@ fn copy(args: CopyArgs) -> Result<()> {
         crash_after_steps: None,
         interrupt: None,
         device: dev,
+        given: Vec::new(),
     };
     let start = Instant::now();
     let mut console = lm::Console::new("steps");
@@ -346,4 +398,32 @@ fn info(args: InfoArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every option of every subcommand says what it is in `--help`.
+    #[test]
+    fn every_option_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} --{id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "transformer", &mut missing);
+        assert!(missing.is_empty(), "options without help: {missing:#?}");
+    }
 }

@@ -1,6 +1,6 @@
 //! `transformer mt ...`: translation with an encoder-decoder Transformer.
 
-use crate::lm::{interrupt_flag, Console};
+use crate::lm::{exit_if_interrupted, interrupt_flag, Console};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Subcommand};
@@ -13,7 +13,7 @@ use transformer_text::score::chrf::{corpus_chrf, ChrfOptions};
 use transformer_train::mt::{
     self, Arch, Corpus, MtPreset, MtTrainConfig, MtTrainOptions, TokenizerKind,
 };
-use transformer_train::runner::Progress;
+use transformer_train::runner::{Given, Progress};
 use transformer_train::viz;
 
 #[derive(Subcommand)]
@@ -95,13 +95,18 @@ pub struct TrainArgs {
     /// Training target sentences, line i translating line i of --train-src.
     #[arg(long)]
     train_tgt: Option<PathBuf>,
+    /// Validation source sentences, one per line: loss, perplexity and BLEU every epoch choose
+    /// the best model.
     #[arg(long)]
     valid_src: Option<PathBuf>,
+    /// Validation target sentences, line i translating line i of --valid-src.
     #[arg(long)]
     valid_tgt: Option<PathBuf>,
-    /// Test files: scored with beam search by the best model at the end.
+    /// Test source sentences: translated with beam search by the best model at the end
+    /// (into test.hyp in the run directory) and scored.
     #[arg(long)]
     test_src: Option<PathBuf>,
+    /// Test target sentences, line i translating line i of --test-src.
     #[arg(long)]
     test_tgt: Option<PathBuf>,
     /// The source language's code, recorded in the run for `transformer serve` (ISO 639-1,
@@ -114,10 +119,18 @@ pub struct TrainArgs {
     /// Run directory for config, tokenizer, checkpoints, metrics and the loss plot.
     #[arg(long, default_value = "runs/mt")]
     out: PathBuf,
-    /// Continue the run in --out from its last checkpoint.
+    /// Continue the run in --out from its last checkpoint, from any directory. Flags given
+    /// with it may change how long the run trains (--epochs, --max-batches), what it logs and
+    /// validates, how it decodes the test set, and where its data lies; the model, tokenizer,
+    /// optimizer and seed are the run's own, and changing them is an error that lists them.
     #[arg(long)]
     resume: bool,
-    /// TOML file with any of the settings (keys as the flags, with underscores).
+    /// TOML file with any of the settings: the keys are the flags' names with underscores
+    /// (d_model = 256, train_src = "train.de"), except --layers (encoder_layers and
+    /// decoder_layers), --no-share-embeddings (share_embeddings = false),
+    /// --no-precision-check (measure_precision = false) and --preset (no key); keys without a
+    /// flag: clip, max_sentence_tokens, length_penalty, max_len_a, max_len_b. A run's own
+    /// config.toml is such a file. Flags override the file.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Stop after this many steps in this invocation (continue later with --resume).
@@ -164,16 +177,16 @@ pub struct TrainArgs {
     #[arg(long)]
     dim_feedforward: Option<usize>,
     /// Dropout [default: 0.1]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     dropout: Option<f64>,
     /// Label smoothing [default: 0.1]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     label_smoothing: Option<f64>,
     /// Warm-up steps of the learning-rate schedule [default: 400]
     #[arg(long)]
     warmup: Option<usize>,
     /// Multiplies the schedule's learning rate [default: 0.4]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr_factor: Option<f64>,
     /// Epochs [default: 20]
     #[arg(long)]
@@ -184,6 +197,12 @@ pub struct TrainArgs {
     /// Batches per epoch at most (quick runs).
     #[arg(long)]
     max_batches: Option<usize>,
+    /// Print and record the mean training loss every N batches [default: 50]
+    #[arg(long)]
+    log_interval: Option<usize>,
+    /// Write a resumable checkpoint every N batches, and at every epoch end [default: 200]
+    #[arg(long)]
+    checkpoint_interval: Option<usize>,
     /// Validate on the first N sentences only (quick runs).
     #[arg(long)]
     max_valid: Option<usize>,
@@ -195,7 +214,7 @@ pub struct TrainArgs {
     seed: Option<u64>,
     /// Decay per step of a moving average of the weights, validated beside the trained
     /// weights every epoch (the better by BLEU is kept); 0 turns it off [default: 0.999]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     average_decay: Option<f64>,
     /// The output layer's products in training: f32, or bf16 (mixed precision on the AMX
     /// units or AVX512-BF16). A fresh run times the output layer both ways first and trains
@@ -210,22 +229,40 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    fn resolve(&self) -> Result<MtTrainConfig> {
+    /// The configuration these arguments ask for, and the settings they give explicitly
+    /// (flags first, then the keys of --config), which a resumed run checks against its own.
+    fn resolve(&self) -> Result<(MtTrainConfig, Vec<Given>)> {
+        let mut given = Vec::new();
         let mut c = match &self.config {
-            Some(p) => MtTrainConfig::from_toml_file(p)?,
+            Some(p) => MtTrainConfig::from_toml_file(p).context("--config")?,
             None => MtTrainConfig::default(),
         };
         if let Some(p) = self.preset {
             c.apply_preset(p);
+            for key in [
+                "d_model",
+                "nhead",
+                "encoder_layers",
+                "decoder_layers",
+                "dim_feedforward",
+                "dropout",
+            ] {
+                given.push(Given::new(key, "--preset"));
+            }
         }
         if self.norm_first {
             c.norm_first = true;
+            given.push(Given::new("norm_first", "--norm-first"));
         }
         if self.no_precision_check {
             c.measure_precision = false;
+            given.push(Given::new("measure_precision", "--no-precision-check"));
         }
         macro_rules! set {
-            ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v.into(); } )* };
+            ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() {
+                c.$f = v.into();
+                given.push(Given::new(stringify!($f), format!("--{}", stringify!($f).replace('_', "-"))));
+            } )* };
         }
         set!(
             arch,
@@ -241,26 +278,30 @@ impl TrainArgs {
             lr_factor,
             epochs,
             max_tokens,
+            log_interval,
+            checkpoint_interval,
             beam,
             seed,
             average_decay,
             precision
         );
-        for (dst, src) in [
-            (&mut c.train_src, &self.train_src),
-            (&mut c.train_tgt, &self.train_tgt),
-            (&mut c.valid_src, &self.valid_src),
-            (&mut c.valid_tgt, &self.valid_tgt),
-            (&mut c.test_src, &self.test_src),
-            (&mut c.test_tgt, &self.test_tgt),
-            (&mut c.data, &self.data),
+        for (key, dst, src) in [
+            ("train_src", &mut c.train_src, &self.train_src),
+            ("train_tgt", &mut c.train_tgt, &self.train_tgt),
+            ("valid_src", &mut c.valid_src, &self.valid_src),
+            ("valid_tgt", &mut c.valid_tgt, &self.valid_tgt),
+            ("test_src", &mut c.test_src, &self.test_src),
+            ("test_tgt", &mut c.test_tgt, &self.test_tgt),
+            ("data", &mut c.data, &self.data),
         ] {
             if src.is_some() {
                 dst.clone_from(src);
+                given.push(Given::new(key, format!("--{}", key.replace('_', "-"))));
             }
         }
         if self.corpus.is_some() {
             c.corpus = self.corpus;
+            given.push(Given::new("corpus", "--corpus"));
         }
         if self.src_lang.is_some() {
             c.src_lang.clone_from(&self.src_lang);
@@ -271,18 +312,29 @@ impl TrainArgs {
         if let Some(l) = self.layers {
             c.encoder_layers = l;
             c.decoder_layers = l;
+            given.push(Given::new("encoder_layers", "--layers"));
+            given.push(Given::new("decoder_layers", "--layers"));
         }
         if self.no_share_embeddings {
             c.share_embeddings = false;
+            given.push(Given::new("share_embeddings", "--no-share-embeddings"));
         }
         if self.max_batches.is_some() {
             c.max_batches = self.max_batches;
+            given.push(Given::new("max_batches", "--max-batches"));
         }
         if self.max_valid.is_some() {
             c.max_valid = self.max_valid;
+            given.push(Given::new("max_valid", "--max-valid"));
         }
-        c.validate()?;
-        Ok(c)
+        if let Some(p) = &self.config {
+            given.extend(Given::from_config_file(p)?);
+        }
+        // A resumed run checks the settings against its own first, then validates the result.
+        if !self.resume {
+            c.validate()?;
+        }
+        Ok((c, given))
     }
 }
 
@@ -294,14 +346,17 @@ pub struct DecodeArgs {
     /// Beam size (1 = greedy) [default: the run's, 5]
     #[arg(long)]
     beam: Option<usize>,
-    /// Longest output: A * source tokens + B [default: the run's, 1.2]
-    #[arg(long)]
+    /// Longest output: A * source tokens + B, A at least 0, and never more than the model's
+    /// positions (1,023 tokens); a source longer than the model takes is translated from its
+    /// first 1,023 tokens, with a warning naming the line [default: the run's, 1.2]
+    #[arg(long, allow_negative_numbers = true)]
     max_len_a: Option<f64>,
     /// See --max-len-a [default: the run's, 10]
     #[arg(long)]
     max_len_b: Option<usize>,
-    /// Beam scores are divided by length^P (0 = raw log-probabilities) [default: the run's, 1.0]
-    #[arg(long)]
+    /// Beam scores are divided by length^P, P at least 0 (0 = raw log-probabilities)
+    /// [default: the run's, 1.0]
+    #[arg(long, allow_negative_numbers = true)]
     length_penalty: Option<f64>,
 }
 
@@ -337,6 +392,7 @@ fn load(
     device: &Device,
 ) -> Result<(mt::LoadedMt, transformer_decode::DecodeOptions)> {
     let run = mt::load_run(&args.run, device)?;
+    crate::lm::warn_note(&run.note);
     let mut c = run.config.clone();
     if let Some(a) = args.max_len_a {
         c.max_len_a = a;
@@ -351,6 +407,7 @@ fn load(
     if beam == 0 {
         bail!("--beam must be at least 1 (1 = greedy)");
     }
+    c.validate_decoding()?;
     let opts = c.decode_options(beam);
     Ok((run, opts))
 }
@@ -361,6 +418,9 @@ fn translate_with_bar(
     opts: &transformer_decode::DecodeOptions,
     device: &Device,
 ) -> Result<Vec<String>> {
+    for t in mt::over_long_lines(&run.model, &run.tokenizer, lines) {
+        eprintln!("warning: {t}");
+    }
     let mut console = Console::new("sentences");
     let out = mt::translate_lines(&run.model, &run.tokenizer, lines, opts, device, |d, t| {
         console.batch(0, d, t)
@@ -393,6 +453,13 @@ fn translate_stream(args: &TranslateArgs, device: &Device) -> Result<()> {
             break;
         }
         let before = reader.lines_read() - lines.len();
+        for t in mt::over_long_lines(&run.model, &run.tokenizer, &lines) {
+            let t = mt::Truncated {
+                index: before + t.index,
+                ..t
+            };
+            eprintln!("warning: {t}");
+        }
         let out =
             mt::translate_lines(&run.model, &run.tokenizer, &lines, &opts, device, |d, _| {
                 if let Some(t) = total {
@@ -423,6 +490,18 @@ pub fn run(cmd: MtCommand) -> Result<()> {
         MtCommand::Attention(args) => {
             args.picture.check()?;
             let (run, opts) = load(&args.decode, &device)?;
+            let (layers, heads) = match &run.model_config {
+                mt::MtModelConfig::Transformer(c) => {
+                    (c.transformer.num_decoder_layers, c.transformer.nhead)
+                }
+                mt::MtModelConfig::Rnn(_) => (1, 1),
+            };
+            args.picture.check_against(layers, heads)?;
+            for t in
+                mt::over_long_lines(&run.model, &run.tokenizer, std::slice::from_ref(&args.src))
+            {
+                eprintln!("warning: --src {t}");
+            }
             let set = mt::attention_set(&run, &args.src, &opts, &device)?;
             println!("{}", set.translation);
             let pic = &args.picture;
@@ -433,32 +512,50 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             pic.write(map.as_ref(), &set)?;
         }
         MtCommand::Train(args) => {
-            let config = args.resolve()?;
+            let (config, given) = args.resolve()?;
+            anyhow::ensure!(
+                args.max_steps != Some(0),
+                "--max-steps must be at least 1 (it stops this invocation after that many steps)"
+            );
+            let interrupt = interrupt_flag();
             let opts = MtTrainOptions {
                 config,
                 out: args.out.clone(),
                 resume: args.resume,
                 stop_after_steps: args.max_steps,
                 crash_after_steps: None,
-                interrupt: Some(interrupt_flag()),
+                interrupt: Some(interrupt.clone()),
                 device,
+                given,
             };
             let mut console = Console::new("batches");
             let summary = mt::train(&opts, &mut console)?;
             console.finish();
-            if summary.state.epoch <= opts.config.epochs && !summary.state.finished {
+            if !summary.state.finished {
                 println!(
                     "stopped after {} steps; continue with: transformer mt train --out {} --resume",
                     summary.state.step,
                     args.out.display()
                 );
             }
+            exit_if_interrupted(&interrupt);
         }
         MtCommand::Translate(args) => translate_stream(&args, &device)?,
         MtCommand::Eval(args) => {
+            // The output file is checked before any translating.
+            let hyp_file = match &args.hyp_out {
+                Some(p) if p.is_dir() => {
+                    bail!("--hyp-out {} is a directory: name a file", p.display())
+                }
+                Some(p) => Some(
+                    std::fs::File::create(p)
+                        .with_context(|| format!("--hyp-out {}: cannot write it", p.display()))?,
+                ),
+                None => None,
+            };
             let (run, opts) = load(&args.decode, &device)?;
-            let src = read_lines(&args.src)?;
-            let refs = read_lines(&args.reference)?;
+            let src = read_lines(&args.src).context("--src")?;
+            let refs = read_lines(&args.reference).context("--ref")?;
             if src.len() != refs.len() {
                 bail!(
                     "{} has {} lines but {} has {}: line i of the references must translate line i of the source",
@@ -471,9 +568,9 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             let t = Instant::now();
             let hyps = translate_with_bar(&run, &src, &opts, &device)?;
             let secs = t.elapsed().as_secs_f64();
-            if let Some(p) = &args.hyp_out {
-                std::fs::write(p, hyps.join("\n") + "\n")
-                    .with_context(|| format!("cannot write {}", p.display()))?;
+            if let (Some(mut f), Some(p)) = (hyp_file, &args.hyp_out) {
+                f.write_all((hyps.join("\n") + "\n").as_bytes())
+                    .with_context(|| format!("--hyp-out {}: cannot write it", p.display()))?;
             }
             let data = mt::EncodedSplit::encode(
                 transformer_text::parallel::Pairs {

@@ -144,6 +144,13 @@ impl Row {
 /// Feeds every row's last token (`<bos>` first) and returns the step's output (read its
 /// log-probabilities with [`LogProbs::new`]) and, when asked for, each row's attention
 /// (flattened).
+/// The most tokens (before `<eos>`) for a source of `src_len` tokens: the options' limit,
+/// capped at what the model can produce ([`StepModel::max_output_len`]).
+fn output_limit<M: StepModel>(model: &M, opts: &DecodeOptions, src_len: usize) -> usize {
+    let limit = opts.max_len(src_len);
+    model.max_output_len().map_or(limit, |m| limit.min(m))
+}
+
 fn next_step<M: StepModel>(
     model: &M,
     state: &mut M::State,
@@ -254,7 +261,7 @@ fn pick_each_step<M: StepModel>(
                 row.attention.push(a[i].clone());
             }
             // At the length limit `<eos>` is forced.
-            let at_limit = row.tokens.len() >= opts.max_len(src_lens[row.sentence]);
+            let at_limit = row.tokens.len() >= output_limit(model, opts, src_lens[row.sentence]);
             let tok = if at_limit {
                 opts.eos
             } else {
@@ -368,7 +375,8 @@ pub fn beam_search_nbest<M: StepModel>(
             while end < rows.len() && rows[end].sentence == sentence {
                 end += 1;
             }
-            let at_limit = rows[start].tokens.len() >= opts.max_len(src_lens[sentence]);
+            let at_limit =
+                rows[start].tokens.len() >= output_limit(model, opts, src_lens[sentence]);
             if at_limit {
                 // The length limit: every live hypothesis ends here, `<eos>` forced.
                 for (r, row) in rows.iter().enumerate().take(end).skip(start) {

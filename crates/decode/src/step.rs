@@ -43,6 +43,13 @@ pub trait StepModel {
     fn step(&self, state: &mut Self::State, tokens: &[u32], attention: bool) -> Result<StepOutput>;
     /// Keeps rows `rows` of the state, in that order.
     fn select_rows(&self, state: &mut Self::State, rows: &[u32]) -> Result<()>;
+    /// The longest output the model can produce, whatever the length limit of
+    /// [`crate::DecodeOptions`] says (`None`: no limit). A Transformer's decoder sees `<bos>`
+    /// and every output token at its own position, so it makes at most its positional
+    /// encoding's length minus one; the searches end every hypothesis there.
+    fn max_output_len(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Stacks each layer's encoder-decoder weights of one position: (B, H, 1, S) per layer ->
@@ -58,6 +65,10 @@ fn stack_cross(weights: &[transformer_model::decoder::DecoderWeights]) -> Result
 /// The Transformer with its key/value caches ([`Seq2Seq::start`], [`Seq2Seq::step`]).
 impl StepModel for Seq2Seq {
     type State = DecodeState;
+
+    fn max_output_len(&self) -> Option<usize> {
+        Some(self.max_positions().saturating_sub(1))
+    }
 
     fn start(&self, src: &Tensor, pad: u32) -> Result<DecodeState> {
         Seq2Seq::start(self, src, pad)
@@ -127,6 +138,10 @@ pub struct RecomputeState {
 
 impl StepModel for Recompute<'_> {
     type State = RecomputeState;
+
+    fn max_output_len(&self) -> Option<usize> {
+        StepModel::max_output_len(self.0)
+    }
 
     fn start(&self, src: &Tensor, pad: u32) -> Result<RecomputeState> {
         let mask = Mask::key_padding_from_ids(src, pad)?;

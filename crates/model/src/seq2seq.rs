@@ -336,6 +336,12 @@ impl Seq2Seq {
         })
     }
 
+    /// Positions the positional encoding covers: the longest sequence (source with its
+    /// `<eos>`, or target with its `<bos>`) the model takes.
+    pub fn max_positions(&self) -> usize {
+        self.pos_encoder.max_len()
+    }
+
     /// The device the weights live on.
     pub fn device(&self) -> candle_core::Device {
         self.generator.weight().device().clone()

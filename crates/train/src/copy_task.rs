@@ -292,7 +292,7 @@ pub fn train(
 ) -> Result<CopySummary> {
     let run = &opts.out;
     let dev = &opts.device;
-    let resuming = open_run_dir(run, opts.resume)?;
+    let (resuming, _lock) = open_run_dir(run, opts.resume)?;
     let (cfg, saved) = if resuming {
         let saved = Saved::load(run, CHECKPOINT_FORMAT, dev)?;
         let cfg: CopyTaskConfig = toml::from_str(saved.config_text(run)?).map_err(|e| {

@@ -119,6 +119,18 @@ pub struct LmTrainConfig {
 /// tutorial's three epochs, so longer horizons lag behind it.
 pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
 
+/// The settings a resumed run may change ([`crate::runner::resume_config`]): how long it
+/// trains, what it logs and checkpoints, and where its data lies. The rest (the model, the
+/// optimizer, the batches, the seed) are the run's own.
+pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
+    "epochs",
+    "max_batches",
+    "log_interval",
+    "checkpoint_interval",
+    "data",
+    "measure_precision",
+];
+
 /// What `--precision bf16` runs in bf16, as the log says it (the encoder layers stay f32, so
 /// that the language model's bf16 arithmetic is the output layer's alone).
 const BF16_COVERS: &str = "the output layer's products";
@@ -179,6 +191,17 @@ impl LmTrainConfig {
     /// Checks the model sizes and that counts are positive and rates in range.
     pub fn validate(&self) -> Result<()> {
         self.model(1).validate()?;
+        if self.max_batches == Some(0) {
+            return Err(Error::Usage(
+                "max_batches (--max-batches) must be at least 1 (leave it out for all)".into(),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(Error::Usage(format!(
+                "dropout is {}: it must be in [0, 1)",
+                self.dropout
+            )));
+        }
         for (name, v) in [
             ("epochs", self.epochs),
             ("batch_size", self.batch_size),
@@ -412,6 +435,9 @@ pub struct LoadedLm {
     /// How the run's text was read (its `config.toml`; the newer tutorial's where there is
     /// none, as for imported models).
     pub line_end: LineEnd,
+    /// What the front end should tell the user about where the weights came from: set
+    /// when there is no `best.safetensors` yet and the checkpoint's weights are used.
+    pub note: Option<String>,
 }
 
 /// Loads the model of the run directory `run` onto `device`: see [`LoadedLm`].
@@ -428,10 +454,11 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedLm> {
     } else {
         LineEnd::Dropped
     };
-    let (path, format) = if best_path(run).exists() {
-        (best_path(run), WEIGHTS_FORMAT)
+    let (path, note) = runner::weights_file(run);
+    let format = if note.is_none() {
+        WEIGHTS_FORMAT
     } else {
-        (checkpoint_path(run), CHECKPOINT_FORMAT)
+        CHECKPOINT_FORMAT
     };
     if !path.exists() {
         return Err(Error::Usage(format!(
@@ -439,13 +466,15 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedLm> {
             run.display()
         )));
     }
-    let (model, params, config) = load_model(&path, format, vocab.len(), device)?;
+    let (model, params, config) = load_model(&path, format, vocab.len(), device)
+        .map_err(|e| runner::with_fallback_advice(e, run, &path))?;
     Ok(LoadedLm {
         model,
         params,
         config,
         vocab,
         line_end,
+        note,
     })
 }
 
@@ -676,7 +705,9 @@ impl Task for LmTask {
 pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary> {
     let run = &opts.out;
     let dev = &opts.device;
-    let resuming = open_run_dir(run, opts.resume)?;
+    let (resuming, _lock) = open_run_dir(run, opts.resume)?;
+    let mut asked = opts.config.clone();
+    asked.data = asked.data.as_deref().map(runner::absolute);
 
     // Configuration, vocabulary and checkpoint: fresh or from the checkpoint.
     let (cfg, vocab, saved) = if resuming {
@@ -690,9 +721,18 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         if predates_averaging(text) {
             cfg.average_decay = 0.0;
         }
+        let (cfg, notes) =
+            runner::resume_config(run, &cfg, &asked, &opts.given, MAY_CHANGE_ON_RESUME)?;
+        for n in &notes {
+            progress.line(n);
+        }
+        runner::check_recorded_paths(run, &[("data", &cfg.data)], &opts.given)?;
+        if !notes.is_empty() {
+            checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+        }
         (cfg, Some(Vocab::load(&vocab_path(run))?), Some(saved))
     } else {
-        (opts.config.clone(), None, None)
+        (asked, None, None)
     };
     cfg.validate()?;
     let data_dir = cfg.data.clone().or_else(default_data_dir).ok_or_else(|| {
@@ -700,6 +740,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
             "no data: pass --data DIR (a folder with train.txt, valid.txt and test.txt, such as WikiText-2)".into(),
         )
     })?;
+    let data_dir = runner::absolute(&data_dir);
     let data = LmData::load(&data_dir, &cfg, vocab)?;
     let mut cfg = LmTrainConfig {
         data: Some(data_dir),

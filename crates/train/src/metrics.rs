@@ -140,6 +140,39 @@ pub fn read(path: &Path) -> Result<Vec<Metric>> {
         .collect()
 }
 
+/// The records (non-empty lines) of a metrics file; a missing file has none.
+pub fn count(path: &Path) -> Result<usize> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(t.lines().filter(|l| !l.trim().is_empty()).count()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(source) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Keeps only the first `records` records of a metrics file (what a checkpoint knew of), so
+/// that a resumed run writes every later record once. Lines are kept byte for byte.
+pub fn truncate_to(path: &Path, records: usize) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(source) => {
+            return Err(Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut kept = String::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()).take(records) {
+        kept.push_str(line);
+        kept.push('\n');
+    }
+    crate::checkpoint::write_atomic(path, kept.as_bytes())
+}
+
 /// Keeps only the metrics up to `step` (what a resumed run has not yet redone). The kept
 /// lines are written back as they were, so their numbers stay exact to the last digit (a
 /// parse and re-serialisation of a float can move it by an ulp).

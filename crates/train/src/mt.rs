@@ -211,6 +211,30 @@ impl std::str::FromStr for TokenizerKind {
 /// The default decay of the weight average.
 pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
 
+/// The settings a resumed run may change ([`crate::runner::resume_config`]): how long it
+/// trains, what it logs and checkpoints, how it validates and decodes the test set, and where
+/// its data lies. The rest (the model, the tokenizer, the optimizer, the batches, the seed)
+/// are the run's own.
+pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
+    "epochs",
+    "max_batches",
+    "max_valid",
+    "log_interval",
+    "checkpoint_interval",
+    "beam",
+    "length_penalty",
+    "max_len_a",
+    "max_len_b",
+    "data",
+    "train_src",
+    "train_tgt",
+    "valid_src",
+    "valid_tgt",
+    "test_src",
+    "test_tgt",
+    "measure_precision",
+];
+
 /// What `--precision bf16` runs in bf16, as the log says it: the output layer's products and,
 /// in the Transformer, the encoder and decoder layers' projection and feed-forward products
 /// (`EncoderLayerOptions::precision`), all on the same bf16 unit.
@@ -441,8 +465,46 @@ impl MtTrainConfig {
         }
     }
 
+    /// Checks the decoding settings: a length limit `max_len_a * source + max_len_b` with
+    /// `max_len_a` a number at least 0, and a finite length penalty at least 0.
+    pub fn validate_decoding(&self) -> Result<()> {
+        if !(self.max_len_a.is_finite() && self.max_len_a >= 0.0) {
+            return Err(Error::Usage(format!(
+                "max_len_a (--max-len-a) is {}: it must be a number at least 0 (outputs are at \
+                 most max_len_a * source tokens + max_len_b long)",
+                self.max_len_a
+            )));
+        }
+        if !(self.length_penalty.is_finite() && self.length_penalty >= 0.0) {
+            return Err(Error::Usage(format!(
+                "length_penalty (--length-penalty) is {}: it must be a number at least 0 \
+                 (0 = raw log-probabilities, 1 = per-token average)",
+                self.length_penalty
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks the model configuration and that counts are positive and rates in range.
     pub fn validate(&self) -> Result<()> {
+        self.validate_decoding()?;
+        for (name, v) in [
+            ("max_batches", self.max_batches),
+            ("max_valid", self.max_valid),
+        ] {
+            if v == Some(0) {
+                return Err(Error::Usage(format!(
+                    "{name} (--{}) must be at least 1 (leave it out for all)",
+                    name.replace('_', "-")
+                )));
+            }
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(Error::Usage(format!(
+                "dropout is {}: it must be in [0, 1)",
+                self.dropout
+            )));
+        }
         match self.model_config(self.vocab_size) {
             MtModelConfig::Transformer(c) => c.validate()?,
             MtModelConfig::Rnn(c) => c.validate().map_err(Error::Usage)?,
@@ -552,6 +614,25 @@ impl MtTrainConfig {
         Ok(files)
     }
 
+    /// Makes every file and folder the configuration names absolute, so that a run's
+    /// `config.toml` names them wherever the run is resumed from.
+    pub fn make_paths_absolute(&mut self) {
+        for p in [
+            &mut self.data,
+            &mut self.train_src,
+            &mut self.train_tgt,
+            &mut self.valid_src,
+            &mut self.valid_tgt,
+            &mut self.test_src,
+            &mut self.test_tgt,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *p = runner::absolute(p);
+        }
+    }
+
     /// Reads a TOML file of the same keys (any subset; the rest keep their defaults).
     pub fn from_toml_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
@@ -640,7 +721,11 @@ pub fn evaluate_loss(
 ) -> Result<f64> {
     let sp = transformer_text::Specials::FIXED;
     let all: Vec<usize> = (0..data.src.len()).collect();
-    let batches = pair_batches(&data.src, &data.tgt, &all, max_tokens, sp, 0);
+    // Sentences longer than the model takes are scored on their first positions (the length
+    // rule of `translate_ids`).
+    let max = max_source_tokens(model);
+    let (src, tgt) = (fit(&data.src, max), fit(&data.tgt, max));
+    let batches = pair_batches(&src, &tgt, &all, max_tokens, sp, 0);
     let (mut total, mut tokens) = (0.0, 0usize);
     for b in &batches {
         let (src, tgt_in, tgt_out) = batch_tensors(b, dev)?;
@@ -717,9 +802,80 @@ pub fn train_step(
 /// Decoder rows (sentences x beam) per batch when translating: [`translate_ids`]'s default.
 pub const DECODE_BATCH_ROWS: usize = 128;
 
+/// A source longer than the model takes, cut to fit by the length rule of [`translate_ids`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Truncated {
+    /// The source's index in the input (0-based; line `index + 1` of a file).
+    pub index: usize,
+    /// Its tokens.
+    pub tokens: usize,
+    /// The tokens translated: its first `kept`.
+    pub kept: usize,
+}
+
+impl std::fmt::Display for Truncated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "line {}: {} tokens, more than the model's {}: only its first {} tokens are \
+             translated (split the line to translate all of it)",
+            self.index + 1,
+            self.tokens,
+            self.kept,
+            self.kept
+        )
+    }
+}
+
+/// The most source tokens (without `<eos>`) `model` takes: its positions less one for
+/// `<eos>`; `None` for a model without a limit (the recurrent ones).
+pub fn max_source_tokens(model: &MtModel) -> Option<usize> {
+    model.max_positions().map(|p| p.saturating_sub(1))
+}
+
+/// The sources of `src` that the length rule of [`translate_ids`] cuts, in input order.
+pub fn over_long(model: &MtModel, src: &[Vec<u32>]) -> Vec<Truncated> {
+    let Some(max) = max_source_tokens(model) else {
+        return Vec::new();
+    };
+    src.iter()
+        .enumerate()
+        .filter(|(_, s)| s.len() > max)
+        .map(|(index, s)| Truncated {
+            index,
+            tokens: s.len(),
+            kept: max,
+        })
+        .collect()
+}
+
+/// The lines of `lines` that [`translate_lines`] cuts to fit the model (tokenized with
+/// `tok`), in input order: what a caller reports as warnings.
+pub fn over_long_lines(model: &MtModel, tok: &Subword, lines: &[String]) -> Vec<Truncated> {
+    let ids: Vec<Vec<u32>> = lines.iter().map(|l| tok.encode(l)).collect();
+    over_long(model, &ids)
+}
+
+/// `seqs` with every sequence longer than `max` tokens cut to its first `max` (borrowed when
+/// none is).
+fn fit(seqs: &[Vec<u32>], max: Option<usize>) -> std::borrow::Cow<'_, [Vec<u32>]> {
+    match max {
+        Some(m) if seqs.iter().any(|s| s.len() > m) => {
+            std::borrow::Cow::Owned(seqs.iter().map(|s| s[..s.len().min(m)].to_vec()).collect())
+        }
+        _ => std::borrow::Cow::Borrowed(seqs),
+    }
+}
+
 /// Translates token sequences in batches of at most [`DECODE_BATCH_ROWS`] decoder rows
 /// (greedy for beam 1, else beam search); returns one hypothesis per input, in input order.
 /// `on_batch(done, total)` reports progress.
+///
+/// The length rule: a Transformer takes at most its positions (1,024) less one tokens of
+/// source, so a longer source is translated from its first [`max_source_tokens`] tokens
+/// ([`over_long`] names them, for warnings), and no output is longer than the positions less
+/// one, whatever `max_len_a * source + max_len_b` says; every other sentence of the job is
+/// translated as usual.
 pub fn translate_ids(
     model: &MtModel,
     src: &[Vec<u32>],
@@ -759,6 +915,7 @@ pub fn translate_ids_nbest(
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<Vec<Vec<Hypothesis>>> {
     let sp = transformer_text::Specials::FIXED;
+    let src = &*fit(src, max_source_tokens(model));
     // Sentences per batch: beams multiply the decoder's rows.
     let max_rows = (batch_rows / opts.beam.max(1)).max(1);
     let groups = source_batches(src, 2048, max_rows);
@@ -786,7 +943,9 @@ pub fn translate_ids_nbest(
     Ok(out)
 }
 
-/// Translates sentences with a tokenizer; returns the detokenized outputs in order.
+/// Translates sentences with a tokenizer; returns the detokenized outputs in order. Lines
+/// longer than the model takes follow the length rule of [`translate_ids`]
+/// ([`over_long_lines`] names them).
 pub fn translate_lines(
     model: &MtModel,
     tok: &Subword,
@@ -840,6 +999,9 @@ pub struct LoadedMt {
     pub model_config: MtModelConfig,
     /// The run's tokenizer (`tokenizer.json`), for both languages.
     pub tokenizer: Subword,
+    /// What the front end should tell the user about where the weights came from: set
+    /// when there is no `best.safetensors` yet and the checkpoint's weights are used.
+    pub note: Option<String>,
 }
 
 /// Loads a run's best weights (or its latest checkpoint's, before the first epoch ends).
@@ -863,19 +1025,16 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
     }
     let tokenizer = Subword::load(&tokenizer_path(run))?;
     let config = MtTrainConfig::from_toml_file(&config_path(run))?;
-    let path = if best_path(run).exists() {
-        best_path(run)
-    } else {
-        checkpoint_path(run)
-    };
+    let (path, note) = runner::weights_file(run);
     if !path.exists() {
         return Err(Error::Usage(format!(
             "{}: no best.safetensors or checkpoint.safetensors yet",
             run.display()
         )));
     }
+    let advise = |e| runner::with_fallback_advice(e, run, &path);
     let (tensors, model_config) = if path == best_path(run) {
-        let (tensors, meta) = load_tagged(&path, WEIGHTS_FORMAT, device)?;
+        let (tensors, meta) = load_tagged(&path, WEIGHTS_FORMAT, device).map_err(advise)?;
         (tensors, meta_json(&path, &meta, "model")?)
     } else {
         let (mut tensors, _) = load_tagged(&path, CHECKPOINT_FORMAT, device)?;
@@ -895,6 +1054,7 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
         config,
         model_config,
         tokenizer,
+        note,
     })
 }
 
@@ -1144,7 +1304,9 @@ impl Task for MtTask {
 pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSummary> {
     let run = &opts.out;
     let dev = &opts.device;
-    let resuming = open_run_dir(run, opts.resume)?;
+    let (resuming, _lock) = open_run_dir(run, opts.resume)?;
+    let mut asked = opts.config.clone();
+    asked.make_paths_absolute();
 
     // Configuration, tokenizer and checkpoint: fresh or from the checkpoint.
     let (cfg, saved) = if resuming {
@@ -1158,9 +1320,30 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         if predates_averaging(text) {
             cfg.average_decay = 0.0;
         }
+        let (cfg, notes) =
+            runner::resume_config(run, &cfg, &asked, &opts.given, MAY_CHANGE_ON_RESUME)?;
+        for n in &notes {
+            progress.line(n);
+        }
+        runner::check_recorded_paths(
+            run,
+            &[
+                ("train_src", &cfg.train_src),
+                ("train_tgt", &cfg.train_tgt),
+                ("valid_src", &cfg.valid_src),
+                ("valid_tgt", &cfg.valid_tgt),
+                ("test_src", &cfg.test_src),
+                ("test_tgt", &cfg.test_tgt),
+                ("data", &cfg.data),
+            ],
+            &opts.given,
+        )?;
+        if !notes.is_empty() {
+            checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+        }
         (cfg, Some(saved))
     } else {
-        (opts.config.clone(), None)
+        (asked, None)
     };
     cfg.validate()?;
     let files = cfg.sources()?;
@@ -1325,8 +1508,11 @@ pub fn attention_set(
     dev: &Device,
 ) -> Result<crate::viz::AttentionSet> {
     let tok = &run.tokenizer;
-
-    let ids = tok.encode(sentence);
+    let mut ids = tok.encode(sentence);
+    // The length rule of `translate_ids` (the caller warns with `over_long_lines`).
+    if let Some(max) = max_source_tokens(&run.model) {
+        ids.truncate(max);
+    }
     if ids.is_empty() {
         return Err(Error::Usage(
             "the sentence has no tokens: give a sentence to translate".into(),

@@ -87,6 +87,15 @@ pub enum MtModel {
 }
 
 impl MtModel {
+    /// The longest sequence (with its `<eos>` or `<bos>`) the model takes: the Transformer's
+    /// positional encoding length; `None` for the recurrent models, which have no limit.
+    pub fn max_positions(&self) -> Option<usize> {
+        match self {
+            MtModel::Transformer(m) => Some(m.max_positions()),
+            MtModel::Rnn(_) => None,
+        }
+    }
+
     /// Builds the model `cfg` describes.
     pub fn build(pb: &ParamBuilder, cfg: &MtModelConfig) -> transformer_model::Result<Self> {
         Ok(match cfg {
@@ -155,6 +164,10 @@ pub enum MtState {
 impl StepModel for MtModel {
     type State = MtState;
 
+    fn max_output_len(&self) -> Option<usize> {
+        self.max_positions().map(|p| p.saturating_sub(1))
+    }
+
     fn start(&self, src: &Tensor, pad: u32) -> Result<MtState> {
         Ok(match self {
             MtModel::Transformer(m) => MtState::Transformer(StepModel::start(m, src, pad)?),
@@ -211,6 +224,10 @@ impl MtModel {
 
 impl StepModel for MtDecoder<'_> {
     type State = MtState;
+
+    fn max_output_len(&self) -> Option<usize> {
+        StepModel::max_output_len(self.model)
+    }
 
     fn start(&self, src: &Tensor, pad: u32) -> Result<MtState> {
         match (self.model, &self.prepared) {

@@ -13,6 +13,7 @@ use crate::metrics::{self, Metric, Weights};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -56,6 +57,148 @@ pub struct RunOptions<C> {
     pub interrupt: Option<Arc<AtomicBool>>,
     /// The device the model is built and trained on.
     pub device: Device,
+    /// The settings of `config` the user gave for this invocation (flags, keys of a
+    /// `--config` file), as opposed to defaults. On resume each is compared with the run's
+    /// own configuration: one that may change on resume takes effect and the log says so, one
+    /// that may not is an error ([`resume_config`]).
+    pub given: Vec<Given>,
+}
+
+/// A setting given for this invocation: its configuration key and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Given {
+    /// The configuration key (`d_model`).
+    pub key: String,
+    /// Where it was given, as the user wrote it (`--d-model`, `d_model in --config x.toml`).
+    pub from: String,
+}
+
+impl Given {
+    /// A setting given as the flag `from`.
+    pub fn new(key: &str, from: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            from: from.into(),
+        }
+    }
+
+    /// The keys of the TOML file `path` (a `--config` file), each given as `KEY in --config
+    /// PATH`.
+    pub fn from_config_file(path: &Path) -> Result<Vec<Given>> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.into(),
+            source,
+        })?;
+        let table: toml::Table = toml::from_str(&text).map_err(|e| Error::Config {
+            path: path.into(),
+            msg: e.to_string(),
+        })?;
+        Ok(table
+            .keys()
+            .map(|k| Given::new(k, format!("{k} in --config {}", path.display())))
+            .collect())
+    }
+}
+
+/// The configuration a resumed run continues with: the run's own (`saved`), with each
+/// setting of `given` taken from `asked` where it differs and `may_change` lists it (the log
+/// lines returned say what changed). A differing setting that may not change on resume is an
+/// error listing every such setting, the run's value and what to do.
+pub fn resume_config<C: Serialize + serde::de::DeserializeOwned>(
+    run: &Path,
+    saved: &C,
+    asked: &C,
+    given: &[Given],
+    may_change: &[&str],
+) -> Result<(C, Vec<String>)> {
+    let table = |c: &C| match toml::Value::try_from(c) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    };
+    let (mut merged, asked) = (table(saved), table(asked));
+    let show = |v: Option<&toml::Value>| v.map_or("none".to_string(), |v| v.to_string());
+    let (mut notes, mut conflicts) = (Vec::new(), Vec::new());
+    let mut seen = std::collections::HashSet::new();
+    for g in given {
+        if !seen.insert(&g.key) {
+            continue;
+        }
+        let (old, new) = (merged.get(&g.key).cloned(), asked.get(&g.key).cloned());
+        if old == new {
+            continue;
+        }
+        if may_change.contains(&g.key.as_str()) {
+            notes.push(format!(
+                "resume: {} changes {} from {} to {}",
+                g.from,
+                g.key,
+                show(old.as_ref()),
+                show(new.as_ref())
+            ));
+            match new {
+                Some(v) => merged.insert(g.key.clone(), v),
+                None => merged.remove(&g.key),
+            };
+        } else {
+            conflicts.push(format!(
+                "  {}: {} (the run has {} = {})",
+                g.from,
+                show(new.as_ref()),
+                g.key,
+                show(old.as_ref())
+            ));
+        }
+    }
+    if !conflicts.is_empty() {
+        return Err(Error::Usage(format!(
+            "{}: --resume continues the run as it was configured, and these settings cannot \
+             change on resume:\n{}\nDrop them (or give the run's values) to resume, or start a \
+             new run with another --out. What may change on resume: {}.",
+            run.display(),
+            conflicts.join("\n"),
+            may_change.join(", ")
+        )));
+    }
+    let c = toml::Value::Table(merged)
+        .try_into()
+        .map_err(|e: toml::de::Error| Error::Config {
+            path: config_path(run),
+            msg: e.to_string(),
+        })?;
+    Ok((c, notes))
+}
+
+/// `path` made absolute (canonical where it exists), so that a run's configuration names
+/// its files wherever the run is resumed from.
+pub fn absolute(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Checks, on resume, that the files a run's configuration names exist: `paths` are
+/// `(key, path)`; one missing and not given again for this invocation is an error that says
+/// it comes from the run's `config.toml` and how to point elsewhere.
+pub fn check_recorded_paths(
+    run: &Path,
+    paths: &[(&str, &Option<PathBuf>)],
+    given: &[Given],
+) -> Result<()> {
+    for (key, p) in paths {
+        let Some(p) = p else { continue };
+        if p.exists() || given.iter().any(|g| g.key == *key) {
+            continue;
+        }
+        return Err(Error::Usage(format!(
+            "{}: no such file or folder; the run's configuration ({}) names it as {key}: if it \
+             moved, pass --{} PATH again with --resume (the data's location may change on \
+             resume)",
+            p.display(),
+            config_path(run).display(),
+            key.replace('_', "-")
+        )));
+    }
+    Ok(())
 }
 
 impl<C> RunOptions<C> {
@@ -102,10 +245,87 @@ pub fn config_path(run: &Path) -> PathBuf {
     run.join("config.toml")
 }
 
-/// Checks `run` against `resume` and creates it; returns whether a checkpoint is resumed.
-/// Starting over a run, or resuming where there is nothing to resume, is an error that says
-/// what to do.
-pub fn open_run_dir(run: &Path, resume: bool) -> Result<bool> {
+/// The lock file of a run directory: held (an OS lock, released when the process ends,
+/// however it ends) by the training process using the directory, holding its process id.
+pub fn lock_path(run: &Path) -> PathBuf {
+    run.join("lock")
+}
+
+/// A run directory locked for one training process ([`open_run_dir`]); dropping it unlocks.
+#[derive(Debug)]
+pub struct RunLock {
+    _file: std::fs::File,
+}
+
+impl RunLock {
+    /// Locks the run directory `run` (which exists) or says which process holds it.
+    pub fn acquire(run: &Path) -> Result<Self> {
+        use std::io::{Read, Seek};
+        let path = lock_path(run);
+        let io = |source| Error::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                let pid = pid.trim();
+                return Err(Error::Usage(format!(
+                    "{} is in use by another training process{}: wait for it to end (or stop \
+                     it), or choose another --out",
+                    run.display(),
+                    if pid.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (pid {pid})")
+                    }
+                )));
+            }
+            // A file system without locks: the run goes on unlocked, as it always did.
+            Err(std::fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        file.set_len(0).map_err(io)?;
+        file.rewind().map_err(io)?;
+        writeln!(file, "{}", std::process::id()).map_err(io)?;
+        Ok(Self { _file: file })
+    }
+}
+
+/// Checks `run` against `resume`, creates it and locks it for this process ([`RunLock`]);
+/// returns whether a checkpoint is resumed, and the lock to hold while training. Starting
+/// over a run, resuming where there is nothing to resume, or a directory another process
+/// trains in, is an error that says what to do.
+pub fn open_run_dir(run: &Path, resume: bool) -> Result<(bool, RunLock)> {
+    if run.exists() && !run.is_dir() {
+        return Err(Error::Usage(format!(
+            "--out {} is a file, not a directory: choose another --out",
+            run.display()
+        )));
+    }
+    if resume && !run.is_dir() {
+        return Err(Error::Usage(format!(
+            "{}: no such run directory, so nothing to resume; start the run without --resume",
+            run.display()
+        )));
+    }
+    std::fs::create_dir_all(run).map_err(|e| {
+        Error::Usage(format!(
+            "--out {}: cannot create the run directory ({e}): choose another --out",
+            run.display()
+        ))
+    })?;
+    let lock = RunLock::acquire(run)?;
     let has_checkpoint = checkpoint_path(run).exists();
     if resume && !has_checkpoint {
         return Err(Error::Usage(format!(
@@ -119,11 +339,7 @@ pub fn open_run_dir(run: &Path, resume: bool) -> Result<bool> {
             run.display()
         )));
     }
-    std::fs::create_dir_all(run).map_err(|source| Error::Io {
-        path: run.into(),
-        source,
-    })?;
-    Ok(resume)
+    Ok((resume, lock))
 }
 
 /// The parameters as named tensors (what a weights file holds).
@@ -144,6 +360,46 @@ pub fn save_tagged(
     let mut m: HashMap<String, String> = meta.into_iter().map(|(k, v)| (k.into(), v)).collect();
     m.insert("format".into(), format.into());
     checkpoint::save(path, tensors, m)
+}
+
+/// The weights file a trained model is loaded from: `best.safetensors`, or, before the
+/// first epoch has ended, the latest checkpoint, with a note saying so (for the front end
+/// to print). A damaged `best.safetensors` is never skipped for the checkpoint silently:
+/// [`with_fallback_advice`] says how to use the checkpoint instead.
+pub fn weights_file(run: &Path) -> (PathBuf, Option<String>) {
+    if best_path(run).exists() {
+        (best_path(run), None)
+    } else {
+        (
+            checkpoint_path(run),
+            Some(format!(
+                "{} has no best.safetensors (one is written when the first epoch ends): using \
+                 the latest checkpoint's weights, checkpoint.safetensors",
+                run.display()
+            )),
+        )
+    }
+}
+
+/// `e`, an error loading `path` (a run's weights file), with what to fall back to when the
+/// file is `best.safetensors` and the run has a checkpoint.
+pub fn with_fallback_advice(e: Error, run: &Path, path: &Path) -> Error {
+    match e {
+        Error::Checkpoint { path: p, msg }
+            if path == best_path(run) && checkpoint_path(run).exists() =>
+        {
+            Error::Checkpoint {
+                msg: format!(
+                    "{msg}; to use the run's latest checkpoint instead, move this file aside \
+                     (mv {} {}.damaged)",
+                    p.display(),
+                    p.display()
+                ),
+                path: p,
+            }
+        }
+        e => e,
+    }
 }
 
 /// Loads a file of tensors and checks its format tag; a file of another task says so.
@@ -239,6 +495,10 @@ pub struct RunState {
     pub log_tokens: usize,
     /// Whether the test has been run.
     pub finished: bool,
+    /// The records `metrics.jsonl` held when the checkpoint was written: a resumed run
+    /// keeps exactly these and writes the rest again, whatever the moment it was stopped at.
+    #[serde(default)]
+    pub metrics_records: Option<usize>,
 }
 
 impl RunState {
@@ -258,6 +518,7 @@ impl RunState {
             log_batches: 0,
             log_tokens: 0,
             finished: false,
+            metrics_records: None,
         }
     }
 }
@@ -422,7 +683,21 @@ impl Saved {
     /// Loads `run`'s checkpoint, checks its tag, and parses its state.
     pub fn load(run: &Path, format: &str, device: &Device) -> Result<Self> {
         let path = checkpoint_path(run);
-        let (tensors, meta) = load_tagged(&path, format, device)?;
+        let (tensors, meta) = load_tagged(&path, format, device).map_err(|e| match e {
+            Error::Checkpoint { path, msg } => Error::Checkpoint {
+                msg: format!(
+                    "{msg}; the run cannot resume from it{}",
+                    if best_path(run).exists() {
+                        " (its best weights, best.safetensors, still translate and evaluate): \
+                         restore the file from a copy, or start a new run with another --out"
+                    } else {
+                        ": restore the file from a copy, or start a new run with another --out"
+                    }
+                ),
+                path,
+            },
+            e => e,
+        })?;
         let state = meta_json(&path, &meta, "state")?;
         Ok(Self {
             tensors,
@@ -464,8 +739,10 @@ fn save_run_checkpoint<T: Task>(
     run: &Path,
     task: &T,
     average: Option<&WeightAverage<T::Model>>,
-    state: &RunState,
+    state: &mut RunState,
 ) -> Result<()> {
+    state.metrics_records = Some(metrics::count(&metrics_path(run))?);
+    let state = &*state;
     let mut tensors = params_tensors(task.params());
     let (opt_tensors, opt_meta) = task.optimizer_state();
     tensors.extend(opt_tensors);
@@ -527,7 +804,27 @@ pub fn run<T: Task, C>(
                 msg: e.to_string(),
             })?;
         state = saved.state;
-        metrics::truncate_after(&metrics_path(run), state.step)?;
+        match state.metrics_records {
+            Some(n) => metrics::truncate_to(&metrics_path(run), n)?,
+            // Checkpoints written before the count was kept.
+            None => metrics::truncate_after(&metrics_path(run), state.step)?,
+        }
+        let done = state.epoch - 1;
+        if task.epochs() < done {
+            return Err(Error::Usage(format!(
+                "{}: the run has trained {done} epochs already: give --epochs {done} or more \
+                 to resume it",
+                run.display()
+            )));
+        }
+        if state.finished && state.epoch <= task.epochs() {
+            state.finished = false;
+            progress.line(&format!(
+                "resume: the run was finished after {done} epochs; training to epoch {}, \
+                 then testing again",
+                task.epochs()
+            ));
+        }
         progress.line(&format!(
             "resuming {} at epoch {} batch {} (step {})",
             run.display(),
@@ -555,7 +852,7 @@ pub fn run<T: Task, C>(
                 return Ok(stopped(state, step_losses));
             }
             if opts.stop_after_steps == Some(taken) || opts.interrupted() {
-                save_run_checkpoint(run, task, average.as_ref(), &state)?;
+                save_run_checkpoint(run, task, average.as_ref(), &mut state)?;
                 progress.line(&format!(
                     "stopped: checkpoint saved after step {}",
                     state.step
@@ -598,7 +895,7 @@ pub fn run<T: Task, C>(
             }
             let every = task.checkpoint_interval();
             if every > 0 && state.next_batch.is_multiple_of(every) {
-                save_run_checkpoint(run, task, average.as_ref(), &state)?;
+                save_run_checkpoint(run, task, average.as_ref(), &mut state)?;
             }
         }
 
@@ -655,7 +952,7 @@ pub fn run<T: Task, C>(
         state.log_nll_sum = 0.0;
         state.log_batches = 0;
         state.log_tokens = 0;
-        save_run_checkpoint(run, task, average.as_ref(), &state)?;
+        save_run_checkpoint(run, task, average.as_ref(), &mut state)?;
         metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
     }
 
@@ -665,7 +962,7 @@ pub fn run<T: Task, C>(
             metrics::append(&metrics_path(run), m)?;
         }
         state.finished = true;
-        save_run_checkpoint(run, task, average.as_ref(), &state)?;
+        save_run_checkpoint(run, task, average.as_ref(), &mut state)?;
     }
     metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
     Ok(RunSummary {

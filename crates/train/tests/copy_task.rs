@@ -23,6 +23,7 @@ fn opts(name: &str, resume: bool, stop: Option<usize>) -> RunOptions<CopyTaskCon
         crash_after_steps: None,
         interrupt: None,
         device: Device::Cpu,
+        given: Vec::new(),
     }
 }
 

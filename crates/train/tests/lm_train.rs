@@ -77,6 +77,7 @@ fn fresh(cfg: LmTrainConfig, out: PathBuf) -> TrainOptions {
         crash_after_steps: None,
         interrupt: None,
         device: Device::Cpu,
+        given: Vec::new(),
     }
 }
 
@@ -103,6 +104,7 @@ fn resumed_run_matches_uninterrupted_run() {
         crash_after_steps: stop,
         interrupt: None,
         device: Device::Cpu,
+        given: Vec::new(),
     };
 
     let straight = temp_dir("straight");
@@ -293,6 +295,7 @@ fn interrupt_checkpoints_the_exact_step() {
         crash_after_steps: None,
         interrupt: flag,
         device: Device::Cpu,
+        given: Vec::new(),
     };
     let straight = temp_dir("straight-int");
     let a = lm::train(&opts(straight.clone(), false, None), &mut Quiet).unwrap();
@@ -343,6 +346,7 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
             crash_after_steps: stop,
             interrupt: None,
             device: Device::Cpu,
+            given: Vec::new(),
         };
     let straight = temp_dir("bf16-straight");
     let a = lm::train(&opts(&cfg, straight.clone(), false, None), &mut Quiet).unwrap();
@@ -471,6 +475,7 @@ fn eos_per_line_runs_evaluate_their_own_way() {
         crash_after_steps: None,
         interrupt: None,
         device: Device::Cpu,
+        given: Vec::new(),
     };
     let summary = lm::train(&opts, &mut Quiet).unwrap();
     let loaded = lm::load_run(&run, &Device::Cpu).unwrap();

@@ -77,6 +77,7 @@ fn opts(cfg: &MtTrainConfig, out: &Path, resume: bool, stop: Option<usize>) -> M
         crash_after_steps: None,
         interrupt: None,
         device: candle_core::Device::Cpu,
+        given: Vec::new(),
     }
 }
 

@@ -1,0 +1,591 @@
+//! `transformer mt` under concurrent use, kills, moves, damage and bad input: one training
+//! process per run directory, every metrics record written once whatever the moment of a
+//! kill, resume from any directory honouring or refusing changed settings, damaged weights
+//! refused with the file named, one over-long line never sinking a job, values that make no
+//! sense refused, and the exit statuses of Ctrl-C and closed pipes.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_transformer"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("run-dir-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A toy language pair (each source word maps to one target word, order reversed) and a
+/// `config.toml` naming its files relative to `dir`: runs are started from `dir`.
+fn write_corpus(dir: &Path, epochs: usize) {
+    let src = [
+        "ein", "hund", "läuft", "schnell", "zwei", "katzen", "schlafen", "im", "haus",
+    ];
+    let tgt = [
+        "a", "dog", "runs", "fast", "two", "cats", "sleep", "in", "house",
+    ];
+    for (split, n) in [("train", 200), ("valid", 12), ("test", 12)] {
+        let (mut s, mut t) = (String::new(), String::new());
+        for i in 0..n {
+            let len = 2 + (i * 7 + split.len()) % 5;
+            let ids: Vec<usize> = (0..len).map(|j| (i * 13 + j * 5 + j * j) % 9).collect();
+            s += &(ids.iter().map(|&k| src[k]).collect::<Vec<_>>().join(" ") + " .\n");
+            t += &(ids
+                .iter()
+                .rev()
+                .map(|&k| tgt[k])
+                .collect::<Vec<_>>()
+                .join(" ")
+                + " .\n");
+        }
+        std::fs::write(dir.join(format!("{split}.de")), s).unwrap();
+        std::fs::write(dir.join(format!("{split}.en")), t).unwrap();
+    }
+    std::fs::write(
+        dir.join("config.toml"),
+        format!(
+            "train_src = \"train.de\"\ntrain_tgt = \"train.en\"\n\
+             valid_src = \"valid.de\"\nvalid_tgt = \"valid.en\"\n\
+             test_src = \"test.de\"\ntest_tgt = \"test.en\"\n\
+             vocab_size = 60\nd_model = 32\nnhead = 4\nencoder_layers = 2\n\
+             decoder_layers = 2\ndim_feedforward = 64\nwarmup = 30\nlr_factor = 0.1\n\
+             epochs = {epochs}\nmax_tokens = 160\nmax_batches = 10\nlog_interval = 4\n\
+             checkpoint_interval = 5\nbeam = 2\n"
+        ),
+    )
+    .unwrap();
+}
+
+/// `mt train --config config.toml --out OUT ARGS...`, started from `dir`.
+fn train(dir: &Path, out: &Path, args: &[&str]) -> Command {
+    let mut c = bin();
+    c.current_dir(dir)
+        .args(["mt", "train", "--config", "config.toml", "--out"])
+        .arg(out)
+        .args(args);
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    c.output().expect("runs")
+}
+
+fn spawn(mut c: Command) -> Child {
+    c.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts")
+}
+
+/// Every record of metrics.jsonl as (kind, step, epoch, weights, loss).
+fn records(run: &Path) -> Vec<(String, u64, u64, String, String)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["kind"].as_str().unwrap().to_string(),
+                v["step"].as_u64().unwrap(),
+                v["epoch"].as_u64().unwrap_or(0),
+                v["weights"].as_str().unwrap_or("").to_string(),
+                v["loss"].to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Asserts that no record of the run is there twice.
+fn assert_each_record_once(run: &Path) {
+    let r = records(run);
+    let keys: HashSet<_> = r.iter().map(|(k, s, e, w, _)| (k, s, e, w)).collect();
+    assert_eq!(keys.len(), r.len(), "a record written twice: {r:?}");
+}
+
+/// Waits until `f` holds (or panics after 60 s).
+fn wait_for(mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(60), "timed out");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_run_directory_has_one_training_process_at_a_time() {
+    let dir = temp_dir("lock");
+    write_corpus(&dir, 2);
+    let out = dir.join("run");
+    let mut slow = train(&dir, &out, &[]);
+    slow.env("TRANSFORMER_TEST_STEP_DELAY_MS", "40");
+    let mut first = spawn(slow);
+    let lock = out.join("lock");
+    wait_for(|| std::fs::read_to_string(&lock).is_ok_and(|s| !s.trim().is_empty()));
+    let pid = first.id().to_string();
+    // A second fresh run and a resume are refused at once, naming the holder.
+    for args in [&[][..], &["--resume"][..]] {
+        let o = run(train(&dir, &out, args));
+        assert_eq!(o.status.code(), Some(1));
+        let err = text(&o.stderr);
+        assert!(err.contains("in use") && err.contains(&pid), "{err}");
+    }
+    assert!(first.try_wait().unwrap().is_none(), "the first run goes on");
+    // A killed holder releases the lock: a resume takes over.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let resume = out.join("checkpoint.safetensors").exists();
+    let o = run(train(&dir, &out, if resume { &["--resume"] } else { &[] }));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_each_record_once(&out);
+}
+
+/// Kills the training at every moment it writes a file (each held 60 ms before its rename),
+/// resuming each time: the records are those of the uninterrupted run, each once.
+#[test]
+fn kills_at_every_save_point_leave_each_record_once() {
+    let dir = temp_dir("kills");
+    write_corpus(&dir, 2);
+    let whole = dir.join("whole");
+    let o = run(train(&dir, &whole, &[]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+
+    let out = dir.join("killed");
+    let mut killed_at = HashSet::new();
+    let mut finished = false;
+    for _ in 0..80 {
+        // Torn writes of earlier kills are left behind; clear them so that only this
+        // process's writes are seen.
+        if let Ok(entries) = std::fs::read_dir(&out) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().ends_with(".tmp") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let resume = out.join("checkpoint.safetensors").exists();
+        let mut c = train(&dir, &out, if resume { &["--resume"] } else { &[] });
+        c.env("TRANSFORMER_TEST_SAVE_DELAY_MS", "60");
+        let mut child = spawn(c);
+        let mut killed = false;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "a run failed instead of resuming");
+                finished = true;
+                break;
+            }
+            let tmp = std::fs::read_dir(&out).ok().and_then(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .find(|n| n.ends_with(".tmp"))
+            });
+            if let Some(name) = tmp {
+                let at = (name, records(&out).len());
+                if killed_at.insert(at) {
+                    child.kill().unwrap();
+                    child.wait().unwrap();
+                    killed = true;
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if finished && !killed {
+            break;
+        }
+    }
+    assert!(finished, "the run ends");
+    assert!(
+        killed_at
+            .iter()
+            .any(|(n, _)| n == "checkpoint.safetensors.tmp")
+            && killed_at.iter().any(|(n, _)| n == "best.safetensors.tmp"),
+        "{killed_at:?}"
+    );
+    assert_each_record_once(&out);
+    assert_eq!(records(&whole), records(&out));
+}
+
+#[test]
+fn resume_from_anywhere_honours_or_refuses_changed_settings() {
+    let dir = temp_dir("resume");
+    write_corpus(&dir, 2);
+    let out = dir.join("run");
+    let o = run(train(&dir, Path::new("run"), &["--max-steps", "3"]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(
+        config.contains(&format!(
+            "{}",
+            dir.canonicalize().unwrap().join("train.de").display()
+        )),
+        "paths are recorded absolute: {config}"
+    );
+
+    // From another directory, with more epochs and another log interval: both take effect.
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let resume = |args: &[&str]| {
+        let mut c = bin();
+        c.current_dir(&elsewhere)
+            .args(["mt", "train", "--resume", "--out"])
+            .arg(&out)
+            .args(args);
+        run(c)
+    };
+    let o = resume(&["--epochs", "3", "--log-interval", "2"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let log = text(&o.stdout);
+    assert!(
+        log.contains("resume: --epochs changes epochs from 2 to 3")
+            && log.contains("resume: --log-interval changes log_interval from 4 to 2"),
+        "{log}"
+    );
+    let r = records(&out);
+    assert!(r.iter().any(|(k, _, e, _, _)| k == "valid" && *e == 3));
+    assert_eq!(r.iter().filter(|(k, ..)| k == "test").count(), 1);
+    assert!(std::fs::read_to_string(out.join("config.toml"))
+        .unwrap()
+        .contains("epochs = 3"));
+
+    // Settings that are the run's own are refused, each named with the run's value, and
+    // nothing is trained.
+    let o = resume(&["--epochs", "4", "--d-model", "64", "--seed", "5"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("--d-model: 64 (the run has d_model = 32)")
+            && err.contains("--seed: 5 (the run has seed = 1)")
+            && !err.contains("--epochs:"),
+        "{err}"
+    );
+    assert_eq!(records(&out), r);
+    let o = resume(&["--epochs", "1"]);
+    assert!(text(&o.stderr).contains("trained 3 epochs already"));
+
+    // A recorded file that moved: the error says where the path comes from and the flag
+    // that points elsewhere; giving it resumes.
+    std::fs::rename(dir.join("train.de"), dir.join("moved.de")).unwrap();
+    let o = resume(&["--epochs", "4"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("train.de") && err.contains("config.toml") && err.contains("--train-src"),
+        "{err}"
+    );
+    let moved = dir.join("moved.de");
+    let o = resume(&["--epochs", "4", "--train-src", moved.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("resume: --train-src changes train_src"));
+    assert_each_record_once(&out);
+    assert_eq!(
+        records(&out).iter().filter(|(k, ..)| k == "test").count(),
+        2,
+        "tested after epoch 3 and again after epoch 4"
+    );
+}
+
+#[test]
+fn bad_input_and_damage_never_pass_silently() {
+    let dir = temp_dir("bad");
+    write_corpus(&dir, 1);
+    let runp = dir.join("run");
+    let o = run(train(&dir, &runp, &[]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r = runp.to_str().unwrap();
+
+    // One line far longer than the model takes among good ones: the job goes on, and a
+    // warning names the line.
+    let long: Vec<&str> = (0..1500)
+        .map(|i| ["ein", "hund", "katzen", "haus"][i % 4])
+        .collect();
+    let src = dir.join("long.de");
+    std::fs::write(
+        &src,
+        format!("ein hund .\n{}\nzwei katzen .\n", long.join(" ")),
+    )
+    .unwrap();
+    let refs = dir.join("long.en");
+    std::fs::write(&refs, format!("a dog .\n{}\ntwo cats .\n", long.join(" "))).unwrap();
+    let o = run({
+        let mut c = bin();
+        c.args(["mt", "translate", "--run", r, "--beam", "1", "--src"])
+            .arg(&src);
+        c
+    });
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).lines().count(), 3);
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("warning: line 2:") && err.contains("1023"),
+        "{err}"
+    );
+    let o = run({
+        let mut c = bin();
+        c.args(["mt", "eval", "--run", r, "--beam", "1", "--json", "--src"])
+            .arg(&src)
+            .arg("--ref")
+            .arg(&refs);
+        c
+    });
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["sentences"], 3);
+    assert!(v["loss"].as_f64().unwrap().is_finite());
+
+    // A long sentence's attention page is written, with a warning about its size.
+    let page = dir.join("page.html");
+    let o = run({
+        let mut c = bin();
+        c.args(["mt", "attention", "--run", r, "--beam", "1", "--src"])
+            .arg(long[..300].join(" "))
+            .arg("--html")
+            .arg(&page);
+        c
+    });
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("warning: --html") && err.contains(" MB "),
+        "{err}"
+    );
+    assert!(std::fs::metadata(&page).unwrap().len() > 8 << 20);
+
+    // Values that make no sense are refused, before any long work, naming the flag.
+    let a_file = dir.join("test.de");
+    let a_file = a_file.to_str().unwrap();
+    let d = dir.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["mt", "train", "--config", "config.toml", "--max-valid", "0"],
+            "--max-valid",
+        ),
+        (
+            vec![
+                "mt",
+                "train",
+                "--config",
+                "config.toml",
+                "--max-batches",
+                "0",
+            ],
+            "--max-batches",
+        ),
+        (
+            vec!["mt", "train", "--config", "config.toml", "--max-steps", "0"],
+            "--max-steps",
+        ),
+        (
+            vec!["mt", "train", "--config", "config.toml", "--out", a_file],
+            "is a file, not a directory",
+        ),
+        (vec!["lm", "train", "--max-batches", "0"], "--max-batches"),
+        (
+            vec![
+                "lm", "generate", "--run", r, "--prompt", "a", "--top-k", "0",
+            ],
+            "--top-k",
+        ),
+        (
+            vec![
+                "lm",
+                "generate",
+                "--run",
+                r,
+                "--prompt",
+                "a",
+                "--temperature=-1",
+            ],
+            "--temperature",
+        ),
+        (
+            vec![
+                "lm",
+                "generate",
+                "--run",
+                r,
+                "--prompt",
+                "a",
+                "--temperature",
+                "nan",
+            ],
+            "--temperature",
+        ),
+        (
+            vec!["lm", "eval", "--run", r, "--text", a_file, "--bptt", "0"],
+            "--bptt",
+        ),
+        (
+            vec!["mt", "translate", "--run", r, "--max-len-a=-1"],
+            "--max-len-a",
+        ),
+        (
+            vec!["mt", "translate", "--run", r, "--length-penalty", "nan"],
+            "--length-penalty",
+        ),
+        (
+            vec!["mt", "translate", "--run", r, "--length-penalty=-2"],
+            "--length-penalty",
+        ),
+        (vec!["mt", "translate", "--run", r, "--beam", "0"], "--beam"),
+        (
+            vec![
+                "mt",
+                "eval",
+                "--run",
+                r,
+                "--src",
+                a_file,
+                "--ref",
+                a_file,
+                "--hyp-out",
+                d,
+            ],
+            "--hyp-out",
+        ),
+        (
+            vec![
+                "mt",
+                "attention",
+                "--run",
+                r,
+                "--src",
+                "ein hund",
+                "--layer",
+                "99",
+                "--out",
+                "x.svg",
+            ],
+            "--layer 99",
+        ),
+        (
+            vec![
+                "mt",
+                "attention",
+                "--run",
+                r,
+                "--src",
+                "ein hund",
+                "--head",
+                "0",
+                "--out",
+                "x.svg",
+            ],
+            "--head 0",
+        ),
+        (
+            vec!["mt", "translate", "--run", r, "--src", "/nonexistent/in.de"],
+            "/nonexistent/in.de",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = run({
+            let mut c = bin();
+            c.current_dir(&dir).args(&args).stdin(Stdio::null());
+            c
+        });
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let err = text(&o.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(err.matches("os error").count() <= 1, "said once: {err}");
+    }
+
+    // Damaged weights: an error naming the file and what to fall back to; without
+    // best.safetensors, a warning that the checkpoint's weights are used.
+    let translate = || {
+        let mut c = bin();
+        c.args(["mt", "translate", "--run", r, "--src", a_file]);
+        run(c)
+    };
+    let best = runp.join("best.safetensors");
+    let good = std::fs::read(&best).unwrap();
+    let mut bytes = good.clone();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x08;
+    std::fs::write(&best, &bytes).unwrap();
+    let o = translate();
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("best.safetensors") && err.contains("checksum") && err.contains("mv "),
+        "{err}"
+    );
+    std::fs::remove_file(&best).unwrap();
+    let o = translate();
+    assert!(o.status.success());
+    assert!(
+        text(&o.stderr).contains("warning:") && text(&o.stderr).contains("checkpoint.safetensors")
+    );
+    let ckpt = runp.join("checkpoint.safetensors");
+    let mut bytes = std::fs::read(&ckpt).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(&ckpt, &bytes).unwrap();
+    let o = run(train(&dir, &runp, &["--resume"]));
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("checkpoint.safetensors") && err.contains("cannot resume"),
+        "{err}"
+    );
+    std::fs::write(&best, &good).unwrap();
+    assert!(translate().status.success());
+}
+
+#[test]
+fn ctrl_c_exits_130_after_its_checkpoint_and_closed_pipes_exit_0() {
+    let dir = temp_dir("exit");
+    write_corpus(&dir, 1);
+    let out = dir.join("run");
+    let mut c = train(&dir, &out, &[]);
+    c.env("TRANSFORMER_TEST_STEP_DELAY_MS", "100")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let child = c.spawn().unwrap();
+    wait_for(|| out.join("metrics.jsonl").exists());
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130));
+    assert!(text(&o.stdout).contains("checkpoint saved"));
+    let o = run(train(&dir, &out, &["--resume"]));
+    assert!(o.status.success(), "{}", text(&o.stderr));
+
+    // Output into a pipe its reader has closed: quietly, status 0.
+    let many = dir.join("many.de");
+    std::fs::write(&many, "ein hund .\n".repeat(300)).unwrap();
+    let mut translate = bin();
+    translate
+        .args(["mt", "translate", "--beam", "1", "--run"])
+        .arg(&out)
+        .arg("--src")
+        .arg(&many);
+    let mut info = bin();
+    info.args(["info", "--preset", "tiny"]);
+    for mut c in [translate, info] {
+        let mut child = c
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        assert!(
+            !text(&o.stderr).contains("Broken pipe"),
+            "{}",
+            text(&o.stderr)
+        );
+    }
+}

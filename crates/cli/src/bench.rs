@@ -100,6 +100,9 @@ pub struct MtDecodeBenchArgs {
     /// output ids) to this folder.
     #[arg(long)]
     dump: Option<std::path::PathBuf>,
+    /// Arithmetic of decoding's products: none (f32), int8, int8-layers (as `mt translate`).
+    #[arg(long, value_enum, default_value_t = crate::mt::Quantize::None)]
+    quantize: crate::mt::Quantize,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -518,7 +521,8 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     anyhow::ensure!(a.beam >= 1, "--beam must be at least 1 (1 = greedy)");
     anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
     let dev = Device::Cpu;
-    let run = load_run(&a.run, &dev)?;
+    let mut run = load_run(&a.run, &dev)?;
+    crate::mt::apply_quantize(&mut run.model, a.quantize)?;
     let mut lines = transformer_text::parallel::read_lines(&a.src)?;
     if let Some(n) = a.max_sentences {
         lines.truncate(n);
@@ -584,7 +588,8 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     let (sps, tps) = (src.len() as f64 / seconds, tokens as f64 / seconds);
     if a.json {
         let out = serde_json::json!({
-            "impl": "transformer (candle-core 0.11, fp32)",
+            "impl": format!("transformer (candle-core 0.11, {})", run.model.describe_decoding()?),
+            "quantize": format!("{:?}", a.quantize).to_lowercase(),
             "sentences": src.len(),
             "tokens": tokens,
             "seconds": seconds,

@@ -358,6 +358,44 @@ pub struct DecodeArgs {
     /// [default: the run's, 1.0]
     #[arg(long, allow_negative_numbers = true)]
     length_penalty: Option<f64>,
+    /// Arithmetic of decoding's products: none (f32), int8 (the decoder layers and the
+    /// output layer in int8: weights with one scale per output row, activations per row,
+    /// the fastest int8 kernel of this CPU), or int8-layers (the decoder layers only)
+    #[arg(long, value_enum, default_value_t = Quantize::None)]
+    quantize: Quantize,
+}
+
+/// `--quantize`: the arithmetic of decoding's products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Quantize {
+    /// f32 throughout.
+    None,
+    /// The decoder layers and the output layer in int8.
+    Int8,
+    /// The decoder layers in int8, the output layer in f32.
+    Int8Layers,
+}
+
+impl Quantize {
+    /// The model setting it stands for.
+    pub(crate) fn precision(self) -> transformer_model::DecodePrecision {
+        match self {
+            Quantize::None => transformer_model::DecodePrecision::F32,
+            Quantize::Int8 => transformer_model::DecodePrecision::Int8 { output_layer: true },
+            Quantize::Int8Layers => transformer_model::DecodePrecision::Int8 {
+                output_layer: false,
+            },
+        }
+    }
+}
+
+/// Sets a loaded run to decode with `q`, and says what that prepared (int8 only).
+pub(crate) fn apply_quantize(model: &mut mt::MtModel, q: Quantize) -> Result<()> {
+    model.set_decode_precision(q.precision())?;
+    if q != Quantize::None {
+        eprintln!("decoding: {}", model.describe_decoding()?);
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -391,8 +429,9 @@ fn load(
     args: &DecodeArgs,
     device: &Device,
 ) -> Result<(mt::LoadedMt, transformer_decode::DecodeOptions)> {
-    let run = mt::load_run(&args.run, device)?;
+    let mut run = mt::load_run(&args.run, device)?;
     crate::lm::warn_note(&run.note);
+    apply_quantize(&mut run.model, args.quantize)?;
     let mut c = run.config.clone();
     if let Some(a) = args.max_len_a {
         c.max_len_a = a;

@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// Do not log a line per request.
     #[arg(long)]
     quiet: bool,
+    /// Arithmetic of decoding's products: none (f32), int8 (decoder layers and output
+    /// layer), int8-layers (as `mt translate --quantize`).
+    #[arg(long, value_enum, default_value_t = crate::mt::Quantize::None)]
+    quantize: crate::mt::Quantize,
 }
 
 /// Sets the number of threads the kernels and candle use, before any of them starts.
@@ -102,6 +106,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             batch_wait: Duration::from_millis(a.batch_wait_ms),
             max_batch_sentences: a.max_batch,
             max_queue: a.max_queue,
+            precision: a.quantize.precision(),
             ..EngineOptions::default()
         },
         limits: Limits {

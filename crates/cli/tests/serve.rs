@@ -76,9 +76,15 @@ fn run_dir() -> &'static Path {
 
 /// What `mt translate` prints for these lines.
 fn mt_translate(lines: &[&str]) -> Vec<String> {
+    mt_translate_with(lines, &[])
+}
+
+/// What `mt translate` with these extra flags prints for these lines.
+fn mt_translate_with(lines: &[&str], flags: &[&str]) -> Vec<String> {
     let mut child = bin()
         .args(["mt", "translate", "--run"])
         .arg(run_dir())
+        .args(flags)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -1036,4 +1042,20 @@ fn mt_translate_streams_and_ends_quietly_on_a_closed_pipe() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
+}
+
+/// With `--quantize int8` the server decodes in int8, and answers what `mt translate
+/// --quantize int8` prints.
+#[test]
+fn int8_serving_answers_what_int8_mt_translate_prints() {
+    let want = mt_translate_with(&LINES, &["--quantize", "int8"]);
+    let s = Server::start(&["--quantize", "int8"]);
+    let (st, v) = s.json(
+        "/translate",
+        &json!({"q": LINES, "source": "de", "target": "en"}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["translatedText"], json!(want));
+    let (_, log) = s.stop();
+    assert!(log.contains("decoder layers int8"), "{log}");
 }

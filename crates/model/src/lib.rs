@@ -120,7 +120,9 @@ pub use params::{Init, ParamBuilder, Params};
 pub use positional::PositionalEncoding;
 pub use rng::Rng;
 pub use rnn::{RnnAttention, RnnSeq2Seq, RnnSeq2SeqConfig, RnnState};
-pub use seq2seq::{DecodeState, PreparedDecoding, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss};
+pub use seq2seq::{
+    DecodePrecision, DecodeState, PreparedDecoding, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,
+};
 pub use transformer::Transformer;
 
 /// candle's result type; every forward returns it.

@@ -99,6 +99,21 @@ pub struct Seq2Seq {
     transformer: Transformer,
     generator: Linear,
     d_model: usize,
+    decode_precision: DecodePrecision,
+}
+
+/// The arithmetic of decoding's products ([`Seq2Seq::prepare_decoding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodePrecision {
+    /// f32 throughout (the default).
+    #[default]
+    F32,
+    /// The decoder layers' projections and feed-forward products in int8
+    /// ([`crate::kernels::int8`]), and the output layer's too when `output_layer`.
+    Int8 {
+        /// Whether the output layer (d_model x vocabulary) is int8 as well.
+        output_layer: bool,
+    },
 }
 
 /// The training loss of one batch.
@@ -195,6 +210,8 @@ pub struct DecodeState {
     /// than [`crate::kernels::linear_few_rows`] takes ([`crate::kernels::linear_wt`]);
     /// shared by the batches started from one [`PreparedDecoding`].
     generator_t: Arc<OnceLock<Tensor>>,
+    /// The output layer in int8, when decoding in int8 with it.
+    generator_q: Option<Arc<crate::kernels::int8::QuantizedLinear>>,
     /// Target positions decoded so far.
     pub position: usize,
     /// Source length of every row (without padding), for the decoding length limit.
@@ -209,6 +226,27 @@ pub struct PreparedDecoding {
     stack: Option<crate::kernels::DecoderStack>,
     /// The output layer's weight transposed, (C, V), made at the first step that needs it.
     generator_t: Arc<OnceLock<Tensor>>,
+    /// The output layer in int8 ([`DecodePrecision::Int8`] with `output_layer`).
+    generator_q: Option<Arc<crate::kernels::int8::QuantizedLinear>>,
+}
+
+impl PreparedDecoding {
+    /// What decoding was prepared with, for logs: the decoder layers' arithmetic (and its
+    /// kernel) and the output layer's.
+    pub fn describe(&self) -> String {
+        let layers = match &self.stack {
+            None => "decoder layers f32 (composed)".to_string(),
+            Some(s) => match s.int8_kernel() {
+                Some(k) => format!("decoder layers int8 ({})", k.name()),
+                None => "decoder layers f32 (fused step)".to_string(),
+            },
+        };
+        let output = match &self.generator_q {
+            Some(q) => format!("output layer int8 ({})", q.kernel().name()),
+            None => "output layer f32".to_string(),
+        };
+        format!("{layers}, {output}")
+    }
 }
 
 /// The caches of the composed decoder layers, or of the fused decoding step.
@@ -333,7 +371,19 @@ impl Seq2Seq {
             transformer,
             generator,
             d_model: c,
+            decode_precision: DecodePrecision::F32,
         })
+    }
+
+    /// Sets the arithmetic [`Self::prepare_decoding`] prepares decoding in (training and the
+    /// other forwards are unaffected).
+    pub fn set_decode_precision(&mut self, p: DecodePrecision) {
+        self.decode_precision = p;
+    }
+
+    /// The arithmetic decoding is prepared in.
+    pub fn decode_precision(&self) -> DecodePrecision {
+        self.decode_precision
     }
 
     /// Positions the positional encoding covers: the longest sequence (source with its
@@ -550,7 +600,7 @@ impl Seq2Seq {
     /// plain version the fused step is checked against.
     pub fn start_with(&self, src: &Tensor, pad_id: u32, fused: bool) -> Result<DecodeState> {
         let stack = self.transformer.decoder().fused_stack().filter(|_| fused);
-        self.start_from(src, pad_id, stack, Arc::default())
+        self.start_from(src, pad_id, stack, Arc::default(), None)
     }
 
     /// The weights decoding reads, made ready once for many batches: the fused step's stack
@@ -558,14 +608,35 @@ impl Seq2Seq {
     /// [`Self::start`] makes them for every batch, 4% of a beam search over a test set in
     /// batches of 25 sentences). Valid while the model's weights stay as they are: prepare
     /// again after a training step.
+    ///
+    /// With [`DecodePrecision::Int8`] ([`Self::set_decode_precision`]) the fused stack's
+    /// weights are quantized to int8 here instead (and the output layer's, when asked),
+    /// with the fastest int8 kernel of this CPU; a decoder the fused step does not fit
+    /// decodes in f32 ([`PreparedDecoding::describe`] says what was prepared).
     pub fn prepare_decoding(&self) -> Result<PreparedDecoding> {
+        use crate::kernels::int8::{Int8Kernel, QuantizedLinear};
+        let kernel = Int8Kernel::detect();
+        let int8 = matches!(self.decode_precision, DecodePrecision::Int8 { .. });
         let stack = match self.transformer.decoder().fused_stack() {
+            Some(s) if s.applies() && int8 => Some(s.with_int8_weights(kernel)?),
             Some(s) if s.applies() => Some(s.with_transposed_weights()?),
+            _ => None,
+        };
+        let generator_q = match self.decode_precision {
+            DecodePrecision::Int8 { output_layer: true } => {
+                let w = self.generator.weight();
+                let b = self.generator.bias().expect("the output layer has a bias");
+                let (v, c) = w.dims2()?;
+                let w = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let b = b.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                Some(Arc::new(QuantizedLinear::new(&w, &b, v, c, kernel)))
+            }
             _ => None,
         };
         Ok(PreparedDecoding {
             stack,
             generator_t: Arc::default(),
+            generator_q,
         })
     }
 
@@ -577,7 +648,13 @@ impl Seq2Seq {
         prepared: &PreparedDecoding,
     ) -> Result<DecodeState> {
         let stack = prepared.stack.clone();
-        self.start_from(src, pad_id, stack, prepared.generator_t.clone())
+        self.start_from(
+            src,
+            pad_id,
+            stack,
+            prepared.generator_t.clone(),
+            prepared.generator_q.clone(),
+        )
     }
 
     /// Encodes `src` and starts decoding with the fused `stack` when given (else through
@@ -588,6 +665,7 @@ impl Seq2Seq {
         pad_id: u32,
         stack: Option<crate::kernels::DecoderStack>,
         generator_t: Arc<OnceLock<Tensor>>,
+        generator_q: Option<Arc<crate::kernels::int8::QuantizedLinear>>,
     ) -> Result<DecodeState> {
         let mask = Mask::key_padding_from_ids(src, pad_id)?;
         let src_lens = crate::mask::lengths(src, pad_id)?;
@@ -601,6 +679,7 @@ impl Seq2Seq {
             return Ok(DecodeState {
                 caches: Caches::Fused(stack.start(&memory, &keep)?, stack),
                 generator_t,
+                generator_q,
                 position: 0,
                 src_lens,
             });
@@ -613,6 +692,7 @@ impl Seq2Seq {
                 memory_mask: mask,
             },
             generator_t,
+            generator_q,
             position: 0,
             src_lens,
         })
@@ -685,7 +765,13 @@ impl Seq2Seq {
         state.position += 1;
         let bias = self.generator.bias().expect("the output layer has a bias");
         let w = self.generator.weight();
-        let logits = if h.dim(0)? <= 8 {
+        let logits = if let Some(q) = &state.generator_q {
+            let rows = h.dim(0)?;
+            let x = h.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let mut y = vec![0f32; rows * q.out_features()];
+            q.forward_parallel(&mut y, &x);
+            Tensor::from_vec(y, (rows, q.out_features()), h.device())?
+        } else if h.dim(0)? <= 8 {
             crate::kernels::linear_few_rows(&h, w, bias)?
         } else {
             let wt = match state.generator_t.get() {

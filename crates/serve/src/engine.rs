@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use transformer_decode::{DecodeOptions, Hypothesis};
+use transformer_model::DecodePrecision;
 use transformer_text::subword::{Subword, TextTokenizer};
 use transformer_train::mt::{self, Arch, MtModel, MtModelConfig};
 use transformer_train::viz::AttentionSet;
@@ -75,6 +76,8 @@ pub struct EngineOptions {
     pub max_queue: usize,
     /// Where the models run.
     pub device: Device,
+    /// The arithmetic of decoding's products (int8 or f32).
+    pub precision: DecodePrecision,
 }
 
 impl Default for EngineOptions {
@@ -85,6 +88,7 @@ impl Default for EngineOptions {
             max_batch_sentences: 256,
             max_queue: 4096,
             device: Device::Cpu,
+            precision: DecodePrecision::F32,
         }
     }
 }
@@ -105,6 +109,8 @@ pub struct Pair {
     pub max_source_tokens: usize,
     /// The model's name (transformer, gru-bahdanau, ...).
     pub arch: Arch,
+    /// What decoding was prepared with (f32 or int8, and the kernel), for the log.
+    pub decoding: String,
 }
 
 /// The work of one request on one language pair.
@@ -199,7 +205,10 @@ impl Engine {
         let mut pairs = Vec::new();
         let mut models = Vec::new();
         for spec in specs {
-            let run = mt::load_run(&spec.run, &opts.device)
+            let mut run = mt::load_run(&spec.run, &opts.device)
+                .with_context(|| format!("cannot serve {}", spec.run.display()))?;
+            run.model
+                .set_decode_precision(opts.precision)
                 .with_context(|| format!("cannot serve {}", spec.run.display()))?;
             let (src, tgt) = match spec.codes.clone().or_else(|| run.config.language_pair()) {
                 Some(c) => c,
@@ -227,7 +236,9 @@ impl Engine {
                 // The recurrent models have no positional limit; keep their work bounded.
                 MtModelConfig::Rnn(_) => 1024,
             };
+            let decoding = run.model.describe_decoding()?;
             pairs.push(Pair {
+                decoding,
                 src,
                 tgt,
                 run: spec.run.clone(),

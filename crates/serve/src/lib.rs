@@ -209,13 +209,14 @@ pub fn run(opts: ServeOptions) -> anyhow::Result<()> {
         let bound = listener.local_addr()?;
         for p in state.engine.pairs() {
             eprintln!(
-                "serving {} -> {} from {} ({}, beam {}, at most {} tokens per sentence)",
+                "serving {} -> {} from {} ({}, beam {}, at most {} tokens per sentence; {})",
                 p.src,
                 p.tgt,
                 p.run.display(),
                 p.arch.name(),
                 p.opts.beam,
-                p.max_source_tokens
+                p.max_source_tokens,
+                p.decoding
             );
         }
         if state.api_keys.is_some() {

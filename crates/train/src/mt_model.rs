@@ -7,8 +7,8 @@ use transformer_decode::{StepModel, StepOutput};
 use transformer_model::kernels::Precision;
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{
-    DecodeState, DirectGrads, Mode, ParamBuilder, PreparedDecoding, RnnAttention, RnnSeq2Seq,
-    RnnSeq2SeqConfig, RnnState, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,
+    DecodePrecision, DecodeState, DirectGrads, Mode, ParamBuilder, PreparedDecoding, RnnAttention,
+    RnnSeq2Seq, RnnSeq2SeqConfig, RnnState, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,
 };
 
 /// Which model `transformer mt train` builds.
@@ -209,6 +209,27 @@ pub struct MtDecoder<'a> {
 }
 
 impl MtModel {
+    /// Decodes in `p` from now on ([`Seq2Seq::set_decode_precision`]); int8 covers the
+    /// Transformer only.
+    pub fn set_decode_precision(&mut self, p: DecodePrecision) -> Result<()> {
+        match self {
+            MtModel::Transformer(m) => m.set_decode_precision(p),
+            MtModel::Rnn(_) if p != DecodePrecision::F32 => candle_core::bail!(
+                "int8 decoding covers the Transformer; the recurrent models decode in f32"
+            ),
+            MtModel::Rnn(_) => {}
+        }
+        Ok(())
+    }
+
+    /// What [`Self::decoder`] prepares decoding with, for logs.
+    pub fn describe_decoding(&self) -> Result<String> {
+        Ok(match self {
+            MtModel::Transformer(m) => m.prepare_decoding()?.describe(),
+            MtModel::Rnn(_) => "f32 (recurrent)".to_string(),
+        })
+    }
+
     /// This model ready to decode many batches ([`MtDecoder`]).
     pub fn decoder(&self) -> Result<MtDecoder<'_>> {
         let prepared = match self {

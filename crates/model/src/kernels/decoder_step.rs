@@ -28,6 +28,7 @@
 
 use super::attention::masked_softmax_rows;
 use super::float::{self, simd};
+use super::int8::{Int8Kernel, QuantizedLinear};
 use super::layer_norm;
 use super::linear::rows_forward;
 use super::matmul::{gemm, unpacked_row_chunks, Mat};
@@ -105,6 +106,9 @@ pub struct DecoderStack {
     /// The weight matrices transposed ([`DecodeCache`]'s `wt`), when made once for every
     /// batch decoded with this stack ([`DecoderStack::with_transposed_weights`]).
     wt: Option<Arc<Vec<Vec<f32>>>>,
+    /// The weight matrices in int8 with their biases, indexed as `wt`, when the stack
+    /// decodes in int8 ([`DecoderStack::with_int8_weights`]).
+    q: Option<Arc<Vec<Option<QuantizedLinear>>>>,
 }
 
 /// Everything a fused decoding step keeps between steps (see the module docs).
@@ -112,6 +116,8 @@ pub struct DecoderStack {
 pub struct DecodeCache {
     /// Padded source length.
     s: usize,
+    /// The stack's int8 weights, when it decodes in int8.
+    q: Option<Arc<Vec<Option<QuantizedLinear>>>>,
     /// Source keep mask per sentence, `sentences x S`, 1 = a real token.
     keep: Vec<u8>,
     /// Encoder-decoder keys and values per layer, `sentences x S x C` each.
@@ -204,6 +210,7 @@ struct CacheView<'a> {
     self_v: &'a [Vec<Vec<f32>>],
     origin: &'a [Vec<u32>],
     wt: &'a [Vec<f32>],
+    q: Option<&'a [Option<QuantizedLinear>]>,
 }
 
 /// This step's attention weights when asked for: per layer, self `(rows, H, t + 1)` and
@@ -226,7 +233,43 @@ impl DecoderStack {
             eps,
             norm_first,
             wt: None,
+            q: None,
         }
+    }
+
+    /// This stack decoding with int8 products (`kernel`): every projection and the
+    /// feed-forward network of every layer quantized once here (symmetric int8 with one scale
+    /// per output row, [`super::int8`]); the encoder-decoder keys and values of the memory,
+    /// computed once per sentence, stay f32. The weights must not change while it is in use.
+    pub fn with_int8_weights(mut self, kernel: Int8Kernel) -> Result<Self> {
+        if !self.applies() {
+            bail!("fused decoding step: the decoder's parameters do not fit it");
+        }
+        let layers = self.layers.len();
+        let tensors = self.all_tensors();
+        let q = with_f32(&tensors, |w| {
+            let items: Vec<usize> = (0..layers * slot::COUNT).collect();
+            run_parallel(items, |i| {
+                let (l, k) = (i / slot::COUNT, i % slot::COUNT);
+                match self.layers[l].tensors[k].dims2() {
+                    Ok((out, inp)) if k < slot::N1_W => {
+                        Some(QuantizedLinear::new(w[i], w[i + 1], out, inp, kernel))
+                    }
+                    _ => None,
+                }
+            })
+        })?;
+        self.q = Some(Arc::new(q));
+        // The f32 products are not used: no transposed copies.
+        self.wt = Some(Arc::new(Vec::new()));
+        Ok(self)
+    }
+
+    /// The int8 kernel the stack decodes with, if it does.
+    pub fn int8_kernel(&self) -> Option<Int8Kernel> {
+        self.q
+            .as_ref()
+            .and_then(|q| q.iter().flatten().next().map(|l| l.kernel()))
     }
 
     /// This stack with its weight matrices transposed once here, for every batch it starts
@@ -351,6 +394,7 @@ impl DecoderStack {
         };
         Ok(DecodeCache {
             s,
+            q: self.q.clone(),
             wt,
             keep: keep.to_vec(),
             cross_k,
@@ -407,6 +451,7 @@ impl DecoderStack {
             self_v: &cache.self_v,
             origin: &cache.origin,
             wt: &cache.wt,
+            q: cache.q.as_deref().map(|q| q.as_slice()),
         };
         let final_norm = self.final_norm.is_some();
         with_f32(&tensors, |w| {
@@ -483,6 +528,36 @@ fn project(y: &mut [f32], x: &[f32], wt: &[f32], b: &[f32], n: usize, m: usize, 
             Mat::new(wt, k, m, m, 1),
             1.0,
         );
+    }
+}
+
+/// `y = x W^T + b` for the weight in `slot` of layer `l`: in int8 when the stack decodes in
+/// int8, else f32 from the transposed weight. `(n, m, k)`: rows, outputs, inputs.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn project_layer(
+    cache: &CacheView,
+    lw: LayerW,
+    l: usize,
+    slot: usize,
+    y: &mut [f32],
+    x: &[f32],
+    (n, m, k): (usize, usize, usize),
+) {
+    match cache.q {
+        Some(q) => q[l * slot::COUNT + slot]
+            .as_ref()
+            .expect("an int8 weight in every weight slot")
+            .forward(y, x),
+        None => project(
+            y,
+            x,
+            &cache.wt[l * slot::COUNT + slot],
+            lw[slot + 1],
+            n,
+            m,
+            k,
+        ),
     }
 }
 
@@ -584,33 +659,9 @@ fn step_group(
     for (l, lw) in w.iter().enumerate() {
         // Masked self-attention over the row's own history.
         let src = sublayer_input(d, x, &mut a, lw, slot::N1_W, &mut tmp);
-        project(
-            &mut q,
-            src,
-            &cache.wt[l * slot::COUNT + slot::SQ_W],
-            lw[slot::SQ_W + 1],
-            n,
-            c,
-            c,
-        );
-        project(
-            k[l],
-            src,
-            &cache.wt[l * slot::COUNT + slot::SK_W],
-            lw[slot::SK_W + 1],
-            n,
-            c,
-            c,
-        );
-        project(
-            v[l],
-            src,
-            &cache.wt[l * slot::COUNT + slot::SV_W],
-            lw[slot::SV_W + 1],
-            n,
-            c,
-            c,
-        );
+        project_layer(cache, lw, l, slot::SQ_W, &mut q, src, (n, c, c));
+        project_layer(cache, lw, l, slot::SK_W, k[l], src, (n, c, c));
+        project_layer(cache, lw, l, slot::SV_W, v[l], src, (n, c, c));
         o.fill(0.0);
         for i in 0..n {
             let row = r.start + i;
@@ -645,28 +696,12 @@ fn step_group(
                 }
             }
         }
-        project(
-            &mut y,
-            &o,
-            &cache.wt[l * slot::COUNT + slot::SO_W],
-            lw[slot::SO_W + 1],
-            n,
-            c,
-            c,
-        );
+        project_layer(cache, lw, l, slot::SO_W, &mut y, &o, (n, c, c));
         float::add_inplace(x, &y);
         sublayer_output(d, x, lw, slot::N1_W, &mut tmp);
         // Encoder-decoder attention over the row's sentence.
         let src = sublayer_input(d, x, &mut a, lw, slot::N2_W, &mut tmp);
-        project(
-            &mut q,
-            src,
-            &cache.wt[l * slot::COUNT + slot::CQ_W],
-            lw[slot::CQ_W + 1],
-            n,
-            c,
-            c,
-        );
+        project_layer(cache, lw, l, slot::CQ_W, &mut q, src, (n, c, c));
         o.fill(0.0);
         for i in 0..n {
             let sent = cache.row_sentence[r.start + i] as usize;
@@ -693,40 +728,16 @@ fn step_group(
                 }
             }
         }
-        project(
-            &mut y,
-            &o,
-            &cache.wt[l * slot::COUNT + slot::CO_W],
-            lw[slot::CO_W + 1],
-            n,
-            c,
-            c,
-        );
+        project_layer(cache, lw, l, slot::CO_W, &mut y, &o, (n, c, c));
         float::add_inplace(x, &y);
         sublayer_output(d, x, lw, slot::N2_W, &mut tmp);
         // Feed-forward network (ReLU).
         let src = sublayer_input(d, x, &mut a, lw, slot::N3_W, &mut tmp);
-        project(
-            &mut hid,
-            src,
-            &cache.wt[l * slot::COUNT + slot::L1_W],
-            lw[slot::L1_W + 1],
-            n,
-            f,
-            c,
-        );
+        project_layer(cache, lw, l, slot::L1_W, &mut hid, src, (n, f, c));
         for hv in hid.iter_mut() {
             *hv = hv.max(0.0);
         }
-        project(
-            &mut y,
-            &hid,
-            &cache.wt[l * slot::COUNT + slot::L2_W],
-            lw[slot::L2_W + 1],
-            n,
-            c,
-            f,
-        );
+        project_layer(cache, lw, l, slot::L2_W, &mut y, &hid, (n, c, f));
         float::add_inplace(x, &y);
         sublayer_output(d, x, lw, slot::N3_W, &mut tmp);
     }

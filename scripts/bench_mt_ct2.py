@@ -3,7 +3,7 @@
 converted by `scripts/mt_to_ctranslate2.py` and times it as `transformer bench mt-decode`
 times ours.
 
-CTranslate2 runs on the CPU in float32 (`compute_type="float32"`), one translation at a
+CTranslate2 runs on the CPU in float32 (`compute_type="float32"`; `--compute-type int8` for its int8), one translation at a
 time (`inter_threads=1`) on `--threads` cores, with its own beam search and key/value
 caches. Its options are set to ours: beam size, length penalty (score / length^lp, the
 length counting `<eos>`, as ours), no minimum length (ours may end at the first step), no
@@ -77,6 +77,9 @@ def main():
     p.add_argument("--no-callback", action="store_true",
                    help="greedy: leave out the per-token callback that ends each sentence at "
                         "its own length limit (the batch's largest limit then applies to all)")
+    p.add_argument("--compute-type", default="float32",
+                   help="CTranslate2's compute_type: float32 (default) or int8 (weights "
+                        "quantized at load, one scale per output row)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     a = p.parse_args()
 
@@ -92,7 +95,7 @@ def main():
     tokens_of = [[str(i) for i in s] for s in sources]
 
     translator = ctranslate2.Translator(a.model, device="cpu", inter_threads=1,
-                                        intra_threads=a.threads, compute_type="float32")
+                                        intra_threads=a.threads, compute_type=a.compute_type)
 
     def translate(idx, beam_size):
         """Translates sentences `idx` (one call); returns their output ids."""
@@ -163,7 +166,7 @@ def main():
         "impl": "ctranslate2",
         "ct2_version": ctranslate2.__version__,
         "threads": a.threads,
-        "compute_type": "float32",
+        "compute_type": a.compute_type,
         "beam": beam,
         "batch": a.batch,
         "length_penalty": lp,

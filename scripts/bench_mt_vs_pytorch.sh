@@ -21,6 +21,9 @@
 #   mt_train_speedup_vs_pytorch=X   PyTorch's median training step / ours
 #   mt_beam_speedup_vs_pytorch=X    PyTorch's beam-search seconds / ours
 #   mt_beam_vs_ctranslate2=X        CTranslate2's beam-search seconds / ours (>1: we are faster)
+#   mt_beam_int8_vs_ctranslate2_int8=X  the same, both in int8 (ours `--quantize int8`,
+#                                   CTranslate2's compute_type="int8")
+#   mt_greedy_latency_vs_ctranslate2=X  CTranslate2's greedy one-sentence latency / ours (fp32)
 #
 # Usage: scripts/bench_mt_vs_pytorch.sh
 # Environment:
@@ -109,13 +112,21 @@ decode_ct2() {
     "$PY" scripts/bench_mt_ct2.py --model "$TMP/ct2" --run "$RUN" --src-ids "$TMP/dump/src.ids" \
         --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$THREADS" \
         --greedy-latency "$LATENCY" --json > "$TMP/decode.ct2.$1.json"
+    "$PY" scripts/bench_mt_ct2.py --model "$TMP/ct2" --run "$RUN" --src-ids "$TMP/dump/src.ids" \
+        --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$THREADS" \
+        --greedy-latency "$LATENCY" --compute-type int8 --json > "$TMP/decode.ct2_int8.$1.json"
+}
+decode_ours_int8() {
+    "$BIN" bench mt-decode --run "$RUN" --src "$SRC" --max-sentences "$SENTENCES" --beam "$BEAM" \
+        --batch "$BATCH" --latency-sentences "$LATENCY" --quantize int8 --json \
+        > "$TMP/decode.ours_int8.$1.json"
 }
 for (( r = 1; r <= ROUNDS; r++ )); do
     say "round $r of $ROUNDS"
     if (( r % 2 == 1 )); then
-        train_ours "$r"; train_torch "$r"; decode_ours "$r"; decode_ct2 "$r"; decode_torch "$r"
+        train_ours "$r"; train_torch "$r"; decode_ours "$r"; decode_ours_int8 "$r"; decode_ct2 "$r"; decode_torch "$r"
     else
-        train_torch "$r"; train_ours "$r"; decode_torch "$r"; decode_ct2 "$r"; decode_ours "$r"
+        train_torch "$r"; train_ours "$r"; decode_torch "$r"; decode_ct2 "$r"; decode_ours_int8 "$r"; decode_ours "$r"
     fi
 done
 
@@ -128,6 +139,7 @@ R = range(1, int(rounds) + 1)
 load = lambda kind, side: [json.load(open(f"{tmp}/{kind}.{side}.{r}.json")) for r in R]
 to, tt, tb = load("train", "ours"), load("train", "torch"), load("train", "torch_bf16")
 do, dt, dc = load("decode", "ours"), load("decode", "torch"), load("decode", "ct2")
+do8, dc8 = load("decode", "ours_int8"), load("decode", "ct2_int8")
 ms = lambda j: j["train_step_ms"]["median"] if isinstance(j["train_step_ms"], dict) else j["train_step_ms"]
 med = statistics.median
 
@@ -161,8 +173,11 @@ beam_pt = row("beam search s: ours / PyTorch (prefix rerun)", [j["seconds"] for 
 beam_ct = row("beam search s: ours / CTranslate2", [j["seconds"] for j in do], [j["seconds"] for j in dc], fmt="{:10.2f}")
 row("beam sentences/s: ours / CTranslate2", [j["sentences_per_s"] for j in do], [j["sentences_per_s"] for j in dc], "higher")
 row("beam tokens/s: ours / CTranslate2", [j["tokens_per_s"] for j in do], [j["tokens_per_s"] for j in dc], "higher")
-row("greedy latency ms, 1 sentence: ours / CT2", [j["greedy_latency_ms"] for j in do], [j["greedy_latency_ms"] for j in dc], fmt="{:10.2f}")
+lat_ct = row("greedy latency ms, 1 sentence: ours / CT2", [j["greedy_latency_ms"] for j in do], [j["greedy_latency_ms"] for j in dc], fmt="{:10.2f}")
 row("decoding peak RSS MB: ours / CTranslate2", [j["peak_rss_mb"] for j in do], [j["peak_rss_mb"] for j in dc])
+beam_ct8 = row("beam search s, int8: ours / CTranslate2 int8", [j["seconds"] for j in do8], [j["seconds"] for j in dc8], fmt="{:10.2f}")
+row("greedy latency ms, int8: ours / CT2 int8", [j["greedy_latency_ms"] for j in do8], [j["greedy_latency_ms"] for j in dc8], fmt="{:10.2f}")
+row("decoding peak RSS MB, int8: ours / CT2 int8", [j["peak_rss_mb"] for j in do8], [j["peak_rss_mb"] for j in dc8])
 print("-" * (w + 40))
 print("ratio: how many times better ours is (>1: ours faster or smaller), median of the per-round ratios.")
 print(f"same translation as ours (token for token): PyTorch {med([j['same_as_ref'] for j in dt]):.1%}, "
@@ -172,4 +187,6 @@ if bf16 is not None:
 print(f"mt_train_speedup_vs_pytorch={train:.2f}")
 print(f"mt_beam_speedup_vs_pytorch={beam_pt:.2f}")
 print(f"mt_beam_vs_ctranslate2={beam_ct:.2f}")
+print(f"mt_beam_int8_vs_ctranslate2_int8={beam_ct8:.2f}")
+print(f"mt_greedy_latency_vs_ctranslate2={lat_ct:.2f}")
 EOF

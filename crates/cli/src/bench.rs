@@ -101,8 +101,9 @@ pub struct MtDecodeBenchArgs {
     #[arg(long)]
     dump: Option<std::path::PathBuf>,
     /// Arithmetic of decoding's products: none (f32), int8, int8-layers (as `mt translate`).
-    #[arg(long, value_enum, default_value_t = crate::mt::Quantize::None)]
-    quantize: crate::mt::Quantize,
+    /// [default: the run's]
+    #[arg(long, value_enum)]
+    quantize: Option<crate::mt::Quantize>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -589,7 +590,7 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     if a.json {
         let out = serde_json::json!({
             "impl": format!("transformer (candle-core 0.11, {})", run.model.describe_decoding()?),
-            "quantize": format!("{:?}", a.quantize).to_lowercase(),
+            "quantize": format!("{:?}", run.model.decode_precision()).to_lowercase(),
             "sentences": src.len(),
             "tokens": tokens,
             "seconds": seconds,

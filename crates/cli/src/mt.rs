@@ -41,6 +41,23 @@ pub enum MtCommand {
         after_help = "Examples:\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --out attention.svg\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --layer 2 --head 5 --out l2h5.svg\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --html attention.html\n\nFor the Transformer the heatmap is the encoder-decoder attention of one decoder layer\n(default: the last) averaged over its heads, or one --head; for gru-dot and gru-bahdanau\nit is their attention over the source. Open the SVG or HTML file in a browser."
     )]
     Attention(AttentionArgs),
+    /// Write a copy of a run with its weight matrices in int8 (one scale per row; a quarter
+    /// of the f32 size on disk); translate, eval, attention, bench mt-decode and serve load
+    /// it as any run and decode it in int8.
+    #[command(
+        after_help = "Example:\n  transformer mt quantize --run runs/de-en --out runs/de-en-int8\n  echo \"Ein Mann fährt Fahrrad.\" | transformer mt translate --run runs/de-en-int8"
+    )]
+    Quantize(QuantizeArgs),
+}
+
+#[derive(Args)]
+pub struct QuantizeArgs {
+    /// The trained run to quantize (its best weights).
+    #[arg(long)]
+    run: PathBuf,
+    /// A new directory for the int8 run.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -361,8 +378,9 @@ pub struct DecodeArgs {
     /// Arithmetic of decoding's products: none (f32), int8 (the decoder layers and the
     /// output layer in int8: weights with one scale per output row, activations per row,
     /// the fastest int8 kernel of this CPU), or int8-layers (the decoder layers only)
-    #[arg(long, value_enum, default_value_t = Quantize::None)]
-    quantize: Quantize,
+    /// [default: the run's: int8 for a run written by `mt quantize`, else none]
+    #[arg(long, value_enum)]
+    quantize: Option<Quantize>,
 }
 
 /// `--quantize`: the arithmetic of decoding's products.
@@ -389,10 +407,13 @@ impl Quantize {
     }
 }
 
-/// Sets a loaded run to decode with `q`, and says what that prepared (int8 only).
-pub(crate) fn apply_quantize(model: &mut mt::MtModel, q: Quantize) -> Result<()> {
-    model.set_decode_precision(q.precision())?;
-    if q != Quantize::None {
+/// Sets a loaded run to decode with `q` (when given), and says what that prepared when it
+/// is int8.
+pub(crate) fn apply_quantize(model: &mut mt::MtModel, q: Option<Quantize>) -> Result<()> {
+    if let Some(q) = q {
+        model.set_decode_precision(q.precision())?;
+    }
+    if model.decode_precision() != transformer_model::DecodePrecision::F32 {
         eprintln!("decoding: {}", model.describe_decoding()?);
     }
     Ok(())
@@ -580,6 +601,16 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             exit_if_interrupted(&interrupt);
         }
         MtCommand::Translate(args) => translate_stream(&args, &device)?,
+        MtCommand::Quantize(args) => {
+            let s = transformer_train::quantize::quantize_run(&args.run, &args.out)?;
+            println!(
+                "wrote {}: {} weight matrices in int8; weights {:.1} MB -> {:.1} MB",
+                args.out.display(),
+                s.matrices,
+                s.bytes_before as f64 / 1e6,
+                s.bytes_after as f64 / 1e6
+            );
+        }
         MtCommand::Eval(args) => {
             // The output file is checked before any translating.
             let hyp_file = match &args.hyp_out {

@@ -59,8 +59,9 @@ pub struct ServeArgs {
     quiet: bool,
     /// Arithmetic of decoding's products: none (f32), int8 (decoder layers and output
     /// layer), int8-layers (as `mt translate --quantize`).
-    #[arg(long, value_enum, default_value_t = crate::mt::Quantize::None)]
-    quantize: crate::mt::Quantize,
+    /// [default: each run's]
+    #[arg(long, value_enum)]
+    quantize: Option<crate::mt::Quantize>,
 }
 
 /// Sets the number of threads the kernels and candle use, before any of them starts.
@@ -106,7 +107,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             batch_wait: Duration::from_millis(a.batch_wait_ms),
             max_batch_sentences: a.max_batch,
             max_queue: a.max_queue,
-            precision: a.quantize.precision(),
+            precision: a.quantize.map(|q| q.precision()),
             ..EngineOptions::default()
         },
         limits: Limits {

@@ -76,8 +76,8 @@ pub struct EngineOptions {
     pub max_queue: usize,
     /// Where the models run.
     pub device: Device,
-    /// The arithmetic of decoding's products (int8 or f32).
-    pub precision: DecodePrecision,
+    /// The arithmetic of decoding's products (int8 or f32); `None`: each run's own.
+    pub precision: Option<DecodePrecision>,
 }
 
 impl Default for EngineOptions {
@@ -88,7 +88,7 @@ impl Default for EngineOptions {
             max_batch_sentences: 256,
             max_queue: 4096,
             device: Device::Cpu,
-            precision: DecodePrecision::F32,
+            precision: None,
         }
     }
 }
@@ -207,9 +207,11 @@ impl Engine {
         for spec in specs {
             let mut run = mt::load_run(&spec.run, &opts.device)
                 .with_context(|| format!("cannot serve {}", spec.run.display()))?;
-            run.model
-                .set_decode_precision(opts.precision)
-                .with_context(|| format!("cannot serve {}", spec.run.display()))?;
+            if let Some(p) = opts.precision {
+                run.model
+                    .set_decode_precision(p)
+                    .with_context(|| format!("cannot serve {}", spec.run.display()))?;
+            }
             let (src, tgt) = match spec.codes.clone().or_else(|| run.config.language_pair()) {
                 Some(c) => c,
                 None => bail!(

@@ -49,6 +49,7 @@ pub mod mt_model;
 pub mod optim;
 mod par;
 pub mod precision;
+pub mod quantize;
 pub mod runner;
 pub mod runtime;
 pub mod viz;

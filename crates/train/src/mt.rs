@@ -1033,21 +1033,37 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
         )));
     }
     let advise = |e| runner::with_fallback_advice(e, run, &path);
+    let mut int8 = false;
     let (tensors, model_config) = if path == best_path(run) {
-        let (tensors, meta) = load_tagged(&path, WEIGHTS_FORMAT, device).map_err(advise)?;
-        (tensors, meta_json(&path, &meta, "model")?)
+        let (tensors, meta) = crate::quantize::load_any(&path, device).map_err(advise)?;
+        if crate::quantize::is_int8(&meta) {
+            // A run written by `transformer mt quantize`: decoded in int8.
+            int8 = true;
+            (
+                crate::quantize::dequantize(&path, tensors)?,
+                meta_json(&path, &meta, "model")?,
+            )
+        } else {
+            runner::check_format(&path, &meta, WEIGHTS_FORMAT).map_err(advise)?;
+            (tensors, meta_json(&path, &meta, "model")?)
+        }
     } else {
         let (mut tensors, _) = load_tagged(&path, CHECKPOINT_FORMAT, device)?;
         tensors.retain(|n, _| !n.starts_with("adam.") && !n.starts_with(AVERAGE_PREFIX));
         (tensors, config.model_config(tokenizer.vocab_size()))
     };
     let pb = ParamBuilder::new(DType::F32, device, 0);
-    let model = MtModel::build(&pb, &model_config)?;
+    let mut model = MtModel::build(&pb, &model_config)?;
     let params = pb.params();
     params.assign(&tensors).map_err(|e| Error::Checkpoint {
         path: path.clone(),
         msg: e.to_string(),
     })?;
+    if int8 {
+        model.set_decode_precision(transformer_model::DecodePrecision::Int8 {
+            output_layer: true,
+        })?;
+    }
     Ok(LoadedMt {
         model,
         params,

@@ -222,6 +222,14 @@ impl MtModel {
         Ok(())
     }
 
+    /// The arithmetic decoding is prepared in.
+    pub fn decode_precision(&self) -> DecodePrecision {
+        match self {
+            MtModel::Transformer(m) => m.decode_precision(),
+            MtModel::Rnn(_) => DecodePrecision::F32,
+        }
+    }
+
     /// What [`Self::decoder`] prepares decoding with, for logs.
     pub fn describe_decoding(&self) -> Result<String> {
         Ok(match self {

@@ -175,15 +175,16 @@ impl QuantizedLinear {
         self.w.len() + 4 * (self.scale.len() + self.excess.len() + self.bias.len())
     }
 
-    /// `y = x W^T + b` for the rows of `x` (`n x k`) into `y` (`n x out`), on the calling
-    /// thread, for outputs `outs` only (the rest of `y` untouched).
+    /// `y = x W^T + b` for the rows of `x` (`n x k`), outputs `outs` only, into `y`
+    /// (`n x outs.len()`, row-major), on the calling thread.
     pub fn forward_outputs(&self, y: &mut [f32], x: &[f32], outs: std::ops::Range<usize>) {
         let (k, kp) = (self.k, self.kp);
         let n = x.len() / k;
+        let width = outs.len();
         assert_eq!(x.len(), n * k, "input size");
-        assert_eq!(y.len(), n * self.out, "output size");
+        assert_eq!(y.len(), n * width, "output size");
         let (qx, sx) = quantize_rows(x, k, kp, self.kernel == Int8Kernel::Avx512Vnni);
-        let mut acc = vec![0i32; n * outs.len()];
+        let mut acc = vec![0i32; n * width];
         match self.kernel {
             #[cfg(target_arch = "x86_64")]
             Int8Kernel::Avx512Vnni => unsafe { self.dots_vnni(&qx, n, outs.clone(), &mut acc) },
@@ -191,11 +192,14 @@ impl QuantizedLinear {
             Int8Kernel::Avx2 => unsafe { self.dots_avx2(&qx, n, outs.clone(), &mut acc) },
             _ => self.dots_scalar(&qx, n, outs.clone(), &mut acc),
         }
-        let width = outs.len();
-        for i in 0..n {
-            for (j, o) in outs.clone().enumerate() {
-                y[i * self.out + o] =
-                    acc[i * width + j] as f32 * (sx[i] * self.scale[o]) + self.bias[o];
+        let (scale, bias) = (&self.scale[outs.clone()], &self.bias[outs]);
+        for ((yr, ar), &s) in y
+            .chunks_exact_mut(width)
+            .zip(acc.chunks_exact(width))
+            .zip(&sx)
+        {
+            for (((yv, &a), &ws), &b) in yr.iter_mut().zip(ar).zip(scale).zip(bias) {
+                *yv = a as f32 * (s * ws) + b;
             }
         }
     }
@@ -205,28 +209,44 @@ impl QuantizedLinear {
         self.forward_outputs(y, x, 0..self.out);
     }
 
-    /// `y = x W^T + b`, the outputs split between the kernels' threads (for a wide layer:
-    /// the output layer).
+    /// `y = x W^T + b` split between the kernels' threads (for a wide layer: the output
+    /// layer): by rows when there are rows enough for every thread, else by outputs.
     pub fn forward_parallel(&self, y: &mut [f32], x: &[f32]) {
         let n = x.len() / self.k.max(1);
         let work = n * self.out * self.k;
-        // Ranges of whole VNNI blocks.
-        let blocks = self.out.div_ceil(BLOCK);
-        let ranges = super::split_ranges(blocks, work, 1 << 20);
-        if ranges.len() <= 1 {
+        let threads = if work < 1 << 20 {
+            1
+        } else {
+            super::num_threads()
+        };
+        if threads <= 1 {
             return self.forward(y, x);
         }
+        if n >= 4 * threads {
+            // Contiguous groups of rows (whole VNNI tiles where possible), each into its own
+            // part of `y`.
+            let per = n.div_ceil(threads).div_ceil(4) * 4;
+            let items: Vec<(&[f32], &mut [f32])> = x
+                .chunks(per * self.k)
+                .zip(y.chunks_mut(per * self.out))
+                .collect();
+            super::run_parallel(items, |(xs, ys)| self.forward(ys, xs));
+            return;
+        }
+        // Few rows: ranges of whole VNNI blocks of outputs, gathered afterwards.
+        let blocks = self.out.div_ceil(BLOCK);
+        let ranges = super::split_ranges(blocks, work, 1 << 20);
         let parts = super::run_parallel(ranges, |r| {
             let outs = r.start * BLOCK..(r.end * BLOCK).min(self.out);
-            let mut part = vec![0f32; n * self.out];
+            let mut part = vec![0f32; n * outs.len()];
             self.forward_outputs(&mut part, x, outs.clone());
             (outs, part)
         });
         for (outs, part) in parts {
+            let w = outs.len();
             for i in 0..n {
-                let row = i * self.out;
-                y[row + outs.start..row + outs.end]
-                    .copy_from_slice(&part[row + outs.start..row + outs.end]);
+                y[i * self.out + outs.start..i * self.out + outs.end]
+                    .copy_from_slice(&part[i * w..(i + 1) * w]);
             }
         }
     }
@@ -433,12 +453,15 @@ mod tests {
     /// not a multiple of 4, outputs not a multiple of 16 or 64, inputs not a multiple of 16).
     #[test]
     fn every_kernel_equals_the_scalar_one_exactly() {
+        // The last two are large enough for forward_parallel to split rows, then outputs.
         for (n, out, k) in [
             (1, 1, 1),
             (3, 17, 5),
             (5, 70, 37),
             (9, 130, 256),
             (4, 64, 64),
+            (37, 300, 256),
+            (3, 2000, 256),
         ] {
             let w = data(out * k, 1);
             let b = data(out, 2);

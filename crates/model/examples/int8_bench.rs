@@ -1,0 +1,132 @@
+//! int8 products (`kernels::int8`) against f32 at the shapes of a decoding step of the
+//! default translation model (beam 5 x 25 sentences = 125 rows; d_model 256, FFN 512,
+//! vocabulary 8,000), each kernel this CPU runs, on one thread; and this machine's int8
+//! peak (a register-only loop of `vpdpbusd`), so the kernels' rate can be read against it.
+//!
+//! ```text
+//! cargo run --release -p transformer-model --example int8_bench [REPEATS]
+//! ```
+
+use candle_core::{Device, Result, Tensor};
+use std::time::Instant;
+use transformer_model::kernels::int8::{Int8Kernel, QuantizedLinear};
+use transformer_model::kernels::linear_wt;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % 20001) as f32 / 10000.0 - 1.0
+        })
+        .collect()
+}
+
+fn time(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    median(
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect(),
+    )
+}
+
+/// Multiply-adds per second of a register-only `vpdpbusd` loop (8 independent chains).
+#[cfg(target_arch = "x86_64")]
+fn vnni_peak() -> Option<f64> {
+    if Int8Kernel::detect() != Int8Kernel::Avx512Vnni {
+        return None;
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn run(iters: usize) -> i32 {
+        use std::arch::x86_64::*;
+        let a = _mm512_set1_epi8(3);
+        let b = _mm512_set1_epi8(-2);
+        let mut acc = [_mm512_setzero_si512(); 8];
+        for _ in 0..iters {
+            for v in acc.iter_mut() {
+                *v = _mm512_dpbusd_epi32(*v, a, b);
+            }
+        }
+        let mut s = _mm512_setzero_si512();
+        for v in acc {
+            s = _mm512_add_epi32(s, v);
+        }
+        _mm512_reduce_add_epi32(s)
+    }
+    let iters = 20_000_000;
+    let t = Instant::now();
+    let s = unsafe { run(iters) };
+    let secs = t.elapsed().as_secs_f64();
+    std::hint::black_box(s);
+    // 8 instructions of 64 multiply-adds each per iteration.
+    Some(iters as f64 * 8.0 * 64.0 / secs)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn vnni_peak() -> Option<f64> {
+    None
+}
+
+fn main() -> Result<()> {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let dev = Device::Cpu;
+    println!("one thread; median of {reps}; GMAC/s = multiply-adds per second / 1e9");
+    if let Some(p) = vnni_peak() {
+        println!("vpdpbusd peak (register-only loop): {:.0} GMAC/s", p / 1e9);
+    }
+    println!(
+        "{:<34} {:>10} {:>9}   {}",
+        "product (rows x outputs x inputs)", "f32 ms", "GMAC/s", "int8 kernels: ms (GMAC/s)"
+    );
+    for (name, n, out, k) in [
+        ("projection 125 x 256 x 256", 125, 256, 256),
+        ("feed-forward 125 x 512 x 256", 125, 512, 256),
+        ("feed-forward 125 x 256 x 512", 125, 256, 512),
+        ("output layer 125 x 8000 x 256", 125, 8000, 256),
+        ("output layer, greedy 1 x 8000 x 256", 1, 8000, 256),
+    ] {
+        let w = data(out * k, 1);
+        let b = data(out, 2);
+        let x = data(n * k, 3);
+        let macs = (n * out * k) as f64;
+        let wt = Tensor::from_vec(w.clone(), (out, k), &dev)?
+            .t()?
+            .contiguous()?;
+        let bt = Tensor::from_vec(b.clone(), out, &dev)?;
+        let xt = Tensor::from_vec(x.clone(), (n, k), &dev)?;
+        let f32_ms = time(reps, || {
+            let _ = linear_wt(&xt, &wt, &bt).unwrap();
+        });
+        let mut line = format!("{name:<34} {f32_ms:>10.3} {:>9.1}  ", macs / f32_ms / 1e6);
+        for kern in [Int8Kernel::Avx512Vnni, Int8Kernel::Avx2, Int8Kernel::Scalar] {
+            if !kern.available() || (kern == Int8Kernel::Scalar && macs > 1e8) {
+                continue;
+            }
+            let q = QuantizedLinear::new(&w, &b, out, k, kern);
+            let mut y = vec![0f32; n * out];
+            let ms = time(reps, || q.forward(&mut y, &x));
+            line.push_str(&format!(
+                " {}: {ms:.3} ({:.1})",
+                kern.name(),
+                macs / ms / 1e6
+            ));
+        }
+        println!("{line}");
+    }
+    Ok(())
+}

@@ -245,7 +245,21 @@ impl PreparedDecoding {
             Some(q) => format!("output layer int8 ({})", q.kernel().name()),
             None => "output layer f32".to_string(),
         };
-        format!("{layers}, {output}")
+        let slow = self
+            .stack
+            .as_ref()
+            .and_then(|s| s.int8_kernel())
+            .or(self.generator_q.as_ref().map(|q| q.kernel()))
+            .is_some_and(|k| k != crate::kernels::int8::Int8Kernel::Avx512Vnni);
+        if slow {
+            // Measured (examples/int8_bench.rs): without VNNI the int8 products run below
+            // the f32 ones.
+            format!(
+                "{layers}, {output}; this CPU has no AVX512-VNNI: int8 saves memory here but                  decodes slower than f32"
+            )
+        } else {
+            format!("{layers}, {output}")
+        }
     }
 }
 

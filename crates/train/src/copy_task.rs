@@ -3,6 +3,7 @@
 //! A model that decodes its inputs back has working embeddings, masks, attention over the
 //! memory, training and decoding end to end.
 
+use crate::checkpoint::params_tensors;
 use crate::clip::clip_grad_norm;
 use crate::error::Result;
 use crate::grads::Gradients;
@@ -10,8 +11,8 @@ use crate::loss::cross_entropy;
 use crate::metrics::{Metric, Weights};
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
-    self, open_run_dir, params_tensors, save_tagged, LogWindow, Progress, RunOptions, RunState,
-    Saved, StepStats, Task, Validation,
+    self, open_run_dir, save_tagged, LogWindow, Progress, RunOptions, RunState, Saved, StepStats,
+    Task, Validation,
 };
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};

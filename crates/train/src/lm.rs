@@ -28,14 +28,15 @@
 
 use crate::average::CHECKPOINT_PREFIX as AVERAGE_PREFIX;
 use crate::checkpoint;
+use crate::checkpoint::params_tensors;
 use crate::clip::clip_coefficient;
 use crate::error::{Error, Result};
 use crate::grads::Gradients;
 use crate::metrics::{Metric, Weights};
 use crate::optim::Sgd;
 use crate::runner::{
-    self, check_format, open_run_dir, params_tensors, predates_averaging, save_tagged, LogWindow,
-    RunState, Saved, StepStats, Task, Validation,
+    self, check_format, open_run_dir, predates_averaging, save_tagged, LogWindow, RunState, Saved,
+    StepStats, Task, Validation,
 };
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};

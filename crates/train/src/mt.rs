@@ -23,14 +23,15 @@
 
 use crate::average::CHECKPOINT_PREFIX as AVERAGE_PREFIX;
 use crate::checkpoint;
+use crate::checkpoint::params_tensors;
 use crate::clip::clip_coefficient;
 use crate::error::{Error, Result};
 use crate::grads::Gradients;
 use crate::metrics::{Metric, Weights};
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
-    self, load_tagged, meta_json, open_run_dir, params_tensors, predates_averaging, save_tagged,
-    LogWindow, Progress, RunState, Saved, Selection, StepStats, Task, Validation,
+    self, load_tagged, meta_json, open_run_dir, predates_averaging, save_tagged, LogWindow,
+    Progress, RunState, Saved, Selection, StepStats, Task, Validation,
 };
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};

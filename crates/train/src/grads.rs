@@ -183,7 +183,8 @@ impl Gradients {
     }
 
     /// Calls `f` with each variable that has a gradient, in the order of [`Self::vars`], and
-    /// its gradient where it lies (no copy). A variable with no gradient is skipped.
+    /// its gradient where it lies (no copy). A variable with no gradient is skipped. `f`
+    /// runs while the fused ops' store is locked: it must not read these `Gradients` again.
     pub fn for_each(&self, mut f: impl FnMut(&Var, GradRef<'_>) -> Result<()>) -> Result<()> {
         for v in &self.vars {
             let plus = self.store.get(v.as_tensor());

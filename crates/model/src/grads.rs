@@ -16,14 +16,17 @@
 //! ([`crate::kernels::linear_cross_entropy_direct`]) writes `dW` and `db` once into buffers
 //! held here, the embedding ([`crate::Embedding::forward_direct`]) records only its rows,
 //! one per distinct token, and each encoder layer run as one fused op
-//! ([`crate::kernels::encoder_layer`]) adds its sixteen parameters' gradients. Those parameters get no entry in the `GradStore`; the
-//! optimizer reads them from here ([`DirectGrads::for_each`]; `transformer_train`'s clipping
-//! and SGD do), and [`DirectGrads::clear`] keeps the buffers for the next step. The output
+//! ([`crate::kernels::encoder_layer`]) adds its sixteen parameters' gradients. Those
+//! parameters get no entry in the `GradStore`. The training side reads this store and the
+//! `GradStore` together as one set of gradients (`transformer_train::grads::Gradients`:
+//! the clipping norm, the optimizers, a sum across processes), and [`DirectGrads::clear`]
+//! keeps the buffers for the next step. The output
 //! layer also hands over `dW`'s sum of squares, taken block by block while in cache, which
 //! the clipping norm uses instead of reading `dW` again ([`GradView::Dense`]).
 //!
 //! Only CPU f32 parameters (candle `Var`s) take this path; for any other the ops return
-//! their gradient to the `GradStore` as before. So a caller always reads both.
+//! their gradient to the `GradStore` as before. So a caller always reads both (through
+//! `transformer_train::grads::Gradients`).
 //!
 //! # Exactness
 //! The embedding's and the output layer's contributions are summed in the order candle's
@@ -255,6 +258,81 @@ impl DirectGrads {
             f(&e.param, view)?;
         }
         Ok(())
+    }
+
+    /// Calls `f` with the gradient of `param` held here, if it has one, and returns what
+    /// `f` returns (`None` without a gradient).
+    pub fn with_grad<R>(
+        &self,
+        param: &Tensor,
+        f: impl FnOnce(GradView<'_>) -> Result<R>,
+    ) -> Result<Option<R>> {
+        let entries = self.lock();
+        let Some(e) = entries.iter().find(|e| e.param.id() == param.id()) else {
+            return Ok(None);
+        };
+        let view = match &e.grad {
+            Grad::Empty => return Ok(None),
+            Grad::Rows { ids, .. } if ids.is_empty() => return Ok(None),
+            Grad::Dense(g) => GradView::Dense {
+                values: g,
+                sum_sq: e.sum_sq,
+            },
+            Grad::Rows { ids, rows, .. } => GradView::Rows {
+                ids,
+                rows,
+                dim: e.param.dims().last().copied().unwrap_or(1),
+            },
+        };
+        f(view).map(Some)
+    }
+
+    /// Calls `f` with the gradient of `param` as one mutable dense slice in its shape, if it
+    /// has one here, and returns what `f` returns (`None` without a gradient). Row gradients
+    /// are first laid out densely (the other rows zero); what `f` writes is the gradient
+    /// from then on.
+    pub fn with_dense_mut<R>(
+        &self,
+        param: &Tensor,
+        f: impl FnOnce(&mut [f32]) -> Result<R>,
+    ) -> Result<Option<R>> {
+        let mut entries = self.lock();
+        let Some(e) = entries.iter_mut().find(|e| e.param.id() == param.id()) else {
+            return Ok(None);
+        };
+        if e.grad.is_none() {
+            return Ok(None);
+        }
+        e.sum_sq = None;
+        if let Grad::Rows { ids, rows, .. } = &e.grad {
+            let dim = e.param.dims().last().copied().unwrap_or(1);
+            let mut dense = std::mem::take(&mut e.spare);
+            dense.clear();
+            dense.resize(e.param.elem_count(), 0.0);
+            for (&id, r) in ids.iter().zip(rows.chunks_exact(dim)) {
+                dense[id as usize * dim..(id as usize + 1) * dim].copy_from_slice(r);
+            }
+            e.grad = Grad::Dense(dense);
+        }
+        let Grad::Dense(g) = &mut e.grad else {
+            unreachable!("a gradient held here is dense or rows, made dense just above")
+        };
+        f(g).map(Some)
+    }
+
+    /// Multiplies every gradient held here by `factor`, as candle's `affine` computes it
+    /// (`x * factor + 0` in f32), dense or rows.
+    pub fn scale(&self, factor: f64) {
+        let c = factor as f32;
+        for e in self.lock().iter_mut() {
+            let values = match &mut e.grad {
+                Grad::Empty => continue,
+                Grad::Dense(g) => g,
+                Grad::Rows { rows, .. } => rows,
+            };
+            values.iter_mut().for_each(|x| *x = *x * c + 0.0);
+            e.sum_sq = None;
+        }
     }
 
     /// The gradient of `param` as a dense tensor of its shape, if it has one here (for tests

@@ -201,24 +201,23 @@ fn main() -> candle_core::Result<()> {
                 .unwrap()
         });
         let vars = params.vars();
-        let grads = model
+        let loss = model
             .loss_with(&ids, &targets, Mode::Train(&rng), precision)
-            .unwrap()
-            .backward()
             .unwrap();
+        let grads = transformer_train::Gradients::backward(&loss, &vars).unwrap();
         time("  clip + sgd (in place)", 5, || {
-            let (_, coef) = transformer_train::clip::clip_coefficient(&grads, &vars, 0.5).unwrap();
+            let (_, coef) = transformer_train::clip::clip_coefficient(&grads, 0.5).unwrap();
             let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);
-            sgd.step_scaled(&grads, coef).unwrap();
+            sgd.step(&grads, coef).unwrap();
         });
         time("  full step, all gradients in GradStore", 5, || {
             let loss = model
                 .loss_with(&ids, &targets, Mode::Train(&rng), precision)
                 .unwrap();
-            let g = loss.backward().unwrap();
-            let (_, coef) = transformer_train::clip::clip_coefficient(&g, &vars, 0.5).unwrap();
+            let g = transformer_train::Gradients::backward(&loss, &vars).unwrap();
+            let (_, coef) = transformer_train::clip::clip_coefficient(&g, 0.5).unwrap();
             let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);
-            sgd.step_scaled(&g, coef).unwrap();
+            sgd.step(&g, coef).unwrap();
         });
         // The weight average's update, which `transformer lm train` makes every
         // AVERAGE_EVERY-th step (so its cost per step is this divided by that).

@@ -12,6 +12,7 @@ use transformer_model::{Mode, ParamBuilder, Rng, Seq2Seq};
 use transformer_train::clip::clip_grad_norm;
 use transformer_train::mt::{train_step, MtModel, MtTrainConfig};
 use transformer_train::optim::Adam;
+use transformer_train::Gradients;
 
 fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
     f();
@@ -94,9 +95,9 @@ fn main() -> candle_core::Result<()> {
         let l = model
             .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))
             .unwrap();
-        let mut g = l.loss.backward().unwrap();
-        clip_grad_norm(&mut g, &vars, 1.0).unwrap();
-        opt.step(&g).unwrap();
+        let mut g = Gradients::backward(&l.loss, &vars).unwrap();
+        clip_grad_norm(&mut g, 1.0).unwrap();
+        opt.step(&g, 1.0).unwrap();
     });
     let direct = DirectGrads::new();
     let loss_cfg = (0, 0.1, Precision::F32);
@@ -112,8 +113,7 @@ fn main() -> candle_core::Result<()> {
                 &direct,
             )
             .unwrap();
-        l.loss.backward().unwrap();
-        direct.clear();
+        drop(Gradients::from_backward(&l.loss, &vars, &direct).unwrap());
     });
     let mt_model = MtModel::Transformer(model.clone());
     time(
@@ -136,10 +136,10 @@ fn main() -> candle_core::Result<()> {
         },
     );
     let l = model.loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))?;
-    let mut g = l.loss.backward()?;
-    time("clip", reps, || clip_grad_norm(&mut g, &vars, 1.0).unwrap());
+    let mut g = Gradients::backward(&l.loss, &vars)?;
+    time("clip", reps, || clip_grad_norm(&mut g, 1.0).unwrap());
     time("Adam (three in-place passes)", reps, || {
-        opt.step(&g).unwrap()
+        opt.step(&g, 1.0).unwrap()
     });
     time("Adam, composed (the textbook form)", reps, || {
         opt.step_reference(&g).unwrap()

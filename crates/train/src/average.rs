@@ -73,7 +73,7 @@ impl<M> WeightAverage<M> {
 
     /// The average's tensors as a checkpoint stores them (`average.<name>`).
     pub fn checkpoint_tensors(&self) -> Vec<(String, Tensor)> {
-        crate::runner::params_tensors(&self.params)
+        crate::checkpoint::params_tensors(&self.params)
             .into_iter()
             .map(|(n, t)| (format!("{CHECKPOINT_PREFIX}{n}"), t))
             .collect()

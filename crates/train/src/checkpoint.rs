@@ -7,6 +7,15 @@ use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use transformer_model::Params;
+
+/// The parameters as named tensors (what a weights file holds).
+pub fn params_tensors(params: &Params) -> Vec<(String, Tensor)> {
+    params
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
+        .collect()
+}
 
 /// Fault injection for the kill-and-resume tests: sleeps as many milliseconds as the
 /// environment variable `var` says (nothing when it is unset), so that a test can kill a

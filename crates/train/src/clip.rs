@@ -1,98 +1,23 @@
 //! Gradient-norm clipping, as `torch.nn.utils.clip_grad_norm_`.
 
-use candle_core::{backprop::GradStore, DType, Result, Storage, Tensor, Var};
-use transformer_model::grads::{DirectGrads, GradView};
-
-/// The L2 norm of all gradients together, accumulated in f64. Contiguous CPU f32/f64
-/// gradients are read in place (one pass, no temporaries); others through tensor ops.
-pub fn grad_norm(grads: &GradStore, vars: &[Var]) -> Result<f64> {
-    Ok(store_sum_sq(grads, vars)?.sqrt())
-}
-
-/// [`grad_norm`] over the gradients in `grads` and those in `direct` together (a parameter
-/// has its gradient in one or the other; see `transformer_model::grads`). Row gradients
-/// are read as the rows they are.
-pub fn grad_norm_with(grads: &GradStore, direct: &DirectGrads, vars: &[Var]) -> Result<f64> {
-    let mut sq = store_sum_sq(grads, vars)?;
-    direct.for_each(|_, g| {
-        sq += match g {
-            GradView::Dense {
-                sum_sq: Some(sq), ..
-            } => sq,
-            GradView::Dense { values, .. } => {
-                crate::par::map(values, crate::par::sum_sq_f32).iter().sum()
-            }
-            GradView::Rows { rows, .. } => crate::par::sum_sq_f32(rows),
-        };
-        Ok(())
-    })?;
-    Ok(sq.sqrt())
-}
-
-fn store_sum_sq(grads: &GradStore, vars: &[Var]) -> Result<f64> {
-    let mut sq = 0f64;
-    for v in vars {
-        if let Some(g) = grads.get(v.as_tensor()) {
-            sq += sum_of_squares(g)?;
-        }
-    }
-    Ok(sq)
-}
-
-fn sum_of_squares(g: &Tensor) -> Result<f64> {
-    if g.device().is_cpu() && g.is_contiguous() {
-        let (storage, layout) = g.storage_and_layout();
-        if let (Storage::Cpu(s), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
-            match g.dtype() {
-                DType::F32 => {
-                    let x = &s.as_slice::<f32>()?[a..b];
-                    return Ok(crate::par::map(x, crate::par::sum_sq_f32).iter().sum());
-                }
-                DType::F64 => {
-                    let x = &s.as_slice::<f64>()?[a..b];
-                    return Ok(crate::par::map(x, crate::par::sum_sq_f64).iter().sum());
-                }
-                _ => {}
-            }
-        }
-    }
-    g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>()
-}
+use crate::grads::Gradients;
+use candle_core::Result;
 
 /// PyTorch's clipping coefficient: `min(1, max_norm / (total_norm + 1e-6))`, with the total
-/// norm. Multiply the step by it (see [`crate::Sgd::step_scaled`]) instead of rewriting every
-/// gradient.
-pub fn clip_coefficient(grads: &GradStore, vars: &[Var], max_norm: f64) -> Result<(f64, f64)> {
-    let total = grad_norm(grads, vars)?;
-    Ok((total, coefficient(total, max_norm)))
-}
-
-/// [`clip_coefficient`] over the gradients in `grads` and in `direct` together.
-pub fn clip_coefficient_with(
-    grads: &GradStore,
-    direct: &DirectGrads,
-    vars: &[Var],
-    max_norm: f64,
-) -> Result<(f64, f64)> {
-    let total = grad_norm_with(grads, direct, vars)?;
-    Ok((total, coefficient(total, max_norm)))
-}
-
-fn coefficient(total: f64, max_norm: f64) -> f64 {
-    (max_norm / (total + 1e-6)).min(1.0)
+/// norm ([`Gradients::norm`]). Multiply the step by it (the `scale` of [`crate::Sgd::step`]
+/// and [`crate::Adam::step`]) instead of rewriting every gradient.
+pub fn clip_coefficient(grads: &Gradients, max_norm: f64) -> Result<(f64, f64)> {
+    let total = grads.norm()?;
+    Ok((total, (max_norm / (total + 1e-6)).min(1.0)))
 }
 
 /// Scales all gradients by `max_norm / (total_norm + 1e-6)` when that is below 1, where
 /// `total_norm` is the L2 norm of all gradients together. Returns `total_norm` (before
-/// clipping), as PyTorch does. Parameters without a gradient are skipped.
-pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64> {
-    let (total, coef) = clip_coefficient(grads, vars, max_norm)?;
+/// clipping), as PyTorch does.
+pub fn clip_grad_norm(grads: &mut Gradients, max_norm: f64) -> Result<f64> {
+    let (total, coef) = clip_coefficient(grads, max_norm)?;
     if coef < 1.0 {
-        for v in vars {
-            if let Some(g) = grads.remove(v.as_tensor()) {
-                grads.insert(v.as_tensor(), (g * coef)?);
-            }
-        }
+        grads.scale(coef)?;
     }
     Ok(total)
 }
@@ -100,7 +25,7 @@ pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use candle_core::{Device, Var};
 
     #[test]
     fn norm_and_coefficient_match_the_definition() -> Result<()> {
@@ -109,12 +34,23 @@ mod tests {
         // loss = 3a0 + 4b: gradients (3, 0) and (4): norm 5.
         let loss =
             ((a.as_tensor().get(0)? * 3.0)? + (b.as_tensor().flatten_all()?.get(0)? * 4.0)?)?;
-        let grads = loss.backward()?;
-        let vars = [a, b];
-        let (total, coef) = clip_coefficient(&grads, &vars, 0.5)?;
+        let mut grads = Gradients::backward(&loss, &[a.clone(), b.clone()])?;
+        let (total, coef) = clip_coefficient(&grads, 0.5)?;
         assert!((total - 5.0).abs() < 1e-9);
         assert!((coef - 0.5 / (5.0 + 1e-6)).abs() < 1e-12);
-        assert_eq!(clip_coefficient(&grads, &vars, 10.0)?.1, 1.0);
+        assert_eq!(clip_coefficient(&grads, 10.0)?.1, 1.0);
+        // Clipping in place leaves the norm at max_norm (to the 1e-6 of the definition).
+        assert!((clip_grad_norm(&mut grads, 0.5)? - 5.0).abs() < 1e-9);
+        assert!((grads.norm()? - 0.5).abs() < 1e-6);
+        assert_eq!(
+            grads
+                .get(&b)?
+                .unwrap()
+                .flatten_all()?
+                .to_vec1::<f32>()?
+                .len(),
+            1
+        );
         Ok(())
     }
 }

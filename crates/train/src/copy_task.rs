@@ -3,14 +3,16 @@
 //! A model that decodes its inputs back has working embeddings, masks, attention over the
 //! memory, training and decoding end to end.
 
+use crate::checkpoint::params_tensors;
 use crate::clip::clip_grad_norm;
 use crate::error::Result;
+use crate::grads::Gradients;
 use crate::loss::cross_entropy;
 use crate::metrics::{Metric, Weights};
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
-    self, open_run_dir, params_tensors, save_tagged, LogWindow, Progress, RunOptions, RunState,
-    Saved, StepStats, Task, Validation,
+    self, open_run_dir, save_tagged, LogWindow, Progress, RunOptions, RunState, Saved, StepStats,
+    Task, Validation,
 };
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
@@ -159,10 +161,10 @@ impl Task for CopyTask {
     fn train_step(&mut self, _index: usize, step: usize, rng: &Rng) -> Result<StepStats> {
         let data = random_batch(rng, &self.cfg, &self.device)?;
         let loss = batch_loss(&self.model, &data, &self.cfg, Mode::Train(rng))?;
-        let mut grads = loss.backward()?;
-        clip_grad_norm(&mut grads, &self.vars, 1.0)?;
+        let mut grads = Gradients::backward(&loss, &self.vars)?;
+        clip_grad_norm(&mut grads, 1.0)?;
         self.opt.lr = self.schedule.lr(step + 1);
-        self.opt.step(&grads)?;
+        self.opt.step(&grads, 1.0)?;
         let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         Ok(StepStats {
             loss,

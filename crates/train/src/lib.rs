@@ -1,4 +1,5 @@
-//! Training: losses, optimizers, learning-rate schedules, gradient clipping, checkpoints,
+//! Training: losses, one backward pass's gradients ([`Gradients`]), optimizers,
+//! learning-rate schedules, gradient clipping, checkpoints,
 //! metrics, the tutorial's WikiText-2 language model loop, and the copy task (the Annotated
 //! Transformer's end-to-end smoke test).
 //!
@@ -7,7 +8,7 @@
 //!
 //! ```
 //! use candle_core::{DType, Device, Tensor, Var};
-//! use transformer_train::{clip_grad_norm, cross_entropy, NoamSchedule, Sgd};
+//! use transformer_train::{clip_grad_norm, cross_entropy, Gradients, NoamSchedule, Sgd};
 //!
 //! // Section 5.3: the rate rises for `warmup` steps, then decays as step^-0.5.
 //! let noam = NoamSchedule { d_model: 512, warmup: 4000, factor: 1.0 };
@@ -25,9 +26,9 @@
 //! let mut sgd = Sgd::new(vec![logits.clone()], 1.0);
 //! for _ in 0..10 {
 //!     let (loss, _) = cross_entropy(logits.as_tensor(), &targets, Some(0))?;
-//!     let mut grads = loss.backward()?;
-//!     clip_grad_norm(&mut grads, sgd.vars(), 0.5)?; // gradient norm at most 0.5
-//!     sgd.step(&grads)?;
+//!     let mut grads = Gradients::backward(&loss, sgd.vars())?;
+//!     clip_grad_norm(&mut grads, 0.5)?; // gradient norm at most 0.5
+//!     sgd.step(&grads, 1.0)?;
 //! }
 //! let (last, _) = cross_entropy(logits.as_tensor(), &targets, Some(0))?;
 //! assert!(last.to_scalar::<f32>()? < first.to_scalar::<f32>()?);
@@ -41,6 +42,7 @@ pub mod checkpoint;
 pub mod clip;
 pub mod copy_task;
 pub mod error;
+pub mod grads;
 pub mod lm;
 pub mod loss;
 pub mod metrics;
@@ -56,5 +58,6 @@ pub mod viz;
 
 pub use clip::clip_grad_norm;
 pub use error::{Error, Result};
+pub use grads::Gradients;
 pub use loss::cross_entropy;
 pub use optim::{Adam, NoamSchedule, Sgd};

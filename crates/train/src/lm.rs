@@ -28,13 +28,15 @@
 
 use crate::average::CHECKPOINT_PREFIX as AVERAGE_PREFIX;
 use crate::checkpoint;
-use crate::clip::clip_coefficient_with;
+use crate::checkpoint::params_tensors;
+use crate::clip::clip_coefficient;
 use crate::error::{Error, Result};
+use crate::grads::Gradients;
 use crate::metrics::{Metric, Weights};
 use crate::optim::Sgd;
 use crate::runner::{
-    self, check_format, open_run_dir, params_tensors, predates_averaging, save_tagged, LogWindow,
-    RunState, Saved, StepStats, Task, Validation,
+    self, check_format, open_run_dir, predates_averaging, save_tagged, LogWindow, RunState, Saved,
+    StepStats, Task, Validation,
 };
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
@@ -308,9 +310,9 @@ pub fn window_tensors(w: &Batch, device: &Device) -> Result<(Tensor, Tensor)> {
 /// `GradStore` ([`TransformerLm::loss_direct`], `transformer_model::grads`): the output
 /// layer's are written once into buffers kept from step to step, the embedding's are its
 /// used rows, each encoder layer is one fused op, and the norm and the update read them
-/// where they are. The same result, to rounding, as
-/// `loss.backward()` + [`crate::clip::clip_coefficient`] + [`Sgd::step_scaled`] over the `GradStore`
-/// (`tests/lm_train.rs` compares them).
+/// where they are ([`Gradients`]). The same result, to rounding, as the model's composed
+/// forward pass with [`Gradients::backward`] + [`crate::clip::clip_coefficient`] +
+/// [`Sgd::step`] (`tests/lm_train.rs` compares them).
 pub struct LmStep {
     /// Its `lr` is the learning rate of the next step.
     pub opt: Sgd,
@@ -342,11 +344,10 @@ impl LmStep {
         precision: Precision,
     ) -> Result<f64> {
         let loss = model.loss_direct(input, target, Mode::Train(rng), precision, &self.direct)?;
-        let grads = loss.backward()?;
-        let (_, coef) = clip_coefficient_with(&grads, &self.direct, self.opt.vars(), self.clip)?;
-        self.opt.step_scaled(&grads, coef)?;
-        self.opt.step_direct(&self.direct, coef)?;
-        self.direct.clear();
+        let grads = Gradients::from_backward(&loss, self.opt.vars(), &self.direct)?;
+        let (_, coef) = clip_coefficient(&grads, self.clip)?;
+        self.opt.step(&grads, coef)?;
+        drop(grads); // empties `self.direct` for the next step
         Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
     }
 }

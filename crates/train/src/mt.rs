@@ -23,13 +23,15 @@
 
 use crate::average::CHECKPOINT_PREFIX as AVERAGE_PREFIX;
 use crate::checkpoint;
-use crate::clip::clip_coefficient_with;
+use crate::checkpoint::params_tensors;
+use crate::clip::clip_coefficient;
 use crate::error::{Error, Result};
+use crate::grads::Gradients;
 use crate::metrics::{Metric, Weights};
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
-    self, load_tagged, meta_json, open_run_dir, params_tensors, predates_averaging, save_tagged,
-    LogWindow, Progress, RunState, Saved, Selection, StepStats, Task, Validation,
+    self, load_tagged, meta_json, open_run_dir, predates_averaging, save_tagged, LogWindow,
+    Progress, RunState, Saved, Selection, StepStats, Task, Validation,
 };
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -762,9 +764,9 @@ pub fn word_perplexity(loss_per_token: f64, data: &EncodedSplit) -> f64 {
 /// log-likelihood per target token. The training loop and `transformer bench mt` both take
 /// exactly this step.
 ///
-/// `direct` holds the gradients that fused ops write outside candle's `GradStore`
-/// (`MtModel::loss_direct`); it is empty again when the step returns, its buffers kept for
-/// the next one.
+/// `direct` takes the gradients that fused ops write outside candle's graph
+/// (`MtModel::loss_direct`); [`Gradients::from_backward`] joins them with the autograd's,
+/// and `direct` is empty again when the step returns, its buffers kept for the next one.
 #[allow(clippy::too_many_arguments)]
 pub fn train_step(
     model: &MtModel,
@@ -789,10 +791,10 @@ pub fn train_step(
         mode,
         direct,
     )?;
-    let grads = l.loss.backward()?;
-    let (_, coef) = clip_coefficient_with(&grads, direct, vars, clip)?;
-    opt.step_direct(&grads, direct, coef)?;
-    direct.clear();
+    let grads = Gradients::from_backward(&l.loss, vars, direct)?;
+    let (_, coef) = clip_coefficient(&grads, clip)?;
+    opt.step(&grads, coef)?;
+    drop(grads); // empties `direct` for the next step
     Ok((
         l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
         l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?,

@@ -1,11 +1,11 @@
 //! Optimizers that update parameters in place, with state that can be saved and restored,
 //! and the paper's learning-rate schedule.
 
+use crate::grads::{GradRef, Gradients};
 use candle_core::{
-    backprop::GradStore, CpuStorage, DType, InplaceOp1, InplaceOp2, InplaceOp3, Layout, Result,
-    Tensor, Var,
+    CpuStorage, DType, InplaceOp1, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var,
 };
-use transformer_model::grads::{DirectGrads, GradView};
+use transformer_model::grads::GradView;
 
 /// Plain stochastic gradient descent, `p -= lr * g` (the PyTorch tutorial's optimizer).
 #[derive(Debug, Clone)]
@@ -26,37 +26,38 @@ impl Sgd {
         &self.vars
     }
 
-    /// `p -= lr * g` for every parameter with a gradient in `grads`.
-    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
-        self.step_scaled(grads, 1.0)
-    }
-
-    /// `p -= lr * scale * g`: the step after scaling the gradients by `scale` (the clipping
-    /// coefficient), without materialising the scaled gradients.
-    pub fn step_scaled(&mut self, grads: &GradStore, scale: f64) -> Result<()> {
-        for v in &self.vars {
-            if let Some(g) = grads.get(v.as_tensor()) {
-                axpy_in_place(v, g, -self.lr * scale)?;
+    /// `p -= lr * scale * g` for every parameter with a gradient in `grads`: the step after
+    /// scaling the gradients by `scale` (the clipping coefficient; 1 leaves them as they
+    /// are), without materialising the scaled gradients. In place: a dense gradient in one
+    /// pass over both cores, a row gradient on its rows only. A gradient of a parameter this
+    /// optimizer does not hold is an error.
+    pub fn step(&mut self, grads: &Gradients, scale: f64) -> Result<()> {
+        let alpha = -self.lr * scale;
+        let vars = &self.vars;
+        grads.for_each(|v, g| {
+            if !vars
+                .iter()
+                .any(|x| x.as_tensor().id() == v.as_tensor().id())
+            {
+                candle_core::bail!("sgd: a gradient for a parameter it does not hold");
             }
-        }
-        Ok(())
-    }
-
-    /// The step for the gradients held in `direct` (see `transformer_model::grads`), scaled
-    /// like [`Self::step_scaled`]: in place, a dense gradient in one pass over both cores, a
-    /// row gradient on its rows only. Parameters this optimizer does not hold are an error.
-    pub fn step_direct(&mut self, direct: &DirectGrads, scale: f64) -> Result<()> {
-        let alpha = (-self.lr * scale) as f32;
-        direct.for_each(|p, g| {
-            if !self.vars.iter().any(|v| v.as_tensor().id() == p.id()) {
-                candle_core::bail!("sgd: a direct gradient for a parameter it does not hold");
+            match g {
+                GradRef::Tensor(g) => axpy_in_place(v, g, alpha),
+                GradRef::Fused { view, plus } => {
+                    if let Some(g) = plus {
+                        axpy_in_place(v, g, alpha)?;
+                    }
+                    v.as_tensor().inplace_op1(&AxpyDirect {
+                        g: view,
+                        alpha: alpha as f32,
+                    })
+                }
             }
-            p.inplace_op1(&AxpyDirect { g, alpha })
         })
     }
 }
 
-/// `p += alpha * g` for a gradient held in [`DirectGrads`].
+/// `p += alpha * g` for a gradient written by fused ops ([`GradRef::Fused`]).
 struct AxpyDirect<'a> {
     g: GradView<'a>,
     alpha: f32,
@@ -230,14 +231,11 @@ impl Adam {
         })
     }
 
-    /// One Adam update of every parameter with a gradient in `grads`; counts the step.
-    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
-        self.step_scaled(grads, 1.0)
-    }
-
-    /// One Adam update with every gradient multiplied by `scale` (the clipping coefficient,
-    /// see [`crate::clip::clip_coefficient`]; 1 leaves them as they are) without rewriting
-    /// the gradients; counts the step.
+    /// One Adam update of every parameter with a gradient in `grads`, every gradient
+    /// multiplied by `scale` (the clipping coefficient, see [`crate::clip::clip_coefficient`];
+    /// 1 leaves them as they are) without rewriting the gradients; counts the step. A
+    /// parameter with gradients from both the autograd and fused ops gets their sum; a
+    /// gradient of a parameter this optimizer does not hold is an error.
     ///
     /// Contiguous CPU f32 parameters take three in-place passes (`AdamMoment`,
     /// `AdamApply`) instead of the dozen allocating tensor ops of the textbook form
@@ -246,87 +244,64 @@ impl Adam {
     /// default translation model (6.0 M parameters) on one thread of an AMD EPYC Zen 4
     /// (2026-11-25, `examples/profile_mt.rs`) the allocating form takes 19.3 ms a step, the
     /// passes 7.5 ms.
-    pub fn step_scaled(&mut self, grads: &GradStore, scale: f64) -> Result<()> {
-        self.step_direct(grads, &DirectGrads::new(), scale)
-    }
-
-    /// [`Self::step_scaled`] for gradients in `grads` and in `direct` (see
-    /// `transformer_model::grads`); a parameter with a gradient in both gets their sum.
-    /// Gradients in `direct` for a parameter this optimizer does not hold are an error.
-    pub fn step_direct(
-        &mut self,
-        grads: &GradStore,
-        direct: &DirectGrads,
-        scale: f64,
-    ) -> Result<()> {
+    pub fn step(&mut self, grads: &Gradients, scale: f64) -> Result<()> {
         self.step += 1;
         let t = self.step as i32;
         let (c1, c2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
-        let mut done = vec![false; self.vars.len()];
-        direct.for_each(|p, view| {
-            let Some(i) = self.vars.iter().position(|v| v.as_tensor().id() == p.id()) else {
-                candle_core::bail!("adam: a direct gradient for a parameter it does not hold");
-            };
-            done[i] = true;
-            let n = p.elem_count();
-            // The whole gradient as one f32 slice: Adam moves every element, so row gradients
-            // are laid out densely, and a second gradient in the store is added.
-            let mut owned: Vec<f32>;
-            let dense: &[f32] = match (view, grads.get(p)) {
-                (GradView::Dense { values, .. }, None) => values,
-                (view, store) => {
-                    owned = match store {
-                        Some(g) => g.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?,
-                        None => vec![0.0; n],
-                    };
-                    match view {
-                        GradView::Dense { values, .. } => {
-                            owned.iter_mut().zip(values).for_each(|(o, x)| *o += x)
-                        }
-                        GradView::Rows { ids, rows, dim } => {
-                            for (&id, r) in ids.iter().zip(rows.chunks_exact(dim)) {
-                                let dst = &mut owned[id as usize * dim..(id as usize + 1) * dim];
-                                dst.iter_mut().zip(r).for_each(|(o, x)| *o += x);
-                            }
-                        }
-                    }
-                    &owned
-                }
-            };
-            let (v, (m, s)) = (&self.vars[i], &mut self.moments[i]);
-            let fast = [v.as_tensor(), &*m, &*s]
+        let h = [self.beta1, self.beta2, self.eps, self.lr];
+        let (vars, moments) = (&self.vars, &mut self.moments);
+        grads.for_each(|p, g| {
+            let Some(i) = vars
                 .iter()
-                .all(|x| x.device().is_cpu() && x.dtype() == DType::F32 && x.is_contiguous());
-            if !fast || dense.len() != n {
-                candle_core::bail!("adam: direct gradients need contiguous CPU f32 parameters");
-            }
-            let h = [self.beta1, self.beta2, self.eps, self.lr];
-            Self::update_in_place(v, m, s, dense, h, [c1, c2], scale)
-        })?;
-        for (i, (v, (m, s))) in self.vars.iter().zip(self.moments.iter_mut()).enumerate() {
-            let Some(g) = grads.get(v.as_tensor()).filter(|_| !done[i]) else {
-                continue;
+                .position(|v| v.as_tensor().id() == p.as_tensor().id())
+            else {
+                candle_core::bail!("adam: a gradient for a parameter it does not hold");
             };
-            let h = [self.beta1, self.beta2, self.eps, self.lr];
-            let fast = v.device().is_cpu()
-                && [v.as_tensor(), &*m, &*s, g]
-                    .iter()
-                    .all(|x| x.dtype() == DType::F32 && x.is_contiguous() && x.dims() == v.dims());
-            if fast {
-                let (storage, layout) = g.storage_and_layout();
-                let candle_core::Storage::Cpu(CpuStorage::F32(data)) = &*storage else {
-                    candle_core::bail!("adam: expected a CPU f32 gradient");
-                };
-                let (a, b) = layout
-                    .contiguous_offsets()
-                    .expect("checked contiguous above");
-                Self::update_in_place(v, m, s, &data[a..b], h, [c1, c2], scale)?;
-            } else {
-                let g = if scale < 1.0 { (g * scale)? } else { g.clone() };
-                Self::update_reference(v, m, s, &g, h, [c1, c2])?;
+            let (v, (m, s)) = (&vars[i], &mut moments[i]);
+            match g {
+                GradRef::Fused { view, plus } => {
+                    let n = v.elem_count();
+                    // The whole gradient as one f32 slice: Adam moves every element, so row
+                    // gradients are laid out densely, and the autograd's gradient is added.
+                    let owned: Vec<f32>;
+                    let dense: &[f32] = match (view, plus) {
+                        (GradView::Dense { values, .. }, None) => values,
+                        (view, plus) => {
+                            owned = crate::grads::dense_sum(view, plus, n)?;
+                            &owned
+                        }
+                    };
+                    let fast = [v.as_tensor(), &*m, &*s].iter().all(|x| {
+                        x.device().is_cpu() && x.dtype() == DType::F32 && x.is_contiguous()
+                    });
+                    if !fast || dense.len() != n {
+                        candle_core::bail!(
+                            "adam: fused ops' gradients need contiguous CPU f32 parameters"
+                        );
+                    }
+                    Self::update_in_place(v, m, s, dense, h, [c1, c2], scale)
+                }
+                GradRef::Tensor(g) => {
+                    let fast = v.device().is_cpu()
+                        && [v.as_tensor(), &*m, &*s, g].iter().all(|x| {
+                            x.dtype() == DType::F32 && x.is_contiguous() && x.dims() == v.dims()
+                        });
+                    if fast {
+                        let (storage, layout) = g.storage_and_layout();
+                        let candle_core::Storage::Cpu(CpuStorage::F32(data)) = &*storage else {
+                            candle_core::bail!("adam: expected a CPU f32 gradient");
+                        };
+                        let (a, b) = layout
+                            .contiguous_offsets()
+                            .expect("checked contiguous above");
+                        Self::update_in_place(v, m, s, &data[a..b], h, [c1, c2], scale)
+                    } else {
+                        let g = if scale < 1.0 { (g * scale)? } else { g.clone() };
+                        Self::update_reference(v, m, s, &g, h, [c1, c2])
+                    }
+                }
             }
-        }
-        Ok(())
+        })
     }
 
     /// One parameter's update in three in-place passes from its gradient `g` (contiguous
@@ -367,21 +342,21 @@ impl Adam {
         )
     }
 
-    /// The textbook form of [`Self::step`], composed of tensor ops (the plain version the
+    /// The textbook form of [`Self::step`] (scale 1), composed of tensor ops (the plain version the
     /// in-place passes are checked against).
-    pub fn step_reference(&mut self, grads: &GradStore) -> Result<()> {
+    pub fn step_reference(&mut self, grads: &Gradients) -> Result<()> {
         self.step += 1;
         let t = self.step as i32;
         let (c1, c2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
         for (v, (m, s)) in self.vars.iter().zip(self.moments.iter_mut()) {
-            let Some(g) = grads.get(v.as_tensor()) else {
+            let Some(g) = grads.get(v)? else {
                 continue;
             };
             Self::update_reference(
                 v,
                 m,
                 s,
-                g,
+                &g,
                 [self.beta1, self.beta2, self.eps, self.lr],
                 [c1, c2],
             )?;
@@ -539,7 +514,7 @@ mod tests {
             let view = x.as_tensor().clone(); // a module's clone sees the update
             let loss = (x.as_tensor().sqr()? * 0.5)?.sum_all()?; // gradient = x
             let mut sgd = Sgd::new(vec![x.clone()], 0.1);
-            sgd.step_scaled(&loss.backward()?, 0.5)?;
+            sgd.step(&Gradients::backward(&loss, sgd.vars())?, 0.5)?;
             let got = view.to_dtype(DType::F64)?.to_vec1::<f64>()?;
             let want = [0.95, -1.9, 2.85];
             for (g, w) in got.iter().zip(want) {
@@ -555,7 +530,7 @@ mod tests {
         let mut opt = Adam::new(vec![x.clone()], 0.1)?;
         for _ in 0..300 {
             let loss = x.as_tensor().sqr()?.sum_all()?;
-            opt.step(&loss.backward()?)?;
+            opt.step(&Gradients::backward(&loss, std::slice::from_ref(&x))?, 1.0)?;
         }
         let v = x.as_tensor().to_dtype(DType::F64)?.to_vec1::<f64>()?;
         assert!(v.iter().all(|a| a.abs() < 1e-2), "{v:?}");
@@ -583,26 +558,24 @@ mod tests {
         let mut fused = Adam::new(vec![a.clone(), small.0.clone()], 1e-3)?;
         let mut plain = Adam::new(vec![b.clone(), small.1.clone()], 1e-3)?;
         for step in 0..4 {
-            let loss = |x: &Var, y: &Var| -> Result<GradStore> {
+            let loss = |x: &Var, y: &Var| -> Result<Gradients> {
                 // Gradients that vary in sign and size from element to element and step to step.
                 let w = Tensor::arange(0f32, n as f32, &dev)?
                     .affine(1e-5, step as f64)?
                     .sin()?;
-                ((x.as_tensor() * &w)?.sqr()?.sum_all()? + y.as_tensor().powf(3.0)?.sum_all()?)?
-                    .backward()
+                let l = ((x.as_tensor() * &w)?.sqr()?.sum_all()?
+                    + y.as_tensor().powf(3.0)?.sum_all()?)?;
+                Gradients::backward(&l, &[x.clone(), y.clone()])
             };
             let (ga, gb) = (loss(&a, &small.0)?, loss(&b, &small.1)?);
             if step % 2 == 0 {
-                fused.step(&ga)?;
+                fused.step(&ga, 1.0)?;
                 plain.step_reference(&gb)?;
             } else {
                 let scale = 0.37;
-                fused.step_scaled(&ga, scale)?;
+                fused.step(&ga, scale)?;
                 let mut gb = gb;
-                for v in [&b, &small.1] {
-                    let g = gb.remove(v.as_tensor()).unwrap();
-                    gb.insert(v.as_tensor(), (g * scale)?);
-                }
+                gb.scale(scale)?;
                 plain.step_reference(&gb)?;
             }
             for (x, y) in [(&a, &b), (&small.0, &small.1)] {

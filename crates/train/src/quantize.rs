@@ -12,9 +12,10 @@
 //! scale` rounds to `q`.
 
 use crate::checkpoint;
+use crate::checkpoint::params_tensors;
 use crate::error::{Error, Result};
 use crate::mt::{self, LoadedMt, MtModel};
-use crate::runner::{best_path, config_path, params_tensors, save_tagged};
+use crate::runner::{best_path, config_path, save_tagged};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;

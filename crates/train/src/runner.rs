@@ -7,7 +7,7 @@
 //! checkpoint, per epoch validate / keep the best / checkpoint / plot, at the end test.
 
 use crate::average::WeightAverage;
-use crate::checkpoint;
+use crate::checkpoint::{self, params_tensors};
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metric, Weights};
 use candle_core::{Device, Tensor};
@@ -340,14 +340,6 @@ pub fn open_run_dir(run: &Path, resume: bool) -> Result<(bool, RunLock)> {
         )));
     }
     Ok((resume, lock))
-}
-
-/// The parameters as named tensors (what a weights file holds).
-pub fn params_tensors(params: &Params) -> Vec<(String, Tensor)> {
-    params
-        .iter()
-        .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
-        .collect()
 }
 
 /// Saves `tensors` with a format tag and more metadata, atomically.

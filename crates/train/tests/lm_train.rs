@@ -382,8 +382,8 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
 
 /// The trainer's step (`LmStep`: the embedding's, the output layer's and the fused encoder
 /// layers' gradients outside candle's `GradStore`, the embedding's as rows) moves every
-/// parameter as the plain step does (`loss.backward()`, `clip_coefficient`,
-/// `Sgd::step_scaled` over the `GradStore`), step after step, with clipping active and
+/// parameter as the plain step does (the composed forward pass, `Gradients::backward`,
+/// `clip_coefficient`, `Sgd::step`), step after step, with clipping active and
 /// repeated tokens. The gradients are equal to rounding (`transformer-model`'s
 /// `direct_gradients_equal_the_grad_store`: the fused encoder layer sums in another order),
 /// and so are the parameters.
@@ -423,10 +423,10 @@ fn trainer_step_equals_the_plain_step() -> CResult<()> {
         let x = Tensor::from_vec(x, (4, 6), &dev)?;
         let y = Tensor::from_vec(y, 24, &dev)?;
         let loss_a = lm_a.loss_with(&x, &y, Mode::Train(&rng_a), Precision::F32)?;
-        let grads = loss_a.backward()?;
-        let (_, coef) = clip_coefficient(&grads, &params_a.vars(), 0.5)?;
+        let grads = transformer_train::Gradients::backward(&loss_a, &params_a.vars())?;
+        let (_, coef) = clip_coefficient(&grads, 0.5)?;
         assert!(coef < 1.0, "clipping is active");
-        plain.step_scaled(&grads, coef)?;
+        plain.step(&grads, coef)?;
         let loss_b = step
             .run(&lm_b, &x, &y, &rng_b, Precision::F32)
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;

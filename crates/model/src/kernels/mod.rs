@@ -57,6 +57,8 @@ mod matmul;
 mod smoothing;
 mod softmax;
 mod sublayer;
+#[doc(hidden)]
+pub mod timing;
 
 pub use activation::{sigmoid, sigmoid_reference, tanh};
 pub use attention::{attention, attention_reference};

@@ -21,7 +21,7 @@ pub enum MtCommand {
     /// Train a translation model: joint BPE tokens, Adam with warm-up, label smoothing;
     /// validation loss, perplexity and BLEU every epoch; beam-search BLEU on the test set.
     #[command(
-        after_help = "Examples:\n  transformer mt train --corpus multi30k-de-en --out runs/de-en\n  transformer mt train --corpus ko-en --out runs/ko-en\n  transformer mt train --corpus multi30k-de-en --arch gru-bahdanau --epochs 10 --out runs/gru-bahdanau\n  transformer mt train --train-src train.de --train-tgt train.en --valid-src val.de --valid-tgt val.en --out runs/mine\n  transformer mt train --out runs/de-en --resume      # continue after an interruption\n  transformer mt train --corpus multi30k-de-en --out runs/quick --epochs 1 --max-batches 50"
+        after_help = "Examples:\n  transformer mt train --corpus multi30k-de-en --out runs/de-en\n  transformer mt train --corpus ko-en --out runs/ko-en\n  transformer mt train --corpus ko-en-all --reverse --out runs/en-ko-all\n  transformer mt train --corpus ko-en-all --init-from runs/ko-en --warmup 100 --epochs 5 --out runs/ko-en-ft\n  transformer mt train --corpus multi30k-de-en --arch gru-bahdanau --epochs 10 --out runs/gru-bahdanau\n  transformer mt train --train-src train.de --train-tgt train.en --valid-src val.de --valid-tgt val.en --out runs/mine\n  transformer mt train --out runs/de-en --resume      # continue after an interruption\n  transformer mt train --corpus multi30k-de-en --out runs/quick --epochs 1 --max-batches 50"
     )]
     Train(Box<TrainArgs>),
     /// Translate sentences, one per line (stdin, or --src FILE), to stdout in the same order.
@@ -100,9 +100,23 @@ fn cross_heatmap(
 
 #[derive(Args)]
 pub struct TrainArgs {
-    /// A bundled corpus read from --data: multi30k-de-en or ko-en.
+    /// A bundled corpus read from --data: multi30k-de-en, ko-en (Tatoeba + JHE, 7,189
+    /// pairs), or ko-en-all (every Korean-English pair not held out for testing: ko-en plus
+    /// the Python docs, LibreOffice and Korean PUD; see docs/MT.md).
     #[arg(long)]
     corpus: Option<Corpus>,
+    /// Exchange source and target in every split: --corpus ko-en or ko-en-all then trains
+    /// English to Korean (the language codes recorded for `transformer serve` follow). Fixed
+    /// for the run's life (not changeable on --resume).
+    #[arg(long)]
+    reverse: bool,
+    /// Fine-tune: start from a trained run's weights (its best.safetensors) and tokenizer
+    /// (copied; the vocabulary cannot change). The model's shape comes from that run, and
+    /// flags that would change it are refused; the warm-up, learning rate, data and epochs
+    /// are this run's, and Adam starts afresh. The log says how many training tokens are
+    /// <unk> under the inherited tokenizer.
+    #[arg(long, value_name = "RUN_DIR")]
+    init_from: Option<PathBuf>,
     /// Folder holding the bundled corpora (multi30k/, ko-en/) [default: ../shared/data]
     #[arg(long)]
     data: Option<PathBuf>,
@@ -319,6 +333,14 @@ impl TrainArgs {
         if self.corpus.is_some() {
             c.corpus = self.corpus;
             given.push(Given::new("corpus", "--corpus"));
+        }
+        if self.reverse {
+            c.reverse = true;
+            given.push(Given::new("reverse", "--reverse"));
+        }
+        if self.init_from.is_some() {
+            c.init_from.clone_from(&self.init_from);
+            given.push(Given::new("init_from", "--init-from"));
         }
         if self.src_lang.is_some() {
             c.src_lang.clone_from(&self.src_lang);

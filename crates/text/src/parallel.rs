@@ -223,6 +223,58 @@ pub enum PairSource {
         /// 0-based column of the target sentence.
         tgt_col: usize,
     },
+    /// A deterministic subset of another source's pairs, by position ([`Slice`]): how a
+    /// held-out slice and the rest of one corpus are both named.
+    Slice {
+        /// The source the pairs are taken from.
+        of: Box<PairSource>,
+        /// Which of its pairs.
+        slice: Slice,
+    },
+}
+
+/// Which pairs of a source, by their 1-based position `k` in it (line `k` of a two-file
+/// source): the held-out slice is every `n`-th pair (`k` a multiple of `n`), the rest is
+/// everything else, so the two never share a line and together are the whole source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slice {
+    /// Pairs `n`, `2n`, `3n`, ...: the held-out slice.
+    EveryNth(usize),
+    /// All pairs but `n`, `2n`, `3n`, ...: the rest, for training.
+    AllButEveryNth(usize),
+}
+
+impl Slice {
+    /// Whether the pair at 0-based index `i` belongs to the slice.
+    pub fn contains(self, i: usize) -> bool {
+        match self {
+            Slice::EveryNth(n) => (i + 1).is_multiple_of(n.max(1)),
+            Slice::AllButEveryNth(n) => !(i + 1).is_multiple_of(n.max(1)),
+        }
+    }
+
+    /// The slice's pairs of `pairs`, in order.
+    pub fn apply(self, pairs: Pairs) -> Pairs {
+        let mut out = Pairs::default();
+        for (i, (s, t)) in pairs.src.into_iter().zip(pairs.tgt).enumerate() {
+            if self.contains(i) {
+                out.src.push(s);
+                out.tgt.push(t);
+            }
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Slice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Slice::EveryNth(n) => write!(f, "pairs {n}, {}, {}, ...", 2 * n, 3 * n),
+            Slice::AllButEveryNth(n) => {
+                write!(f, "all but pairs {n}, {}, {}, ...", 2 * n, 3 * n)
+            }
+        }
+    }
 }
 
 impl PairSource {
@@ -235,6 +287,72 @@ impl PairSource {
                 src_col,
                 tgt_col,
             } => read_tsv_pairs(path, *src_col, *tgt_col),
+            PairSource::Slice { of, slice } => Ok(slice.apply(of.read()?)),
+        }
+    }
+
+    /// The same pairs with source and target exchanged (the other translation direction).
+    pub fn reversed(&self) -> PairSource {
+        match self {
+            PairSource::Files { src, tgt } => PairSource::Files {
+                src: tgt.clone(),
+                tgt: src.clone(),
+            },
+            PairSource::Tsv {
+                path,
+                src_col,
+                tgt_col,
+            } => PairSource::Tsv {
+                path: path.clone(),
+                src_col: *tgt_col,
+                tgt_col: *src_col,
+            },
+            PairSource::Slice { of, slice } => PairSource::Slice {
+                of: Box::new(of.reversed()),
+                slice: *slice,
+            },
+        }
+    }
+
+    /// The first file the pairs are read from (the source side's, for two files).
+    pub fn first_file(&self) -> &Path {
+        match self {
+            PairSource::Files { src, .. } => src,
+            PairSource::Tsv { path, .. } => path,
+            PairSource::Slice { of, .. } => of.first_file(),
+        }
+    }
+
+    /// A short name for logs: the files' folder and names, and the slice if any
+    /// (`jhe/jhe-koen-dev.ko + .en`, `tatoeba/kor.txt columns 1, 0`).
+    pub fn describe(&self) -> String {
+        let short = |p: &Path| {
+            let name = p.file_name().map_or_else(
+                || p.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            match p.parent().and_then(|d| d.file_name()) {
+                Some(d) => format!("{}/{name}", d.to_string_lossy()),
+                None => name,
+            }
+        };
+        match self {
+            PairSource::Files { src, tgt } => {
+                let (s, t) = (short(src), short(tgt));
+                // `dir/name.ko + .en` when the two differ only in their extension.
+                match (src.file_stem(), tgt.file_stem(), tgt.extension()) {
+                    (Some(a), Some(b), Some(ext)) if a == b && src.parent() == tgt.parent() => {
+                        format!("{s} + .{}", ext.to_string_lossy())
+                    }
+                    _ => format!("{s} + {t}"),
+                }
+            }
+            PairSource::Tsv {
+                path,
+                src_col,
+                tgt_col,
+            } => format!("{} columns {src_col}, {tgt_col}", short(path)),
+            PairSource::Slice { of, slice } => format!("{} ({slice})", of.describe()),
         }
     }
 
@@ -459,6 +577,51 @@ mod tests {
         std::fs::write(d.join("bad.de.gz"), b"not gzip at all").unwrap();
         let err = read_lines(&d.join("bad.de.gz")).unwrap_err().to_string();
         assert!(err.contains("bad.de.gz") && err.contains("gzip"), "{err}");
+    }
+
+    #[test]
+    fn slices_partition_a_source_and_reversal_swaps_the_sides() {
+        let d = temp_dir("slice");
+        let ko: Vec<String> = (1..=7).map(|i| format!("k{i}")).collect();
+        let en: Vec<String> = (1..=7).map(|i| format!("e{i}")).collect();
+        std::fs::write(d.join("s.ko"), ko.join("\n") + "\n").unwrap();
+        std::fs::write(d.join("s.en"), en.join("\n") + "\n").unwrap();
+        let whole = PairSource::Files {
+            src: d.join("s.ko"),
+            tgt: d.join("s.en"),
+        };
+        let held = PairSource::Slice {
+            of: Box::new(whole.clone()),
+            slice: Slice::EveryNth(3),
+        };
+        let rest = PairSource::Slice {
+            of: Box::new(whole.clone()),
+            slice: Slice::AllButEveryNth(3),
+        };
+        let h = held.read().unwrap();
+        assert_eq!(h.src, vec!["k3", "k6"]);
+        assert_eq!(h.tgt, vec!["e3", "e6"]);
+        let r = rest.read().unwrap();
+        assert_eq!(r.src, vec!["k1", "k2", "k4", "k5", "k7"]);
+        assert_eq!(r.tgt, vec!["e1", "e2", "e4", "e5", "e7"]);
+        assert_eq!(h.len() + r.len(), whole.read().unwrap().len());
+
+        let back = rest.reversed().read().unwrap();
+        assert_eq!((back.src, back.tgt), (r.tgt, r.src));
+        assert_eq!(rest.reversed().reversed(), rest);
+        std::fs::write(d.join("t.txt"), "Go.\t가.\n").unwrap();
+        let tsv = PairSource::Tsv {
+            path: d.join("t.txt"),
+            src_col: 1,
+            tgt_col: 0,
+        };
+        assert_eq!(tsv.reversed().read().unwrap().src, vec!["Go."]);
+        assert!(
+            held.describe().ends_with("s.ko + .en (pairs 3, 6, 9, ...)"),
+            "{}",
+            held.describe()
+        );
+        assert_eq!(held.first_file(), d.join("s.ko"));
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::runner::{
 };
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use transformer_decode::{beam_search_nbest, greedy, DecodeOptions, Hypothesis};
@@ -45,7 +45,7 @@ use transformer_model::{
     TransformerConfig,
 };
 use transformer_text::bucket::{make_batch, pair_batches, source_batches, PairBatch};
-use transformer_text::parallel::{keep_for_training, PairFilter, PairSource, Pairs};
+use transformer_text::parallel::{keep_for_training, PairFilter, PairSource, Pairs, Slice};
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
 use transformer_text::subword::{BpeOptions, Subword, TextTokenizer};
 
@@ -66,6 +66,12 @@ pub enum Corpus {
     /// Korean to English: train on Tatoeba + JHE (7,189 pairs), validate on the news dev
     /// set, test on the news test set.
     KoEn,
+    /// Korean to English on every pair that is not held out for testing
+    /// ([`ko_en_all_train`]): Tatoeba, JHE, the Python documentation and LibreOffice's help
+    /// and UI (each but its held-out slice, [`HELD_OUT_EVERY`]) and Korean PUD; validate on
+    /// the news dev set, test on the news test set. NTREX-128 and the held-out slices are
+    /// left for [`ko_en_test_sets`].
+    KoEnAll,
 }
 
 impl std::str::FromStr for Corpus {
@@ -74,8 +80,9 @@ impl std::str::FromStr for Corpus {
         match s {
             "multi30k-de-en" => Ok(Corpus::Multi30kDeEn),
             "ko-en" => Ok(Corpus::KoEn),
+            "ko-en-all" => Ok(Corpus::KoEnAll),
             _ => Err(format!(
-                "unknown corpus {s:?}: use multi30k-de-en or ko-en, or give files with \
+                "unknown corpus {s:?}: use multi30k-de-en, ko-en or ko-en-all, or give files with \
                  --train-src/--train-tgt/--valid-src/--valid-tgt"
             )),
         }
@@ -87,7 +94,7 @@ impl Corpus {
     pub fn languages(self) -> (&'static str, &'static str) {
         match self {
             Corpus::Multi30kDeEn => ("de", "en"),
-            Corpus::KoEn => ("ko", "en"),
+            Corpus::KoEn | Corpus::KoEnAll => ("ko", "en"),
         }
     }
 }
@@ -116,6 +123,11 @@ pub struct CorpusFiles {
     pub valid: PairSource,
     /// The test pairs, if the corpus has a test set.
     pub test: Option<PairSource>,
+    /// Pairs not to train on: a training pair equal (both sides) to one of these is
+    /// dropped, so that held-out test sets stay unseen even where another source repeats
+    /// their pairs (LibreOffice's UI and help share short strings). Empty for every corpus
+    /// but `ko-en-all`, whose test sets ([`ko_en_test_sets`]) these are.
+    pub exclude: Vec<PairSource>,
 }
 
 impl Corpus {
@@ -132,6 +144,7 @@ impl Corpus {
                     train: vec![files(&d, "train", ".de.gz", ".en.gz")],
                     valid: files(&d, "val", ".de.gz", ".en.gz"),
                     test: Some(files(&d, "test_2016_flickr", ".de.gz", ".en.gz")),
+                    exclude: Vec::new(),
                 }
             }
             Corpus::KoEn => {
@@ -150,10 +163,102 @@ impl Corpus {
                     ],
                     valid: files(&news, "korean-english-park.dev", ".ko", ".en"),
                     test: Some(files(&news, "korean-english-park.test", ".ko", ".en")),
+                    exclude: Vec::new(),
+                }
+            }
+            Corpus::KoEnAll => {
+                let news = data.join("ko-en/news-v1");
+                CorpusFiles {
+                    train: ko_en_all_train(data),
+                    valid: files(&news, "korean-english-park.dev", ".ko", ".en"),
+                    test: Some(files(&news, "korean-english-park.test", ".ko", ".en")),
+                    exclude: ko_en_test_sets(data).into_iter().map(|(_, s)| s).collect(),
                 }
             }
         }
     }
+}
+
+/// The held-out slices of the Python documentation and of LibreOffice's help and UI text
+/// are their pairs `HELD_OUT_EVERY`, `2 * HELD_OUT_EVERY`, ... (line numbers from 1, as
+/// [`Slice::EveryNth`]); `ko-en-all` trains on the rest ([`Slice::AllButEveryNth`]).
+pub const HELD_OUT_EVERY: usize = 50;
+
+/// The Korean-English sources whose pairs are split into a training part and a held-out
+/// slice ([`HELD_OUT_EVERY`]): (name, the whole source) under `data` (the folder holding
+/// `ko-en/`), Korean first.
+fn ko_en_sliced(data: &Path) -> Vec<(&'static str, PairSource)> {
+    let extra = data.join("ko-en/extra");
+    let files = |dir: &str, stem: &str| PairSource::Files {
+        src: extra.join(dir).join(format!("{stem}.ko")),
+        tgt: extra.join(dir).join(format!("{stem}.en")),
+    };
+    vec![
+        ("python-docs", files("python-docs", "pydocs.clean")),
+        ("lo-help", files("libreoffice", "lo-help")),
+        ("lo-ui", files("libreoffice", "lo-ui")),
+    ]
+}
+
+/// The training sources of `--corpus ko-en-all` under `data` (the folder holding `ko-en/`),
+/// Korean first, read in this order: Tatoeba (`tatoeba/kor.txt`, all of it, as `ko-en`),
+/// JHE dev and eval, the Python documentation (`extra/python-docs/pydocs.clean`), LibreOffice
+/// help and UI (`extra/libreoffice/lo-help`, `lo-ui`), each of these three without its
+/// held-out slice ([`HELD_OUT_EVERY`]), and Korean PUD (`extra/ud-pud/pud`, all of it). Not
+/// read: NTREX-128 (`extra/ntrex128/`, a second news test), the held-out slices, the news
+/// dev set (validation) and the news test set. Training then also drops every pair equal to
+/// one of the test sets' ([`CorpusFiles::exclude`]): 109 pairs of LibreOffice and the Python
+/// documentation repeat held-out ones.
+pub fn ko_en_all_train(data: &Path) -> Vec<PairSource> {
+    let mut train = Corpus::KoEn.files(data).train;
+    for (_, whole) in ko_en_sliced(data) {
+        train.push(PairSource::Slice {
+            of: Box::new(whole),
+            slice: Slice::AllButEveryNth(HELD_OUT_EVERY),
+        });
+    }
+    let pud = data.join("ko-en/extra/ud-pud");
+    train.push(PairSource::Files {
+        src: pud.join("pud.ko"),
+        tgt: pud.join("pud.en"),
+    });
+    train
+}
+
+/// The Korean-English test sets that `--corpus ko-en-all` does not train on, under `data`
+/// (the folder holding `ko-en/`), Korean first: `news-v1-test` (the news test set),
+/// `ntrex128` (NTREX-128, news translated from English), and the held-out slices
+/// `python-docs-heldout`, `lo-help-heldout` and `lo-ui-heldout` (pairs 50, 100, ... of each,
+/// [`HELD_OUT_EVERY`]). For English to Korean, take each source's
+/// [`PairSource::reversed`].
+pub fn ko_en_test_sets(data: &Path) -> Vec<(String, PairSource)> {
+    let d = data.join("ko-en");
+    let mut sets = vec![
+        (
+            "news-v1-test".to_string(),
+            PairSource::Files {
+                src: d.join("news-v1/korean-english-park.test.ko"),
+                tgt: d.join("news-v1/korean-english-park.test.en"),
+            },
+        ),
+        (
+            "ntrex128".to_string(),
+            PairSource::Files {
+                src: d.join("extra/ntrex128/ntrex128.ko"),
+                tgt: d.join("extra/ntrex128/ntrex128.en"),
+            },
+        ),
+    ];
+    for (name, whole) in ko_en_sliced(data) {
+        sets.push((
+            format!("{name}-heldout"),
+            PairSource::Slice {
+                of: Box::new(whole),
+                slice: Slice::EveryNth(HELD_OUT_EVERY),
+            },
+        ));
+    }
+    sets
 }
 
 /// The default data folder, `../shared/data` from the working directory, if it exists.
@@ -272,6 +377,15 @@ pub struct MtTrainConfig {
     pub src_lang: Option<String>,
     /// The target language's code (as `en`); a bundled corpus implies it.
     pub tgt_lang: Option<String>,
+    /// Exchange source and target in every split (train, validation, test), so that a
+    /// bundled corpus is learnt in the other direction (`ko-en` as English to Korean). The
+    /// language codes follow ([`MtTrainConfig::language_pair`]).
+    pub reverse: bool,
+    /// Fine-tune: start from this translation run's weights (its `best.safetensors`, as
+    /// [`load_run`] reads it) and tokenizer instead of fresh ones. The model's shape and the
+    /// tokenizer are that run's; the warm-up, learning rate, data and epochs are this run's,
+    /// and Adam starts afresh.
+    pub init_from: Option<PathBuf>,
     /// The model: the Transformer, or a recurrent baseline (`gru`, `gru-dot`,
     /// `gru-bahdanau`).
     pub arch: Arch,
@@ -361,6 +475,8 @@ impl Default for MtTrainConfig {
             test_tgt: None,
             src_lang: None,
             tgt_lang: None,
+            reverse: false,
+            init_from: None,
             arch: Arch::Transformer,
             rnn_hidden: 256,
             tokenizer: TokenizerKind::Bpe,
@@ -397,10 +513,18 @@ impl Default for MtTrainConfig {
 }
 
 impl MtTrainConfig {
-    /// The run's language codes (source, target): `src_lang` and `tgt_lang` where set, else
-    /// those of the bundled corpus; `None` when neither says.
+    /// The run's language codes (source, target): `src_lang` and `tgt_lang` where set (the
+    /// languages of the run's source and target as trained, after `reverse`), else those of
+    /// the bundled corpus, exchanged when `reverse` is set; `None` when neither says.
     pub fn language_pair(&self) -> Option<(String, String)> {
-        let implied = self.corpus.map(|c| c.languages());
+        let implied = self.corpus.map(|c| {
+            let (s, t) = c.languages();
+            if self.reverse {
+                (t, s)
+            } else {
+                (s, t)
+            }
+        });
         let src = self.src_lang.clone().or(implied.map(|l| l.0.to_string()))?;
         let tgt = self.tgt_lang.clone().or(implied.map(|l| l.1.to_string()))?;
         Some((src, tgt))
@@ -601,17 +725,27 @@ impl MtTrainConfig {
                     train: vec![train],
                     valid,
                     test: None,
+                    exclude: Vec::new(),
                 }
             }
         };
         if let Some(t) = given(&self.train_src, &self.train_tgt) {
             files.train = vec![t];
+            files.exclude.clear();
         }
         if let Some(v) = given(&self.valid_src, &self.valid_tgt) {
             files.valid = v;
         }
         if let Some(t) = given(&self.test_src, &self.test_tgt) {
             files.test = Some(t);
+        }
+        if self.reverse {
+            files = CorpusFiles {
+                train: files.train.iter().map(PairSource::reversed).collect(),
+                valid: files.valid.reversed(),
+                test: files.test.as_ref().map(PairSource::reversed),
+                exclude: files.exclude.iter().map(PairSource::reversed).collect(),
+            };
         }
         Ok(files)
     }
@@ -627,6 +761,7 @@ impl MtTrainConfig {
             &mut self.valid_tgt,
             &mut self.test_src,
             &mut self.test_tgt,
+            &mut self.init_from,
         ]
         .into_iter()
         .flatten()
@@ -1317,6 +1452,133 @@ impl Task for MtTask {
     }
 }
 
+/// Above this share of `<unk>` tokens in a fine-tuning run's training data (in percent),
+/// the log warns that the inherited tokenizer does not fit the data.
+pub const UNKNOWN_WARN_PERCENT: f64 = 1.0;
+
+/// The settings that fix the model's shape and its tokenizer: a run started with
+/// `--init-from` takes them from the run it starts from.
+pub const MODEL_SHAPE_KEYS: &[&str] = &[
+    "arch",
+    "rnn_hidden",
+    "tokenizer",
+    "vocab_size",
+    "share_embeddings",
+    "d_model",
+    "nhead",
+    "encoder_layers",
+    "decoder_layers",
+    "dim_feedforward",
+    "norm_first",
+];
+
+/// `cfg` with the model's shape and tokenizer settings ([`MODEL_SHAPE_KEYS`]) of `from_cfg`,
+/// the configuration of the run at `from`, and its dropout unless `given` sets one. A shape
+/// setting in `given` that differs from that run's is an error that lists each one.
+pub fn inherit_model(
+    cfg: &MtTrainConfig,
+    from_cfg: &MtTrainConfig,
+    from: &Path,
+    given: &[runner::Given],
+) -> Result<MtTrainConfig> {
+    let table = |c: &MtTrainConfig| match toml::Value::try_from(c) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    };
+    let (mut merged, theirs) = (table(cfg), table(from_cfg));
+    let show = |v: Option<&toml::Value>| v.map_or("none".to_string(), |v| v.to_string());
+    let mut conflicts = Vec::new();
+    let mut seen = HashSet::new();
+    for g in given {
+        if !seen.insert(&g.key) {
+            continue;
+        }
+        if MODEL_SHAPE_KEYS.contains(&g.key.as_str()) && merged.get(&g.key) != theirs.get(&g.key) {
+            let line = format!(
+                "  {}: {} (that run has {} = {})",
+                g.from,
+                show(merged.get(&g.key)),
+                g.key,
+                show(theirs.get(&g.key))
+            );
+            conflicts.push(line);
+        }
+    }
+    if !conflicts.is_empty() {
+        return Err(Error::Usage(format!(
+            "--init-from {}: the model's shape and tokenizer come from that run, and these \
+             settings differ from it:\n{}\nDrop them to fine-tune that model (its {}), or \
+             train a new model without --init-from.",
+            from.display(),
+            conflicts.join("\n"),
+            MODEL_SHAPE_KEYS.join(", ")
+        )));
+    }
+    let mut keys: Vec<&str> = MODEL_SHAPE_KEYS.to_vec();
+    if !given.iter().any(|g| g.key == "dropout") {
+        keys.push("dropout");
+    }
+    for key in keys {
+        match theirs.get(key) {
+            Some(v) => merged.insert(key.to_string(), v.clone()),
+            None => merged.remove(key),
+        };
+    }
+    toml::Value::Table(merged)
+        .try_into()
+        .map_err(|e: toml::de::Error| Error::Config {
+            path: config_path(from),
+            msg: e.to_string(),
+        })
+}
+
+/// One training source's pairs, as the log reports them.
+struct SourceCount {
+    /// [`PairSource::describe`].
+    name: String,
+    /// Pairs read.
+    read: usize,
+    /// Of those, dropped as pairs of a held-out test set ([`CorpusFiles::exclude`]).
+    excluded: usize,
+}
+
+/// `pairs` without those in `excluded` (both sides equal).
+fn without(pairs: Pairs, excluded: &HashSet<(String, String)>) -> Pairs {
+    let mut out = Pairs::default();
+    for (s, t) in pairs.src.into_iter().zip(pairs.tgt) {
+        if !excluded.contains(&(s.clone(), t.clone())) {
+            out.src.push(s);
+            out.tgt.push(t);
+        }
+    }
+    out
+}
+
+/// `name: N pairs (K kept)` for each training source (with `E dropped as held-out test
+/// pairs` where some were), `sizes` in reading order and `keep` the indices of the pairs
+/// kept for training (ascending) among those not dropped.
+fn per_source_counts(sizes: &[SourceCount], keep: &[usize]) -> String {
+    let mut start = 0;
+    let mut parts = Vec::with_capacity(sizes.len());
+    for c in sizes {
+        let end = start + c.read - c.excluded;
+        let lo = keep.partition_point(|&i| i < start);
+        let hi = keep.partition_point(|&i| i < end);
+        let dropped = match c.excluded {
+            0 => String::new(),
+            e => format!(", {e} dropped as held-out test pairs"),
+        };
+        parts.push(format!(
+            "{}: {} pairs ({} kept{dropped})",
+            c.name,
+            c.read,
+            hi - lo
+        ));
+        start = end;
+    }
+    parts.join("; ")
+}
+
 /// Trains (or resumes) a run on the [`crate::runner`]; see the module docs for the loop and
 /// the files.
 pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSummary> {
@@ -1327,7 +1589,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     asked.make_paths_absolute();
 
     // Configuration, tokenizer and checkpoint: fresh or from the checkpoint.
-    let (cfg, saved) = if resuming {
+    let (mut cfg, saved) = if resuming {
         let saved = Saved::load(run, CHECKPOINT_FORMAT, dev)?;
         let text = saved.config_text(run)?;
         let mut cfg: MtTrainConfig = toml::from_str(text).map_err(|e| Error::Checkpoint {
@@ -1363,19 +1625,55 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     } else {
         (asked, None)
     };
+    // Fine-tuning: the run the weights and the tokenizer come from (a fresh run only; a
+    // resumed one continues from its own checkpoint and its own copy of the tokenizer).
+    let init = match (cfg.init_from.clone(), resuming) {
+        (Some(from), false) => {
+            let loaded = load_run(&from, dev).map_err(|e| {
+                Error::Usage(format!(
+                    "--init-from {}: {e} (give the directory of a finished `transformer mt \
+                     train` run)",
+                    from.display()
+                ))
+            })?;
+            cfg = inherit_model(&cfg, &loaded.config, &from, &opts.given)?;
+            Some((from, loaded))
+        }
+        _ => None,
+    };
     cfg.validate()?;
     let files = cfg.sources()?;
 
     let t0 = Instant::now();
-    let train_pairs = PairSource::read_all(&files.train)?;
+    // The sources one by one (the same pairs, in the same order, as `PairSource::read_all`),
+    // to count each one's pairs.
+    let excluded: HashSet<(String, String)> = {
+        let p = PairSource::read_all(&files.exclude)?;
+        p.src.into_iter().zip(p.tgt).collect()
+    };
+    let mut train_pairs = Pairs::default();
+    let mut source_sizes = Vec::with_capacity(files.train.len());
+    for source in &files.train {
+        let mut pairs = source.read()?;
+        let read = pairs.len();
+        if !excluded.is_empty() {
+            pairs = without(pairs, &excluded);
+        }
+        source_sizes.push(SourceCount {
+            name: source.describe(),
+            read,
+            excluded: read - pairs.len(),
+        });
+        train_pairs.extend(pairs);
+    }
     let tokenizer = if resuming {
         Subword::load(&tokenizer_path(run))?
+    } else if let Some((_, loaded)) = &init {
+        loaded.tokenizer.save(&tokenizer_path(run))?;
+        loaded.tokenizer.clone()
     } else {
         let texts = train_pairs.src.iter().chain(&train_pairs.tgt);
-        let origin = match &files.train[0] {
-            PairSource::Files { src, .. } => src.clone(),
-            PairSource::Tsv { path, .. } => path.clone(),
-        };
+        let origin = files.train[0].first_file().to_path_buf();
         let tok = match cfg.tokenizer {
             TokenizerKind::Bpe => Subword::train_bpe(
                 texts,
@@ -1415,6 +1713,70 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         },
         t0.elapsed().as_secs_f64()
     ));
+    if source_sizes.len() > 1 {
+        progress.line(&format!(
+            "data: training sources: {}",
+            per_source_counts(&source_sizes, &keep)
+        ));
+    }
+    if cfg.reverse {
+        let (s, t) = cfg
+            .language_pair()
+            .map_or(("target".into(), "source".into()), |p| p);
+        progress.line(&format!(
+            "data: reversed (--reverse): every split's sides exchanged, translating {s} to {t}"
+        ));
+    }
+    if cfg.corpus == Some(Corpus::KoEnAll) && cfg.train_src.is_none() {
+        let data = cfg
+            .data
+            .clone()
+            .or_else(default_data_dir)
+            .unwrap_or_default();
+        let mut held = Vec::new();
+        for (name, source) in ko_en_test_sets(&data) {
+            held.push(format!("{name} {} pairs", source.read()?.len()));
+        }
+        progress.line(&format!(
+            "data: held out for testing, not trained on: {} (mt::ko_en_test_sets)",
+            held.join(", ")
+        ));
+    }
+    if let Some((from, loaded)) = &init {
+        let unk = tokenizer.specials().unk;
+        let total: usize = train_data
+            .src
+            .iter()
+            .chain(&train_data.tgt)
+            .map(Vec::len)
+            .sum();
+        let unknown = train_data
+            .src
+            .iter()
+            .chain(&train_data.tgt)
+            .flatten()
+            .filter(|&&id| id == unk)
+            .count();
+        let share = 100.0 * unknown as f64 / total.max(1) as f64;
+        progress.line(&format!(
+            "init: weights and tokenizer from {} ({}); fresh Adam, this run's schedule; \
+             <unk> in the training data under that tokenizer: {unknown} of {total} tokens \
+             ({share:.2}%)",
+            from.display(),
+            loaded
+                .note
+                .clone()
+                .unwrap_or_else(|| "its best.safetensors".into())
+        ));
+        if share > UNKNOWN_WARN_PERCENT {
+            progress.line(&format!(
+                "warning: {share:.2}% of the training tokens are <unk> (over \
+                 {UNKNOWN_WARN_PERCENT}%): the inherited tokenizer does not cover this data's \
+                 characters, and the model cannot learn or produce them; fine-tune from a run \
+                 whose tokenizer was trained on text like this, or train from scratch"
+            ));
+        }
+    }
     // bf16 only where it measures faster here (fresh Transformer runs; a resumed run keeps
     // its choice; the recurrent models train in f32).
     let mut cfg = cfg;
@@ -1440,10 +1802,20 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         let _ = std::fs::remove_file(metrics_path(run));
     }
 
-    let model_cfg = cfg.model_config(vocab);
+    let model_cfg = match &init {
+        Some((_, loaded)) => loaded.model_config.clone(),
+        None => cfg.model_config(vocab),
+    };
     let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
     let model = MtModel::build(&pb, &model_cfg)?;
     let params = pb.params();
+    if let (Some((from, loaded)), false) = (&init, resuming) {
+        let tensors: HashMap<String, Tensor> = params_tensors(&loaded.params).into_iter().collect();
+        params.assign(&tensors).map_err(|e| Error::Checkpoint {
+            path: from.clone(),
+            msg: e.to_string(),
+        })?;
+    }
     let vars = params.vars();
     progress.line(&match &model_cfg {
         MtModelConfig::Transformer(_) => format!(
@@ -1610,4 +1982,51 @@ pub fn attention_of(
         }
     }
     Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_source_counts_split_the_kept_pairs_by_source() {
+        let count = |name: &str, read, excluded| SourceCount {
+            name: name.into(),
+            read,
+            excluded,
+        };
+        let sizes = [count("a", 3, 0), count("b", 0, 0), count("c", 6, 2)];
+        // Pairs 0..3 are a's, 3..7 c's (2 of its 6 dropped before); 1 and 5 were skipped.
+        let keep = [0, 2, 3, 4, 6];
+        assert_eq!(
+            per_source_counts(&sizes, &keep),
+            "a: 3 pairs (2 kept); b: 0 pairs (0 kept); c: 6 pairs (3 kept, 2 dropped as \
+             held-out test pairs)"
+        );
+        let mut p = Pairs::default();
+        for (s, t) in [("x", "1"), ("y", "2"), ("x", "2")] {
+            p.src.push(s.into());
+            p.tgt.push(t.into());
+        }
+        let drop: HashSet<(String, String)> = [("x".to_string(), "1".to_string())].into();
+        let left = without(p, &drop);
+        assert_eq!(left.src, ["y", "x"]);
+        assert_eq!(left.tgt, ["2", "2"]);
+    }
+
+    #[test]
+    fn reverse_follows_into_the_language_codes_and_explicit_codes_win() {
+        let mut cfg = MtTrainConfig {
+            corpus: Some(Corpus::KoEn),
+            reverse: true,
+            ..MtTrainConfig::default()
+        };
+        assert_eq!(cfg.language_pair(), Some(("en".into(), "ko".into())));
+        cfg.src_lang = Some("en-GB".into());
+        assert_eq!(cfg.language_pair(), Some(("en-GB".into(), "ko".into())));
+        let toml = cfg.to_toml();
+        assert!(toml.contains("reverse = true"), "{toml}");
+        assert_eq!("ko-en-all".parse::<Corpus>(), Ok(Corpus::KoEnAll));
+        assert!(toml::from_str::<MtTrainConfig>("corpus = \"ko-en-all\"").is_ok());
+    }
 }

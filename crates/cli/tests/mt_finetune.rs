@@ -1,0 +1,324 @@
+//! `transformer mt train --reverse` and `--init-from`: tiny runs on a toy corpus. A reversed
+//! run records the setting and may not drop or gain it on resume; a fine-tuning run starts
+//! from the other run's weights and tokenizer, inherits its model shape, refuses flags that
+//! would change it, counts the `<unk>` tokens of its data, and keeps its `--init-from` on
+//! resume.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_transformer"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mt-finetune-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A toy pair: each source word maps to one target word, order reversed; `src_words` are
+/// the source vocabulary (so that a second corpus can use words the first never had).
+fn write_corpus(dir: &Path, src_words: &[&str], lines: usize) {
+    let tgt = [
+        "a", "dog", "runs", "fast", "two", "cats", "sleep", "in", "house",
+    ];
+    for (split, n) in [("train", lines), ("valid", 12), ("test", 8)] {
+        let (mut s, mut t) = (String::new(), String::new());
+        for i in 0..n {
+            let len = 2 + (i * 7 + split.len()) % 5;
+            let ids: Vec<usize> = (0..len).map(|j| (i * 13 + j * 5 + j * j) % 9).collect();
+            let words: Vec<&str> = ids.iter().map(|&k| src_words[k]).collect();
+            s.push_str(&(words.join(" ") + " .\n"));
+            let back: Vec<&str> = ids.iter().rev().map(|&k| tgt[k]).collect();
+            t.push_str(&(back.join(" ") + " .\n"));
+        }
+        std::fs::write(dir.join(format!("{split}.de")), s).unwrap();
+        std::fs::write(dir.join(format!("{split}.en")), t).unwrap();
+    }
+}
+
+const GERMAN: [&str; 9] = [
+    "ein", "hund", "läuft", "schnell", "zwei", "katzen", "schlafen", "im", "haus",
+];
+
+/// `mt train` on the corpus in `data` into `out` with the tiny model, plus `extra` flags.
+fn train(data: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut c = bin();
+    c.args(["mt", "train"]);
+    for (flag, file) in [
+        ("--train-src", "train.de"),
+        ("--train-tgt", "train.en"),
+        ("--valid-src", "valid.de"),
+        ("--valid-tgt", "valid.en"),
+        ("--test-src", "test.de"),
+        ("--test-tgt", "test.en"),
+    ] {
+        c.arg(flag).arg(data.join(file));
+    }
+    c.args([
+        "--max-tokens",
+        "160",
+        "--log-interval",
+        "4",
+        "--beam",
+        "1",
+        "--precision",
+        "f32",
+    ])
+    .arg("--out")
+    .arg(out)
+    .args(extra);
+    c.output().expect("runs")
+}
+
+/// The tiny model's flags.
+const TINY: [&str; 12] = [
+    "--vocab-size",
+    "60",
+    "--d-model",
+    "32",
+    "--nhead",
+    "4",
+    "--layers",
+    "2",
+    "--dim-feedforward",
+    "64",
+    "--warmup",
+    "30",
+];
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
+    candle_core::safetensors::load(path, &candle_core::Device::Cpu)
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| (n, t.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+        .collect()
+}
+
+/// The largest absolute difference between two runs' weights of the same names.
+fn max_difference(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) -> f32 {
+    assert_eq!(
+        a.keys().collect::<std::collections::BTreeSet<_>>(),
+        b.keys().collect::<std::collections::BTreeSet<_>>()
+    );
+    a.iter()
+        .flat_map(|(n, v)| v.iter().zip(&b[n]).map(|(x, y)| (x - y).abs()))
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn reverse_is_recorded_and_fixed_for_the_run() {
+    let d = temp_dir("reverse");
+    write_corpus(&d, &GERMAN, 60);
+    let run = d.join("run");
+    let mut flags = TINY.to_vec();
+    flags.extend([
+        "--epochs",
+        "1",
+        "--reverse",
+        "--src-lang",
+        "en",
+        "--tgt-lang",
+        "de",
+    ]);
+    let o = train(&d, &run, &flags);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("data: reversed (--reverse)"),
+        "{}",
+        text(&o)
+    );
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("reverse = true"), "{config}");
+    // The test translations are English sentences turned into German ones: the reference
+    // side is the German file.
+    let hyps = std::fs::read_to_string(run.join("test.hyp")).unwrap();
+    assert_eq!(hyps.lines().count(), 8);
+
+    // Resuming with more epochs keeps the direction; a non-reversed run may not gain it.
+    let o = train(&d, &run, &["--resume", "--epochs", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let plain = d.join("plain");
+    let mut flags = TINY.to_vec();
+    flags.extend(["--epochs", "1", "--max-batches", "1"]);
+    let o = train(&d, &plain, &flags);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = train(&d, &plain, &["--resume", "--epochs", "2", "--reverse"]);
+    assert!(!o.status.success());
+    let err = text(&o);
+    assert!(
+        err.contains("--reverse: true (the run has reverse = false)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn init_from_starts_from_the_runs_weights_and_tokenizer() {
+    let d = temp_dir("init");
+    write_corpus(&d, &GERMAN, 120);
+    let base = d.join("base");
+    let mut flags = TINY.to_vec();
+    flags.extend(["--epochs", "2"]);
+    let o = train(&d, &base, &flags);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // A learning rate too small to move the weights: the fine-tuned run's best weights are
+    // the base run's, to rounding.
+    let still = d.join("still");
+    let o = train(
+        &d,
+        &still,
+        &[
+            "--init-from",
+            base.to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--max-batches",
+            "2",
+            "--lr-factor",
+            "1e-9",
+            "--warmup",
+            "10",
+            "--average-decay",
+            "0",
+        ],
+    );
+    let log = text(&o);
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("init: weights and tokenizer from"), "{log}");
+    assert!(
+        log.contains("<unk> in the training data under that tokenizer: 0 of"),
+        "{log}"
+    );
+    assert!(!log.contains("warning:"), "{log}");
+    assert_eq!(
+        std::fs::read(base.join("tokenizer.json")).unwrap(),
+        std::fs::read(still.join("tokenizer.json")).unwrap()
+    );
+    let config = std::fs::read_to_string(still.join("config.toml")).unwrap();
+    for line in [
+        "d_model = 32",
+        "nhead = 4",
+        "vocab_size = 60",
+        "warmup = 10",
+    ] {
+        assert!(config.lines().any(|l| l == line), "{line} in {config}");
+    }
+    let (b, s) = (
+        weights(&base.join("best.safetensors")),
+        weights(&still.join("best.safetensors")),
+    );
+    let moved = max_difference(&b, &s);
+    assert!(moved < 1e-5, "weights moved by {moved}");
+    // The same settings without --init-from: other weights (fresh ones), which is what the
+    // comparison above rules out.
+    let fresh = d.join("fresh");
+    let mut flags = TINY.to_vec();
+    flags.extend(["--epochs", "1", "--max-batches", "2", "--lr-factor", "1e-9"]);
+    let o = train(&d, &fresh, &flags);
+    assert!(o.status.success(), "{}", text(&o));
+    let f = weights(&fresh.join("best.safetensors"));
+    assert!(max_difference(&b, &f) > 1e-2);
+
+    // Shape flags that differ from the base run are refused, naming each.
+    let o = train(
+        &d,
+        &d.join("bad"),
+        &[
+            "--init-from",
+            base.to_str().unwrap(),
+            "--d-model",
+            "64",
+            "--layers",
+            "3",
+        ],
+    );
+    assert!(!o.status.success());
+    let err = text(&o);
+    for part in [
+        "--init-from",
+        "--d-model: 64 (that run has d_model = 32)",
+        "--layers: 3 (that run has encoder_layers = 2)",
+    ] {
+        assert!(err.contains(part), "{part} in {err}");
+    }
+    // The same values as the base run's are fine to repeat.
+    let same = d.join("same");
+    let mut flags = TINY.to_vec();
+    flags.extend([
+        "--init-from",
+        base.to_str().unwrap(),
+        "--epochs",
+        "1",
+        "--max-batches",
+        "1",
+    ]);
+    let o = train(&d, &same, &flags);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // --init-from may not change on resume; the resumed run continues from its own checkpoint.
+    let o = train(
+        &d,
+        &same,
+        &[
+            "--resume",
+            "--epochs",
+            "2",
+            "--init-from",
+            fresh.to_str().unwrap(),
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--init-from: "), "{}", text(&o));
+    let o = train(&d, &same, &["--resume", "--epochs", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("init: weights"), "{}", text(&o));
+
+    // Data in words the inherited tokenizer never saw: many <unk>, and a warning.
+    let other = d.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    write_corpus(
+        &other,
+        &[
+            "개",
+            "고양이",
+            "달린다",
+            "빨리",
+            "둘",
+            "셋",
+            "잔다",
+            "안",
+            "집",
+        ],
+        40,
+    );
+    let o = train(
+        &other,
+        &d.join("unk"),
+        &[
+            "--init-from",
+            base.to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--max-batches",
+            "1",
+        ],
+    );
+    let log = text(&o);
+    assert!(o.status.success(), "{log}");
+    assert!(
+        log.contains("warning:") && log.contains("of the training tokens are <unk>"),
+        "{log}"
+    );
+}

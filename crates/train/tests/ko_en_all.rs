@@ -8,20 +8,30 @@ use std::path::PathBuf;
 use transformer_text::parallel::PairSource;
 use transformer_train::mt::{self, Corpus, MtTrainConfig, HELD_OUT_EVERY};
 
-fn data_dir() -> PathBuf {
+/// The shared data folder beside the repository, or `None` (the test says it skipped) where
+/// a checkout has none, unless `TRANSFORMER_REQUIRE_DATA` is set, as the WikiText-2 test does.
+fn data_dir() -> Option<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");
+    if dir.join("ko-en/extra/python-docs").is_dir() {
+        return Some(dir);
+    }
     assert!(
-        dir.join("ko-en/extra/python-docs").is_dir(),
-        "{}: no Korean-English data (ko-en/ with extra/); the tests expect the shared data \
-         folder beside the repository",
+        std::env::var("TRANSFORMER_REQUIRE_DATA").is_err(),
+        "{}: no Korean-English data (ko-en/ with extra/), and TRANSFORMER_REQUIRE_DATA is set",
         dir.display()
     );
-    dir
+    eprintln!(
+        "skipping: no Korean-English data at {} (the shared data folder beside the repository)",
+        dir.display()
+    );
+    None
 }
 
 #[test]
 fn ko_en_all_reads_every_pair_but_the_held_out_ones() {
-    let data = data_dir();
+    let Some(data) = data_dir() else {
+        return;
+    };
     let train = mt::ko_en_all_train(&data);
     let counts: Vec<(String, usize)> = train
         .iter()
@@ -118,7 +128,9 @@ fn ko_en_all_reads_every_pair_but_the_held_out_ones() {
 
 #[test]
 fn reverse_exchanges_every_split_and_the_language_codes() {
-    let data = data_dir();
+    let Some(data) = data_dir() else {
+        return;
+    };
     let cfg = MtTrainConfig {
         corpus: Some(Corpus::KoEnAll),
         data: Some(data.clone()),

@@ -13,7 +13,7 @@
 //! answer is exactly what `mt translate` prints for the same lines.
 
 use crate::detect::{detect, Detection};
-use crate::engine::{encode_checked, Done, Engine, EngineError, Work};
+use crate::engine::{encode_checked, Engine, EngineError};
 use crate::{html, languages};
 use axum::body::{to_bytes, Body};
 use axum::extract::{FromRequest, Request, State};
@@ -510,18 +510,11 @@ async fn translate_segments(
         return Ok(out);
     }
     let run: Vec<Vec<u32>> = nonempty.iter().map(|&i| ids[i].clone()).collect();
-    match engine.run(pair, Work::Translate(run)).await? {
-        Done::Translated(h) => {
-            for (i, hs) in nonempty.into_iter().zip(h) {
-                out[i] = hs;
-            }
-            Ok(out)
-        }
-        Done::Attention(_) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the engine answered the wrong work",
-        )),
+    let h = engine.translate(pair, run).await?;
+    for (i, hs) in nonempty.into_iter().zip(h) {
+        out[i] = hs;
     }
+    Ok(out)
 }
 
 /// The `k`-th best text of a layout (0 = the translation; a segment with fewer hypotheses
@@ -799,25 +792,14 @@ async fn native_translate(State(st): State<Arc<AppState>>, req: Request) -> ApiR
             })).collect::<Vec<_>>(),
         });
         if alignment {
-            let set = match engine
-                .run(
+            let set = engine
+                .attention(
                     pair,
-                    Work::Attention {
-                        sentence: texts[i].to_string(),
-                        ids: ids[i].clone(),
-                        hyp: Some(best.tokens.clone()),
-                    },
+                    texts[i].to_string(),
+                    ids[i].clone(),
+                    Some(best.tokens.clone()),
                 )
-                .await?
-            {
-                Done::Attention(s) => s,
-                Done::Translated(_) => {
-                    return Err(ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "the engine answered the wrong work",
-                    ))
-                }
-            };
+                .await?;
             item["alignment"] = json!(align(&set, ids[i].len(), best.tokens.len()));
         }
         out.push(item);
@@ -886,28 +868,10 @@ async fn attention_page(State(st): State<Arc<AppState>>, req: Request) -> ApiRes
             ids.len()
         )));
     }
-    match st
-        .engine
-        .run(
-            pair,
-            Work::Attention {
-                sentence,
-                ids,
-                hyp: None,
-            },
-        )
-        .await?
-    {
-        Done::Attention(set) => {
-            let mut resp = Html(transformer_train::viz::attention_html(&set)).into_response();
-            resp.extensions_mut().insert(Sentences(1));
-            Ok(resp)
-        }
-        Done::Translated(_) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the engine answered the wrong work",
-        )),
-    }
+    let set = st.engine.attention(pair, sentence, ids, None).await?;
+    let mut resp = Html(transformer_train::viz::attention_html(&set)).into_response();
+    resp.extensions_mut().insert(Sentences(1));
+    Ok(resp)
 }
 
 /// `GET /`: the web page (self-contained: no script, style or font from elsewhere).

@@ -2,7 +2,7 @@
 //! the requests queue, the requests that arrive together in one batch.
 //!
 //! Requests never touch a model. A handler tokenizes its text, checks it against the
-//! model's length limit and the queue's bound, and sends a job ([`Work`]); the worker takes the
+//! model's length limit and the queue's bound, and sends a job; the worker takes the
 //! first job waiting, gathers every job that arrives within the batching window (up to a
 //! number of sentences), and translates each language pair's sentences in one call of
 //! [`mt::translate_ids_nbest`], which sorts them by length and cuts them into batches under
@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use transformer_decode::{DecodeOptions, Hypothesis};
 use transformer_model::DecodePrecision;
 use transformer_text::subword::{Subword, TextTokenizer};
-use transformer_train::mt::{self, Arch, MtModel, MtModelConfig};
+use transformer_train::mt::{self, Arch, MtDecoder, MtModel, MtModelConfig};
 use transformer_train::viz::AttentionSet;
 
 /// One `--run` of `transformer serve`: a run directory and, optionally, the language codes
@@ -114,7 +114,7 @@ pub struct Pair {
 }
 
 /// The work of one request on one language pair.
-pub enum Work {
+enum Work {
     /// Translate these token sequences (each non-empty); returns each one's n-best list.
     Translate(Vec<Vec<u32>>),
     /// The attention of one sentence (its tokens) in its translation: `hyp`, or when `None`
@@ -130,7 +130,7 @@ pub enum Work {
 }
 
 /// What a [`Work`] gives back.
-pub enum Done {
+enum Done {
     /// Per sentence, its hypotheses, best first.
     Translated(Vec<Vec<Hypothesis>>),
     /// The sentence's translation and every attention in it.
@@ -238,9 +238,9 @@ impl Engine {
                 // The recurrent models have no positional limit; keep their work bounded.
                 MtModelConfig::Rnn(_) => 1024,
             };
-            let decoding = run.model.describe_decoding()?;
             pairs.push(Pair {
-                decoding,
+                // Filled in by the worker once it has prepared its decoders.
+                decoding: String::new(),
                 src,
                 tgt,
                 run: spec.run.clone(),
@@ -254,6 +254,7 @@ impl Engine {
         let (tx, rx) = mpsc::channel::<Job>();
         let pending = Arc::new(AtomicUsize::new(0));
         let batches = Arc::new(AtomicUsize::new(0));
+        let (ready_tx, ready_rx) = mpsc::channel();
         let worker = {
             let ctx = WorkerCtx {
                 models,
@@ -268,9 +269,18 @@ impl Engine {
             };
             std::thread::Builder::new()
                 .name("translate".into())
-                .spawn(move || ctx.run(rx))
+                .spawn(move || ctx.run(rx, ready_tx))
                 .context("cannot start the translation thread")?
         };
+        // The worker prepares each run's decoding weights once (transposed, or quantized to
+        // int8) and says what it prepared.
+        let described = ready_rx
+            .recv()
+            .map_err(|_| anyhow::anyhow!("the translation thread ended at start"))?
+            .map_err(|e| anyhow::anyhow!("cannot prepare decoding: {e}"))?;
+        for (p, d) in pairs.iter_mut().zip(described) {
+            p.decoding = d;
+        }
         Ok(Engine {
             pairs,
             tx: Mutex::new(Some(tx)),
@@ -301,9 +311,42 @@ impl Engine {
         self.batches.load(Ordering::SeqCst)
     }
 
+    /// Translates `items` (token sequences, each non-empty) with pair `pair`: each one's
+    /// n-best list, best first.
+    pub async fn translate(
+        &self,
+        pair: usize,
+        items: Vec<Vec<u32>>,
+    ) -> Result<Vec<Vec<Hypothesis>>, EngineError> {
+        match self.run(pair, Work::Translate(items)).await? {
+            Done::Translated(h) => Ok(h),
+            Done::Attention(_) => Err(EngineError::Failed("the worker answered other work".into())),
+        }
+    }
+
+    /// Every attention of `sentence` (tokens `ids`) in its translation: `hyp`, or when
+    /// `None` the one decoded here.
+    pub async fn attention(
+        &self,
+        pair: usize,
+        sentence: String,
+        ids: Vec<u32>,
+        hyp: Option<Vec<u32>>,
+    ) -> Result<AttentionSet, EngineError> {
+        match self
+            .run(pair, Work::Attention { sentence, ids, hyp })
+            .await?
+        {
+            Done::Attention(s) => Ok(*s),
+            Done::Translated(_) => {
+                Err(EngineError::Failed("the worker answered other work".into()))
+            }
+        }
+    }
+
     /// Queues `work` for pair `pair` and waits for it. Refused at once when the queue would
     /// pass its bound.
-    pub async fn run(&self, pair: usize, work: Work) -> Result<Done, EngineError> {
+    async fn run(&self, pair: usize, work: Work) -> Result<Done, EngineError> {
         let weight = match &work {
             Work::Translate(items) => items.len().max(1),
             Work::Attention { .. } => 1,
@@ -373,7 +416,20 @@ struct WorkerCtx {
 }
 
 impl WorkerCtx {
-    fn run(self, rx: mpsc::Receiver<Job>) {
+    fn run(self, rx: mpsc::Receiver<Job>, ready: mpsc::Sender<Result<Vec<String>, String>>) {
+        let decoders = match self
+            .models
+            .iter()
+            .map(|m| m.decoder())
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = ready.send(Err(e.to_string()));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(decoders.iter().map(|d| d.describe()).collect()));
         while let Ok(first) = rx.recv() {
             let mut size = first.weight;
             let mut jobs = vec![first];
@@ -394,13 +450,13 @@ impl WorkerCtx {
                 }
             }
             self.batches.fetch_add(1, Ordering::SeqCst);
-            self.run_batch(jobs);
+            self.run_batch(&decoders, jobs);
         }
     }
 
     /// Runs one batch of jobs: every pair's translations together, attention jobs one by
     /// one. A failure (even a panic) answers the jobs it concerns and leaves the worker up.
-    fn run_batch(&self, jobs: Vec<Job>) {
+    fn run_batch(&self, decoders: &[MtDecoder<'_>], jobs: Vec<Job>) {
         let mut translate: Vec<Vec<(Job, Vec<Vec<u32>>)>> =
             (0..self.models.len()).map(|_| Vec::new()).collect();
         let mut single = Vec::new();
@@ -419,8 +475,8 @@ impl WorkerCtx {
             }
             let all: Vec<Vec<u32>> = group.iter().flat_map(|(_, i)| i.iter().cloned()).collect();
             let result = guarded(|| {
-                mt::translate_ids_nbest(
-                    &self.models[pair],
+                mt::translate_ids_nbest_with(
+                    &decoders[pair],
                     &all,
                     &self.opts[pair],
                     mt::DECODE_BATCH_ROWS,
@@ -447,7 +503,7 @@ impl WorkerCtx {
         for job in single {
             let result = match &job.work {
                 Work::Attention { sentence, ids, hyp } => guarded(|| {
-                    self.attention(job.pair, sentence, ids, hyp.as_deref())
+                    self.attention(job.pair, &decoders[job.pair], sentence, ids, hyp.as_deref())
                         .map(|s| Done::Attention(Box::new(s)))
                 }),
                 Work::Translate(_) => unreachable!("translations are grouped above"),
@@ -456,45 +512,42 @@ impl WorkerCtx {
         }
     }
 
+    /// The attention of `sentence` (tokens `ids`) in its translation `hyp`, or in the one
+    /// decoded here when `hyp` is `None`.
     fn attention(
         &self,
         pair: usize,
+        decoder: &MtDecoder<'_>,
         sentence: &str,
         ids: &[u32],
         hyp: Option<&[u32]>,
     ) -> Result<AttentionSet, String> {
-        let model = &self.models[pair];
-        if let Some(hyp) = hyp {
-            return mt::attention_of(
-                model,
-                &self.tokenizers[pair],
-                self.archs[pair],
-                sentence,
-                ids,
-                hyp,
-                &self.device,
-            )
-            .map_err(|e| e.to_string());
-        }
-        let hyp = mt::translate_ids_nbest(
-            model,
-            std::slice::from_ref(&ids.to_vec()),
-            &self.opts[pair],
-            mt::DECODE_BATCH_ROWS,
-            &self.device,
-            |_, _| {},
-        )
-        .map_err(|e| e.to_string())?
-        .remove(0)
-        .remove(0)
-        .tokens;
+        let decoded;
+        let hyp = match hyp {
+            Some(h) => h,
+            None => {
+                decoded = mt::translate_ids_nbest_with(
+                    decoder,
+                    std::slice::from_ref(&ids.to_vec()),
+                    &self.opts[pair],
+                    mt::DECODE_BATCH_ROWS,
+                    &self.device,
+                    |_, _| {},
+                )
+                .map_err(|e| e.to_string())?
+                .remove(0)
+                .remove(0)
+                .tokens;
+                &decoded
+            }
+        };
         mt::attention_of(
-            model,
+            decoder.model(),
             &self.tokenizers[pair],
             self.archs[pair],
             sentence,
             ids,
-            &hyp,
+            hyp,
             &self.device,
         )
         .map_err(|e| e.to_string())

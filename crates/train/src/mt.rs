@@ -49,7 +49,7 @@ use transformer_text::parallel::{keep_for_training, PairFilter, PairSource, Pair
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
 use transformer_text::subword::{BpeOptions, Subword, TextTokenizer};
 
-pub use crate::mt_model::{Arch, MtModel, MtModelConfig};
+pub use crate::mt_model::{Arch, MtDecoder, MtModel, MtModelConfig};
 
 /// Format tag of translation checkpoints.
 pub const CHECKPOINT_FORMAT: &str = "transformer-mt-checkpoint/1";
@@ -1049,27 +1049,40 @@ pub fn translate_ids_nbest(
     opts: &DecodeOptions,
     batch_rows: usize,
     dev: &Device,
+    on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<Vec<Hypothesis>>> {
+    translate_ids_nbest_with(&model.decoder()?, src, opts, batch_rows, dev, on_batch)
+}
+
+/// [`translate_ids_nbest`] with a decoder already prepared ([`MtModel::decoder`]), for a
+/// caller that translates many times with the same weights (the server): the decoding
+/// weights are then prepared (transposed, or quantized to int8) once, not at every call.
+pub fn translate_ids_nbest_with(
+    decoder: &MtDecoder<'_>,
+    src: &[Vec<u32>],
+    opts: &DecodeOptions,
+    batch_rows: usize,
+    dev: &Device,
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<Vec<Vec<Hypothesis>>> {
     let sp = transformer_text::Specials::FIXED;
-    let src = &*fit(src, max_source_tokens(model));
+    let src = &*fit(src, max_source_tokens(decoder.model()));
     // Sentences per batch: beams multiply the decoder's rows.
     let max_rows = (batch_rows / opts.beam.max(1)).max(1);
     let groups = source_batches(src, 2048, max_rows);
     let mut out: Vec<Vec<Hypothesis>> = vec![Vec::new(); src.len()];
     let mut done = 0;
-    let decoder = model.decoder()?;
     for g in &groups {
         let empty: Vec<Vec<u32>> = vec![Vec::new(); src.len()];
         let b = make_batch(src, &empty, g.clone(), sp);
         let s = Tensor::from_vec(b.src.clone(), (b.rows, b.src_len), dev)?;
         let hyps = if opts.beam <= 1 {
-            greedy(&decoder, &s, opts)?
+            greedy(decoder, &s, opts)?
                 .into_iter()
                 .map(|h| vec![h])
                 .collect()
         } else {
-            beam_search_nbest(&decoder, &s, opts)?
+            beam_search_nbest(decoder, &s, opts)?
         };
         for (&i, h) in g.iter().zip(hyps) {
             out[i] = h;

@@ -232,10 +232,7 @@ impl MtModel {
 
     /// What [`Self::decoder`] prepares decoding with, for logs.
     pub fn describe_decoding(&self) -> Result<String> {
-        Ok(match self {
-            MtModel::Transformer(m) => m.prepare_decoding()?.describe(),
-            MtModel::Rnn(_) => "f32 (recurrent)".to_string(),
-        })
+        Ok(self.decoder()?.describe())
     }
 
     /// This model ready to decode many batches ([`MtDecoder`]).
@@ -248,6 +245,21 @@ impl MtModel {
             model: self,
             prepared,
         })
+    }
+}
+
+impl MtDecoder<'_> {
+    /// The model it decodes with.
+    pub fn model(&self) -> &MtModel {
+        self.model
+    }
+
+    /// What decoding was prepared with, for logs ([`PreparedDecoding::describe`]).
+    pub fn describe(&self) -> String {
+        match &self.prepared {
+            Some(p) => p.describe(),
+            None => "f32 (recurrent)".to_string(),
+        }
     }
 }
 

@@ -111,6 +111,8 @@ pub use encoder::{Encoder, EncoderLayer};
 pub use error::ConfigError;
 pub use feed_forward::FeedForward;
 pub use grads::DirectGrads;
+/// The int8 scheme's weight quantization (one scale per row), for int8 runs on disk.
+pub use kernels::int8::quantize_weight_rows;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use lm::TransformerLm;

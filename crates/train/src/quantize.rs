@@ -19,6 +19,7 @@ use crate::runner::{best_path, config_path, save_tagged};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
+use transformer_model::quantize_weight_rows;
 
 /// The format tag of an int8 run's `best.safetensors`.
 pub const INT8_WEIGHTS_FORMAT: &str = "transformer-mt-weights-int8/1";
@@ -110,20 +111,11 @@ fn quantized_tensors(loaded: &LoadedMt) -> Result<(Vec<(String, Tensor)>, usize)
     Ok((out, matrices))
 }
 
-/// A row-major matrix of `cols` columns as int8 bytes with one scale per row.
+/// A row-major matrix of `cols` columns as int8 bytes (stored as `u8`) with one scale per
+/// row: decoding's own quantization ([`quantize_weight_rows`]).
 fn quantize_matrix(w: &[f32], cols: usize) -> (Vec<u8>, Vec<f32>) {
-    let mut q = Vec::with_capacity(w.len());
-    let mut scales = Vec::with_capacity(w.len() / cols.max(1));
-    for row in w.chunks_exact(cols) {
-        let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = if max > 0.0 { max / 127.0 } else { 1.0 };
-        scales.push(s);
-        q.extend(
-            row.iter()
-                .map(|&v| (v / s).round().clamp(-127.0, 127.0) as i8 as u8),
-        );
-    }
-    (q, scales)
+    let (q, scales) = quantize_weight_rows(w, cols);
+    (q.into_iter().map(|t| t as u8).collect(), scales)
 }
 
 /// The f32 parameters of an int8 weights file's tensors (`path` names it in errors).

@@ -113,21 +113,12 @@ impl QuantizedLinear {
             kernel.name()
         );
         let kp = k.div_ceil(16) * 16;
+        let (rows, scale) = quantize_weight_rows(w, k);
         let mut q = vec![0i8; out * kp];
-        let mut scale = vec![1f32; out];
         let mut excess = vec![0i32; out];
-        for o in 0..out {
-            let row = &w[o * k..(o + 1) * k];
-            let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
-            scale[o] = s;
-            let mut sum = 0i32;
-            for (j, &v) in row.iter().enumerate() {
-                let t = (v / s).round().clamp(-127.0, 127.0) as i8;
-                q[o * kp + j] = t;
-                sum += t as i32;
-            }
-            excess[o] = 128 * sum;
+        for (o, row) in rows.chunks_exact(k).enumerate() {
+            q[o * kp..o * kp + k].copy_from_slice(row);
+            excess[o] = 128 * row.iter().map(|&t| t as i32).sum::<i32>();
         }
         let w = match kernel {
             Int8Kernel::Avx512Vnni => {
@@ -399,6 +390,24 @@ impl QuantizedLinear {
             }
         }
     }
+}
+
+/// A weight matrix (`cols` columns, row-major) in int8 with one scale per row, the weights'
+/// side of the scheme: `scale = max |row| / 127` (1 for a row of zeros),
+/// `q = round(w / scale)`. Returns the bytes (row-major) and the scales.
+pub fn quantize_weight_rows(w: &[f32], cols: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut q = Vec::with_capacity(w.len());
+    let mut scales = Vec::with_capacity(w.len() / cols.max(1));
+    for row in w.chunks_exact(cols) {
+        let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+        scales.push(s);
+        q.extend(
+            row.iter()
+                .map(|&v| (v / s).round().clamp(-127.0, 127.0) as i8),
+        );
+    }
+    (q, scales)
 }
 
 /// Each row of `x` (`n x k`) quantized to int8 with its own scale, padded with zeros to

@@ -47,9 +47,9 @@ pub fn read_lines(path: &Path) -> Result<Vec<String>> {
     lines_of(path, &bytes)
 }
 
-/// The bytes of a file, decompressed when its name ends in `.gz`.
-pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(path).map_err(|source| {
+/// Opens `path` for reading; a missing file is [`Error::FileNotFound`].
+fn open_file(path: &Path) -> Result<std::fs::File> {
+    std::fs::File::open(path).map_err(|source| {
         if source.kind() == std::io::ErrorKind::NotFound {
             Error::FileNotFound { path: path.into() }
         } else {
@@ -59,7 +59,12 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
                 source,
             }
         }
-    })?;
+    })
+}
+
+/// The bytes of a file, decompressed when its name ends in `.gz`.
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    let file = open_file(path)?;
     let gz = path.extension().is_some_and(|e| e == "gz");
     let mut bytes = Vec::new();
     if gz {
@@ -397,17 +402,7 @@ impl Input {
 impl LineReader {
     /// Reads `path` (gzip when its name ends in `.gz`).
     pub fn open(path: &Path) -> Result<Self> {
-        let file = std::fs::File::open(path).map_err(|source| {
-            if source.kind() == std::io::ErrorKind::NotFound {
-                Error::FileNotFound { path: path.into() }
-            } else {
-                Error::Io {
-                    action: "read",
-                    path: path.into(),
-                    source,
-                }
-            }
-        })?;
+        let file = open_file(path)?;
         let reader: Box<dyn BufRead> = if path.extension().is_some_and(|e| e == "gz") {
             Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(file)))
         } else {

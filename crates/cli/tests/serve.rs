@@ -81,13 +81,19 @@ fn mt_translate(lines: &[&str]) -> Vec<String> {
 
 /// What `mt translate` with these extra flags prints for these lines.
 fn mt_translate_with(lines: &[&str], flags: &[&str]) -> Vec<String> {
+    translate_run(run_dir(), lines, flags).0
+}
+
+/// `mt translate --run RUN` with `flags` on these lines: its output lines and its stderr;
+/// it must succeed.
+fn translate_run(run: &Path, lines: &[&str], flags: &[&str]) -> (Vec<String>, String) {
     let mut child = bin()
         .args(["mt", "translate", "--run"])
-        .arg(run_dir())
+        .arg(run)
         .args(flags)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     child
@@ -97,12 +103,14 @@ fn mt_translate_with(lines: &[&str], flags: &[&str]) -> Vec<String> {
         .write_all((lines.join("\n") + "\n").as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout)
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
+    let lines = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(str::to_string)
-        .collect()
+        .collect();
+    (lines, stderr)
 }
 
 struct Server {
@@ -1085,27 +1093,9 @@ fn mt_quantize_writes_a_smaller_run_that_decodes_in_int8() {
     );
     // (The tiny model's biases, norms and metadata are a larger share than the default's.)
     assert!(after * 2 < before, "{after} bytes against {before}");
-    let mut child = bin()
-        .args(["mt", "translate", "--run"])
-        .arg(&out)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all((LINES.join("\n") + "\n").as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
-    assert!(o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("decoder layers int8"));
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout).lines().count(),
-        LINES.len()
-    );
+    let (translated, stderr) = translate_run(&out, &LINES, &[]);
+    assert!(stderr.contains("decoder layers int8"), "{stderr}");
+    assert_eq!(translated.len(), LINES.len());
     let again = bin()
         .args(["mt", "quantize", "--run"])
         .arg(run_dir())

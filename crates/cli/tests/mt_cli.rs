@@ -225,6 +225,45 @@ fn killed_runs_resume_to_the_uninterrupted_result() {
     }
     assert_eq!(v["sentences"], 20);
 
+    // The sets the run names: --test-set all scores valid and test, one JSON line each, the
+    // test's scores those of --src/--ref, its translations the run's own test.hyp.
+    let hyps = dir.join("hyps");
+    let o = bin()
+        .args(["mt", "eval", "--run"])
+        .arg(&whole)
+        .args(["--test-set", "all", "--json", "--hyp-out"])
+        .arg(&hyps)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sets: Vec<serde_json::Value> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(sets.len(), 2);
+    assert_eq!(
+        (&sets[0]["set"], &sets[1]["set"]),
+        (&"valid".into(), &"test".into())
+    );
+    for key in ["bleu", "chrf", "bleu_char", "loss", "sentences"] {
+        assert_eq!(sets[1][key], v[key], "{key}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(hyps.join("test.hyp")).unwrap(),
+        std::fs::read_to_string(whole.join("test.hyp")).unwrap()
+    );
+    assert!(hyps.join("valid.hyp").is_file());
+    let o = bin()
+        .args(["mt", "eval", "--run"])
+        .arg(&whole)
+        .args(["--test-set", "news"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("this run names valid, test (or all)"), "{err}");
+
     // Attention pictures of the trained run: a heatmap with one cell per (output token,
     // source token) and the explorer page with every layer's maps.
     let (svg, html) = (dir.join("att.svg"), dir.join("att.html"));

@@ -238,23 +238,119 @@ pub enum PairSource {
     },
 }
 
-/// Which pairs of a source, by their 1-based position `k` in it (line `k` of a two-file
-/// source): the held-out slice is every `n`-th pair (`k` a multiple of `n`), the rest is
-/// everything else, so the two never share a line and together are the whole source.
+/// Which pairs of a source. By position: the held-out slice is every `n`-th pair (1-based
+/// position `k` a multiple of `n`, line `k` of a two-file source), the rest is everything
+/// else. By sentence: a pair is held out when the MD5 digest of one side's text (trimmed),
+/// read as a big-endian number, leaves `residue` modulo `modulus`, so that every pair sharing
+/// that sentence (one English sentence with several Korean translations) lands on the same
+/// side. Either way a slice and its rest never share a pair and together are the whole source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slice {
     /// Pairs `n`, `2n`, `3n`, ...: the held-out slice.
     EveryNth(usize),
     /// All pairs but `n`, `2n`, `3n`, ...: the rest, for training.
     AllButEveryNth(usize),
+    /// The pairs whose `side`'s sentence hashes to `residue` modulo `modulus`: held out by
+    /// sentence.
+    BySentence {
+        /// Which side's text is hashed.
+        side: Side,
+        /// The modulus, at least 1.
+        modulus: u32,
+        /// The residue held out.
+        residue: u32,
+    },
+    /// All pairs but [`Slice::BySentence`]'s: the rest, for training.
+    AllButSentence {
+        /// Which side's text is hashed.
+        side: Side,
+        /// The modulus, at least 1.
+        modulus: u32,
+        /// The residue held out.
+        residue: u32,
+    },
+}
+
+/// One side of a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The source sentence.
+    Src,
+    /// The target sentence.
+    Tgt,
+}
+
+impl Side {
+    /// The other side.
+    pub fn other(self) -> Side {
+        match self {
+            Side::Src => Side::Tgt,
+            Side::Tgt => Side::Src,
+        }
+    }
+}
+
+/// The MD5 digest of `text` (trimmed) modulo `modulus`: the rule of
+/// `scripts/split_ko_en_tatoeba.py` (`int(md5(text).hexdigest(), 16) % modulus`), so the
+/// split made here and the one that script writes are the same pairs.
+pub fn sentence_bucket(text: &str, modulus: u32) -> u32 {
+    use md5::Digest;
+    let digest = md5::Md5::digest(text.trim().as_bytes());
+    // The 128-bit number modulo m, one byte at a time (Horner's rule).
+    let m = u64::from(modulus.max(1));
+    digest
+        .iter()
+        .fold(0u64, |r, &b| (r * 256 + u64::from(b)) % m) as u32
 }
 
 impl Slice {
-    /// Whether the pair at 0-based index `i` belongs to the slice.
-    pub fn contains(self, i: usize) -> bool {
+    /// Whether the pair at 0-based index `i`, `src` and `tgt`, belongs to the slice.
+    pub fn contains(self, i: usize, src: &str, tgt: &str) -> bool {
+        let held = |side: Side, modulus: u32, residue: u32| {
+            let text = match side {
+                Side::Src => src,
+                Side::Tgt => tgt,
+            };
+            sentence_bucket(text, modulus) == residue
+        };
         match self {
             Slice::EveryNth(n) => (i + 1).is_multiple_of(n.max(1)),
             Slice::AllButEveryNth(n) => !(i + 1).is_multiple_of(n.max(1)),
+            Slice::BySentence {
+                side,
+                modulus,
+                residue,
+            } => held(side, modulus, residue),
+            Slice::AllButSentence {
+                side,
+                modulus,
+                residue,
+            } => !held(side, modulus, residue),
+        }
+    }
+
+    /// The same pairs once each pair's sides are exchanged ([`PairSource::reversed`]).
+    pub fn reversed(self) -> Slice {
+        match self {
+            Slice::BySentence {
+                side,
+                modulus,
+                residue,
+            } => Slice::BySentence {
+                side: side.other(),
+                modulus,
+                residue,
+            },
+            Slice::AllButSentence {
+                side,
+                modulus,
+                residue,
+            } => Slice::AllButSentence {
+                side: side.other(),
+                modulus,
+                residue,
+            },
+            by_position => by_position,
         }
     }
 
@@ -262,7 +358,7 @@ impl Slice {
     pub fn apply(self, pairs: Pairs) -> Pairs {
         let mut out = Pairs::default();
         for (i, (s, t)) in pairs.src.into_iter().zip(pairs.tgt).enumerate() {
-            if self.contains(i) {
+            if self.contains(i, &s, &t) {
                 out.src.push(s);
                 out.tgt.push(t);
             }
@@ -273,11 +369,33 @@ impl Slice {
 
 impl std::fmt::Display for Slice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let side = |s: &Side| match s {
+            Side::Src => "source",
+            Side::Tgt => "target",
+        };
         match self {
             Slice::EveryNth(n) => write!(f, "pairs {n}, {}, {}, ...", 2 * n, 3 * n),
             Slice::AllButEveryNth(n) => {
                 write!(f, "all but pairs {n}, {}, {}, ...", 2 * n, 3 * n)
             }
+            Slice::BySentence {
+                side: s,
+                modulus,
+                residue,
+            } => write!(
+                f,
+                "pairs whose {} sentence's MD5 is {residue} modulo {modulus}",
+                side(s)
+            ),
+            Slice::AllButSentence {
+                side: s,
+                modulus,
+                residue,
+            } => write!(
+                f,
+                "all but pairs whose {} sentence's MD5 is {residue} modulo {modulus}",
+                side(s)
+            ),
         }
     }
 }
@@ -314,7 +432,7 @@ impl PairSource {
             },
             PairSource::Slice { of, slice } => PairSource::Slice {
                 of: Box::new(of.reversed()),
-                slice: *slice,
+                slice: slice.reversed(),
             },
         }
     }
@@ -520,6 +638,44 @@ pub fn read_lines_from(reader: impl BufRead, name: &Path) -> Result<Vec<String>>
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// The hash rule against Python's: `int(hashlib.md5(t.strip().encode()).hexdigest(), 16)
+    /// % m` printed these (the rule of `scripts/split_ko_en_tatoeba.py`).
+    #[test]
+    fn sentence_bucket_is_pythons_md5_modulo() {
+        let cases = [
+            ("hello", 14, 4),
+            ("Tom is here.", 18, 6),
+            ("I love you.", 4, 0),
+            ("  padded  ", 15, 3),
+        ];
+        for (text, mod20, mod7) in cases {
+            assert_eq!(sentence_bucket(text, 20), mod20, "{text:?}");
+            assert_eq!(sentence_bucket(text, 7), mod7, "{text:?}");
+        }
+        // By sentence: a slice and its rest split the pairs; reversing hashes the same side.
+        let pairs = Pairs {
+            src: vec!["a".into(), "b".into(), "c".into()],
+            tgt: vec!["hello".into(), "I love you.".into(), "hello".into()],
+        };
+        let held = Slice::BySentence {
+            side: Side::Tgt,
+            modulus: 20,
+            residue: 14,
+        };
+        let rest = Slice::AllButSentence {
+            side: Side::Tgt,
+            modulus: 20,
+            residue: 14,
+        };
+        assert_eq!(held.apply(pairs.clone()).src, ["a", "c"]);
+        assert_eq!(rest.apply(pairs.clone()).src, ["b"]);
+        let swapped = Pairs {
+            src: pairs.tgt.clone(),
+            tgt: pairs.src.clone(),
+        };
+        assert_eq!(held.reversed().apply(swapped).tgt, ["a", "c"]);
+    }
 
     fn temp_dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("parallel-{name}-{}", std::process::id()));

@@ -45,7 +45,7 @@ use transformer_model::{
     TransformerConfig,
 };
 use transformer_text::bucket::{make_batch, pair_batches, source_batches, PairBatch};
-use transformer_text::parallel::{keep_for_training, PairFilter, PairSource, Pairs, Slice};
+use transformer_text::parallel::{keep_for_training, PairFilter, PairSource, Pairs, Side, Slice};
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
 use transformer_text::subword::{BpeOptions, Subword, TextTokenizer};
 
@@ -184,6 +184,14 @@ impl Corpus {
 /// [`Slice::EveryNth`]); `ko-en-all` trains on the rest ([`Slice::AllButEveryNth`]).
 pub const HELD_OUT_EVERY: usize = 50;
 
+/// Tatoeba's held-out sentences: the pairs whose English sentence's MD5 is
+/// `TATOEBA_HELD_OUT_RESIDUE` modulo `TATOEBA_HELD_OUT_MODULUS` ([`Slice::BySentence`]),
+/// every Korean translation of a sentence on the same side: the test split of
+/// `scripts/split_ko_en_tatoeba.py` (274 pairs).
+pub const TATOEBA_HELD_OUT_MODULUS: u32 = 20;
+/// See [`TATOEBA_HELD_OUT_MODULUS`].
+pub const TATOEBA_HELD_OUT_RESIDUE: u32 = 1;
+
 /// The Korean-English sources whose pairs are split into a training part and a held-out
 /// slice ([`HELD_OUT_EVERY`]): (name, the whole source) under `data` (the folder holding
 /// `ko-en/`), Korean first.
@@ -211,6 +219,14 @@ fn ko_en_sliced(data: &Path) -> Vec<(&'static str, PairSource)> {
 /// documentation repeat held-out ones.
 pub fn ko_en_all_train(data: &Path) -> Vec<PairSource> {
     let mut train = Corpus::KoEn.files(data).train;
+    train[0] = PairSource::Slice {
+        of: Box::new(train[0].clone()),
+        slice: Slice::AllButSentence {
+            side: Side::Tgt,
+            modulus: TATOEBA_HELD_OUT_MODULUS,
+            residue: TATOEBA_HELD_OUT_RESIDUE,
+        },
+    };
     for (_, whole) in ko_en_sliced(data) {
         train.push(PairSource::Slice {
             of: Box::new(whole),
@@ -249,6 +265,21 @@ pub fn ko_en_test_sets(data: &Path) -> Vec<(String, PairSource)> {
             },
         ),
     ];
+    sets.push((
+        "tatoeba-heldout".to_string(),
+        PairSource::Slice {
+            of: Box::new(PairSource::Tsv {
+                path: d.join("tatoeba/kor.txt"),
+                src_col: 1,
+                tgt_col: 0,
+            }),
+            slice: Slice::BySentence {
+                side: Side::Tgt,
+                modulus: TATOEBA_HELD_OUT_MODULUS,
+                residue: TATOEBA_HELD_OUT_RESIDUE,
+            },
+        },
+    ));
     for (name, whole) in ko_en_sliced(data) {
         sets.push((
             format!("{name}-heldout"),
@@ -748,6 +779,34 @@ impl MtTrainConfig {
             };
         }
         Ok(files)
+    }
+
+    /// The sets a trained run can be scored on by name (`mt eval --test-set`), each in the
+    /// run's direction: `valid` and `test` (the sources training validated and tested on),
+    /// and for `ko-en-all` every held-out test set instead of `test` ([`ko_en_test_sets`]:
+    /// `news-v1-test`, `ntrex128`, `tatoeba-heldout`, `python-docs-heldout`,
+    /// `lo-help-heldout`, `lo-ui-heldout`).
+    pub fn eval_sets(&self) -> Result<Vec<(String, PairSource)>> {
+        let files = self.sources()?;
+        let mut sets = vec![("valid".to_string(), files.valid)];
+        if self.corpus == Some(Corpus::KoEnAll) && self.test_src.is_none() {
+            let data = self
+                .data
+                .clone()
+                .or_else(default_data_dir)
+                .unwrap_or_default();
+            for (name, source) in ko_en_test_sets(&data) {
+                let source = if self.reverse {
+                    source.reversed()
+                } else {
+                    source
+                };
+                sets.push((name, source));
+            }
+        } else if let Some(test) = files.test {
+            sets.push(("test".to_string(), test));
+        }
+        Ok(sets)
     }
 
     /// Makes every file and folder the configuration names absolute, so that a run's

@@ -38,7 +38,10 @@ fn ko_en_all_reads_every_pair_but_the_held_out_ones() {
         .map(|s| (s.describe(), s.read().unwrap().len()))
         .collect();
     let expected = [
-        ("tatoeba/kor.txt columns 1, 0", 5749),
+        (
+            "tatoeba/kor.txt columns 1, 0 (all but pairs whose target sentence's MD5 is 1 modulo 20)",
+            5475,
+        ),
         ("jhe/jhe-koen-dev.ko + .en", 720),
         ("jhe/jhe-koen-eval.ko + .en", 720),
         (
@@ -69,8 +72,9 @@ fn ko_en_all_reads_every_pair_but_the_held_out_ones() {
         .contains("korean-english-park.dev.ko"));
     let test = files.test.unwrap();
     assert!(test.describe().contains("korean-english-park.test.ko"));
-    // ko-en's training sources are ko-en-all's first three, unchanged.
-    assert_eq!(Corpus::KoEn.files(&data).train, train[..3].to_vec());
+    // ko-en's training sources are ko-en-all's first three, Tatoeba without its held-out
+    // sentences.
+    assert_eq!(Corpus::KoEn.files(&data).train[1..], train[1..3]);
 
     // The test sets: the news test, NTREX-128 and the three held-out slices.
     let sets = mt::ko_en_test_sets(&data);
@@ -80,6 +84,7 @@ fn ko_en_all_reads_every_pair_but_the_held_out_ones() {
         [
             "news-v1-test",
             "ntrex128",
+            "tatoeba-heldout",
             "python-docs-heldout",
             "lo-help-heldout",
             "lo-ui-heldout"
@@ -87,7 +92,7 @@ fn ko_en_all_reads_every_pair_but_the_held_out_ones() {
     );
     assert_eq!(sets[0].1, test);
     let sizes: Vec<usize> = sets.iter().map(|(_, s)| s.read().unwrap().len()).collect();
-    assert_eq!(sizes, [2000, 1997, 805, 373, 293]);
+    assert_eq!(sizes, [2000, 1997, 274, 805, 373, 293]);
     // Training drops the pairs of all of them: 109 training lines repeat a held-out pair
     // (short LibreOffice strings in both help and UI, a few Python-docs paragraphs), none
     // repeats a news or NTREX pair.
@@ -110,7 +115,7 @@ fn ko_en_all_reads_every_pair_but_the_held_out_ones() {
         })
         .collect();
     assert_eq!(repeats, [0, 0, 0, 5, 55, 49, 0]);
-    for (name, source) in &sets[..2] {
+    for (name, source) in &sets[..3] {
         let p = source.read().unwrap();
         let trained: HashSet<(String, String)> = {
             let t = PairSource::read_all(&train).unwrap();
@@ -164,4 +169,74 @@ fn reverse_exchanges_every_split_and_the_language_codes() {
         back.test.unwrap().read().unwrap(),
     );
     assert_eq!((f.src, f.tgt), (b.tgt, b.src));
+    // `mt eval --test-set` names the same sets, in the run's direction.
+    let names = |c: &MtTrainConfig| -> Vec<String> {
+        c.eval_sets().unwrap().into_iter().map(|(n, _)| n).collect()
+    };
+    let want = [
+        "valid",
+        "news-v1-test",
+        "ntrex128",
+        "tatoeba-heldout",
+        "python-docs-heldout",
+        "lo-help-heldout",
+        "lo-ui-heldout",
+    ];
+    assert_eq!(names(&cfg), want);
+    assert_eq!(names(&reversed_cfg), want);
+    let (f, b) = (
+        &cfg.eval_sets().unwrap()[3].1,
+        &reversed_cfg.eval_sets().unwrap()[3].1,
+    );
+    let (f, b) = (f.read().unwrap(), b.read().unwrap());
+    assert_eq!((f.src, f.tgt), (b.tgt, b.src));
+}
+
+/// Tatoeba's held-out sentences are the test split `scripts/split_ko_en_tatoeba.py` writes
+/// (Python's `hashlib.md5`, the reference for the hash rule), and no English sentence of
+/// them is trained on, whichever Korean translation it comes with.
+#[test]
+fn tatoeba_is_held_out_by_sentence_as_the_split_script_does() {
+    let Some(data) = data_dir() else {
+        return;
+    };
+    let out = tempfile_dir("tatoeba-split");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/split_ko_en_tatoeba.py");
+    let status = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(data.join("ko-en"))
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("python3 runs the split script");
+    assert!(status.success());
+    let lines = |f: &str| -> Vec<String> {
+        std::fs::read_to_string(out.join(f))
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let sets = mt::ko_en_test_sets(&data);
+    let (_, tatoeba) = sets.iter().find(|(n, _)| n == "tatoeba-heldout").unwrap();
+    let held = tatoeba.read().unwrap();
+    assert_eq!(held.src, lines("test.ko"));
+    assert_eq!(held.tgt, lines("test.en"));
+    let held_en: HashSet<&String> = held.tgt.iter().collect();
+    let train = mt::ko_en_all_train(&data);
+    let trained = train[0].read().unwrap();
+    assert_eq!(trained.len() + held.len(), 5749);
+    assert!(trained.tgt.iter().all(|en| !held_en.contains(en)));
+    // Several Korean translations of one held-out sentence stay together.
+    assert!(held_en.len() < held.len());
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// A fresh empty folder under the system's temporary folder.
+fn tempfile_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

@@ -186,12 +186,15 @@ pub struct TrainArgs {
     /// many, and the embeddings are --d-model wide [default: 256]
     #[arg(long)]
     rnn_hidden: Option<usize>,
-    /// Tokens: bpe (joint subwords, exact detokenization) or words (lowercased words, rare
-    /// ones as <unk>: the published Multi30k baselines' vocabulary, for a perplexity per
-    /// word comparable with theirs; score its BLEU lowercased) [default: bpe]
+    /// Tokens: bpe (joint subwords, exact detokenization), unigram (SentencePiece's
+    /// unigram language model), bpe-bytes or unigram-bytes (with byte fallback: a character
+    /// never seen in training is spelled in its UTF-8 bytes instead of <unk>; 256 of the
+    /// vocabulary's ids are bytes), or words (lowercased words, rare ones as <unk>: the
+    /// published Multi30k baselines' vocabulary, for a perplexity per word comparable with
+    /// theirs; score its BLEU lowercased) [default: bpe]
     #[arg(long)]
     tokenizer: Option<TokenizerKind>,
-    /// Joint BPE vocabulary size [default: 8000]
+    /// Joint subword vocabulary size [default: 8000]
     #[arg(long)]
     vocab_size: Option<usize>,
     /// Separate embedding and output matrices (default: shared, section 3.4).

@@ -24,6 +24,7 @@
 use crate::error::{Error, Result};
 use std::path::Path;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::models::unigram::{Unigram, UnigramTrainerBuilder};
 use tokenizers::models::wordlevel::{WordLevel, WordLevelTrainerBuilder};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::normalizers::unicode::NFKC;
@@ -113,6 +114,21 @@ fn special_tokens() -> Vec<AddedToken> {
         .collect()
 }
 
+/// A vocabulary must have room beside the specials.
+fn check_vocab_size(vocab_size: usize, origin: &Path) -> Result<()> {
+    if vocab_size <= SPECIAL_TOKENS.len() {
+        return Err(tok_err(
+            origin,
+            format!(
+                "a vocabulary of {vocab_size} leaves no room beside the {} special tokens; ask \
+                 for thousands (8000 is the default)",
+                SPECIAL_TOKENS.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn tok_err(path: &Path, msg: impl std::fmt::Display) -> Error {
     Error::Tokenizer {
         path: path.into(),
@@ -128,17 +144,7 @@ impl Subword {
         opts: BpeOptions,
         origin: &Path,
     ) -> Result<Self> {
-        if opts.vocab_size <= SPECIAL_TOKENS.len() {
-            return Err(tok_err(
-                origin,
-                format!(
-                    "a vocabulary of {} leaves no room beside the {} special tokens; ask for \
-                     thousands (8000 is the default)",
-                    opts.vocab_size,
-                    SPECIAL_TOKENS.len()
-                ),
-            ));
-        }
+        check_vocab_size(opts.vocab_size, origin)?;
         let model = BPE::builder()
             .unk_token(SPECIAL_TOKENS[3].to_string())
             .build()
@@ -164,6 +170,104 @@ impl Subword {
             .train(&mut trainer, texts)
             .map_err(|e| tok_err(origin, e))?;
         Self::checked(tokenizer, origin)
+    }
+
+    /// Trains a unigram language-model tokenizer (Kudo 2018, SentencePiece's default) on
+    /// `texts`, with the same normalizer, pre-tokenizer and decoder as [`Subword::train_bpe`]
+    /// and `opts.vocab_size` pieces (`min_frequency` does not apply).
+    pub fn train_unigram<S: AsRef<str> + Send>(
+        texts: impl Iterator<Item = S> + Send,
+        opts: BpeOptions,
+        origin: &Path,
+    ) -> Result<Self> {
+        check_vocab_size(opts.vocab_size, origin)?;
+        let mut tokenizer = Tokenizer::new(Unigram::default());
+        tokenizer
+            .with_normalizer(Some(NFKC))
+            .map_err(|e| tok_err(origin, e))?;
+        tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![
+            Metaspace::new('▁', PrependScheme::Always, true).into(),
+            Punctuation::default().into(),
+        ])));
+        tokenizer.with_decoder(Some(Metaspace::new('▁', PrependScheme::Always, true)));
+        let mut trainer = TrainerWrapper::UnigramTrainer(
+            UnigramTrainerBuilder::default()
+                .vocab_size(opts.vocab_size as u32)
+                .unk_token(Some(SPECIAL_TOKENS[3].to_string()))
+                .special_tokens(special_tokens())
+                .show_progress(false)
+                .build()
+                .map_err(|e| tok_err(origin, e))?,
+        );
+        tokenizer
+            .train(&mut trainer, texts)
+            .map_err(|e| tok_err(origin, e))?;
+        Self::checked(tokenizer, origin)
+    }
+
+    /// The same tokenizer with byte fallback: 256 pieces `<0x00>` ... `<0xFF>` added after its
+    /// own, and a character it has no piece for is spelled as its UTF-8 bytes instead of
+    /// `<unk>` (SentencePiece's `byte_fallback`); decoding turns the bytes back into the
+    /// character. For the subword kinds (BPE, unigram) only.
+    pub fn with_byte_fallback(&self, origin: &Path) -> Result<Self> {
+        // The `tokenizers` crate reads byte fallback from a model's vocabulary but has no
+        // call that adds the byte pieces to a trained model; its JSON form is where they go.
+        let json = self
+            .inner
+            .to_string(false)
+            .map_err(|e| tok_err(origin, e))?;
+        let mut v: serde_json::Value =
+            serde_json::from_str(&json).map_err(|e| tok_err(origin, e))?;
+        let bytes = (0..=255u8).map(|b| format!("<0x{b:02X}>"));
+        let model = &mut v["model"];
+        match model["type"].as_str() {
+            Some("BPE") => {
+                let vocab = model["vocab"]
+                    .as_object_mut()
+                    .ok_or_else(|| tok_err(origin, "a BPE model without a vocabulary"))?;
+                let mut next = vocab.len();
+                for b in bytes {
+                    vocab.insert(b, next.into());
+                    next += 1;
+                }
+            }
+            Some("Unigram") => {
+                let vocab = model["vocab"]
+                    .as_array_mut()
+                    .ok_or_else(|| tok_err(origin, "a unigram model without a vocabulary"))?;
+                // The byte pieces are only ever chosen for characters without a piece; the
+                // lowest score keeps them last among equals.
+                let lowest = vocab
+                    .iter()
+                    .filter_map(|p| p[1].as_f64())
+                    .fold(0.0f64, f64::min);
+                for b in bytes {
+                    vocab.push(serde_json::json!([b, lowest]));
+                }
+            }
+            other => {
+                return Err(tok_err(
+                    origin,
+                    format!("byte fallback needs a subword model, not {other:?}"),
+                ))
+            }
+        }
+        model["byte_fallback"] = true.into();
+        let metaspace = v["decoder"].clone();
+        v["decoder"] = serde_json::json!({
+            "type": "Sequence",
+            "decoders": [{"type": "ByteFallback"}, metaspace],
+        });
+        Self::from_bytes(v.to_string().as_bytes(), origin)
+    }
+
+    /// Whether a character the tokenizer has no piece for is spelled as bytes.
+    pub fn byte_fallback(&self) -> bool {
+        self.inner
+            .to_string(false)
+            .ok()
+            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+            .is_some_and(|v| v["model"]["byte_fallback"] == true)
     }
 
     /// Trains a word vocabulary on `texts`: NFKC and lowercase, split at whitespace and
@@ -333,6 +437,57 @@ mod tests {
         assert!(ids.contains(&3), "{ids:?}");
         assert_eq!(t.decode(&[1, t.encode("Two")[0], 2, 0]), "Two");
         assert!(t.encode("   ").is_empty());
+    }
+
+    /// Unigram and byte fallback: text of seen characters round-trips; with byte fallback an
+    /// unseen character is spelled in its UTF-8 bytes (no `<unk>`) and decodes back exactly;
+    /// the 256 byte pieces come after the trained ones; the file written loads the same.
+    #[test]
+    fn unigram_and_byte_fallback_round_trip_unseen_characters() {
+        let text = [
+            "Two young, White males are outside near many bushes.",
+            "A little girl climbing into a wooden playhouse.",
+            "개가 공원에서 뛰어 논다.",
+            "아이들이 공원에서 논다.",
+        ];
+        let many: Vec<&str> = text.iter().cycle().take(80).copied().collect();
+        let opts = BpeOptions {
+            vocab_size: 120,
+            min_frequency: 2,
+        };
+        let origin = Path::new("test");
+        let unigram = Subword::train_unigram(many.iter(), opts, origin).unwrap();
+        let bpe = Subword::train_bpe(many.iter(), opts, origin).unwrap();
+        assert!(unigram.vocab_size() <= 120);
+        for s in text {
+            assert_eq!(unigram.decode(&unigram.encode(s)), s);
+        }
+        let unseen = "개가 ☃ 뛰어 놉니다.";
+        for t in [&unigram, &bpe] {
+            assert!(!t.byte_fallback());
+            assert!(t.encode(unseen).contains(&3));
+            let b = t.with_byte_fallback(origin).unwrap();
+            assert!(b.byte_fallback());
+            assert_eq!(b.vocab_size(), t.vocab_size() + 256);
+            let ids = b.encode(unseen);
+            assert!(!ids.contains(&3), "{ids:?}");
+            assert_eq!(b.decode(&ids), unseen);
+            // ☃ is E2 98 83: three byte pieces, the last 256 ids.
+            let first_byte = t.vocab_size() as u32;
+            assert_eq!(b.token(first_byte + 0xE2), "<0xE2>");
+            assert!(ids.contains(&(first_byte + 0xE2)) && ids.contains(&(first_byte + 0x83)));
+            for s in text {
+                assert_eq!(b.encode(s), t.encode(s), "seen text is spelled as before");
+            }
+            let dir = std::env::temp_dir().join(format!("bytes-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let p = dir.join("tokenizer.json");
+            b.save(&p).unwrap();
+            let back = Subword::load(&p).unwrap();
+            assert_eq!(back.encode(unseen), ids);
+            assert_eq!(back.decode(&ids), unseen);
+            std::fs::remove_dir_all(&dir).ok();
+        }
     }
 
     #[test]

@@ -329,6 +329,13 @@ pub enum TokenizerKind {
     /// Joint byte-pair encoding of `vocab_size` subwords; decodes to the exact text.
     #[default]
     Bpe,
+    /// BPE with byte fallback: `vocab_size` pieces of which 256 are bytes, so a character
+    /// never seen in training is spelled in bytes instead of `<unk>`.
+    BpeBytes,
+    /// A unigram language-model tokenizer (SentencePiece's default) of `vocab_size` pieces.
+    Unigram,
+    /// Unigram with byte fallback (256 of the `vocab_size` pieces are bytes).
+    UnigramBytes,
     /// Lowercased words, punctuation split off, words seen fewer than twice as `<unk>`: the
     /// vocabulary of the published Multi30k baselines, for a perplexity measured as theirs
     /// is (per word). `vocab_size` does not apply.
@@ -340,10 +347,69 @@ impl std::str::FromStr for TokenizerKind {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
             "bpe" => Ok(TokenizerKind::Bpe),
+            "bpe-bytes" => Ok(TokenizerKind::BpeBytes),
+            "unigram" => Ok(TokenizerKind::Unigram),
+            "unigram-bytes" => Ok(TokenizerKind::UnigramBytes),
             "words" => Ok(TokenizerKind::Words),
-            _ => Err(format!("unknown tokenizer {s:?}: use bpe or words")),
+            _ => Err(format!(
+                "unknown tokenizer {s:?}: use bpe, bpe-bytes, unigram, unigram-bytes or words"
+            )),
         }
     }
+}
+
+impl TokenizerKind {
+    /// How the training log names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TokenizerKind::Bpe => "BPE",
+            TokenizerKind::BpeBytes => "BPE (byte fallback)",
+            TokenizerKind::Unigram => "unigram",
+            TokenizerKind::UnigramBytes => "unigram (byte fallback)",
+            TokenizerKind::Words => "lowercased-word",
+        }
+    }
+}
+
+/// Bytes a byte-fallback vocabulary spends of its `vocab_size`.
+const BYTE_PIECES: usize = 256;
+
+/// Trains the tokenizer `kind` of `vocab_size` ids on `texts` (both sides of the training
+/// pairs); `origin` names the data in errors.
+pub fn train_tokenizer<'a>(
+    kind: TokenizerKind,
+    vocab_size: usize,
+    texts: impl Iterator<Item = &'a String> + Send,
+    origin: &Path,
+) -> Result<Subword> {
+    let opts = |size: usize| BpeOptions {
+        vocab_size: size,
+        min_frequency: 2,
+    };
+    let with_bytes = || {
+        if vocab_size <= BYTE_PIECES + 4 {
+            return Err(Error::Usage(format!(
+                "--vocab-size {vocab_size} leaves no room beside the {BYTE_PIECES} byte pieces \
+                 of --tokenizer {}: ask for thousands",
+                match kind {
+                    TokenizerKind::BpeBytes => "bpe-bytes",
+                    _ => "unigram-bytes",
+                }
+            )));
+        }
+        Ok(opts(vocab_size - BYTE_PIECES))
+    };
+    Ok(match kind {
+        TokenizerKind::Bpe => Subword::train_bpe(texts, opts(vocab_size), origin)?,
+        TokenizerKind::BpeBytes => {
+            Subword::train_bpe(texts, with_bytes()?, origin)?.with_byte_fallback(origin)?
+        }
+        TokenizerKind::Unigram => Subword::train_unigram(texts, opts(vocab_size), origin)?,
+        TokenizerKind::UnigramBytes => {
+            Subword::train_unigram(texts, with_bytes()?, origin)?.with_byte_fallback(origin)?
+        }
+        TokenizerKind::Words => Subword::train_words(texts, 2, origin)?,
+    })
 }
 
 /// The default decay of the weight average.
@@ -1746,17 +1812,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     } else {
         let texts = train_pairs.src.iter().chain(&train_pairs.tgt);
         let origin = files.train[0].first_file().to_path_buf();
-        let tok = match cfg.tokenizer {
-            TokenizerKind::Bpe => Subword::train_bpe(
-                texts,
-                BpeOptions {
-                    vocab_size: cfg.vocab_size,
-                    min_frequency: 2,
-                },
-                &origin,
-            )?,
-            TokenizerKind::Words => Subword::train_words(texts, 2, &origin)?,
-        };
+        let tok = train_tokenizer(cfg.tokenizer, cfg.vocab_size, texts, &origin)?;
         tok.save(&tokenizer_path(run))?;
         tok
     };
@@ -1779,11 +1835,28 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     progress.line(&format!(
         "data: {stats}; validation {} pairs; joint {} vocabulary {vocab} ({:.1}s)",
         valid.src.len(),
-        match cfg.tokenizer {
-            TokenizerKind::Bpe => "BPE",
-            TokenizerKind::Words => "lowercased-word",
-        },
+        cfg.tokenizer.describe(),
         t0.elapsed().as_secs_f64()
+    ));
+    let unk_share = |side: &[Vec<u32>]| {
+        let total: usize = side.iter().map(Vec::len).sum();
+        let unk = side
+            .iter()
+            .flatten()
+            .filter(|&&i| i == transformer_text::Specials::FIXED.unk)
+            .count();
+        100.0 * unk as f64 / total.max(1) as f64
+    };
+    progress.line(&format!(
+        "data: <unk> pieces in validation: source {:.2}%, target {:.2}%{}",
+        unk_share(&valid.src),
+        unk_share(&valid.tgt),
+        match cfg.tokenizer {
+            TokenizerKind::Bpe | TokenizerKind::Unigram => {
+                " (characters without a piece; --tokenizer bpe-bytes or unigram-bytes spells them in bytes)"
+            }
+            _ => "",
+        }
     ));
     if source_sizes.len() > 1 {
         progress.line(&format!(

@@ -470,6 +470,11 @@ pub struct EvalArgs {
     /// lo-ui-heldout; `all` for every one. Repeat it for several.
     #[arg(long, required_unless_present = "src")]
     test_set: Vec<String>,
+    /// Name the sets of this bundled corpus instead of the run's own (with --test-set), in
+    /// the run's direction: for a run fine-tuned on files, `--corpus ko-en-all` scores it on
+    /// ko-en-all's held-out sets.
+    #[arg(long)]
+    corpus: Option<mt::Corpus>,
     /// The folder holding the bundled corpora, where it is not the one the run recorded
     /// (with --test-set).
     #[arg(long)]
@@ -512,6 +517,17 @@ fn eval_sets(args: &EvalArgs, config: &mt::MtTrainConfig) -> Result<Vec<EvalSet>
         }]);
     }
     let mut config = config.clone();
+    if let Some(c) = args.corpus {
+        config.corpus = Some(c);
+        for p in [
+            &mut config.valid_src,
+            &mut config.valid_tgt,
+            &mut config.test_src,
+            &mut config.test_tgt,
+        ] {
+            *p = None;
+        }
+    }
     if args.data.is_some() {
         config.data.clone_from(&args.data);
     }

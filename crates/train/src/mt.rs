@@ -877,7 +877,14 @@ impl MtTrainConfig {
 
     /// Makes every file and folder the configuration names absolute, so that a run's
     /// `config.toml` names them wherever the run is resumed from.
+    ///
+    /// A bundled corpus read from the default folder (`../shared/data`) records that
+    /// folder, so that the run resumes and `mt eval --test-set` finds its sets from any
+    /// directory.
     pub fn make_paths_absolute(&mut self) {
+        if self.corpus.is_some() && self.data.is_none() {
+            self.data = default_data_dir();
+        }
         for p in [
             &mut self.data,
             &mut self.train_src,

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The Korean-English experiments of docs/KOREAN.md, every run resumable: run this script
+# again after an interruption (or to continue a stage split across sittings) and each run
+# continues from its last checkpoint; a finished run (its test.hyp written) is skipped.
+#
+#   1. tokenizer choice, chosen by validation chrF (news-v1 dev) of English -> Korean runs
+#      of TOK_EPOCHS epochs on ko-en-all: bpe, bpe-bytes, unigram, unigram-bytes;
+#   2. the Transformer (default size) Korean -> English and English -> Korean on ko-en-all
+#      with the chosen tokenizer, EPOCHS epochs;
+#   3. gru-bahdanau Korean -> English on the same data and tokenizer;
+#   4. fine-tuning: the Korean -> English run continued on Tatoeba's training sentences
+#      (scripts/split_ko_en_tatoeba.py; the held-out Tatoeba sentences stay unseen);
+#   5. every run scored on every held-out set (`mt eval --test-set all --json`), one JSON
+#      line per (run, set) in $RUNS/scores.jsonl, translations in $RUNS/<run>/hyps/.
+#
+# Environment: RUNS (runs/ko-en), DATA (../shared/data), EPOCHS (20), TOK_EPOCHS (4),
+# TOKENIZER (the stage-1 winner; set it to skip stage 1), FT_EPOCHS (10), STAGES (1 2 3 4 5),
+# EXTRA (flags added to every fresh run, e.g. "--max-batches 20 --max-valid 50" for a quick
+# check of the whole script).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+RUNS="${RUNS:-runs/ko-en}"
+DATA="${DATA:-../shared/data}"
+EPOCHS="${EPOCHS:-20}"
+TOK_EPOCHS="${TOK_EPOCHS:-4}"
+FT_EPOCHS="${FT_EPOCHS:-10}"
+STAGES="${STAGES:-1 2 3 4 5}"
+BIN="$ROOT/target/release/transformer"
+mkdir -p "$RUNS"
+
+say() { echo "[ko-en] $*" >&2; }
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+[ -x "$BIN" ] || cargo build --release -p transformer-cli
+
+# Trains OUT with the given flags, or resumes it; a finished run is left as it is.
+train() {
+    local out="$1"
+    shift
+    if [ -f "$out/test.hyp" ]; then
+        say "finished already: $out"
+    elif [ -f "$out/checkpoint.safetensors" ]; then
+        say "resuming $out"
+        "$BIN" mt train --out "$out" --resume 2>&1 | tee -a "$out.log"
+    else
+        say "training $out: $*"
+        # shellcheck disable=SC2086
+        "$BIN" mt train --out "$out" "$@" ${EXTRA:-} 2>&1 | tee -a "$out.log"
+    fi
+}
+
+# A finished run's validation chrF (news-v1 dev, its best weights, beam 5).
+valid_chrf() {
+    "$BIN" mt eval --run "$1" --test-set valid --json |
+        python3 -c "import json,sys; print(round(json.loads(sys.stdin.readline())['chrf'], 2))"
+}
+
+if stage 1 && [ -z "${TOKENIZER:-}" ]; then
+    for tok in bpe bpe-bytes unigram unigram-bytes; do
+        train "$RUNS/tok-$tok" --corpus ko-en-all --reverse --data "$DATA" \
+            --tokenizer "$tok" --epochs "$TOK_EPOCHS"
+    done
+    best=""
+    best_score=-1
+    for tok in bpe bpe-bytes unigram unigram-bytes; do
+        s=$(valid_chrf "$RUNS/tok-$tok")
+        say "validation chrF (en->ko, $TOK_EPOCHS epochs) with $tok: $s"
+        if python3 -c "import sys; sys.exit(0 if $s > $best_score else 1)"; then
+            best="$tok"
+            best_score="$s"
+        fi
+    done
+    echo "$best" >"$RUNS/tokenizer.txt"
+    say "chosen tokenizer: $best (validation chrF $best_score)"
+fi
+TOKENIZER="${TOKENIZER:-$(cat "$RUNS/tokenizer.txt" 2>/dev/null || echo bpe)}"
+
+if stage 2; then
+    train "$RUNS/ko-en" --corpus ko-en-all --data "$DATA" --tokenizer "$TOKENIZER" \
+        --epochs "$EPOCHS"
+    train "$RUNS/en-ko" --corpus ko-en-all --reverse --data "$DATA" --tokenizer "$TOKENIZER" \
+        --epochs "$EPOCHS"
+fi
+if stage 3; then
+    train "$RUNS/ko-en-gru" --corpus ko-en-all --data "$DATA" --tokenizer "$TOKENIZER" \
+        --arch gru-bahdanau --epochs "$EPOCHS"
+fi
+if stage 4; then
+    split="$RUNS/tatoeba-split"
+    [ -f "$split/train.ko" ] || python3 scripts/split_ko_en_tatoeba.py "$DATA/ko-en" "$split" >&2
+    train "$RUNS/ko-en-ft-tatoeba" --init-from "$RUNS/ko-en" \
+        --train-src "$split/train.ko" --train-tgt "$split/train.en" \
+        --valid-src "$split/valid.ko" --valid-tgt "$split/valid.en" \
+        --test-src "$split/test.ko" --test-tgt "$split/test.en" --epochs "$FT_EPOCHS"
+fi
+if stage 5; then
+    : >"$RUNS/scores.jsonl"
+    for run in ko-en en-ko ko-en-gru ko-en-ft-tatoeba; do
+        [ -f "$RUNS/$run/test.hyp" ] || { say "not finished, not scored: $run"; continue; }
+        "$BIN" mt eval --run "$RUNS/$run" --corpus ko-en-all --data "$DATA" --test-set all \
+            --json --hyp-out "$RUNS/$run/hyps" |
+            python3 -c "import json,sys
+for l in sys.stdin:
+    v = json.loads(l); v['run'] = '$run'; print(json.dumps(v))" >>"$RUNS/scores.jsonl"
+    done
+    say "scores: $RUNS/scores.jsonl"
+fi

@@ -4,23 +4,12 @@
 //! `chromium` package) the test says so and checks only the page's text.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use transformer_train::viz::{attention_html, AttentionSet};
 
-fn chromium() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("CHROMIUM") {
-        return Some(PathBuf::from(p));
-    }
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .find_map(|name| {
-            let out = Command::new("which").arg(name).output().ok()?;
-            out.status
-                .success()
-                .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-        })
-}
+mod common;
+use common::chromium;
 
 /// A two-layer, two-head Transformer's attentions over a 4-token source, with one sharp
 /// weight per row so the picture has dark cells.

@@ -4,60 +4,31 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_transformer"))
-}
+mod common;
+use common::{bin, temp_dir as temp, write_tiny_config, write_toy_corpus, GERMAN};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mt-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    temp("mt-cli", name)
 }
 
-/// A toy language pair: each source word maps to one target word, order reversed.
+/// A toy language pair (train 300, valid 20, test 20 lines) and its tiny model's config.
 fn write_corpus(dir: &Path) {
-    let src = [
-        "ein", "hund", "läuft", "schnell", "zwei", "katzen", "schlafen", "im", "haus",
-    ];
-    let tgt = [
-        "a", "dog", "runs", "fast", "two", "cats", "sleep", "in", "house",
-    ];
-    for (split, n) in [("train", 300), ("valid", 20), ("test", 20)] {
-        let (mut s, mut t) = (String::new(), String::new());
-        for i in 0..n {
-            let len = 2 + (i * 7 + split.len()) % 5;
-            let ids: Vec<usize> = (0..len).map(|j| (i * 13 + j * 5 + j * j) % 9).collect();
-            s.push_str(&(ids.iter().map(|&k| src[k]).collect::<Vec<_>>().join(" ") + " .\n"));
-            t.push_str(
-                &(ids
-                    .iter()
-                    .rev()
-                    .map(|&k| tgt[k])
-                    .collect::<Vec<_>>()
-                    .join(" ")
-                    + " .\n"),
-            );
-        }
-        std::fs::write(dir.join(format!("{split}.de")), s).unwrap();
-        std::fs::write(dir.join(format!("{split}.en")), t).unwrap();
-    }
-    let d = dir.display();
-    std::fs::write(
-        dir.join("config.toml"),
-        format!(
-            "train_src = \"{d}/train.de\"\ntrain_tgt = \"{d}/train.en\"\n\
-             valid_src = \"{d}/valid.de\"\nvalid_tgt = \"{d}/valid.en\"\n\
-             test_src = \"{d}/test.de\"\ntest_tgt = \"{d}/test.en\"\n\
-             vocab_size = 60\nd_model = 32\nnhead = 4\nencoder_layers = 2\n\
-             decoder_layers = 2\ndim_feedforward = 64\nwarmup = 30\nlr_factor = 0.1\n\
-             epochs = 3\nmax_tokens = 160\nlog_interval = 4\ncheckpoint_interval = 5\nbeam = 2\n"
-        ),
-    )
-    .unwrap();
+    write_toy_corpus(dir, &GERMAN, &[("train", 300), ("valid", 20), ("test", 20)]);
+    write_tiny_config(
+        dir,
+        false,
+        true,
+        "lr_factor = 0.1
+epochs = 3
+max_tokens = 160
+log_interval = 4
+         checkpoint_interval = 5
+beam = 2
+",
+    );
 }
 
 /// Every training step of these runs is slowed by a pause, so that kills land between the

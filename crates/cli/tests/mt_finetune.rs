@@ -6,43 +6,24 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_transformer"))
-}
+mod common;
+use common::{bin, temp_dir as temp, write_toy_corpus, GERMAN};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mt-finetune-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    temp("mt-finetune", name)
 }
 
-/// A toy pair: each source word maps to one target word, order reversed; `src_words` are
-/// the source vocabulary (so that a second corpus can use words the first never had).
+/// The toy pair with `src_words` as its source vocabulary (so that a second corpus can use
+/// words the first never had): `lines` training pairs, 12 for validation, 8 for test.
 fn write_corpus(dir: &Path, src_words: &[&str], lines: usize) {
-    let tgt = [
-        "a", "dog", "runs", "fast", "two", "cats", "sleep", "in", "house",
-    ];
-    for (split, n) in [("train", lines), ("valid", 12), ("test", 8)] {
-        let (mut s, mut t) = (String::new(), String::new());
-        for i in 0..n {
-            let len = 2 + (i * 7 + split.len()) % 5;
-            let ids: Vec<usize> = (0..len).map(|j| (i * 13 + j * 5 + j * j) % 9).collect();
-            let words: Vec<&str> = ids.iter().map(|&k| src_words[k]).collect();
-            s.push_str(&(words.join(" ") + " .\n"));
-            let back: Vec<&str> = ids.iter().rev().map(|&k| tgt[k]).collect();
-            t.push_str(&(back.join(" ") + " .\n"));
-        }
-        std::fs::write(dir.join(format!("{split}.de")), s).unwrap();
-        std::fs::write(dir.join(format!("{split}.en")), t).unwrap();
-    }
+    write_toy_corpus(
+        dir,
+        src_words,
+        &[("train", lines), ("valid", 12), ("test", 8)],
+    );
 }
-
-const GERMAN: [&str; 9] = [
-    "ein", "hund", "läuft", "schnell", "zwei", "katzen", "schlafen", "im", "haus",
-];
 
 /// `mt train` on the corpus in `data` into `out` with the tiny model, plus `extra` flags.
 fn train(data: &Path, out: &Path, extra: &[&str]) -> Output {

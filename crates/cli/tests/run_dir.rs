@@ -9,15 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_transformer"))
-}
+mod common;
+use common::{bin, temp_dir as temp, write_tiny_config, write_toy_corpus, GERMAN};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("run-dir-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    temp("run-dir", name)
 }
 
 fn text(b: &[u8]) -> String {
@@ -27,42 +23,16 @@ fn text(b: &[u8]) -> String {
 /// A toy language pair (each source word maps to one target word, order reversed) and a
 /// `config.toml` naming its files relative to `dir`: runs are started from `dir`.
 fn write_corpus(dir: &Path, epochs: usize) {
-    let src = [
-        "ein", "hund", "läuft", "schnell", "zwei", "katzen", "schlafen", "im", "haus",
-    ];
-    let tgt = [
-        "a", "dog", "runs", "fast", "two", "cats", "sleep", "in", "house",
-    ];
-    for (split, n) in [("train", 200), ("valid", 12), ("test", 12)] {
-        let (mut s, mut t) = (String::new(), String::new());
-        for i in 0..n {
-            let len = 2 + (i * 7 + split.len()) % 5;
-            let ids: Vec<usize> = (0..len).map(|j| (i * 13 + j * 5 + j * j) % 9).collect();
-            s += &(ids.iter().map(|&k| src[k]).collect::<Vec<_>>().join(" ") + " .\n");
-            t += &(ids
-                .iter()
-                .rev()
-                .map(|&k| tgt[k])
-                .collect::<Vec<_>>()
-                .join(" ")
-                + " .\n");
-        }
-        std::fs::write(dir.join(format!("{split}.de")), s).unwrap();
-        std::fs::write(dir.join(format!("{split}.en")), t).unwrap();
-    }
-    std::fs::write(
-        dir.join("config.toml"),
-        format!(
-            "train_src = \"train.de\"\ntrain_tgt = \"train.en\"\n\
-             valid_src = \"valid.de\"\nvalid_tgt = \"valid.en\"\n\
-             test_src = \"test.de\"\ntest_tgt = \"test.en\"\n\
-             vocab_size = 60\nd_model = 32\nnhead = 4\nencoder_layers = 2\n\
-             decoder_layers = 2\ndim_feedforward = 64\nwarmup = 30\nlr_factor = 0.1\n\
-             epochs = {epochs}\nmax_tokens = 160\nmax_batches = 10\nlog_interval = 4\n\
-             checkpoint_interval = 5\nbeam = 2\n"
+    write_toy_corpus(dir, &GERMAN, &[("train", 200), ("valid", 12), ("test", 12)]);
+    write_tiny_config(
+        dir,
+        true,
+        true,
+        &format!(
+            "lr_factor = 0.1\nepochs = {epochs}\nmax_tokens = 160\nmax_batches = 10\n\
+             log_interval = 4\ncheckpoint_interval = 5\nbeam = 2\n"
         ),
-    )
-    .unwrap();
+    );
 }
 
 /// `mt train --config config.toml --out OUT ARGS...`, started from `dir`.

@@ -13,13 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_transformer"))
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+use common::{bin, chromium, repo_root, write_tiny_config, write_toy_corpus, GERMAN};
 
 /// A small German -> English run, trained once for every test of this file.
 fn run_dir() -> &'static Path {
@@ -28,36 +23,13 @@ fn run_dir() -> &'static Path {
         let dir = std::env::temp_dir().join(format!("serve-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let src = [
-            "ein", "hund", "läuft", "schnell", "zwei", "katzen", "schlafen", "im", "haus",
-        ];
-        let tgt = [
-            "a", "dog", "runs", "fast", "two", "cats", "sleep", "in", "house",
-        ];
-        for (split, n) in [("train", 300), ("valid", 20)] {
-            let (mut s, mut t) = (String::new(), String::new());
-            for i in 0..n {
-                let len = 2 + (i * 7 + split.len()) % 5;
-                let ids: Vec<usize> = (0..len).map(|j| (i * 13 + j * 5 + j * j) % 9).collect();
-                s.push_str(&(ids.iter().map(|&k| src[k]).collect::<Vec<_>>().join(" ") + " .\n"));
-                let rev: Vec<&str> = ids.iter().rev().map(|&k| tgt[k]).collect();
-                t.push_str(&(rev.join(" ") + " .\n"));
-            }
-            std::fs::write(dir.join(format!("{split}.de")), s).unwrap();
-            std::fs::write(dir.join(format!("{split}.en")), t).unwrap();
-        }
-        let d = dir.display();
-        std::fs::write(
-            dir.join("config.toml"),
-            format!(
-                "train_src = \"{d}/train.de\"\ntrain_tgt = \"{d}/train.en\"\n\
-                 valid_src = \"{d}/valid.de\"\nvalid_tgt = \"{d}/valid.en\"\n\
-                 vocab_size = 60\nd_model = 32\nnhead = 4\nencoder_layers = 2\n\
-                 decoder_layers = 2\ndim_feedforward = 64\nwarmup = 30\nlr_factor = 0.7\n\
-                 epochs = 30\nmax_tokens = 160\nlog_interval = 20\nbeam = 3\n"
-            ),
-        )
-        .unwrap();
+        write_toy_corpus(&dir, &GERMAN, &[("train", 300), ("valid", 20)]);
+        write_tiny_config(
+            &dir,
+            false,
+            false,
+            "lr_factor = 0.7\nepochs = 30\nmax_tokens = 160\nlog_interval = 20\nbeam = 3\n",
+        );
         let out = dir.join("run");
         let status = bin()
             .args(["mt", "train", "--config"])
@@ -903,20 +875,6 @@ fn real_clients_libretranslatepy_and_a_mastodon_request() {
         assert_eq!(m["translatedText"][i], format!("<p>{}</p>", esc(w)));
         assert_eq!(m["detectedLanguage"][i]["language"], "de");
     }
-}
-
-fn chromium() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("CHROMIUM") {
-        return Some(PathBuf::from(p));
-    }
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .find_map(|name| {
-            let out = Command::new("which").arg(name).output().ok()?;
-            out.status
-                .success()
-                .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-        })
 }
 
 #[test]

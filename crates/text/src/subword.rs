@@ -114,6 +114,24 @@ fn special_tokens() -> Vec<AddedToken> {
         .collect()
 }
 
+/// A subword model in the pipeline of the module docs: NFKC, metaspace and punctuation
+/// pre-tokenization, metaspace decoding.
+fn subword_pipeline(
+    model: impl Into<tokenizers::models::ModelWrapper>,
+    origin: &Path,
+) -> Result<Tokenizer> {
+    let mut tokenizer = Tokenizer::new(model);
+    tokenizer
+        .with_normalizer(Some(NFKC))
+        .map_err(|e| tok_err(origin, e))?;
+    tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![
+        Metaspace::new('▁', PrependScheme::Always, true).into(),
+        Punctuation::default().into(),
+    ])));
+    tokenizer.with_decoder(Some(Metaspace::new('▁', PrependScheme::Always, true)));
+    Ok(tokenizer)
+}
+
 /// A vocabulary must have room beside the specials.
 fn check_vocab_size(vocab_size: usize, origin: &Path) -> Result<()> {
     if vocab_size <= SPECIAL_TOKENS.len() {
@@ -149,15 +167,7 @@ impl Subword {
             .unk_token(SPECIAL_TOKENS[3].to_string())
             .build()
             .map_err(|e| tok_err(origin, e))?;
-        let mut tokenizer = Tokenizer::new(model);
-        tokenizer
-            .with_normalizer(Some(NFKC))
-            .map_err(|e| tok_err(origin, e))?;
-        tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![
-            Metaspace::new('▁', PrependScheme::Always, true).into(),
-            Punctuation::default().into(),
-        ])));
-        tokenizer.with_decoder(Some(Metaspace::new('▁', PrependScheme::Always, true)));
+        let mut tokenizer = subword_pipeline(model, origin)?;
         let mut trainer = TrainerWrapper::BpeTrainer(
             BpeTrainerBuilder::new()
                 .vocab_size(opts.vocab_size)
@@ -181,15 +191,7 @@ impl Subword {
         origin: &Path,
     ) -> Result<Self> {
         check_vocab_size(opts.vocab_size, origin)?;
-        let mut tokenizer = Tokenizer::new(Unigram::default());
-        tokenizer
-            .with_normalizer(Some(NFKC))
-            .map_err(|e| tok_err(origin, e))?;
-        tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![
-            Metaspace::new('▁', PrependScheme::Always, true).into(),
-            Punctuation::default().into(),
-        ])));
-        tokenizer.with_decoder(Some(Metaspace::new('▁', PrependScheme::Always, true)));
+        let mut tokenizer = subword_pipeline(Unigram::default(), origin)?;
         let mut trainer = TrainerWrapper::UnigramTrainer(
             UnigramTrainerBuilder::default()
                 .vocab_size(opts.vocab_size as u32)

@@ -13,8 +13,8 @@
 #   5. every run scored on every held-out set (`mt eval --test-set all --json`), one JSON
 #      line per (run, set) in $RUNS/scores.jsonl, translations in $RUNS/<run>/hyps/.
 #
-# Environment: BIN (target/release/transformer), RUNS (runs/ko-en), DATA (../shared/data), EPOCHS (20), TOK_EPOCHS (4),
-# TOKENIZER (the stage-1 winner; set it to skip stage 1), FT_EPOCHS (10), STAGES (1 2 3 4 5),
+# Environment: BIN (target/release/transformer), RUNS (runs/ko-en), DATA (../shared/data), EPOCHS (12), TOK_EPOCHS (2),
+# TOKENIZER (the stage-1 winner; set it to skip stage 1), FT_EPOCHS (5), STAGES (1 2 3 4 5),
 # EXTRA (flags added to every fresh run, e.g. "--max-batches 20 --max-valid 50" for a quick
 # check of the whole script).
 set -euo pipefail
@@ -23,9 +23,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 RUNS="${RUNS:-runs/ko-en}"
 DATA="${DATA:-../shared/data}"
-EPOCHS="${EPOCHS:-20}"
-TOK_EPOCHS="${TOK_EPOCHS:-4}"
-FT_EPOCHS="${FT_EPOCHS:-10}"
+EPOCHS="${EPOCHS:-12}"
+TOK_EPOCHS="${TOK_EPOCHS:-2}"
+FT_EPOCHS="${FT_EPOCHS:-5}"
 STAGES="${STAGES:-1 2 3 4 5}"
 BIN="${BIN:-$ROOT/target/release/transformer}"
 mkdir -p "$RUNS"

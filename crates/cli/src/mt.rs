@@ -50,6 +50,26 @@ pub enum MtCommand {
         after_help = "Example:\n  transformer mt quantize --run runs/de-en --out runs/de-en-int8\n  echo \"Ein Mann fährt Fahrrad.\" | transformer mt translate --run runs/de-en-int8"
     )]
     Quantize(QuantizeArgs),
+    /// Learn a run's vocabulary map from its training pairs (`vocab_map.json` in the run):
+    /// for each source token the target tokens it is translated by, and the most frequent
+    /// ones; decoding with --restrict-vocab scores only a batch's candidates.
+    #[command(
+        after_help = "Example:\n  transformer mt vocab-map --run runs/de-en\n  transformer mt eval --run runs/de-en --test-set test --restrict-vocab"
+    )]
+    VocabMap(VocabMapArgs),
+}
+
+#[derive(Args)]
+pub struct VocabMapArgs {
+    /// The trained run (its config.toml names the training pairs).
+    #[arg(long)]
+    run: PathBuf,
+    /// Candidates per source token.
+    #[arg(long, default_value_t = 20)]
+    per_source: usize,
+    /// The most frequent target tokens, candidates for every sentence.
+    #[arg(long, default_value_t = 500)]
+    frequent: usize,
 }
 
 #[derive(Args)]
@@ -726,6 +746,26 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 s.matrices,
                 s.bytes_before as f64 / 1e6,
                 s.bytes_after as f64 / 1e6
+            );
+        }
+        MtCommand::VocabMap(args) => {
+            use transformer_train::vocab_map::{learn_for_run, VocabMapOptions, FILE};
+            let opts = VocabMapOptions {
+                per_source: args.per_source,
+                frequent: args.frequent,
+            };
+            let t = Instant::now();
+            let (map, pairs) = learn_for_run(&args.run, opts)?;
+            let path = args.run.join(FILE);
+            map.save(&path)?;
+            println!(
+                "wrote {}: learnt from {pairs} training pairs in {:.1}s; {} tokens for every \
+                 sentence, up to {} more per source token, of a vocabulary of {}",
+                path.display(),
+                t.elapsed().as_secs_f64(),
+                map.always.len(),
+                opts.per_source,
+                map.vocab
             );
         }
         MtCommand::Eval(args) => {

@@ -55,6 +55,7 @@ pub mod quantize;
 pub mod runner;
 pub mod runtime;
 pub mod viz;
+pub mod vocab_map;
 
 pub use clip::clip_grad_norm;
 pub use error::{Error, Result};

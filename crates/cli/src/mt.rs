@@ -257,6 +257,8 @@ pub struct TrainArgs {
     /// (for comparing the two arithmetics, or where the timing misleads)
     #[arg(long)]
     no_precision_check: bool,
+    #[command(flatten)]
+    pub(crate) device: crate::device::DeviceArg,
 }
 
 impl TrainArgs {
@@ -403,6 +405,8 @@ pub struct DecodeArgs {
     /// [default: the run's: int8 for a run written by `mt quantize`, else none]
     #[arg(long, value_enum)]
     quantize: Option<Quantize>,
+    #[command(flatten)]
+    pub(crate) device: crate::device::DeviceArg,
 }
 
 /// `--quantize`: the arithmetic of decoding's products.
@@ -429,9 +433,45 @@ impl Quantize {
     }
 }
 
+/// Off the CPU, decoding runs in f32 through the composed layers: int8 asked for there is an
+/// error that says what to do instead.
+pub(crate) fn refuse_int8_off_cpu(q: Option<Quantize>, device: &Device) -> Result<()> {
+    match q {
+        Some(q @ (Quantize::Int8 | Quantize::Int8Layers)) if !device.is_cpu() => bail!(
+            "--quantize {}: int8 decoding runs on the CPU's int8 kernels, not on {}: use \
+             --quantize none there, or --device cpu",
+            if q == Quantize::Int8 {
+                "int8"
+            } else {
+                "int8-layers"
+            },
+            crate::device::name_of(device)
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Sets a loaded run to decode with `q` (when given), and says what that prepared when it
-/// is int8.
-pub(crate) fn apply_quantize(model: &mut mt::MtModel, q: Option<Quantize>) -> Result<()> {
+/// is int8. Off the CPU, decoding is f32 through the composed layers: int8 asked for is an
+/// error, and a run that decodes in int8 by default (`mt quantize`) decodes in f32 there,
+/// with a line that says so.
+pub(crate) fn apply_quantize(
+    model: &mut mt::MtModel,
+    q: Option<Quantize>,
+    device: &Device,
+) -> Result<()> {
+    refuse_int8_off_cpu(q, device)?;
+    if !device.is_cpu() {
+        let name = crate::device::name_of(device);
+        if model.decode_precision() != transformer_model::DecodePrecision::F32 {
+            model.set_decode_precision(transformer_model::DecodePrecision::F32)?;
+            eprintln!(
+                "decoding: f32 on {name} (this run decodes in int8 on the CPU; its int8 kernels \
+                 do not run on a GPU)"
+            );
+        }
+        return Ok(());
+    }
     if let Some(q) = q {
         model.set_decode_precision(q.precision())?;
     }
@@ -474,7 +514,7 @@ fn load(
 ) -> Result<(mt::LoadedMt, transformer_decode::DecodeOptions)> {
     let mut run = mt::load_run(&args.run, device)?;
     crate::lm::warn_note(&run.note);
-    apply_quantize(&mut run.model, args.quantize)?;
+    apply_quantize(&mut run.model, args.quantize, device)?;
     let mut c = run.config.clone();
     if let Some(a) = args.max_len_a {
         c.max_len_a = a;
@@ -567,7 +607,13 @@ fn translate_stream(args: &TranslateArgs, device: &Device) -> Result<()> {
 }
 
 pub fn run(cmd: MtCommand) -> Result<()> {
-    let device = Device::Cpu;
+    let device = match &cmd {
+        MtCommand::Train(a) => a.device.open()?,
+        MtCommand::Translate(a) => a.decode.device.open()?,
+        MtCommand::Eval(a) => a.decode.device.open()?,
+        MtCommand::Attention(a) => a.decode.device.open()?,
+        MtCommand::Quantize(_) => Device::Cpu,
+    };
     match cmd {
         MtCommand::Attention(args) => {
             args.picture.check()?;
@@ -595,6 +641,7 @@ pub fn run(cmd: MtCommand) -> Result<()> {
         }
         MtCommand::Train(args) => {
             let (config, given) = args.resolve()?;
+            crate::device::check_training_precision(config.precision, &device)?;
             anyhow::ensure!(
                 args.max_steps != Some(0),
                 "--max-steps must be at least 1 (it stops this invocation after that many steps)"

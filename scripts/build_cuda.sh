@@ -3,6 +3,7 @@
 # on a machine with no GPU and no CUDA installation:
 #
 #   scripts/build_cuda.sh            # -> target/cuda/release/transformer
+#   scripts/build_cuda.sh --tests    # and the CPU-against-CUDA test, target/cuda/cuda_parity
 #
 # What it does:
 #   1. installs NVIDIA's CUDA toolkit wheels from PyPI (nvcc, its front end and NVVM, the CUDA
@@ -35,6 +36,16 @@
 #   ldd ./transformer | grep 'not found'      # prints nothing when all are found
 # See docs/CUDA.md.
 set -euo pipefail
+
+tests=false
+case "${1:-}" in
+    "") ;;
+    --tests) tests=true ;;
+    *)
+        echo "usage: scripts/build_cuda.sh [--tests]" >&2
+        exit 2
+        ;;
+esac
 
 cd "$(dirname "$0")/.."
 root_dir=$(pwd)
@@ -128,5 +139,18 @@ cargo build --release -p transformer-cli --features cuda --target-dir "$root_dir
 
 bin="$root_dir/target/cuda/release/transformer"
 echo "== built $bin"
+if $tests; then
+    echo "== cargo test --no-run: the CPU-against-CUDA test (crates/cli/tests/cuda_parity.rs)"
+    test_bin=$(cargo test --release -p transformer-cli --features cuda --target-dir "$root_dir/target/cuda" \
+        --test cuda_parity --no-run --message-format=json \
+        | sed -n 's/.*"executable":"\([^"]*cuda_parity[^"]*\)".*/\1/p' | tail -n 1)
+    if [[ -z "$test_bin" ]]; then
+        echo "build_cuda.sh: cargo built no cuda_parity test binary" >&2
+        exit 1
+    fi
+    cp "$test_bin" "$root_dir/target/cuda/cuda_parity"
+    echo "== built $root_dir/target/cuda/cuda_parity"
+    echo "   on the GPU machine: TRANSFORMER_BIN=./transformer ./cuda_parity --ignored --test-threads 1"
+fi
 echo "   libraries it needs at run time (on the GPU machine):"
 readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/     \1/p' | grep -E 'cu|nvrtc' || true

@@ -11,7 +11,14 @@
 //!     --target-dir target/cuda --test cuda_parity -- --ignored --test-threads 1
 //! ```
 //!
-//! (docs/CUDA.md gives the whole command, with the environment the script sets.)
+//! or, with the test binary that `scripts/build_cuda.sh --tests` builds copied to the GPU
+//! machine beside the `transformer` binary:
+//!
+//! ```text
+//! TRANSFORMER_BIN=./transformer ./cuda_parity --ignored --test-threads 1
+//! ```
+//!
+//! (docs/CUDA.md says what the GPU machine needs.)
 #![cfg(feature = "cuda")]
 
 use candle_core::{DType, Device, Tensor, Var};
@@ -260,8 +267,13 @@ fn fifty_training_steps_follow_the_cpu() -> Result<()> {
     Ok(())
 }
 
+/// The `transformer` binary: `TRANSFORMER_BIN` where set (a test binary copied to another
+/// machine), else the one cargo built beside this test.
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_transformer"))
+    match std::env::var_os("TRANSFORMER_BIN") {
+        Some(path) => Command::new(path),
+        None => Command::new(env!("CARGO_BIN_EXE_transformer")),
+    }
 }
 
 fn temp_dir(name: &str) -> PathBuf {

@@ -3,7 +3,7 @@
 use crate::lm::{exit_if_interrupted, interrupt_flag, Console};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -440,11 +440,9 @@ pub(crate) fn refuse_int8_off_cpu(q: Option<Quantize>, device: &Device) -> Resul
         Some(q @ (Quantize::Int8 | Quantize::Int8Layers)) if !device.is_cpu() => bail!(
             "--quantize {}: int8 decoding runs on the CPU's int8 kernels, not on {}: use \
              --quantize none there, or --device cpu",
-            if q == Quantize::Int8 {
-                "int8"
-            } else {
-                "int8-layers"
-            },
+            q.to_possible_value()
+                .expect("every value is named")
+                .get_name(),
             crate::device::name_of(device)
         ),
         _ => Ok(()),
@@ -512,6 +510,7 @@ fn load(
     args: &DecodeArgs,
     device: &Device,
 ) -> Result<(mt::LoadedMt, transformer_decode::DecodeOptions)> {
+    refuse_int8_off_cpu(args.quantize, device)?;
     let mut run = mt::load_run(&args.run, device)?;
     crate::lm::warn_note(&run.note);
     apply_quantize(&mut run.model, args.quantize, device)?;

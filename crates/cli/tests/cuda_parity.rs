@@ -422,3 +422,52 @@ fn runs_move_between_the_cpu_and_the_gpu() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and the cuda feature; see the file's docs"]
+fn cpu_only_arithmetic_is_refused_on_the_gpu_saying_what_to_use() {
+    let dir = temp_dir("refused");
+    let run = dir.join("no-run");
+    let o = bin()
+        .args([
+            "mt",
+            "translate",
+            "--quantize",
+            "int8",
+            "--device",
+            "cuda:0",
+            "--run",
+        ])
+        .arg(&run)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "--quantize int8: int8 decoding runs on the CPU's int8 kernels, not on cuda:0"
+        ),
+        "{err}"
+    );
+    let o = bin()
+        .args([
+            "mt",
+            "train",
+            "--precision",
+            "bf16",
+            "--device",
+            "cuda:0",
+            "--out",
+        ])
+        .arg(dir.join("out"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--precision bf16 is the CPU's mixed precision"),
+        "{err}"
+    );
+    assert!(!dir.join("out").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

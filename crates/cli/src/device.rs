@@ -105,7 +105,7 @@ pub fn check_training_precision(precision: Precision, device: &Device) -> Result
         anyhow::bail!(
             "--precision bf16 is the CPU's mixed precision (AMX or AVX512-BF16 kernels) and does \
              not run on {}: train there in f32 (leave out --precision, or set precision = \"f32\" \
-             in the --config file)",
+             in the --config file); a run that trains in bf16 resumes on the CPU only",
             name_of(device)
         );
     }

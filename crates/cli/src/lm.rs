@@ -460,7 +460,16 @@ pub fn run(cmd: LmCommand) -> Result<()> {
     match cmd {
         LmCommand::Train(args) => {
             let (config, given) = args.resolve()?;
-            crate::device::check_training_precision(config.precision, &device)?;
+            if !device.is_cpu() {
+                // A resumed run trains in its own precision, kept in its config.toml.
+                let own = transformer_train::runner::config_path(&args.out);
+                let precision = match args.resume {
+                    true => LmTrainConfig::from_toml_file(&own)
+                        .map_or(config.precision, |c| c.precision),
+                    false => config.precision,
+                };
+                crate::device::check_training_precision(precision, &device)?;
+            }
             anyhow::ensure!(
                 args.max_steps != Some(0),
                 "--max-steps must be at least 1 (it stops this invocation after that many steps)"

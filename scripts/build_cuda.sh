@@ -30,8 +30,8 @@
 #
 # Running the binary on the GPU machine: copy target/cuda/release/transformer there (the GPU
 # machine may have no network; the binary is all that must travel) and make the CUDA 13
-# libraries it links (libcudart.so.13, libcublas.so.13, libcublasLt.so.13, libcurand.so.10,
-# libnvrtc.so.13) findable, e.g. from a PyTorch cu13x install:
+# libraries it links findable (libcudart.so.13, libcublas.so.13 with libcublasLt.so.13, and
+# libcurand.so.10; the end of this script lists them), e.g. from a PyTorch cu13x install:
 #   export LD_LIBRARY_PATH="$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))'):$LD_LIBRARY_PATH"
 #   ldd ./transformer | grep 'not found'      # prints nothing when all are found
 # See docs/CUDA.md.

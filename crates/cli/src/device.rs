@@ -81,6 +81,11 @@ pub fn open(name: DeviceName) -> Result<Device> {
 #[cfg(feature = "cuda")]
 fn open_cuda(i: usize) -> Result<Device> {
     Device::new_cuda(i).map_err(|e| {
+        // CUDA's reason without the backtrace candle attaches under RUST_BACKTRACE.
+        let e = match e {
+            candle_core::Error::WithBacktrace { inner, .. } => *inner,
+            e => e,
+        };
         anyhow::anyhow!(
             "--device cuda:{i}: cannot open GPU {i} through CUDA: {e}. Check that this \
              machine has an NVIDIA GPU numbered {i} and a working driver (`nvidia-smi -L` lists \

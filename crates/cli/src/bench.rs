@@ -70,6 +70,8 @@ pub struct MtBenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
 }
 
 #[derive(Args)]
@@ -107,6 +109,8 @@ pub struct MtDecodeBenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
 }
 
 #[derive(Args)]
@@ -165,6 +169,8 @@ pub struct LmBenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -251,7 +257,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         a.vocab >= 1 && a.batch >= 1 && a.bptt >= 1 && a.eval_batch >= 1 && a.gen_prompt >= 1,
         "--vocab, --batch, --bptt, --eval-batch and --gen-prompt must be positive"
     );
-    let dev = Device::Cpu;
+    let dev = a.device.open()?;
     let cfg = LmConfig {
         ntoken: a.vocab,
         d_model: a.emsize,
@@ -281,7 +287,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
     let peak_rss = peak_rss_mb();
     // The same step with the output layer's products in bf16 (mixed precision), where the
     // CPU has AMX or AVX512-BF16.
-    let train_bf16 = if bf16::available() {
+    let train_bf16 = if dev.is_cpu() && bf16::available() {
         Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?)
     } else {
         None
@@ -429,7 +435,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         a.batch >= 1 && a.src_len >= 6 && a.tgt_len >= 7 && a.vocab > 4,
         "--batch must be positive, --src-len at least 6, --tgt-len at least 7, --vocab above 4"
     );
-    let dev = Device::Cpu;
+    let dev = a.device.open()?;
     let cfg = MtTrainConfig::default();
     let model_cfg = cfg.model_config(a.vocab);
     let pb = ParamBuilder::new(DType::F32, &dev, a.seed);
@@ -460,7 +466,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
     let peak_rss = peak_rss_mb();
     // The output layer's and the encoder and decoder layers' projection and feed-forward
     // products in bf16 (mixed precision), where the CPU has AMX or AVX512-BF16.
-    let train_bf16 = if bf16::available() {
+    let train_bf16 = if dev.is_cpu() && bf16::available() {
         Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?)
     } else {
         None
@@ -521,9 +527,9 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     use transformer_train::mt::{load_run, translate_ids_batched, DECODE_BATCH_ROWS};
     anyhow::ensure!(a.beam >= 1, "--beam must be at least 1 (1 = greedy)");
     anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
-    let dev = Device::Cpu;
+    let dev = a.device.open()?;
     let mut run = load_run(&a.run, &dev)?;
-    crate::mt::apply_quantize(&mut run.model, a.quantize)?;
+    crate::mt::apply_quantize(&mut run.model, a.quantize, &dev)?;
     let mut lines = transformer_text::parallel::read_lines(&a.src)?;
     if let Some(n) = a.max_sentences {
         lines.truncate(n);

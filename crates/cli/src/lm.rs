@@ -143,6 +143,8 @@ pub struct TrainArgs {
     /// read-out alone [default: 0.999]
     #[arg(long, value_name = "DECAY", allow_negative_numbers = true)]
     average_decay: Option<f64>,
+    #[command(flatten)]
+    pub(crate) device: crate::device::DeviceArg,
 }
 
 impl TrainArgs {
@@ -227,6 +229,8 @@ pub struct EvalArgs {
     /// Window length (the tutorial's 35).
     #[arg(long, default_value_t = 35)]
     bptt: usize,
+    #[command(flatten)]
+    pub(crate) device: crate::device::DeviceArg,
 }
 
 #[derive(Args)]
@@ -239,6 +243,8 @@ pub struct AttentionArgs {
     text: String,
     #[command(flatten)]
     picture: PictureArgs,
+    #[command(flatten)]
+    pub(crate) device: crate::device::DeviceArg,
 }
 
 /// Where attention pictures go and which layer and head the heatmap shows (`lm attention`,
@@ -341,6 +347,8 @@ pub struct GenerateArgs {
     /// Seed of the sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    #[command(flatten)]
+    pub(crate) device: crate::device::DeviceArg,
 }
 
 #[derive(Args)]
@@ -442,10 +450,26 @@ pub(crate) fn exit_if_interrupted(flag: &AtomicBool) {
 }
 
 pub fn run(cmd: LmCommand) -> Result<()> {
-    let device = Device::Cpu;
+    let device = match &cmd {
+        LmCommand::Train(a) => a.device.open()?,
+        LmCommand::Eval(a) => a.device.open()?,
+        LmCommand::Generate(a) => a.device.open()?,
+        LmCommand::Attention(a) => a.device.open()?,
+        LmCommand::ImportTorch(_) => Device::Cpu,
+    };
     match cmd {
         LmCommand::Train(args) => {
             let (config, given) = args.resolve()?;
+            if !device.is_cpu() {
+                // A resumed run trains in its own precision, kept in its config.toml.
+                let own = transformer_train::runner::config_path(&args.out);
+                let precision = match args.resume {
+                    true => LmTrainConfig::from_toml_file(&own)
+                        .map_or(config.precision, |c| c.precision),
+                    false => config.precision,
+                };
+                crate::device::check_training_precision(precision, &device)?;
+            }
             anyhow::ensure!(
                 args.max_steps != Some(0),
                 "--max-steps must be at least 1 (it stops this invocation after that many steps)"

@@ -20,6 +20,7 @@ use transformer_train::runner::RunOptions;
 
 mod bench;
 mod bleu;
+mod device;
 mod lm;
 mod mt;
 mod serve;
@@ -163,6 +164,8 @@ struct CopyArgs {
     /// without it the run lives in a temporary folder removed at the end.
     #[arg(long)]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    device: device::DeviceArg,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -300,7 +303,7 @@ fn copy(args: CopyArgs) -> Result<()> {
         ..CopyTaskConfig::default()
     };
     cfg.model.validate()?;
-    let dev = Device::Cpu;
+    let dev = args.device.open()?;
     let m = &cfg.model;
     println!(
         "copy task: {} symbols, length {}, batch {}; model d_model {}, {} heads, {}+{} layers, d_ff {}, dropout {}",

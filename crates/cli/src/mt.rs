@@ -3,7 +3,7 @@
 use crate::lm::{exit_if_interrupted, interrupt_flag, Console};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -282,6 +282,8 @@ pub struct TrainArgs {
     /// (for comparing the two arithmetics, or where the timing misleads)
     #[arg(long)]
     no_precision_check: bool,
+    #[command(flatten)]
+    pub(crate) device: crate::device::DeviceArg,
 }
 
 impl TrainArgs {
@@ -428,6 +430,8 @@ pub struct DecodeArgs {
     /// [default: the run's: int8 for a run written by `mt quantize`, else none]
     #[arg(long, value_enum)]
     quantize: Option<Quantize>,
+    #[command(flatten)]
+    pub(crate) device: crate::device::DeviceArg,
 }
 
 /// `--quantize`: the arithmetic of decoding's products.
@@ -454,9 +458,43 @@ impl Quantize {
     }
 }
 
+/// Off the CPU, decoding runs in f32 through the composed layers: int8 asked for there is an
+/// error that says what to do instead.
+pub(crate) fn refuse_int8_off_cpu(q: Option<Quantize>, device: &Device) -> Result<()> {
+    match q {
+        Some(q @ (Quantize::Int8 | Quantize::Int8Layers)) if !device.is_cpu() => bail!(
+            "--quantize {}: int8 decoding runs on the CPU's int8 kernels, not on {}: use \
+             --quantize none there, or --device cpu",
+            q.to_possible_value()
+                .expect("every value is named")
+                .get_name(),
+            crate::device::name_of(device)
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// Sets a loaded run to decode with `q` (when given), and says what that prepared when it
-/// is int8.
-pub(crate) fn apply_quantize(model: &mut mt::MtModel, q: Option<Quantize>) -> Result<()> {
+/// is int8. Off the CPU, decoding is f32 through the composed layers: int8 asked for is an
+/// error, and a run that decodes in int8 by default (`mt quantize`) decodes in f32 there,
+/// with a line that says so.
+pub(crate) fn apply_quantize(
+    model: &mut mt::MtModel,
+    q: Option<Quantize>,
+    device: &Device,
+) -> Result<()> {
+    refuse_int8_off_cpu(q, device)?;
+    if !device.is_cpu() {
+        let name = crate::device::name_of(device);
+        if model.decode_precision() != transformer_model::DecodePrecision::F32 {
+            model.set_decode_precision(transformer_model::DecodePrecision::F32)?;
+            eprintln!(
+                "decoding: f32 on {name} (this run decodes in int8 on the CPU; its int8 kernels \
+                 do not run on a GPU)"
+            );
+        }
+        return Ok(());
+    }
     if let Some(q) = q {
         model.set_decode_precision(q.precision())?;
     }
@@ -587,9 +625,10 @@ fn load(
     args: &DecodeArgs,
     device: &Device,
 ) -> Result<(mt::LoadedMt, transformer_decode::DecodeOptions)> {
+    refuse_int8_off_cpu(args.quantize, device)?;
     let mut run = mt::load_run(&args.run, device)?;
     crate::lm::warn_note(&run.note);
-    apply_quantize(&mut run.model, args.quantize)?;
+    apply_quantize(&mut run.model, args.quantize, device)?;
     let mut c = run.config.clone();
     if let Some(a) = args.max_len_a {
         c.max_len_a = a;
@@ -682,7 +721,13 @@ fn translate_stream(args: &TranslateArgs, device: &Device) -> Result<()> {
 }
 
 pub fn run(cmd: MtCommand) -> Result<()> {
-    let device = Device::Cpu;
+    let device = match &cmd {
+        MtCommand::Train(a) => a.device.open()?,
+        MtCommand::Translate(a) => a.decode.device.open()?,
+        MtCommand::Eval(a) => a.decode.device.open()?,
+        MtCommand::Attention(a) => a.decode.device.open()?,
+        MtCommand::Quantize(_) => Device::Cpu,
+    };
     match cmd {
         MtCommand::Attention(args) => {
             args.picture.check()?;
@@ -710,6 +755,16 @@ pub fn run(cmd: MtCommand) -> Result<()> {
         }
         MtCommand::Train(args) => {
             let (config, given) = args.resolve()?;
+            if !device.is_cpu() {
+                // A resumed run trains in its own precision, kept in its config.toml.
+                let own = transformer_train::runner::config_path(&args.out);
+                let precision = match args.resume {
+                    true => MtTrainConfig::from_toml_file(&own)
+                        .map_or(config.precision, |c| c.precision),
+                    false => config.precision,
+                };
+                crate::device::check_training_precision(precision, &device)?;
+            }
             anyhow::ensure!(
                 args.max_steps != Some(0),
                 "--max-steps must be at least 1 (it stops this invocation after that many steps)"

@@ -62,6 +62,8 @@ pub struct ServeArgs {
     /// [default: each run's]
     #[arg(long, value_enum)]
     quantize: Option<crate::mt::Quantize>,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
 }
 
 /// Sets the number of threads the kernels and candle use, before any of them starts.
@@ -98,6 +100,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if a.beam == Some(0) {
         bail!("--beam must be at least 1 (1 = greedy)");
     }
+    let device = a.device.open()?;
+    crate::mt::refuse_int8_off_cpu(a.quantize, &device)?;
+    let precision = if device.is_cpu() {
+        a.quantize.map(|q| q.precision())
+    } else {
+        // Off the CPU every run decodes in f32 through the composed layers.
+        Some(transformer_model::DecodePrecision::F32)
+    };
     let opts = ServeOptions {
         runs: a.runs,
         host: a.host,
@@ -107,7 +117,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             batch_wait: Duration::from_millis(a.batch_wait_ms),
             max_batch_sentences: a.max_batch,
             max_queue: a.max_queue,
-            precision: a.quantize.map(|q| q.precision()),
+            precision,
+            device,
             ..EngineOptions::default()
         },
         limits: Limits {

@@ -726,7 +726,7 @@ pub fn run(cmd: MtCommand) -> Result<()> {
         MtCommand::Translate(a) => a.decode.device.open()?,
         MtCommand::Eval(a) => a.decode.device.open()?,
         MtCommand::Attention(a) => a.decode.device.open()?,
-        MtCommand::Quantize(_) => Device::Cpu,
+        MtCommand::Quantize(_) | MtCommand::VocabMap(_) => Device::Cpu,
     };
     match cmd {
         MtCommand::Attention(args) => {

@@ -4,21 +4,17 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_transformer"))
-}
+mod common;
+use common::{bin, temp_dir as temp, write_tiny_config, write_toy_corpus, GERMAN};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("device-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    temp("device", name)
 }
 
 /// Every command that trains, evaluates, translates, generates or benchmarks a model, with
@@ -169,30 +165,13 @@ fn device_cpu_trains_exactly_as_the_default() {
 
 /// A toy language pair (order reversed, one word for one) and a config naming its files.
 fn write_corpus(dir: &Path) {
-    let src = ["ein", "hund", "läuft", "zwei", "katzen", "schlafen"];
-    let tgt = ["a", "dog", "runs", "two", "cats", "sleep"];
-    for (split, n) in [("train", 120), ("valid", 8), ("test", 8)] {
-        let (mut s, mut t) = (String::new(), String::new());
-        for i in 0..n {
-            let len = 2 + (i * 7 + split.len()) % 4;
-            let ids: Vec<usize> = (0..len).map(|j| (i * 13 + j * 5 + j * j) % 6).collect();
-            s += &(ids.iter().map(|&k| src[k]).collect::<Vec<_>>().join(" ") + " .\n");
-            let rev: Vec<&str> = ids.iter().rev().map(|&k| tgt[k]).collect();
-            t += &(rev.join(" ") + " .\n");
-        }
-        std::fs::write(dir.join(format!("{split}.de")), s).unwrap();
-        std::fs::write(dir.join(format!("{split}.en")), t).unwrap();
-    }
-    std::fs::write(
-        dir.join("config.toml"),
-        "train_src = \"train.de\"\ntrain_tgt = \"train.en\"\n\
-         valid_src = \"valid.de\"\nvalid_tgt = \"valid.en\"\n\
-         test_src = \"test.de\"\ntest_tgt = \"test.en\"\n\
-         vocab_size = 50\nd_model = 32\nnhead = 4\nencoder_layers = 1\n\
-         decoder_layers = 1\ndim_feedforward = 64\nwarmup = 20\nlr_factor = 0.1\n\
-         epochs = 1\nmax_tokens = 160\nmax_batches = 8\nbeam = 2\n",
-    )
-    .unwrap();
+    write_toy_corpus(dir, &GERMAN, &[("train", 120), ("valid", 8), ("test", 8)]);
+    write_tiny_config(
+        dir,
+        true,
+        true,
+        "lr_factor = 0.1\nepochs = 1\nmax_tokens = 160\nmax_batches = 8\nbeam = 2\n",
+    );
 }
 
 fn translate(run: &Path, extra: &[&str], input: &str) -> Output {

@@ -324,6 +324,7 @@ pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
 /// are the run's own.
 pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
     "epochs",
+    "accumulate",
     "max_batches",
     "max_valid",
     "log_interval",
@@ -426,6 +427,11 @@ pub struct MtTrainConfig {
     pub epochs: usize,
     /// Padded tokens per side and batch.
     pub max_tokens: usize,
+    /// Batches whose gradients are summed before one optimizer step (gradient
+    /// accumulation), per process: the global batch is `accumulate` x processes batches,
+    /// its gradient that of the mean loss per target token over all of them
+    /// ([`crate::dist`]). 1: a step per batch.
+    pub accumulate: usize,
     /// Training pairs with a side longer than this many subword tokens are skipped.
     pub max_sentence_tokens: usize,
     /// Print and record the mean training loss every this many batches (and after the
@@ -495,6 +501,7 @@ impl Default for MtTrainConfig {
             clip: 1.0,
             epochs: 20,
             max_tokens: 2048,
+            accumulate: 1,
             max_sentence_tokens: 128,
             log_interval: 50,
             checkpoint_interval: 200,
@@ -614,6 +621,11 @@ impl MtTrainConfig {
     /// Checks the model configuration and that counts are positive and rates in range.
     pub fn validate(&self) -> Result<()> {
         self.validate_decoding()?;
+        if self.accumulate == 0 {
+            return Err(Error::Usage(
+                "accumulate (--accumulate) must be at least 1 (1: a step per batch)".into(),
+            ));
+        }
         for (name, v) in [
             ("max_batches", self.max_batches),
             ("max_valid", self.max_valid),
@@ -1321,6 +1333,56 @@ impl Task for MtTask {
         })
     }
 
+    fn accumulate(&self) -> usize {
+        self.cfg.accumulate
+    }
+
+    fn batch_tokens(&self, index: usize) -> usize {
+        self.batches[index].tgt_tokens
+    }
+
+    fn backward(&mut self, index: usize, rng: &Rng) -> Result<(Gradients, StepStats)> {
+        let pad = self.tokenizer.specials().pad;
+        let b = &self.batches[index];
+        let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
+        let l = self.model.loss_direct(
+            &src,
+            &tgt_in,
+            &tgt_out,
+            pad,
+            self.cfg.label_smoothing,
+            self.cfg.precision,
+            Mode::Train(rng),
+            &self.direct,
+        )?;
+        let grads = Gradients::from_backward(&l.loss, &self.vars, &self.direct)?;
+        let stats = StepStats {
+            loss: l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            nll: l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            tokens: b.tgt_tokens,
+        };
+        Ok((grads, stats))
+    }
+
+    fn update(&mut self, grads: &Gradients, step: usize) -> Result<()> {
+        self.opt.lr = self.schedule.lr(step + 1);
+        let (_, coef) = clip_coefficient(grads, self.cfg.clip)?;
+        self.opt.step(grads, coef)?;
+        Ok(())
+    }
+
+    fn data_hash(&self) -> u64 {
+        let mut bytes = Vec::new();
+        for (s, t) in self.train.src.iter().zip(&self.train.tgt) {
+            bytes.extend(s.iter().flat_map(|x| x.to_le_bytes()));
+            bytes.push(0xff);
+            bytes.extend(t.iter().flat_map(|x| x.to_le_bytes()));
+            bytes.push(0xfe);
+        }
+        bytes.extend(self.keep.iter().flat_map(|&k| (k as u64).to_le_bytes()));
+        crate::dist::hash_bytes(&bytes)
+    }
+
     fn log_due(&self, index: usize, batches: usize) -> bool {
         (index + 1).is_multiple_of(self.cfg.log_interval) || index + 1 == batches
     }
@@ -1597,7 +1659,14 @@ fn per_source_counts(sizes: &[SourceCount], keep: &[usize]) -> String {
 pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSummary> {
     let run = &opts.out;
     let dev = &opts.device;
-    let (resuming, _lock) = open_run_dir(run, opts.resume)?;
+    // Rank 0 alone creates, locks and writes the run directory; the other ranks read it.
+    let writer = opts.dist.writes();
+    let (resuming, _lock) = if writer {
+        let (r, lock) = open_run_dir(run, opts.resume)?;
+        (r, Some(lock))
+    } else {
+        (opts.resume, None)
+    };
     let mut asked = opts.config.clone();
     asked.make_paths_absolute();
 
@@ -1631,7 +1700,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             ],
             &opts.given,
         )?;
-        if !notes.is_empty() {
+        if writer && !notes.is_empty() {
             checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
         }
         (cfg, Some(saved))
@@ -1682,7 +1751,9 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     let tokenizer = if resuming {
         Subword::load(&tokenizer_path(run))?
     } else if let Some((_, loaded)) = &init {
-        loaded.tokenizer.save(&tokenizer_path(run))?;
+        if writer {
+            loaded.tokenizer.save(&tokenizer_path(run))?;
+        }
         loaded.tokenizer.clone()
     } else {
         let texts = train_pairs.src.iter().chain(&train_pairs.tgt);
@@ -1698,7 +1769,9 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             )?,
             TokenizerKind::Words => Subword::train_words(texts, 2, &origin)?,
         };
-        tok.save(&tokenizer_path(run))?;
+        if writer {
+            tok.save(&tokenizer_path(run))?;
+        }
         tok
     };
     let train_data = EncodedSplit::encode(train_pairs, &tokenizer);
@@ -1810,7 +1883,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             choice.line
         }
     };
-    if !resuming {
+    if writer && !resuming {
         checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
         let _ = std::fs::remove_file(metrics_path(run));
     }

@@ -75,6 +75,7 @@ fn fresh(cfg: LmTrainConfig, out: PathBuf) -> TrainOptions {
         resume: false,
         stop_after_steps: None,
         crash_after_steps: None,
+        dist: Default::default(),
         interrupt: None,
         device: Device::Cpu,
         given: Vec::new(),
@@ -102,6 +103,7 @@ fn resumed_run_matches_uninterrupted_run() {
         resume,
         stop_after_steps: None,
         crash_after_steps: stop,
+        dist: Default::default(),
         interrupt: None,
         device: Device::Cpu,
         given: Vec::new(),
@@ -293,6 +295,7 @@ fn interrupt_checkpoints_the_exact_step() {
         resume,
         stop_after_steps: None,
         crash_after_steps: None,
+        dist: Default::default(),
         interrupt: flag,
         device: Device::Cpu,
         given: Vec::new(),
@@ -344,6 +347,7 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
             resume,
             stop_after_steps: None,
             crash_after_steps: stop,
+            dist: Default::default(),
             interrupt: None,
             device: Device::Cpu,
             given: Vec::new(),
@@ -473,6 +477,7 @@ fn eos_per_line_runs_evaluate_their_own_way() {
         resume: false,
         stop_after_steps: None,
         crash_after_steps: None,
+        dist: Default::default(),
         interrupt: None,
         device: Device::Cpu,
         given: Vec::new(),
@@ -591,6 +596,7 @@ fn checkpoint_from_before_averaging_resumes_without_it() {
     let old = temp_dir("old-split");
     let stopped = TrainOptions {
         crash_after_steps: Some(7),
+        dist: Default::default(),
         ..fresh(cfg.clone(), old.clone())
     };
     lm::train(&stopped, &mut Quiet).unwrap();

@@ -114,4 +114,30 @@ impl transformer_train::dist::Collective for MpiWorld {
         self.world.all_gather_into(&value, &mut all[..]);
         all
     }
+    fn gather_bytes(&self, bytes: &[u8]) -> Vec<Vec<u8>> {
+        use mpi::collective::CommunicatorCollectives;
+        use mpi::datatype::PartitionMut;
+        let mut counts = vec![0 as mpi::Count; self.size];
+        self.world
+            .all_gather_into(&(bytes.len() as mpi::Count), &mut counts[..]);
+        let displs: Vec<mpi::Count> = counts
+            .iter()
+            .scan(0, |acc, &c| {
+                let d = *acc;
+                *acc += c;
+                Some(d)
+            })
+            .collect();
+        let total: usize = counts.iter().map(|&c| c as usize).sum();
+        let mut buf = vec![0u8; total];
+        {
+            let mut part = PartitionMut::new(&mut buf[..], &counts[..], &displs[..]);
+            self.world.all_gather_varcount_into(bytes, &mut part);
+        }
+        counts
+            .iter()
+            .zip(&displs)
+            .map(|(&c, &d)| buf[d as usize..(d + c) as usize].to_vec())
+            .collect()
+    }
 }

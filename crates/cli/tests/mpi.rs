@@ -138,6 +138,17 @@ fn step_losses(run: &Path) -> Vec<(u64, f64)> {
         .collect()
 }
 
+/// The (loss, BLEU) of every record of `kind` in metrics.jsonl.
+fn records(run: &Path, kind: &str) -> Vec<(f64, Option<f64>)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == kind)
+        .map(|v| (v["loss"].as_f64().unwrap(), v["bleu"].as_f64()))
+        .collect()
+}
+
 fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
     candle_core::safetensors::load(path, &candle_core::Device::Cpu)
         .unwrap()
@@ -179,7 +190,10 @@ fn two_ranks_follow_one_process_accumulating_two_batches() {
     let d = temp_dir("equal");
     write_corpus(&d, 600);
     let (r2, r1) = (d.join("ranks2"), d.join("acc2"));
-    let o = ranks(2, &mt_args(&d, &r2, &["--max-steps", "30"]));
+    // 60 batches: 30 steps of 2, then the epoch's end (validation split across the ranks)
+    // and the test.
+    let steps = ["--max-batches", "60", "--epochs", "1"];
+    let o = ranks(2, &mt_args(&d, &r2, &steps));
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         text(&o).contains(
@@ -191,7 +205,7 @@ fn two_ranks_follow_one_process_accumulating_two_batches() {
     let o = single(&mt_args(
         &d,
         &r1,
-        &["--max-steps", "30", "--accumulate", "2"],
+        &[&steps[..], &["--accumulate", "2"]].concat(),
     ));
     assert!(o.status.success(), "{}", text(&o));
     let (l2, l1) = (step_losses(&r2), step_losses(&r1));
@@ -206,6 +220,16 @@ fn two_ranks_follow_one_process_accumulating_two_batches() {
          losses {loss_diff:.3e}, of the final weights and optimizer state {weight_diff:.3e}"
     );
     assert!(loss_diff <= 1e-6 && weight_diff <= 1e-6);
+    // Validation and test, split across the ranks and gathered, score as one process does.
+    let (v2, v1) = (records(&r2, "valid"), records(&r1, "valid"));
+    assert_eq!(v2.len(), 2, "{v2:?}"); // the trained weights and their average
+    assert_eq!(v1.len(), 2, "{v1:?}");
+    for ((a, bleu_a), (b, bleu_b)) in v2.iter().zip(&v1) {
+        // The loss's sum is added in another order (per rank, then across).
+        assert!((a - b).abs() <= 1e-12 * a.abs(), "{v2:?} {v1:?}");
+        assert_eq!(bleu_a, bleu_b);
+    }
+    assert_eq!(records(&r2, "test"), records(&r1, "test"));
     // The losses fell: the test is not comparing two runs that did nothing.
     assert!(l1[29].1 < l1[0].1, "{l1:?}");
     // One process with one batch per step trains another trajectory.
@@ -431,7 +455,7 @@ fn a_rank_that_disagrees_or_cannot_read_the_data_fails_the_job_before_any_step()
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// The language model: 2 ranks equal one process with `--accumulate 2`.
+/// The language model: 2 ranks equal one process with `--accumulate 2`, validation included.
 #[test]
 fn lm_two_ranks_follow_one_process_accumulating_two_windows() {
     let d = temp_dir("lm");
@@ -466,8 +490,8 @@ fn lm_two_ranks_follow_one_process_accumulating_two_windows() {
             "1",
             "--epochs",
             "1",
-            "--max-steps",
-            "20",
+            "--max-batches",
+            "40",
             "--precision",
             "f32",
             "--out",
@@ -493,5 +517,10 @@ fn lm_two_ranks_follow_one_process_accumulating_two_windows() {
     );
     println!("lm: 2 ranks vs --accumulate 2: losses {loss_diff:.3e}, weights {weight_diff:.3e}");
     assert!(loss_diff <= 1e-6 && weight_diff <= 1e-6);
+    let (v2, v1) = (records(&r2, "valid"), records(&r1, "valid"));
+    assert!(!v2.is_empty());
+    for ((a, _), (b, _)) in v2.iter().zip(&v1) {
+        assert!((a - b).abs() <= 1e-12 * a.abs(), "{v2:?} {v1:?}");
+    }
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -43,6 +43,8 @@ pub trait Collective {
     fn sum_f64(&self, buf: &mut [f64]);
     /// Every process's `value`, in rank order.
     fn gather_u64(&self, value: u64) -> Vec<u64>;
+    /// Every process's `bytes`, in rank order.
+    fn gather_bytes(&self, bytes: &[u8]) -> Vec<Vec<u8>>;
 }
 
 /// The processes a run trains in: one (the default), or the ranks of a [`Collective`].
@@ -93,6 +95,28 @@ impl Dist {
         if let Some(c) = &self.0 {
             c.sum_f64(buf)
         }
+    }
+
+    /// This process's share of `n` items split into contiguous ranges in rank order, the
+    /// first `n % size` ranks one item more (all of them alone).
+    pub fn shard(&self, n: usize) -> std::ops::Range<usize> {
+        let (size, rank) = (self.size(), self.rank());
+        let (base, extra) = (n / size, n % size);
+        let start = rank * base + rank.min(extra);
+        start..start + base + usize::from(rank < extra)
+    }
+
+    /// Every process's `lines` joined in rank order (`lines` alone).
+    pub fn gather_lines(&self, lines: Vec<String>) -> Result<Vec<String>> {
+        let Some(c) = &self.0 else { return Ok(lines) };
+        let bytes = serde_json::to_vec(&lines).expect("strings serialize");
+        let mut all = Vec::new();
+        for b in c.gather_bytes(&bytes) {
+            let part: Vec<String> = serde_json::from_slice(&b)
+                .map_err(|e| Error::Usage(format!("gathering lines across ranks: {e}")))?;
+            all.extend(part);
+        }
+        Ok(all)
     }
 
     /// Checks that every process has the same `value` (a hash of `what`); on every process
@@ -224,10 +248,13 @@ impl Accumulator {
 
     /// Sums across `dist` and divides by the global batch's `tokens`: the gradients of the
     /// mean loss per token of the global batch (variables no process had a gradient for
-    /// left out), that loss and nll, and whether any process asked to stop.
-    pub fn reduce(&mut self, dist: &Dist, tokens: usize) -> Result<(Gradients, f64, f64, bool)> {
+    /// left out), that loss and nll, whether any process asked to stop, and the seconds
+    /// spent in the sums (waiting for the other processes included).
+    pub fn reduce(&mut self, dist: &Dist, tokens: usize) -> Result<Reduced> {
+        let t = std::time::Instant::now();
         dist.sum_f32(&mut self.flat);
         dist.sum_f64(&mut self.extra);
+        let seconds = t.elapsed().as_secs_f64();
         let inv = 1.0 / tokens.max(1) as f32;
         let mut store = GradStore::default();
         let mut off = 0;
@@ -247,18 +274,60 @@ impl Accumulator {
             &self.vars,
             &transformer_model::grads::DirectGrads::new(),
         )?;
-        Ok((
+        Ok(Reduced {
             grads,
-            self.extra[n] / t,
-            self.extra[n + 1] / t,
-            self.extra[n + 2] > 0.0,
-        ))
+            loss: self.extra[n] / t,
+            nll: self.extra[n + 1] / t,
+            stop: self.extra[n + 2] > 0.0,
+            seconds,
+        })
     }
+}
+
+/// A global batch's sums, as [`Accumulator::reduce`] returns them.
+pub struct Reduced {
+    /// The gradients of the global batch's mean loss per target token.
+    pub grads: Gradients,
+    /// The global batch's mean loss per target token.
+    pub loss: f64,
+    /// Its plain cross-entropy per target token.
+    pub nll: f64,
+    /// Whether a process asked to stop (Ctrl-C).
+    pub stop: bool,
+    /// Seconds spent in the sums across processes.
+    pub seconds: f64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_cover_every_item_once_in_rank_order() {
+        struct Fake(usize, usize);
+        impl Collective for Fake {
+            fn rank(&self) -> usize {
+                self.0
+            }
+            fn size(&self) -> usize {
+                self.1
+            }
+            fn sum_f32(&self, _: &mut [f32]) {}
+            fn sum_f64(&self, _: &mut [f64]) {}
+            fn gather_u64(&self, v: u64) -> Vec<u64> {
+                vec![v]
+            }
+            fn gather_bytes(&self, b: &[u8]) -> Vec<Vec<u8>> {
+                vec![b.to_vec()]
+            }
+        }
+        for (n, size) in [(10, 3), (2, 4), (0, 2), (7, 1)] {
+            let all: Vec<usize> = (0..size)
+                .flat_map(|r| Dist::new(Rc::new(Fake(r, size))).shard(n))
+                .collect();
+            assert_eq!(all, (0..n).collect::<Vec<_>>(), "{n} items on {size} ranks");
+        }
+    }
 
     #[test]
     fn local_batches_split_a_global_batch_by_rank() {
@@ -283,10 +352,10 @@ mod tests {
             let mut g = Gradients::backward(&loss, &vars)?;
             acc.add(&mut g, tokens, 1.0, 1.0)?;
         }
-        let (g, loss, _, stop) = acc.reduce(&Dist::single(), 4)?;
-        let g = g.get(&w)?.expect("gradient").to_vec1::<f32>()?;
+        let r = acc.reduce(&Dist::single(), 4)?;
+        let g = r.grads.get(&w)?.expect("gradient").to_vec1::<f32>()?;
         assert_eq!(g, vec![0.75, 0.25]);
-        assert!((loss - 1.0).abs() < 1e-12 && !stop);
+        assert!((r.loss - 1.0).abs() < 1e-12 && !r.stop);
         Ok(())
     }
 }

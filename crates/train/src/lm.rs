@@ -372,14 +372,29 @@ pub fn evaluate(
     bptt: usize,
     device: &Device,
 ) -> Result<f64> {
+    evaluate_on(model, data, bptt, device, &crate::dist::Dist::single())
+}
+
+/// [`evaluate`] with the windows split across the processes of `dist` (each its
+/// [`crate::dist::Dist::shard`]) and the sums added: every process gets the loss.
+pub fn evaluate_on(
+    model: &TransformerLm,
+    data: &Batched,
+    bptt: usize,
+    device: &Device,
+    dist: &crate::dist::Dist,
+) -> Result<f64> {
+    let windows: Vec<Batch> = data.windows(bptt).collect();
     let mut total = 0.0;
-    for w in data.windows(bptt) {
-        let (input, target) = window_tensors(&w, device)?;
+    for w in &windows[dist.shard(windows.len())] {
+        let (input, target) = window_tensors(w, device)?;
         // No backward follows (the tutorial evaluates under torch.no_grad()).
         let loss = model.loss_no_grad(&input, &target)?;
         total += w.seq_len as f64 * loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     }
-    Ok(total / (data.rows - 1) as f64)
+    let mut sum = [total];
+    dist.sum_f64(&mut sum);
+    Ok(sum[0] / (data.rows - 1) as f64)
 }
 
 /// Where a run stands; saved in every checkpoint (the runner's, for every task).
@@ -682,9 +697,9 @@ impl Task for LmTask {
         )
     }
 
-    fn validate(&self, model: &TransformerLm) -> Result<Validation> {
+    fn validate(&self, model: &TransformerLm, dist: &crate::dist::Dist) -> Result<Validation> {
         Ok(Validation {
-            loss: evaluate(model, &self.data.valid, self.cfg.bptt, &self.device)?,
+            loss: evaluate_on(model, &self.data.valid, self.cfg.bptt, &self.device, dist)?,
             bleu: None,
         })
     }

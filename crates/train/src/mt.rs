@@ -868,6 +868,18 @@ pub fn evaluate_loss(
     max_tokens: usize,
     dev: &Device,
 ) -> Result<f64> {
+    evaluate_loss_on(model, data, max_tokens, dev, &crate::dist::Dist::single())
+}
+
+/// [`evaluate_loss`] with the batches split across the processes of `dist` (each its
+/// [`crate::dist::Dist::shard`]) and the sums added: every process gets the loss.
+pub fn evaluate_loss_on(
+    model: &MtModel,
+    data: &EncodedSplit,
+    max_tokens: usize,
+    dev: &Device,
+    dist: &crate::dist::Dist,
+) -> Result<f64> {
     let sp = transformer_text::Specials::FIXED;
     let all: Vec<usize> = (0..data.src.len()).collect();
     // Sentences longer than the model takes are scored on their first positions (the length
@@ -876,13 +888,15 @@ pub fn evaluate_loss(
     let (src, tgt) = (fit(&data.src, max), fit(&data.tgt, max));
     let batches = pair_batches(&src, &tgt, &all, max_tokens, sp, 0);
     let (mut total, mut tokens) = (0.0, 0usize);
-    for b in &batches {
+    for b in &batches[dist.shard(batches.len())] {
         let (src, tgt_in, tgt_out) = batch_tensors(b, dev)?;
         let l = model.loss(&src, &tgt_in, &tgt_out, sp.pad, 0.0, Mode::Eval)?;
         total += l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()? * b.tgt_tokens as f64;
         tokens += b.tgt_tokens;
     }
-    Ok(total / tokens.max(1) as f64)
+    let mut sums = [total, tokens as f64];
+    dist.sum_f64(&mut sums);
+    Ok(sums[0] / sums[1].max(1.0))
 }
 
 /// Perplexity per word rather than per subword token, comparable across tokenizations:
@@ -1411,18 +1425,20 @@ impl Task for MtTask {
         )
     }
 
-    fn validate(&self, model: &MtModel) -> Result<Validation> {
+    fn validate(&self, model: &MtModel, dist: &crate::dist::Dist) -> Result<Validation> {
         let dev = &self.device;
-        let loss = evaluate_loss(model, &self.valid, self.cfg.max_tokens, dev)?;
+        let loss = evaluate_loss_on(model, &self.valid, self.cfg.max_tokens, dev, dist)?;
         let greedy = self.cfg.decode_options(1);
-        let hyps = translate_lines(
+        let src = &self.valid.pairs.src;
+        let mine = translate_lines(
             model,
             &self.tokenizer,
-            &self.valid.pairs.src,
+            &src[dist.shard(src.len())],
             &greedy,
             dev,
             |_, _| {},
         )?;
+        let hyps = dist.gather_lines(mine)?;
         Ok(Validation {
             loss,
             bleu: Some(bleu(&hyps, &self.valid.pairs.tgt)?),

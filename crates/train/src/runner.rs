@@ -664,8 +664,9 @@ pub trait Task {
     /// The log line for the batches since the last one, and its record.
     fn log_line(&self, w: &LogWindow) -> (String, Metric);
 
-    /// Validation loss (and score) of a model.
-    fn validate(&self, model: &Self::Model) -> Result<Validation>;
+    /// Validation loss (and score) of a model; with several processes each computes its
+    /// share (`dist`) and every one returns the gathered figures.
+    fn validate(&self, model: &Self::Model, dist: &crate::dist::Dist) -> Result<Validation>;
     /// How the best model is chosen from validations.
     const SELECTION: Selection = Selection::LowerLoss;
     /// The end-of-epoch log lines.
@@ -966,11 +967,11 @@ pub fn run<T: Task, C>(
                         acc.add(&mut grads, s.tokens, s.loss, s.nll)?;
                     }
                     acc.vote_stop(opts.interrupted());
-                    let t = Instant::now();
-                    let (grads, loss, nll, stop) = acc.reduce(dist, tokens)?;
-                    comm_seconds += t.elapsed().as_secs_f64();
-                    stop_voted = stop;
-                    task.update(&grads, state.step)?;
+                    let r = acc.reduce(dist, tokens)?;
+                    comm_seconds += r.seconds;
+                    stop_voted = r.stop;
+                    task.update(&r.grads, state.step)?;
+                    let (loss, nll) = (r.loss, r.nll);
                     // The step counts in the log as its batches, each at the step's loss.
                     let n = (end - index) as f64;
                     state.log_batches += end - index - 1;
@@ -1030,14 +1031,14 @@ pub fn run<T: Task, C>(
             index = last + 1;
         }
 
-        // Validation of the trained weights and of their average (rank 0's, the one that
-        // keeps the best model); the better is the best model.
+        // Validation of the trained weights and of their average (split across the
+        // processes); the better is the best model, kept by rank 0.
         let train_seconds = epoch_start.elapsed().as_secs_f64();
+        let mut validated = vec![(Weights::Sgd, task.validate(task.model(), dist)?)];
+        if let Some(avg) = &average {
+            validated.push((Weights::Average, task.validate(&avg.model, dist)?));
+        }
         if writer {
-            let mut validated = vec![(Weights::Sgd, task.validate(task.model())?)];
-            if let Some(avg) = &average {
-                validated.push((Weights::Average, task.validate(&avg.model)?));
-            }
             let seconds = epoch_start.elapsed().as_secs_f64();
             for line in task.epoch_lines(epoch, seconds, train_seconds, &validated) {
                 progress.line(&line);

@@ -816,6 +816,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         for n in &notes {
             progress.line(n);
         }
+        runner::check_global_batch(run, &saved.state, cfg.accumulate, &opts.dist)?;
         runner::check_recorded_paths(run, &[("data", &cfg.data)], &opts.given)?;
         if writer && !notes.is_empty() {
             checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;

@@ -1703,6 +1703,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         for n in &notes {
             progress.line(n);
         }
+        runner::check_global_batch(run, &saved.state, cfg.accumulate, &opts.dist)?;
         runner::check_recorded_paths(
             run,
             &[

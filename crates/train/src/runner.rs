@@ -794,6 +794,37 @@ fn save_run_checkpoint<T: Task>(
     )
 }
 
+/// Checks, on resume, that `accumulate` batches per process on the processes of `dist`
+/// make the run's global batch (batches per optimizer step, recorded in `state`); else an
+/// error that says which `--accumulate` keeps it.
+pub fn check_global_batch(
+    run: &Path,
+    state: &RunState,
+    accumulate: usize,
+    dist: &crate::dist::Dist,
+) -> Result<()> {
+    let n = dist.size();
+    let global = accumulate.max(1) * n;
+    let had = state.global_batch.unwrap_or(1);
+    if state.step == 0 || had == global {
+        return Ok(());
+    }
+    let fix = if had.is_multiple_of(n) {
+        format!("give --accumulate {} with {n} process(es)", had / n)
+    } else {
+        format!(
+            "run it on a number of processes that divides {had}, with --accumulate {had}/processes"
+        )
+    };
+    Err(Error::Usage(format!(
+        "{}: the run takes {had} batch(es) per optimizer step (its global batch), and this \
+         invocation would take {global} (--accumulate {} x {n} process(es)), which would \
+         change its training: to resume it, {fix}",
+        run.display(),
+        accumulate.max(1)
+    )))
+}
+
 /// Trains `task` in the run directory `opts.out` (already opened with [`open_run_dir`]),
 /// from `saved` when resuming (else dropout starts from `dropout_seed`); `average_decay` > 0 validates a moving average of the
 /// weights beside them, updated every `average_every` steps.
@@ -875,21 +906,7 @@ pub fn run<T: Task, C>(
     // Batches per optimizer step: the run's, kept on resume whatever the processes.
     let per_rank = task.accumulate().max(1);
     let global = per_rank * dist.size();
-    let had = state.global_batch.unwrap_or(1);
-    if state.step > 0 && had != global {
-        let n = dist.size();
-        let fix = if had.is_multiple_of(n) {
-            format!("give --accumulate {} with {n} process(es)", had / n)
-        } else {
-            format!("run it on a number of processes that divides {had}, with --accumulate {had}/processes")
-        };
-        return Err(Error::Usage(format!(
-            "{}: the run takes {had} batch(es) per optimizer step (its global batch), and this \
-             invocation would take {global} (--accumulate {per_rank} x {n} process(es)), which \
-             would change its training: to resume it, {fix}",
-            run.display()
-        )));
-    }
+    check_global_batch(run, &state, per_rank, dist)?;
     state.global_batch = (global > 1).then_some(global);
     if dist.size() > 1 {
         let fix = "start every rank with the same command, files and environment";

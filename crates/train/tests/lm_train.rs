@@ -629,3 +629,62 @@ fn checkpoint_from_before_averaging_resumes_without_it() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// `accumulate = 2`: two windows per SGD step; a run stopped mid-epoch resumes on the same
+/// trajectory, and a resume that would change the global batch is refused with the fix.
+#[test]
+fn accumulated_run_resumes_and_keeps_its_global_batch() {
+    use transformer_train::runner::Given;
+    let data = temp_dir("acc-data");
+    write_corpus(&data);
+    let cfg = LmTrainConfig {
+        accumulate: 2,
+        ..small_config(&data)
+    };
+    let straight = temp_dir("acc-straight");
+    let a = lm::train(&fresh(cfg.clone(), straight.clone()), &mut Quiet).unwrap();
+    // 10 windows per epoch, 2 per step, 2 epochs.
+    assert_eq!(a.step_losses.len(), 10);
+    // One window per step is another trajectory.
+    let plain = temp_dir("acc-plain");
+    let cfg1 = LmTrainConfig {
+        accumulate: 1,
+        ..cfg.clone()
+    };
+    let p = lm::train(&fresh(cfg1.clone(), plain.clone()), &mut Quiet).unwrap();
+    assert_eq!(p.step_losses.len(), 20);
+    assert_ne!(p.step_losses[1], a.step_losses[1]);
+
+    let split = temp_dir("acc-split");
+    let b1 = lm::train(
+        &TrainOptions {
+            stop_after_steps: Some(3),
+            ..fresh(cfg.clone(), split.clone())
+        },
+        &mut Quiet,
+    )
+    .unwrap();
+    assert_eq!(b1.step_losses[..], a.step_losses[..3]);
+    let resume = |c: LmTrainConfig| TrainOptions {
+        resume: true,
+        given: vec![Given::new("accumulate", "--accumulate")],
+        ..fresh(c, split.clone())
+    };
+    let e = lm::train(&resume(cfg1), &mut Quiet)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the run takes 2 batch(es) per optimizer step")
+            && e.contains("give --accumulate 2 with 1 process(es)"),
+        "{e}"
+    );
+    let b2 = lm::train(&resume(cfg), &mut Quiet).unwrap();
+    assert_eq!(
+        [b1.step_losses, b2.step_losses].concat(),
+        a.step_losses,
+        "resumed accumulation follows the uninterrupted run"
+    );
+    for d in [data, straight, plain, split] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

@@ -105,6 +105,11 @@ pub struct TrainArgs {
     /// Window length [default: 35]
     #[arg(long)]
     bptt: Option<usize>,
+    /// Sum this many windows' gradients before each SGD step (gradient accumulation; per
+    /// process under mpirun, where the global batch is this x processes, see
+    /// docs/DISTRIBUTED.md) [default: 1]
+    #[arg(long, value_name = "K")]
+    accumulate: Option<usize>,
     /// Log every N batches [default: 200]
     #[arg(long)]
     log_interval: Option<usize>,
@@ -175,6 +180,7 @@ impl TrainArgs {
             batch_size,
             eval_batch_size,
             bptt,
+            accumulate,
             log_interval,
             checkpoint_interval,
             seed,
@@ -368,6 +374,13 @@ pub struct ImportArgs {
 }
 
 /// Log lines to stdout; a progress bar with ETA on stderr when it is a terminal.
+/// A progress that prints nothing (the ranks of an MPI job other than 0).
+pub(crate) struct Quiet;
+
+impl Progress for Quiet {
+    fn line(&mut self, _line: &str) {}
+}
+
 pub(crate) struct Console {
     pub(crate) bar: Option<ProgressBar>,
 }
@@ -459,60 +472,74 @@ pub fn run(cmd: LmCommand) -> Result<()> {
     };
     match cmd {
         LmCommand::Train(args) => {
-            let (config, given) = args.resolve()?;
-            if !device.is_cpu() {
-                // A resumed run trains in its own precision, kept in its config.toml.
-                let own = transformer_train::runner::config_path(&args.out);
-                let precision = match args.resume {
-                    true => LmTrainConfig::from_toml_file(&own)
-                        .map_or(config.precision, |c| c.precision),
-                    false => config.precision,
-                };
-                crate::device::check_training_precision(precision, &device)?;
-            }
-            anyhow::ensure!(
+            let procs = crate::dist::Processes::start()?;
+            let dist = procs.dist.clone();
+            let r = (|| -> Result<()> {
+                let (config, given) = args.resolve()?;
+                if !device.is_cpu() {
+                    // A resumed run trains in its own precision, kept in its config.toml.
+                    let own = transformer_train::runner::config_path(&args.out);
+                    let precision = match args.resume {
+                        true => LmTrainConfig::from_toml_file(&own)
+                            .map_or(config.precision, |c| c.precision),
+                        false => config.precision,
+                    };
+                    crate::device::check_training_precision(precision, &device)?;
+                }
+                anyhow::ensure!(
                 args.max_steps != Some(0),
                 "--max-steps must be at least 1 (it stops this invocation after that many steps)"
             );
-            let interrupt = interrupt_flag();
-            let opts = TrainOptions {
-                config,
-                out: args.out.clone(),
-                resume: args.resume,
-                stop_after_steps: args.max_steps,
-                crash_after_steps: None,
-                interrupt: Some(interrupt.clone()),
-                device,
-                given,
-            };
-            let mut console = Console::new("batches");
-            let summary = lm::train(&opts, &mut console);
-            console.finish();
-            // The library says what the data folder must hold; the flag that sets it is ours.
-            let summary = summary.map_err(|e| {
-                let data_error = matches!(
-                    &e,
-                    transformer_train::Error::Text(
-                        transformer_text::Error::MissingDataDir { .. }
-                            | transformer_text::Error::MissingSplit { .. }
-                    )
-                );
-                let e = anyhow::Error::from(e);
-                if data_error {
-                    e.context("the data folder is wrong: pass --data DIR")
-                } else {
-                    e
+                let interrupt = interrupt_flag();
+                let opts = TrainOptions {
+                    config,
+                    out: args.out.clone(),
+                    resume: args.resume,
+                    stop_after_steps: args.max_steps,
+                    crash_after_steps: None,
+                    dist,
+                    interrupt: Some(interrupt.clone()),
+                    device,
+                    given,
+                };
+                let prints = opts.dist.writes();
+                let mut console = Console::new("batches");
+                let mut quiet = Quiet;
+                let progress: &mut dyn transformer_train::runner::Progress =
+                    if prints { &mut console } else { &mut quiet };
+                let summary = lm::train(&opts, progress);
+                console.finish();
+                // The library says what the data folder must hold; the flag that sets it is ours.
+                let summary = summary.map_err(|e| {
+                    let data_error = matches!(
+                        &e,
+                        transformer_train::Error::Text(
+                            transformer_text::Error::MissingDataDir { .. }
+                                | transformer_text::Error::MissingSplit { .. }
+                        )
+                    );
+                    let e = anyhow::Error::from(e);
+                    if data_error {
+                        e.context("the data folder is wrong: pass --data DIR")
+                    } else {
+                        e
+                    }
+                })?;
+                if !prints {
+                    return Ok(());
                 }
-            })?;
-            if summary.test_loss.is_none() {
-                println!(
+                if summary.test_loss.is_none() {
+                    println!(
                     "stopped after {} steps; continue with: transformer lm train --out {} --resume",
                     summary.step_losses.len(),
                     args.out.display()
                 );
-            }
-            println!("run directory: {}", args.out.display());
-            exit_if_interrupted(&interrupt);
+                }
+                println!("run directory: {}", args.out.display());
+                exit_if_interrupted(&interrupt);
+                Ok(())
+            })();
+            procs.finish(r)?;
         }
         LmCommand::Eval(args) => {
             anyhow::ensure!(

@@ -21,6 +21,7 @@ use transformer_train::runner::RunOptions;
 mod bench;
 mod bleu;
 mod device;
+mod dist;
 mod lm;
 mod mt;
 mod serve;
@@ -329,6 +330,7 @@ fn copy(args: CopyArgs) -> Result<()> {
         resume: false,
         stop_after_steps: None,
         crash_after_steps: None,
+        dist: Default::default(),
         interrupt: None,
         device: dev,
         given: Vec::new(),

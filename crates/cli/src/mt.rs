@@ -250,6 +250,11 @@ pub struct TrainArgs {
     /// Padded tokens per side and batch [default: 2048]
     #[arg(long)]
     max_tokens: Option<usize>,
+    /// Sum this many batches' gradients before each optimizer step (gradient accumulation;
+    /// per process under mpirun, where the global batch is this x processes, see
+    /// docs/DISTRIBUTED.md) [default: 1]
+    #[arg(long, value_name = "K")]
+    accumulate: Option<usize>,
     /// Batches per epoch at most (quick runs).
     #[arg(long)]
     max_batches: Option<usize>,
@@ -336,6 +341,7 @@ impl TrainArgs {
             lr_factor,
             epochs,
             max_tokens,
+            accumulate,
             log_interval,
             checkpoint_interval,
             beam,
@@ -754,43 +760,54 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             pic.write(map.as_ref(), &set)?;
         }
         MtCommand::Train(args) => {
-            let (config, given) = args.resolve()?;
-            if !device.is_cpu() {
-                // A resumed run trains in its own precision, kept in its config.toml.
-                let own = transformer_train::runner::config_path(&args.out);
-                let precision = match args.resume {
-                    true => MtTrainConfig::from_toml_file(&own)
-                        .map_or(config.precision, |c| c.precision),
-                    false => config.precision,
-                };
-                crate::device::check_training_precision(precision, &device)?;
-            }
-            anyhow::ensure!(
-                args.max_steps != Some(0),
-                "--max-steps must be at least 1 (it stops this invocation after that many steps)"
-            );
-            let interrupt = interrupt_flag();
-            let opts = MtTrainOptions {
-                config,
-                out: args.out.clone(),
-                resume: args.resume,
-                stop_after_steps: args.max_steps,
-                crash_after_steps: None,
-                interrupt: Some(interrupt.clone()),
-                device,
-                given,
-            };
-            let mut console = Console::new("batches");
-            let summary = mt::train(&opts, &mut console)?;
-            console.finish();
-            if !summary.state.finished {
-                println!(
-                    "stopped after {} steps; continue with: transformer mt train --out {} --resume",
-                    summary.state.step,
-                    args.out.display()
+            let procs = crate::dist::Processes::start()?;
+            let dist = procs.dist.clone();
+            let r = (|| -> Result<()> {
+                let (config, given) = args.resolve()?;
+                if !device.is_cpu() {
+                    // A resumed run trains in its own precision, kept in its config.toml.
+                    let own = transformer_train::runner::config_path(&args.out);
+                    let precision = match args.resume {
+                        true => MtTrainConfig::from_toml_file(&own)
+                            .map_or(config.precision, |c| c.precision),
+                        false => config.precision,
+                    };
+                    crate::device::check_training_precision(precision, &device)?;
+                }
+                anyhow::ensure!(
+                    args.max_steps != Some(0),
+                    "--max-steps must be at least 1 (it stops this invocation after that many steps)"
                 );
-            }
-            exit_if_interrupted(&interrupt);
+                let interrupt = interrupt_flag();
+                let prints = dist.writes();
+                let opts = MtTrainOptions {
+                    config,
+                    out: args.out.clone(),
+                    resume: args.resume,
+                    stop_after_steps: args.max_steps,
+                    crash_after_steps: None,
+                    dist,
+                    interrupt: Some(interrupt.clone()),
+                    device,
+                    given,
+                };
+                let mut console = Console::new("batches");
+                let mut quiet = crate::lm::Quiet;
+                let progress: &mut dyn transformer_train::runner::Progress =
+                    if prints { &mut console } else { &mut quiet };
+                let summary = mt::train(&opts, progress)?;
+                console.finish();
+                if prints && !summary.state.finished {
+                    println!(
+                        "stopped after {} steps; continue with: transformer mt train --out {} --resume",
+                        summary.state.step,
+                        args.out.display()
+                    );
+                }
+                exit_if_interrupted(&interrupt);
+                Ok(())
+            })();
+            procs.finish(r)?;
         }
         MtCommand::Translate(args) => translate_stream(&args, &device)?,
         MtCommand::Quantize(args) => {

@@ -275,3 +275,28 @@ fn older_tutorial_layout_imports_to_the_same_model() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A `transformer` built without the `mpi` feature, started by an MPI launcher as one of
+/// several processes, refuses to train (each would train its own copy of the run) and says
+/// how to build it; it writes nothing.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn training_under_a_launcher_without_mpi_is_refused() {
+    let out = temp_dir("no-mpi");
+    for cmd in ["lm", "mt"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_transformer"))
+            .args([cmd, "train", "--out", s(&out)])
+            .env("OMPI_COMM_WORLD_SIZE", "2")
+            .env("OMPI_COMM_WORLD_RANK", "1")
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success());
+        assert!(
+            err.contains("built without MPI")
+                && err.contains("cargo build --release -p transformer-cli --features mpi"),
+            "{err}"
+        );
+        assert!(!out.exists());
+    }
+}

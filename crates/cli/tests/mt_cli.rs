@@ -2,13 +2,12 @@
 //! the middle of writing a checkpoint) and resumed each time ends with exactly the result of
 //! the run that was never interrupted; translate and eval on the trained run.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{bin, temp_dir as temp, write_tiny_config, write_toy_corpus, GERMAN};
+use common::{bin, temp_dir as temp, weights, write_tiny_config, write_toy_corpus, GERMAN};
 
 fn temp_dir(name: &str) -> PathBuf {
     temp("mt-cli", name)
@@ -77,14 +76,6 @@ fn losses(run: &Path) -> Vec<(String, u64, f64)> {
                 v["loss"].as_f64().unwrap(),
             )
         })
-        .collect()
-}
-
-fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
-    candle_core::safetensors::load(path, &candle_core::Device::Cpu)
-        .unwrap()
-        .into_iter()
-        .map(|(n, t)| (n, t.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
         .collect()
 }
 

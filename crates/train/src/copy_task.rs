@@ -200,7 +200,7 @@ impl Task for CopyTask {
         )
     }
 
-    fn validate(&self, model: &Seq2Seq) -> Result<Validation> {
+    fn validate(&self, model: &Seq2Seq, _dist: &crate::dist::Dist) -> Result<Validation> {
         let loss = batch_loss(model, &self.held_out, &self.cfg, Mode::Eval)?;
         Ok(Validation {
             loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
@@ -252,7 +252,7 @@ impl Task for CopyTask {
         let (tensors, _) =
             runner::load_tagged(&crate::runner::best_path(run), WEIGHTS_FORMAT, &self.device)?;
         pb.params().assign(&tensors)?;
-        let loss = self.validate(&best)?.loss;
+        let loss = self.validate(&best, &crate::dist::Dist::single())?.loss;
         let acc = copy_accuracy(&best, &self.held_out)?;
         let decoded = greedy_copies(&best, &self.held_out)?;
         for (row, out) in self.held_out.to_vec2::<u32>()?.iter().zip(&decoded).take(3) {

@@ -41,6 +41,7 @@ pub mod average;
 pub mod checkpoint;
 pub mod clip;
 pub mod copy_task;
+pub mod dist;
 pub mod error;
 pub mod grads;
 pub mod lm;

@@ -86,6 +86,11 @@ pub struct LmTrainConfig {
     pub eval_batch_size: usize,
     /// Window length.
     pub bptt: usize,
+    /// Windows whose gradients are summed before one SGD step (gradient accumulation), per
+    /// process: the global batch is `accumulate` x processes windows, its gradient that of
+    /// the mean loss per token over all of them ([`crate::dist`]). 1: the tutorial's step
+    /// per window.
+    pub accumulate: usize,
     /// Print and record the mean training loss every this many batches.
     pub log_interval: usize,
     /// Write a resumable checkpoint every this many batches (and at every epoch end).
@@ -126,6 +131,7 @@ pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
 /// optimizer, the batches, the seed) are the run's own.
 pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
     "epochs",
+    "accumulate",
     "max_batches",
     "log_interval",
     "checkpoint_interval",
@@ -153,6 +159,7 @@ impl Default for LmTrainConfig {
             batch_size: 20,
             eval_batch_size: 10,
             bptt: 35,
+            accumulate: 1,
             log_interval: 200,
             checkpoint_interval: 500,
             max_batches: None,
@@ -193,6 +200,11 @@ impl LmTrainConfig {
     /// Checks the model sizes and that counts are positive and rates in range.
     pub fn validate(&self) -> Result<()> {
         self.model(1).validate()?;
+        if self.accumulate == 0 {
+            return Err(Error::Usage(
+                "accumulate (--accumulate) must be at least 1 (1: a step per window)".into(),
+            ));
+        }
         if self.max_batches == Some(0) {
             return Err(Error::Usage(
                 "max_batches (--max-batches) must be at least 1 (leave it out for all)".into(),
@@ -360,14 +372,29 @@ pub fn evaluate(
     bptt: usize,
     device: &Device,
 ) -> Result<f64> {
+    evaluate_on(model, data, bptt, device, &crate::dist::Dist::single())
+}
+
+/// [`evaluate`] with the windows split across the processes of `dist` (each its
+/// [`crate::dist::Dist::shard`]) and the sums added: every process gets the loss.
+pub fn evaluate_on(
+    model: &TransformerLm,
+    data: &Batched,
+    bptt: usize,
+    device: &Device,
+    dist: &crate::dist::Dist,
+) -> Result<f64> {
+    let windows: Vec<Batch> = data.windows(bptt).collect();
     let mut total = 0.0;
-    for w in data.windows(bptt) {
-        let (input, target) = window_tensors(&w, device)?;
+    for w in &windows[dist.shard(windows.len())] {
+        let (input, target) = window_tensors(w, device)?;
         // No backward follows (the tutorial evaluates under torch.no_grad()).
         let loss = model.loss_no_grad(&input, &target)?;
         total += w.seq_len as f64 * loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     }
-    Ok(total / (data.rows - 1) as f64)
+    let mut sum = [total];
+    dist.sum_f64(&mut sum);
+    Ok(sum[0] / (data.rows - 1) as f64)
 }
 
 /// Where a run stands; saved in every checkpoint (the runner's, for every task).
@@ -586,6 +613,55 @@ impl Task for LmTask {
         })
     }
 
+    fn accumulate(&self) -> usize {
+        self.cfg.accumulate
+    }
+
+    fn batch_tokens(&self, index: usize) -> usize {
+        let w = self.data.train.window(index, self.cfg.bptt);
+        w.seq_len * w.batch_size
+    }
+
+    fn backward(&mut self, index: usize, rng: &Rng) -> Result<(Gradients, StepStats)> {
+        let w = self.data.train.window(index, self.cfg.bptt);
+        let (input, target) = window_tensors(&w, &self.device)?;
+        let loss = self.model.loss_direct(
+            &input,
+            &target,
+            Mode::Train(rng),
+            self.cfg.precision,
+            &self.step.direct,
+        )?;
+        let grads = Gradients::from_backward(&loss, self.step.opt.vars(), &self.step.direct)?;
+        let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let tokens = w.seq_len * w.batch_size;
+        Ok((
+            grads,
+            StepStats {
+                loss,
+                nll: loss,
+                tokens,
+            },
+        ))
+    }
+
+    fn update(&mut self, grads: &Gradients, _step: usize) -> Result<()> {
+        let (_, coef) = clip_coefficient(grads, self.step.clip)?;
+        self.step.opt.step(grads, coef)?;
+        Ok(())
+    }
+
+    fn data_hash(&self) -> u64 {
+        let bytes: Vec<u8> = self
+            .data
+            .train
+            .data
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        crate::dist::hash_bytes(&bytes)
+    }
+
     /// The tutorial logs after batch indices 200, 400, ... (0-based), averaging over
     /// `log_interval` batches whatever the count.
     fn log_due(&self, index: usize, _batches: usize) -> bool {
@@ -593,7 +669,13 @@ impl Task for LmTask {
     }
 
     fn log_line(&self, w: &LogWindow) -> (String, Metric) {
-        let cur = w.loss_sum / self.cfg.log_interval as f64;
+        // The tutorial divides by log_interval whatever the count; with several windows per
+        // step, the mean over the window's batches.
+        let cur = if w.per_step > 1 {
+            w.loss_sum / w.count.max(1) as f64
+        } else {
+            w.loss_sum / self.cfg.log_interval as f64
+        };
         let ms = w.seconds * 1e3 / w.count as f64;
         let lr = self.step.opt.lr;
         let (epoch, batch, label) = (w.epoch, w.index, self.label_batches);
@@ -615,9 +697,9 @@ impl Task for LmTask {
         )
     }
 
-    fn validate(&self, model: &TransformerLm) -> Result<Validation> {
+    fn validate(&self, model: &TransformerLm, dist: &crate::dist::Dist) -> Result<Validation> {
         Ok(Validation {
-            loss: evaluate(model, &self.data.valid, self.cfg.bptt, &self.device)?,
+            loss: evaluate_on(model, &self.data.valid, self.cfg.bptt, &self.device, dist)?,
             bleu: None,
         })
     }
@@ -706,7 +788,14 @@ impl Task for LmTask {
 pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary> {
     let run = &opts.out;
     let dev = &opts.device;
-    let (resuming, _lock) = open_run_dir(run, opts.resume)?;
+    // Rank 0 alone creates, locks and writes the run directory; the other ranks read it.
+    let writer = opts.dist.writes();
+    let (resuming, _lock) = if writer {
+        let (r, lock) = open_run_dir(run, opts.resume)?;
+        (r, Some(lock))
+    } else {
+        (opts.resume, None)
+    };
     let mut asked = opts.config.clone();
     asked.data = asked.data.as_deref().map(runner::absolute);
 
@@ -727,8 +816,9 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         for n in &notes {
             progress.line(n);
         }
+        runner::check_global_batch(run, &saved.state, cfg.accumulate, &opts.dist)?;
         runner::check_recorded_paths(run, &[("data", &cfg.data)], &opts.given)?;
-        if !notes.is_empty() {
+        if writer && !notes.is_empty() {
             checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
         }
         (cfg, Some(Vocab::load(&vocab_path(run))?), Some(saved))
@@ -758,7 +848,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         cfg.precision = choice.precision;
         choice.line
     };
-    if !resuming {
+    if writer && !resuming {
         checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
         data.vocab.save(&vocab_path(run))?;
         let _ = std::fs::remove_file(metrics_path(run));

@@ -421,6 +421,7 @@ pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
 /// are the run's own.
 pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
     "epochs",
+    "accumulate",
     "max_batches",
     "max_valid",
     "log_interval",
@@ -523,6 +524,11 @@ pub struct MtTrainConfig {
     pub epochs: usize,
     /// Padded tokens per side and batch.
     pub max_tokens: usize,
+    /// Batches whose gradients are summed before one optimizer step (gradient
+    /// accumulation), per process: the global batch is `accumulate` x processes batches,
+    /// its gradient that of the mean loss per target token over all of them
+    /// ([`crate::dist`]). 1: a step per batch.
+    pub accumulate: usize,
     /// Training pairs with a side longer than this many subword tokens are skipped.
     pub max_sentence_tokens: usize,
     /// Print and record the mean training loss every this many batches (and after the
@@ -592,6 +598,7 @@ impl Default for MtTrainConfig {
             clip: 1.0,
             epochs: 20,
             max_tokens: 2048,
+            accumulate: 1,
             max_sentence_tokens: 128,
             log_interval: 50,
             checkpoint_interval: 200,
@@ -711,6 +718,11 @@ impl MtTrainConfig {
     /// Checks the model configuration and that counts are positive and rates in range.
     pub fn validate(&self) -> Result<()> {
         self.validate_decoding()?;
+        if self.accumulate == 0 {
+            return Err(Error::Usage(
+                "accumulate (--accumulate) must be at least 1 (1: a step per batch)".into(),
+            ));
+        }
         for (name, v) in [
             ("max_batches", self.max_batches),
             ("max_valid", self.max_valid),
@@ -988,6 +1000,18 @@ pub fn evaluate_loss(
     max_tokens: usize,
     dev: &Device,
 ) -> Result<f64> {
+    evaluate_loss_on(model, data, max_tokens, dev, &crate::dist::Dist::single())
+}
+
+/// [`evaluate_loss`] with the batches split across the processes of `dist` (each its
+/// [`crate::dist::Dist::shard`]) and the sums added: every process gets the loss.
+pub fn evaluate_loss_on(
+    model: &MtModel,
+    data: &EncodedSplit,
+    max_tokens: usize,
+    dev: &Device,
+    dist: &crate::dist::Dist,
+) -> Result<f64> {
     let sp = transformer_text::Specials::FIXED;
     let all: Vec<usize> = (0..data.src.len()).collect();
     // Sentences longer than the model takes are scored on their first positions (the length
@@ -996,13 +1020,15 @@ pub fn evaluate_loss(
     let (src, tgt) = (fit(&data.src, max), fit(&data.tgt, max));
     let batches = pair_batches(&src, &tgt, &all, max_tokens, sp, 0);
     let (mut total, mut tokens) = (0.0, 0usize);
-    for b in &batches {
+    for b in &batches[dist.shard(batches.len())] {
         let (src, tgt_in, tgt_out) = batch_tensors(b, dev)?;
         let l = model.loss(&src, &tgt_in, &tgt_out, sp.pad, 0.0, Mode::Eval)?;
         total += l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()? * b.tgt_tokens as f64;
         tokens += b.tgt_tokens;
     }
-    Ok(total / tokens.max(1) as f64)
+    let mut sums = [total, tokens as f64];
+    dist.sum_f64(&mut sums);
+    Ok(sums[0] / sums[1].max(1.0))
 }
 
 /// Perplexity per word rather than per subword token, comparable across tokenizations:
@@ -1453,6 +1479,56 @@ impl Task for MtTask {
         })
     }
 
+    fn accumulate(&self) -> usize {
+        self.cfg.accumulate
+    }
+
+    fn batch_tokens(&self, index: usize) -> usize {
+        self.batches[index].tgt_tokens
+    }
+
+    fn backward(&mut self, index: usize, rng: &Rng) -> Result<(Gradients, StepStats)> {
+        let pad = self.tokenizer.specials().pad;
+        let b = &self.batches[index];
+        let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
+        let l = self.model.loss_direct(
+            &src,
+            &tgt_in,
+            &tgt_out,
+            pad,
+            self.cfg.label_smoothing,
+            self.cfg.precision,
+            Mode::Train(rng),
+            &self.direct,
+        )?;
+        let grads = Gradients::from_backward(&l.loss, &self.vars, &self.direct)?;
+        let stats = StepStats {
+            loss: l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            nll: l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            tokens: b.tgt_tokens,
+        };
+        Ok((grads, stats))
+    }
+
+    fn update(&mut self, grads: &Gradients, step: usize) -> Result<()> {
+        self.opt.lr = self.schedule.lr(step + 1);
+        let (_, coef) = clip_coefficient(grads, self.cfg.clip)?;
+        self.opt.step(grads, coef)?;
+        Ok(())
+    }
+
+    fn data_hash(&self) -> u64 {
+        let mut bytes = Vec::new();
+        for (s, t) in self.train.src.iter().zip(&self.train.tgt) {
+            bytes.extend(s.iter().flat_map(|x| x.to_le_bytes()));
+            bytes.push(0xff);
+            bytes.extend(t.iter().flat_map(|x| x.to_le_bytes()));
+            bytes.push(0xfe);
+        }
+        bytes.extend(self.keep.iter().flat_map(|&k| (k as u64).to_le_bytes()));
+        crate::dist::hash_bytes(&bytes)
+    }
+
     fn log_due(&self, index: usize, batches: usize) -> bool {
         (index + 1).is_multiple_of(self.cfg.log_interval) || index + 1 == batches
     }
@@ -1481,18 +1557,20 @@ impl Task for MtTask {
         )
     }
 
-    fn validate(&self, model: &MtModel) -> Result<Validation> {
+    fn validate(&self, model: &MtModel, dist: &crate::dist::Dist) -> Result<Validation> {
         let dev = &self.device;
-        let loss = evaluate_loss(model, &self.valid, self.cfg.max_tokens, dev)?;
+        let loss = evaluate_loss_on(model, &self.valid, self.cfg.max_tokens, dev, dist)?;
         let greedy = self.cfg.decode_options(1);
-        let hyps = translate_lines(
+        let src = &self.valid.pairs.src;
+        let mine = translate_lines(
             model,
             &self.tokenizer,
-            &self.valid.pairs.src,
+            &src[dist.shard(src.len())],
             &greedy,
             dev,
             |_, _| {},
         )?;
+        let hyps = dist.gather_lines(mine)?;
         Ok(Validation {
             loss,
             bleu: Some(bleu(&hyps, &self.valid.pairs.tgt)?),
@@ -1729,7 +1807,14 @@ fn per_source_counts(sizes: &[SourceCount], keep: &[usize]) -> String {
 pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSummary> {
     let run = &opts.out;
     let dev = &opts.device;
-    let (resuming, _lock) = open_run_dir(run, opts.resume)?;
+    // Rank 0 alone creates, locks and writes the run directory; the other ranks read it.
+    let writer = opts.dist.writes();
+    let (resuming, _lock) = if writer {
+        let (r, lock) = open_run_dir(run, opts.resume)?;
+        (r, Some(lock))
+    } else {
+        (opts.resume, None)
+    };
     let mut asked = opts.config.clone();
     asked.make_paths_absolute();
 
@@ -1750,6 +1835,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         for n in &notes {
             progress.line(n);
         }
+        runner::check_global_batch(run, &saved.state, cfg.accumulate, &opts.dist)?;
         runner::check_recorded_paths(
             run,
             &[
@@ -1763,7 +1849,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             ],
             &opts.given,
         )?;
-        if !notes.is_empty() {
+        if writer && !notes.is_empty() {
             checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
         }
         (cfg, Some(saved))
@@ -1814,13 +1900,17 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     let tokenizer = if resuming {
         Subword::load(&tokenizer_path(run))?
     } else if let Some((_, loaded)) = &init {
-        loaded.tokenizer.save(&tokenizer_path(run))?;
+        if writer {
+            loaded.tokenizer.save(&tokenizer_path(run))?;
+        }
         loaded.tokenizer.clone()
     } else {
         let texts = train_pairs.src.iter().chain(&train_pairs.tgt);
         let origin = files.train[0].first_file().to_path_buf();
         let tok = train_tokenizer(cfg.tokenizer, cfg.vocab_size, texts, &origin)?;
-        tok.save(&tokenizer_path(run))?;
+        if writer {
+            tok.save(&tokenizer_path(run))?;
+        }
         tok
     };
     let train_data = EncodedSplit::encode(train_pairs, &tokenizer);
@@ -1949,7 +2039,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             choice.line
         }
     };
-    if !resuming {
+    if writer && !resuming {
         checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
         let _ = std::fs::remove_file(metrics_path(run));
     }

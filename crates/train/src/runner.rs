@@ -9,6 +9,7 @@
 use crate::average::WeightAverage;
 use crate::checkpoint::{self, params_tensors};
 use crate::error::{Error, Result};
+use crate::grads::Gradients;
 use crate::metrics::{self, Metric, Weights};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -62,6 +63,9 @@ pub struct RunOptions<C> {
     /// own configuration: one that may change on resume takes effect and the log says so, one
     /// that may not is an error ([`resume_config`]).
     pub given: Vec<Given>,
+    /// The processes the run trains in ([`crate::dist`]): one by default; with several,
+    /// rank 0 alone writes the run's files.
+    pub dist: crate::dist::Dist,
 }
 
 /// A setting given for this invocation: its configuration key and where it came from.
@@ -491,6 +495,10 @@ pub struct RunState {
     /// keeps exactly these and writes the rest again, whatever the moment it was stopped at.
     #[serde(default)]
     pub metrics_records: Option<usize>,
+    /// Batches per optimizer step (`--accumulate` x processes, [`crate::dist`]); absent in
+    /// checkpoints of runs with one batch per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_batch: Option<usize>,
 }
 
 impl RunState {
@@ -511,6 +519,7 @@ impl RunState {
             log_tokens: 0,
             finished: false,
             metrics_records: None,
+            global_batch: None,
         }
     }
 }
@@ -547,6 +556,9 @@ pub struct LogWindow {
     pub tokens: usize,
     /// Wall-clock seconds since the last log line (or the epoch's start).
     pub seconds: f64,
+    /// Batches per optimizer step (the global batch): each step's loss counts once per
+    /// batch in `loss_sum`, `nll_sum` and `count`.
+    pub per_step: usize,
 }
 
 /// One validation of one set of weights.
@@ -617,13 +629,44 @@ pub trait Task {
     fn start_epoch(&mut self, epoch: usize) -> Result<usize>;
     /// One optimizer step on batch `index` of the epoch; `step` steps came before it.
     fn train_step(&mut self, index: usize, step: usize, rng: &Rng) -> Result<StepStats>;
+    /// Batches whose gradients one process sums before each optimizer step (`--accumulate`,
+    /// 1 by default); with several processes each takes this many of a global batch
+    /// ([`crate::dist`]).
+    fn accumulate(&self) -> usize {
+        1
+    }
+    /// Target tokens of batch `index` of the epoch (the weight of its gradient in a global
+    /// batch).
+    fn batch_tokens(&self, _index: usize) -> usize {
+        1
+    }
+    /// The loss of batch `index` and its gradients (of the mean loss per target token), with
+    /// dropout from `rng`, without an optimizer step (accumulation and data parallelism).
+    fn backward(&mut self, _index: usize, _rng: &Rng) -> Result<(Gradients, StepStats)> {
+        Err(Error::Usage(
+            "this task trains one batch per step (no --accumulate, no MPI)".into(),
+        ))
+    }
+    /// One optimizer step (clipping, then the update) with `grads`; `step` steps came before.
+    fn update(&mut self, _grads: &Gradients, _step: usize) -> Result<()> {
+        Err(Error::Usage(
+            "this task trains one batch per step (no --accumulate, no MPI)".into(),
+        ))
+    }
+    /// A hash of the training data as this process read and encoded it (compared across
+    /// processes before the first step).
+    fn data_hash(&self) -> u64 {
+        0
+    }
+
     /// Whether a log line is due after batch `index` (0-based) of `batches`.
     fn log_due(&self, index: usize, batches: usize) -> bool;
     /// The log line for the batches since the last one, and its record.
     fn log_line(&self, w: &LogWindow) -> (String, Metric);
 
-    /// Validation loss (and score) of a model.
-    fn validate(&self, model: &Self::Model) -> Result<Validation>;
+    /// Validation loss (and score) of a model; with several processes each computes its
+    /// share (`dist`) and every one returns the gathered figures.
+    fn validate(&self, model: &Self::Model, dist: &crate::dist::Dist) -> Result<Validation>;
     /// How the best model is chosen from validations.
     const SELECTION: Selection = Selection::LowerLoss;
     /// The end-of-epoch log lines.
@@ -751,6 +794,37 @@ fn save_run_checkpoint<T: Task>(
     )
 }
 
+/// Checks, on resume, that `accumulate` batches per process on the processes of `dist`
+/// make the run's global batch (batches per optimizer step, recorded in `state`); else an
+/// error that says which `--accumulate` keeps it.
+pub fn check_global_batch(
+    run: &Path,
+    state: &RunState,
+    accumulate: usize,
+    dist: &crate::dist::Dist,
+) -> Result<()> {
+    let n = dist.size();
+    let global = accumulate.max(1) * n;
+    let had = state.global_batch.unwrap_or(1);
+    if state.step == 0 || had == global {
+        return Ok(());
+    }
+    let fix = if had.is_multiple_of(n) {
+        format!("give --accumulate {} with {n} process(es)", had / n)
+    } else {
+        format!(
+            "run it on a number of processes that divides {had}, with --accumulate {had}/processes"
+        )
+    };
+    Err(Error::Usage(format!(
+        "{}: the run takes {had} batch(es) per optimizer step (its global batch), and this \
+         invocation would take {global} (--accumulate {} x {n} process(es)), which would \
+         change its training: to resume it, {fix}",
+        run.display(),
+        accumulate.max(1)
+    )))
+}
+
 /// Trains `task` in the run directory `opts.out` (already opened with [`open_run_dir`]),
 /// from `saved` when resuming (else dropout starts from `dropout_seed`); `average_decay` > 0 validates a moving average of the
 /// weights beside them, updated every `average_every` steps.
@@ -796,10 +870,12 @@ pub fn run<T: Task, C>(
                 msg: e.to_string(),
             })?;
         state = saved.state;
-        match state.metrics_records {
-            Some(n) => metrics::truncate_to(&metrics_path(run), n)?,
-            // Checkpoints written before the count was kept.
-            None => metrics::truncate_after(&metrics_path(run), state.step)?,
+        if opts.dist.writes() {
+            match state.metrics_records {
+                Some(n) => metrics::truncate_to(&metrics_path(run), n)?,
+                // Checkpoints written before the count was kept.
+                None => metrics::truncate_after(&metrics_path(run), state.step)?,
+            }
         }
         let done = state.epoch - 1;
         if task.epochs() < done {
@@ -825,6 +901,39 @@ pub fn run<T: Task, C>(
             state.step
         ));
     }
+    let dist = &opts.dist;
+    let writer = dist.writes();
+    // Batches per optimizer step: the run's, kept on resume whatever the processes.
+    let per_rank = task.accumulate().max(1);
+    let global = per_rank * dist.size();
+    check_global_batch(run, &state, per_rank, dist)?;
+    state.global_batch = (global > 1).then_some(global);
+    if dist.size() > 1 {
+        let fix = "start every rank with the same command, files and environment";
+        dist.check_same(
+            "configuration",
+            crate::dist::hash_bytes(task.config_toml().as_bytes()),
+            fix,
+        )?;
+        dist.check_same("training data", task.data_hash(), fix)?;
+        let vars = task.params().vars();
+        dist.check_same("initial weights", crate::dist::hash_vars(&vars)?, fix)?;
+        dist.check_same(
+            "run state",
+            crate::dist::hash_bytes(serde_json::to_string(&state).unwrap_or_default().as_bytes()),
+            "every rank must read the same checkpoint (a run directory on a shared file system)",
+        )?;
+        progress.line(&format!(
+            "data parallel: {} processes, {per_rank} batch(es) each per step: global batch of \
+             {global} batches; start weights, configuration and data agree on every rank",
+            dist.size()
+        ));
+    } else if global > 1 {
+        progress.line(&format!(
+            "accumulate: {global} batches' gradients per optimizer step (global batch of {global} batches)"
+        ));
+    }
+    let mut acc = (global > 1).then(|| crate::dist::Accumulator::new(&task.params().vars()));
     let rng = Rng::from_state(state.rng.0, state.rng.1);
     let mut step_losses = Vec::new();
     let stopped = |state: RunState, step_losses: Vec<f64>| RunSummary {
@@ -832,53 +941,100 @@ pub fn run<T: Task, C>(
         test_loss: None,
         step_losses,
     };
+    let mut comm_seconds = 0.0;
+    let mut stop_voted = false;
 
     while state.epoch <= task.epochs() {
         let epoch = state.epoch;
         let batches = task.start_epoch(epoch)?;
         let epoch_start = Instant::now();
         let mut log_start = Instant::now();
-        for index in state.next_batch..batches {
+        let mut index = state.next_batch;
+        while index < batches {
             let taken = step_losses.len();
             if opts.crash_after_steps == Some(taken) {
                 return Ok(stopped(state, step_losses));
             }
-            if opts.stop_after_steps == Some(taken) || opts.interrupted() {
-                save_run_checkpoint(run, task, average.as_ref(), &mut state)?;
+            let asked = if acc.is_some() {
+                stop_voted
+            } else {
+                opts.interrupted()
+            };
+            if opts.stop_after_steps == Some(taken) || asked {
+                if writer {
+                    save_run_checkpoint(run, task, average.as_ref(), &mut state)?;
+                }
                 progress.line(&format!(
                     "stopped: checkpoint saved after step {}",
                     state.step
                 ));
                 return Ok(stopped(state, step_losses));
             }
-            let s = task.train_step(index, state.step, &rng)?;
+            let (s, last, weight) = match &mut acc {
+                None => (task.train_step(index, state.step, &rng)?, index, 1.0),
+                Some(acc) => {
+                    let end = (index + global).min(batches);
+                    let tokens: usize = (index..end).map(|i| task.batch_tokens(i)).sum();
+                    acc.clear();
+                    for i in
+                        crate::dist::local_batches(index, batches, global, per_rank, dist.rank())
+                    {
+                        let r = crate::dist::micro_rng(state.rng.0, state.step, i - index);
+                        let (mut grads, s) = task.backward(i, &r)?;
+                        acc.add(&mut grads, s.tokens, s.loss, s.nll)?;
+                    }
+                    acc.vote_stop(opts.interrupted());
+                    let r = acc.reduce(dist, tokens)?;
+                    comm_seconds += r.seconds;
+                    stop_voted = r.stop;
+                    task.update(&r.grads, state.step)?;
+                    let (loss, nll) = (r.loss, r.nll);
+                    // The step counts in the log as its batches, each at the step's loss.
+                    let n = (end - index) as f64;
+                    state.log_batches += end - index - 1;
+                    (StepStats { loss, nll, tokens }, end - 1, n)
+                }
+            };
             step_losses.push(s.loss);
             state.step += 1;
             if let Some(avg) = &mut average {
                 avg.after_step(state.step, task.params())?;
             }
-            state.next_batch = index + 1;
+            state.next_batch = last + 1;
             state.rng = rng.state();
-            state.log_loss_sum += s.loss;
-            state.log_nll_sum += s.nll;
+            state.log_loss_sum += s.loss * weight;
+            state.log_nll_sum += s.nll * weight;
             state.log_batches += 1;
             state.log_tokens += s.tokens;
-            progress.batch(epoch, index + 1, batches);
+            progress.batch(epoch, last + 1, batches);
             crate::checkpoint::test_pause("TRANSFORMER_TEST_STEP_DELAY_MS");
-            if task.log_due(index, batches) {
-                let (line, metric) = task.log_line(&LogWindow {
+            let log_due = (index..=last).any(|i| task.log_due(i, batches));
+            if log_due {
+                let seconds = log_start.elapsed().as_secs_f64();
+                let (mut line, metric) = task.log_line(&LogWindow {
                     epoch,
-                    index,
+                    index: last,
                     batches,
                     step: state.step,
                     loss_sum: state.log_loss_sum,
                     nll_sum: state.log_nll_sum,
                     count: state.log_batches,
                     tokens: state.log_tokens,
-                    seconds: log_start.elapsed().as_secs_f64(),
+                    seconds,
+                    per_step: global,
                 });
+                if dist.size() > 1 {
+                    line.push_str(&format!(
+                        " | tok/s per rank {:.0} | comm wait {:.0}%",
+                        state.log_tokens as f64 / dist.size() as f64 / seconds.max(1e-9),
+                        100.0 * comm_seconds / seconds.max(1e-9)
+                    ));
+                }
+                comm_seconds = 0.0;
                 progress.line(&line);
-                metrics::append(&metrics_path(run), &metric)?;
+                if writer {
+                    metrics::append(&metrics_path(run), &metric)?;
+                }
                 state.log_loss_sum = 0.0;
                 state.log_nll_sum = 0.0;
                 state.log_batches = 0;
@@ -886,56 +1042,59 @@ pub fn run<T: Task, C>(
                 log_start = Instant::now();
             }
             let every = task.checkpoint_interval();
-            if every > 0 && state.next_batch.is_multiple_of(every) {
+            if writer && every > 0 && (index..=last).any(|i| (i + 1).is_multiple_of(every)) {
                 save_run_checkpoint(run, task, average.as_ref(), &mut state)?;
             }
+            index = last + 1;
         }
 
-        // Validation of the trained weights and of their average; the better is the best
-        // model.
+        // Validation of the trained weights and of their average (split across the
+        // processes); the better is the best model, kept by rank 0.
         let train_seconds = epoch_start.elapsed().as_secs_f64();
-        let mut validated = vec![(Weights::Sgd, task.validate(task.model())?)];
+        let mut validated = vec![(Weights::Sgd, task.validate(task.model(), dist)?)];
         if let Some(avg) = &average {
-            validated.push((Weights::Average, task.validate(&avg.model)?));
+            validated.push((Weights::Average, task.validate(&avg.model, dist)?));
         }
-        let seconds = epoch_start.elapsed().as_secs_f64();
-        for line in task.epoch_lines(epoch, seconds, train_seconds, &validated) {
-            progress.line(&line);
-        }
-        for &(weights, v) in &validated {
-            metrics::append(
-                &metrics_path(run),
-                &Metric::Valid {
-                    step: state.step,
-                    epoch,
-                    loss: v.loss,
-                    ppl: v.loss.exp(),
-                    epoch_seconds: seconds,
-                    weights,
-                    bleu: v.bleu,
-                },
-            )?;
-            let params = match weights {
-                Weights::Sgd => task.params(),
-                Weights::Average => &average.as_ref().expect("validated").params,
-            };
-            let figure = T::SELECTION.figure(&v);
-            if let Some(file) = T::BEST_TRAINED_FILE {
-                if average.is_some()
-                    && weights == Weights::Sgd
-                    && state
-                        .best_trained
-                        .is_none_or(|b| T::SELECTION.better(figure, b))
-                {
-                    state.best_trained = Some(figure);
-                    task.save_weights(&run.join(file), params)?;
-                }
+        if writer {
+            let seconds = epoch_start.elapsed().as_secs_f64();
+            for line in task.epoch_lines(epoch, seconds, train_seconds, &validated) {
+                progress.line(&line);
             }
-            if state.best.is_none_or(|b| T::SELECTION.better(figure, b)) {
-                state.best = Some(figure);
-                state.best_weights = weights;
-                state.best_epoch = epoch;
-                task.save_weights(&best_path(run), params)?;
+            for &(weights, v) in &validated {
+                metrics::append(
+                    &metrics_path(run),
+                    &Metric::Valid {
+                        step: state.step,
+                        epoch,
+                        loss: v.loss,
+                        ppl: v.loss.exp(),
+                        epoch_seconds: seconds,
+                        weights,
+                        bleu: v.bleu,
+                    },
+                )?;
+                let params = match weights {
+                    Weights::Sgd => task.params(),
+                    Weights::Average => &average.as_ref().expect("validated").params,
+                };
+                let figure = T::SELECTION.figure(&v);
+                if let Some(file) = T::BEST_TRAINED_FILE {
+                    if average.is_some()
+                        && weights == Weights::Sgd
+                        && state
+                            .best_trained
+                            .is_none_or(|b| T::SELECTION.better(figure, b))
+                    {
+                        state.best_trained = Some(figure);
+                        task.save_weights(&run.join(file), params)?;
+                    }
+                }
+                if state.best.is_none_or(|b| T::SELECTION.better(figure, b)) {
+                    state.best = Some(figure);
+                    state.best_weights = weights;
+                    state.best_epoch = epoch;
+                    task.save_weights(&best_path(run), params)?;
+                }
             }
         }
         state.epoch += 1;
@@ -944,10 +1103,16 @@ pub fn run<T: Task, C>(
         state.log_nll_sum = 0.0;
         state.log_batches = 0;
         state.log_tokens = 0;
-        save_run_checkpoint(run, task, average.as_ref(), &mut state)?;
-        metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
+        if writer {
+            save_run_checkpoint(run, task, average.as_ref(), &mut state)?;
+            metrics::plot_svg(&metrics::read(&metrics_path(run))?, &run.join("loss.svg"))?;
+        }
     }
 
+    if !writer {
+        // The best model is tested by rank 0 alone.
+        return Ok(stopped(state, step_losses));
+    }
     let (records, test_loss) = task.test(run, &state, progress)?;
     if !state.finished {
         for m in &records {

@@ -21,6 +21,7 @@ fn opts(name: &str, resume: bool, stop: Option<usize>) -> RunOptions<CopyTaskCon
         resume,
         stop_after_steps: stop,
         crash_after_steps: None,
+        dist: Default::default(),
         interrupt: None,
         device: Device::Cpu,
         given: Vec::new(),

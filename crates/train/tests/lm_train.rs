@@ -75,6 +75,7 @@ fn fresh(cfg: LmTrainConfig, out: PathBuf) -> TrainOptions {
         resume: false,
         stop_after_steps: None,
         crash_after_steps: None,
+        dist: Default::default(),
         interrupt: None,
         device: Device::Cpu,
         given: Vec::new(),
@@ -102,6 +103,7 @@ fn resumed_run_matches_uninterrupted_run() {
         resume,
         stop_after_steps: None,
         crash_after_steps: stop,
+        dist: Default::default(),
         interrupt: None,
         device: Device::Cpu,
         given: Vec::new(),
@@ -293,6 +295,7 @@ fn interrupt_checkpoints_the_exact_step() {
         resume,
         stop_after_steps: None,
         crash_after_steps: None,
+        dist: Default::default(),
         interrupt: flag,
         device: Device::Cpu,
         given: Vec::new(),
@@ -344,6 +347,7 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
             resume,
             stop_after_steps: None,
             crash_after_steps: stop,
+            dist: Default::default(),
             interrupt: None,
             device: Device::Cpu,
             given: Vec::new(),
@@ -473,6 +477,7 @@ fn eos_per_line_runs_evaluate_their_own_way() {
         resume: false,
         stop_after_steps: None,
         crash_after_steps: None,
+        dist: Default::default(),
         interrupt: None,
         device: Device::Cpu,
         given: Vec::new(),
@@ -591,6 +596,7 @@ fn checkpoint_from_before_averaging_resumes_without_it() {
     let old = temp_dir("old-split");
     let stopped = TrainOptions {
         crash_after_steps: Some(7),
+        dist: Default::default(),
         ..fresh(cfg.clone(), old.clone())
     };
     lm::train(&stopped, &mut Quiet).unwrap();
@@ -620,6 +626,65 @@ fn checkpoint_from_before_averaging_resumes_without_it() {
         .count();
     assert_eq!(averaged, 0);
     for d in [data, straight, old] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// `accumulate = 2`: two windows per SGD step; a run stopped mid-epoch resumes on the same
+/// trajectory, and a resume that would change the global batch is refused with the fix.
+#[test]
+fn accumulated_run_resumes_and_keeps_its_global_batch() {
+    use transformer_train::runner::Given;
+    let data = temp_dir("acc-data");
+    write_corpus(&data);
+    let cfg = LmTrainConfig {
+        accumulate: 2,
+        ..small_config(&data)
+    };
+    let straight = temp_dir("acc-straight");
+    let a = lm::train(&fresh(cfg.clone(), straight.clone()), &mut Quiet).unwrap();
+    // 10 windows per epoch, 2 per step, 2 epochs.
+    assert_eq!(a.step_losses.len(), 10);
+    // One window per step is another trajectory.
+    let plain = temp_dir("acc-plain");
+    let cfg1 = LmTrainConfig {
+        accumulate: 1,
+        ..cfg.clone()
+    };
+    let p = lm::train(&fresh(cfg1.clone(), plain.clone()), &mut Quiet).unwrap();
+    assert_eq!(p.step_losses.len(), 20);
+    assert_ne!(p.step_losses[1], a.step_losses[1]);
+
+    let split = temp_dir("acc-split");
+    let b1 = lm::train(
+        &TrainOptions {
+            stop_after_steps: Some(3),
+            ..fresh(cfg.clone(), split.clone())
+        },
+        &mut Quiet,
+    )
+    .unwrap();
+    assert_eq!(b1.step_losses[..], a.step_losses[..3]);
+    let resume = |c: LmTrainConfig| TrainOptions {
+        resume: true,
+        given: vec![Given::new("accumulate", "--accumulate")],
+        ..fresh(c, split.clone())
+    };
+    let e = lm::train(&resume(cfg1), &mut Quiet)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the run takes 2 batch(es) per optimizer step")
+            && e.contains("give --accumulate 2 with 1 process(es)"),
+        "{e}"
+    );
+    let b2 = lm::train(&resume(cfg), &mut Quiet).unwrap();
+    assert_eq!(
+        [b1.step_losses, b2.step_losses].concat(),
+        a.step_losses,
+        "resumed accumulation follows the uninterrupted run"
+    );
+    for d in [data, straight, plain, split] {
         let _ = std::fs::remove_dir_all(d);
     }
 }

@@ -75,6 +75,7 @@ fn opts(cfg: &MtTrainConfig, out: &Path, resume: bool, stop: Option<usize>) -> M
         resume,
         stop_after_steps: stop,
         crash_after_steps: None,
+        dist: Default::default(),
         interrupt: None,
         device: candle_core::Device::Cpu,
         given: Vec::new(),

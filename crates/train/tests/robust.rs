@@ -214,6 +214,7 @@ fn tiny_mt_run(data: &Path, out: &Path) {
         resume: false,
         stop_after_steps: None,
         crash_after_steps: None,
+        dist: Default::default(),
         interrupt: None,
         device: Device::Cpu,
         given: Vec::new(),

@@ -98,3 +98,12 @@ pub fn chromium() -> Option<PathBuf> {
                 .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
         })
 }
+
+/// Every tensor of a safetensors file, flattened to f32 values, by name.
+pub fn weights(path: &Path) -> std::collections::HashMap<String, Vec<f32>> {
+    candle_core::safetensors::load(path, &candle_core::Device::Cpu)
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| (n, t.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+        .collect()
+}

@@ -1,5 +1,6 @@
 //! Data-parallel training under the real Open MPI (`mpirun`, 2 ranks over TCP loopback):
-//! 2 ranks follow the trajectory of one process with `--accumulate 2` (losses and weights);
+//! 2 ranks follow the trajectory of one process with `--accumulate 2` (losses and weights),
+//! and validate and test in shares that score as one process does;
 //! a rank killed with SIGKILL ends the job within a bounded time, naming the rank, and the
 //! run resumes; a run moves between 2 ranks and 1 process with `--accumulate 2` and back,
 //! and a resume that would change the global batch is refused with the fix; a rank that
@@ -78,11 +79,15 @@ fn mt_args(data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
 }
 
 /// `mpirun` for `n` ranks on this machine (TCP loopback, as root too), one thread each.
+/// `mpirun` with `n` ranks of the binary; a job still running after 300 s (a hang: every
+/// job here takes seconds) is aborted, so a deadlock fails its test instead of stalling it.
 fn mpirun(n: usize) -> Command {
     let mut c = Command::new("mpirun");
     c.args([
         "--allow-run-as-root",
         "--oversubscribe",
+        "--timeout",
+        "300",
         "--mca",
         "btl",
         "tcp,self",
@@ -205,7 +210,15 @@ fn two_ranks_follow_one_process_accumulating_two_batches() {
         assert!((a - b).abs() <= 1e-12 * a.abs(), "{v2:?} {v1:?}");
         assert_eq!(bleu_a, bleu_b);
     }
-    assert_eq!(records(&r2, "test"), records(&r1, "test"));
+    let (t2, t1) = (records(&r2, "test"), records(&r1, "test"));
+    assert_eq!(t2.len(), 1, "{t2:?}");
+    assert!(
+        (t2[0].0 - t1[0].0).abs() <= 1e-12 * t1[0].0.abs(),
+        "{t2:?} {t1:?}"
+    );
+    assert_eq!(t2[0].1, t1[0].1);
+    let hyp = |r: &Path| std::fs::read_to_string(r.join("test.hyp")).unwrap();
+    assert_eq!(hyp(&r2), hyp(&r1));
     // The losses fell: the test is not comparing two runs that did nothing.
     assert!(l1[29].1 < l1[0].1, "{l1:?}");
     // One process with one batch per step trains another trajectory.

@@ -246,6 +246,7 @@ impl Task for CopyTask {
         run: &Path,
         state: &RunState,
         progress: &mut dyn Progress,
+        _dist: &crate::dist::Dist,
     ) -> Result<(Vec<Metric>, Option<f64>)> {
         let pb = ParamBuilder::new(DType::F32, &self.device, 0);
         let best = self.build_model(&pb)?;

@@ -106,6 +106,13 @@ impl Dist {
         start..start + base + usize::from(rank < extra)
     }
 
+    /// Waits until every process has come here (nothing to do alone).
+    pub fn barrier(&self) {
+        if let Some(c) = &self.0 {
+            c.gather_u64(0);
+        }
+    }
+
     /// Every process's `lines` joined in rank order (`lines` alone).
     pub fn gather_lines(&self, lines: Vec<String>) -> Result<Vec<String>> {
         let Some(c) = &self.0 else { return Ok(lines) };

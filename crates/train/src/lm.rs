@@ -737,10 +737,11 @@ impl Task for LmTask {
         run: &Path,
         state: &RunState,
         progress: &mut dyn Progress,
+        dist: &crate::dist::Dist,
     ) -> Result<(Vec<Metric>, Option<f64>)> {
         let (cfg, dev) = (&self.cfg, &self.device);
         let best = load_run(run, dev)?;
-        let test_loss = evaluate(&best.model, &self.data.test, cfg.bptt, dev)?;
+        let test_loss = evaluate_on(&best.model, &self.data.test, cfg.bptt, dev, dist)?;
         let mut tests = vec![(state.best_weights, test_loss)];
         progress.line(&"=".repeat(89));
         progress.line(&format!(
@@ -761,7 +762,7 @@ impl Task for LmTask {
                 self.data.vocab.len(),
                 dev,
             )?;
-            let sgd_loss = evaluate(&sgd, &self.data.test, cfg.bptt, dev)?;
+            let sgd_loss = evaluate_on(&sgd, &self.data.test, cfg.bptt, dev, dist)?;
             progress.line(&format!(
                 "| best SGD weights (the tutorial's read-out) | test loss {sgd_loss:5.2} | test ppl {:8.2}",
                 sgd_loss.exp()

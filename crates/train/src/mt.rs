@@ -1627,6 +1627,7 @@ impl Task for MtTask {
         run: &Path,
         state: &RunState,
         progress: &mut dyn Progress,
+        dist: &crate::dist::Dist,
     ) -> Result<(Vec<Metric>, Option<f64>)> {
         let Some(src) = &self.test_files else {
             return Ok((Vec::new(), None));
@@ -1634,20 +1635,23 @@ impl Task for MtTask {
         let (cfg, dev) = (&self.cfg, &self.device);
         let best = load_run(run, dev)?;
         let data = EncodedSplit::encode(src.read()?, &self.tokenizer);
-        let loss = evaluate_loss(&best.model, &data, cfg.max_tokens, dev)?;
+        let loss = evaluate_loss_on(&best.model, &data, cfg.max_tokens, dev, dist)?;
         let t = Instant::now();
-        let hyps = translate_lines(
+        let mine = translate_lines(
             &best.model,
             &self.tokenizer,
-            &data.pairs.src,
+            &data.pairs.src[dist.shard(data.pairs.src.len())],
             &cfg.decode_options(cfg.beam),
             dev,
             |done, total| progress.batch(cfg.epochs + 1, done, total),
         )?;
+        let hyps = dist.gather_lines(mine)?;
         let b = bleu(&hyps, &data.pairs.tgt)?;
         let lc = corpus_bleu(&hyps, &data.pairs.tgt, &BleuOptions::lowercased_tokens())
             .map_err(|e| Error::Usage(e.to_string()))?;
-        checkpoint::write_atomic(&run.join("test.hyp"), (hyps.join("\n") + "\n").as_bytes())?;
+        if dist.writes() {
+            checkpoint::write_atomic(&run.join("test.hyp"), (hyps.join("\n") + "\n").as_bytes())?;
+        }
         progress.line(&"=".repeat(89));
         progress.line(&format!(
             "| End of training | best: {} of epoch {} | test loss {loss:5.3} | test ppl {:7.2} (per word {:.2}) | test BLEU {b:5.2} (sacreBLEU, beam {}, {:.1}s)",

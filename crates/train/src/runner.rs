@@ -694,12 +694,14 @@ pub trait Task {
 
     /// After the last epoch: tests the best model (and the best trained weights where
     /// the average won); returns the records to append and the test loss of the best model
-    /// (`None` without a test set).
+    /// (`None` without a test set). With several processes each tests its share (`dist`)
+    /// and every one returns the gathered figures; only the writing process writes files.
     fn test(
         &mut self,
         run: &Path,
         state: &RunState,
         progress: &mut dyn Progress,
+        dist: &crate::dist::Dist,
     ) -> Result<(Vec<Metric>, Option<f64>)>;
 }
 
@@ -1055,12 +1057,16 @@ pub fn run<T: Task, C>(
         if let Some(avg) = &average {
             validated.push((Weights::Average, task.validate(&avg.model, dist)?));
         }
+        // Every process keeps the same record of the best (the test reads it); the writing
+        // process alone logs and saves.
+        let seconds = epoch_start.elapsed().as_secs_f64();
         if writer {
-            let seconds = epoch_start.elapsed().as_secs_f64();
             for line in task.epoch_lines(epoch, seconds, train_seconds, &validated) {
                 progress.line(&line);
             }
-            for &(weights, v) in &validated {
+        }
+        for &(weights, v) in &validated {
+            if writer {
                 metrics::append(
                     &metrics_path(run),
                     &Metric::Valid {
@@ -1073,26 +1079,30 @@ pub fn run<T: Task, C>(
                         bleu: v.bleu,
                     },
                 )?;
-                let params = match weights {
-                    Weights::Sgd => task.params(),
-                    Weights::Average => &average.as_ref().expect("validated").params,
-                };
-                let figure = T::SELECTION.figure(&v);
-                if let Some(file) = T::BEST_TRAINED_FILE {
-                    if average.is_some()
-                        && weights == Weights::Sgd
-                        && state
-                            .best_trained
-                            .is_none_or(|b| T::SELECTION.better(figure, b))
-                    {
-                        state.best_trained = Some(figure);
+            }
+            let params = match weights {
+                Weights::Sgd => task.params(),
+                Weights::Average => &average.as_ref().expect("validated").params,
+            };
+            let figure = T::SELECTION.figure(&v);
+            if let Some(file) = T::BEST_TRAINED_FILE {
+                if average.is_some()
+                    && weights == Weights::Sgd
+                    && state
+                        .best_trained
+                        .is_none_or(|b| T::SELECTION.better(figure, b))
+                {
+                    state.best_trained = Some(figure);
+                    if writer {
                         task.save_weights(&run.join(file), params)?;
                     }
                 }
-                if state.best.is_none_or(|b| T::SELECTION.better(figure, b)) {
-                    state.best = Some(figure);
-                    state.best_weights = weights;
-                    state.best_epoch = epoch;
+            }
+            if state.best.is_none_or(|b| T::SELECTION.better(figure, b)) {
+                state.best = Some(figure);
+                state.best_weights = weights;
+                state.best_epoch = epoch;
+                if writer {
                     task.save_weights(&best_path(run), params)?;
                 }
             }
@@ -1109,11 +1119,13 @@ pub fn run<T: Task, C>(
         }
     }
 
+    // Every process tests its share of the best model, which the writing process has just
+    // saved: wait for it.
+    dist.barrier();
+    let (records, test_loss) = task.test(run, &state, progress, dist)?;
     if !writer {
-        // The best model is tested by rank 0 alone.
         return Ok(stopped(state, step_losses));
     }
-    let (records, test_loss) = task.test(run, &state, progress)?;
     if !state.finished {
         for m in &records {
             metrics::append(&metrics_path(run), m)?;

@@ -158,7 +158,7 @@ impl DecoderLayer {
             layer_norm_eps: eps,
             norm_first: self.norm_first,
             precision: products,
-            activation,
+            activation: activation.into(),
         };
         kernels::decoder_layer(
             x,

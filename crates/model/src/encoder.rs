@@ -194,7 +194,7 @@ impl EncoderLayer {
             layer_norm_eps: eps,
             norm_first: self.norm_first,
             precision,
-            activation,
+            activation: activation.into(),
         };
         let (keep, lengths) = (mask.map(|m| m.keep()), mask.and_then(|m| m.lengths()));
         kernels::encoder_layer(x, &params, opts, keep, lengths, dropout, grads).map(Some)

@@ -86,10 +86,8 @@ pub mod embedding;
 pub mod encoder;
 pub mod error;
 pub mod feed_forward;
-pub mod grads;
 pub mod gru;
 pub mod import;
-pub mod kernels;
 pub mod layer_norm;
 pub mod linear;
 pub mod lm;
@@ -97,10 +95,16 @@ pub mod mask;
 pub mod multi_head;
 pub mod params;
 pub mod positional;
-pub mod rng;
 pub mod rnn;
 pub mod seq2seq;
 pub mod transformer;
+
+/// The fused CPU kernels, a crate of their own below the model ([`transformer_kernels`]).
+pub use transformer_kernels as kernels;
+/// The gradient buffer the fused kernels write into ([`transformer_kernels::grads`]).
+pub use transformer_kernels::grads;
+/// The counter-based RNG of initialisation and dropout ([`transformer_kernels::rng`]).
+pub use transformer_kernels::rng;
 
 pub use attention::{scaled_dot_product_attention, softmax_last_dim};
 pub use config::{Activation, LmConfig, TransformerConfig};

@@ -14,10 +14,13 @@
 use super::attention::masked_softmax_rows;
 use super::bf16;
 use super::dropout::MaskSpec;
-use super::encoder_layer::{drop_inplace, drop_into, linear_grads, ln_bwd, ln_fwd, two, Norm};
 use super::float::{self, Float};
 use super::linear::{bias_grad_add, bias_rows, rows_forward, rows_input_grad};
 use super::matmul::{gemm, Mat};
+use super::shared::{
+    drop_inplace, drop_into, linear_grads, ln_bwd, ln_fwd, two, Activation, EncoderLayerOptions,
+    Norm,
+};
 
 /// What the sub-layers need of a layer's shape.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +44,7 @@ impl SubDims {
     pub(super) fn new(
         c: usize,
         f: usize,
-        opts: &super::EncoderLayerOptions,
+        opts: &EncoderLayerOptions,
         dtype: candle_core::DType,
     ) -> Self {
         Self {
@@ -53,7 +56,7 @@ impl SubDims {
             bf16: opts.precision == super::Precision::Bf16
                 && dtype == candle_core::DType::F32
                 && bf16::available(),
-            gelu: opts.activation == crate::config::Activation::Gelu,
+            gelu: opts.activation == Activation::Gelu,
         }
     }
 }
@@ -867,25 +870,4 @@ pub(super) fn ff_bwd<T: Float>(
     } else {
         lin_input_grad(sh, dx, true, &dhid, w[l1], n, f);
     }
-}
-
-/// For the fused layers' tests against the composed ones: with `skip`, the reference's output
-/// `y` and incoming gradient `dy` (`(B, T, C)`) with the rows from each sequence's length on
-/// zeroed (the fused layer computes no padding rows and reads no gradient there).
-#[cfg(test)]
-pub(super) fn zero_padding_rows(
-    y: candle_core::Tensor,
-    dy: &candle_core::Tensor,
-    lens: &[usize],
-    skip: bool,
-) -> candle_core::Result<(candle_core::Tensor, candle_core::Tensor)> {
-    if !skip {
-        return Ok((y, dy.clone()));
-    }
-    let (b, t, _) = y.dims3()?;
-    let real: Vec<f64> = (0..b * t)
-        .map(|i| f64::from(u8::from(i % t < lens[i / t])))
-        .collect();
-    let real = candle_core::Tensor::from_vec(real, (b, t, 1), y.device())?.to_dtype(y.dtype())?;
-    Ok((y.broadcast_mul(&real)?, dy.broadcast_mul(&real)?))
 }

@@ -79,6 +79,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod backend;
 pub mod config;
 pub mod decoder;
 pub mod dropout;

@@ -41,7 +41,7 @@ impl Transformer {
     }
 
     /// [`Self::encode`] with the encoder layers' parameter gradients going to `grads` where
-    /// a layer runs as one fused op ([`Encoder::forward_direct`]).
+    /// a layer runs as one fused op ([`Encoder::forward_as`]).
     ///
     /// # Shapes
     /// src (B, S, C), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)
@@ -53,18 +53,19 @@ impl Transformer {
         grads: &crate::grads::DirectGrads,
         products: crate::kernels::Precision,
     ) -> Result<Tensor> {
-        self.encoder
-            .forward_direct(src, src_mask, mode, grads, products)
+        let backprop = crate::backend::Backprop::Direct(grads, products);
+        self.encoder.forward_as(src, src_mask, mode, backprop)
     }
 
     /// [`Self::encode`] for evaluation without gradients: each encoder layer that can runs as
-    /// one fused op that builds no graph ([`Encoder::forward_no_grad`]).
+    /// one fused op that builds no graph ([`Encoder::forward_as`]).
     ///
     /// # Shapes
     /// src (B, S, C), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)
     pub fn encode_no_grad(&self, src: &Tensor, src_mask: Option<&Mask>) -> Result<Tensor> {
+        let backprop = crate::backend::Backprop::Off;
         self.encoder
-            .forward_no_grad(&src.detach(), src_mask, Mode::Eval)
+            .forward_as(&src.detach(), src_mask, Mode::Eval, backprop)
     }
 
     /// [`Self::decode`] for training, each decoder layer that can as one fused op whose

@@ -1,0 +1,164 @@
+//! How each layer runs: the one place that decides it.
+//!
+//! The paper's modules compute each layer one way, composed of candle ops (the reference and
+//! the fallback). A [`Backend`] may run a layer another way (today: the whole encoder layer
+//! as one fused CPU op, [`CpuFused`]); it is chosen once, when a stack is built for a device
+//! ([`choose`]), and asked for every layer call, and it answers `None` where it does not cover
+//! the call (then the composed layer runs). [`Backend::describe`] says what was chosen and
+//! why, for the log. Adding a backend means implementing [`Backend`] and handing it to the
+//! stack ([`crate::Encoder::set_backend`]), not editing the paper's modules.
+
+use crate::dropout::Mode;
+use crate::encoder::EncoderLayer;
+use crate::grads::DirectGrads;
+use crate::kernels::{self, EncoderLayerOptions, EncoderLayerParams, LayerDropout, Precision};
+use crate::mask::Mask;
+use crate::Result;
+use candle_core::{Device, Tensor};
+use std::sync::Arc;
+
+/// How the caller will differentiate a forward pass, which decides whether a layer may run
+/// as one fused op.
+#[derive(Debug, Clone, Copy)]
+pub enum Backprop<'a> {
+    /// Through candle's graph (`loss.backward()`): the composed layer.
+    Graph,
+    /// The parameters' gradients into `DirectGrads`, the input's through the graph; the
+    /// fused layers' products in the given arithmetic ([`EncoderLayerOptions::precision`]).
+    Direct(&'a DirectGrads, Precision),
+    /// Not at all (evaluation): no graph is built.
+    Off,
+}
+
+/// One call of a layer: its input, mask and mode, how it will be differentiated, and whether
+/// the caller wants the attention weights or steps with a cache (the fused layer keeps
+/// neither, so it declines those calls).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerCall<'a> {
+    /// The layer's input, (B, T, C).
+    pub x: &'a Tensor,
+    /// The self-attention mask.
+    pub mask: Option<&'a Mask>,
+    /// Train (with the dropout RNG) or eval.
+    pub mode: Mode<'a>,
+    /// How the pass will be differentiated.
+    pub backprop: Backprop<'a>,
+    /// The attention weights are wanted.
+    pub need_weights: bool,
+    /// The call extends a key/value cache.
+    pub cached: bool,
+}
+
+/// An implementation of the layer kinds. `None` from a method: this backend does not cover
+/// the call, and the composed layer runs.
+pub trait Backend: std::fmt::Debug + Send + Sync {
+    /// What this backend is and why it was chosen, one line for the log.
+    fn describe(&self) -> String;
+    /// Runs one encoder layer, or `None`.
+    fn encoder_layer(&self, layer: &EncoderLayer, call: LayerCall<'_>) -> Result<Option<Tensor>>;
+}
+
+/// The backend for stacks whose parameters live on `device`: [`CpuFused`] on the CPU (its
+/// kernels cover CPU f32 and f64 tensors), [`Composed`] elsewhere.
+pub fn choose(device: &Device) -> Arc<dyn Backend> {
+    if device.is_cpu() {
+        Arc::new(CpuFused)
+    } else {
+        Arc::new(Composed)
+    }
+}
+
+/// Every layer composed of candle ops (the paper's modules as written).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Composed;
+
+impl Backend for Composed {
+    fn describe(&self) -> String {
+        "composed layers (candle ops): the parameters are not on the CPU".into()
+    }
+    fn encoder_layer(&self, _: &EncoderLayer, _: LayerCall<'_>) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+}
+
+/// Encoder layers as one fused CPU op each ([`kernels::encoder_layer`], f32 or bf16
+/// products) where the call allows it, the composed layers elsewhere.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuFused;
+
+impl Backend for CpuFused {
+    fn describe(&self) -> String {
+        "fused CPU layers (f32, bf16 products when asked) where a pass keeps no attention \
+         weights and no cache, composed layers elsewhere: the parameters are on the CPU"
+            .into()
+    }
+
+    /// The layer as one fused op when it applies (a ReLU or GELU layer on CPU f32 tensors,
+    /// f64 too without gradients; with `Direct`, an input that is part of a graph and
+    /// parameters that are variables). Draws the same dropout streams as the composed layer,
+    /// in the same order.
+    fn encoder_layer(&self, layer: &EncoderLayer, call: LayerCall<'_>) -> Result<Option<Tensor>> {
+        let LayerCall {
+            x,
+            mask,
+            mode,
+            backprop,
+            ..
+        } = call;
+        if call.need_weights || call.cached {
+            return Ok(None);
+        }
+        let (grads, precision) = match backprop {
+            Backprop::Graph => return Ok(None),
+            Backprop::Direct(g, p) => (Some(g), p),
+            Backprop::Off => (None, Precision::F32),
+        };
+        let (self_attn, ff, norm1, norm2, dropout, norm_first) = layer.parts();
+        let (linear1, linear2, activation, ff_dropout) = ff.parts();
+        let [q, k, v, out] = self_attn.projections();
+        let (n1_w, n1_b, eps) = norm1.parts();
+        let (n2_w, n2_b, eps2) = norm2.parts();
+        let p = dropout.p();
+        let biased = [q, k, v, out, linear1, linear2].map(|l| l.bias());
+        let [Some(qb), Some(kb), Some(vb), Some(ob), Some(l1b), Some(l2b)] = biased else {
+            return Ok(None);
+        };
+        let params = EncoderLayerParams::new(
+            (q.weight(), qb),
+            (k.weight(), kb),
+            (v.weight(), vb),
+            (out.weight(), ob),
+            (linear1.weight(), l1b),
+            (linear2.weight(), l2b),
+            (n1_w, n1_b),
+            (n2_w, n2_b),
+        );
+        let same_dropout = self_attn.dropout().p() == p && ff_dropout.p() == p;
+        let (_, t, _) = x.dims3()?;
+        let applies = eps == eps2
+            && same_dropout
+            && mask.is_none_or(|m| m.keep().dim(3).is_ok_and(|s| s == t))
+            && kernels::encoder_layer_applies(x, &params, grads.is_some())
+            && grads.is_none_or(|_| x.track_op() && params.all_accepted_by_direct_grads());
+        if !applies {
+            return Ok(None);
+        }
+        let dropout = match mode {
+            Mode::Train(rng) if p > 0.0 => Some(LayerDropout {
+                p,
+                seed: rng.state().0,
+                streams: std::array::from_fn(|_| rng.next_stream()),
+            }),
+            _ => None,
+        };
+        let opts = EncoderLayerOptions {
+            nhead: self_attn.nhead(),
+            layer_norm_eps: eps,
+            norm_first,
+            precision,
+            activation: activation.into(),
+        };
+        let (keep, lengths) = (mask.map(|m| m.keep()), mask.and_then(|m| m.lengths()));
+        kernels::encoder_layer(x, &params, opts, keep, lengths, dropout, grads).map(Some)
+    }
+}

@@ -5,9 +5,14 @@
 //! as one fused CPU op, [`CpuFused`]); it is chosen once, when a stack is built for a device
 //! ([`choose`]), and asked for every layer call, and it answers `None` where it does not cover
 //! the call (then the composed layer runs). [`Backend::describe`] says what was chosen and
-//! why, for the log. Adding a backend means implementing [`Backend`] and handing it to the
-//! stack ([`crate::Encoder::set_backend`]), not editing the paper's modules.
+//! why, for the log. Adding a backend means implementing [`Backend`] (each method defaults
+//! to the composed layer) and handing it to the stacks ([`crate::Encoder::set_backend`],
+//! [`crate::Decoder::set_backend`]), not editing the paper's modules. Every fast
+//! implementation is tested against the composed one (`tests/fused_layers.rs`,
+//! `tests/invariants.rs`, `tests/decode_step.rs`); `tests/backend.rs` registers a toy one.
 
+use crate::config::Activation;
+use crate::decoder::{Decoder, DecoderLayer};
 use crate::dropout::Mode;
 use crate::encoder::EncoderLayer;
 use crate::grads::DirectGrads;
@@ -49,13 +54,46 @@ pub struct LayerCall<'a> {
     pub cached: bool,
 }
 
-/// An implementation of the layer kinds. `None` from a method: this backend does not cover
-/// the call, and the composed layer runs.
+/// One call of a decoder layer over the whole encoder output, without attention weights
+/// and without a cache (the other calls run the composed layer).
+#[derive(Debug, Clone, Copy)]
+pub struct DecoderLayerCall<'a> {
+    /// The layer's input, (B, T, C).
+    pub x: &'a Tensor,
+    /// The encoder output, (B, S, C).
+    pub memory: &'a Tensor,
+    /// The self-attention mask.
+    pub self_mask: Option<&'a Mask>,
+    /// The encoder-decoder attention mask.
+    pub memory_mask: Option<&'a Mask>,
+    /// Train (with the dropout RNG) or eval.
+    pub mode: Mode<'a>,
+    /// How the pass will be differentiated.
+    pub backprop: Backprop<'a>,
+}
+
+/// An implementation of the layer kinds. `None` from a method (the default): this backend
+/// does not cover the call, and the composed layer runs.
 pub trait Backend: std::fmt::Debug + Send + Sync {
     /// What this backend is and why it was chosen, one line for the log.
     fn describe(&self) -> String;
     /// Runs one encoder layer, or `None`.
-    fn encoder_layer(&self, layer: &EncoderLayer, call: LayerCall<'_>) -> Result<Option<Tensor>>;
+    fn encoder_layer(&self, _layer: &EncoderLayer, _call: LayerCall<'_>) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+    /// Runs one decoder layer, or `None`.
+    fn decoder_layer(
+        &self,
+        _layer: &DecoderLayer,
+        _call: DecoderLayerCall<'_>,
+    ) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+    /// The whole decoder as one fused decoding step with its own caches, or `None` (then
+    /// decoding steps through the composed layers with their key/value caches).
+    fn decoding_stack(&self, _decoder: &Decoder) -> Option<kernels::DecoderStack> {
+        None
+    }
 }
 
 /// The backend for stacks whose parameters live on `device`: [`CpuFused`] on the CPU (its
@@ -76,13 +114,11 @@ impl Backend for Composed {
     fn describe(&self) -> String {
         "composed layers (candle ops): the parameters are not on the CPU".into()
     }
-    fn encoder_layer(&self, _: &EncoderLayer, _: LayerCall<'_>) -> Result<Option<Tensor>> {
-        Ok(None)
-    }
 }
 
-/// Encoder layers as one fused CPU op each ([`kernels::encoder_layer`], f32 or bf16
-/// products) where the call allows it, the composed layers elsewhere.
+/// Encoder and decoder layers as one fused CPU op each ([`kernels::encoder_layer`],
+/// [`kernels::decoder_layer`]; f32 or bf16 products) and decoding as one fused step
+/// ([`kernels::DecoderStack`]) where the call allows it, the composed layers elsewhere.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuFused;
 
@@ -160,5 +196,126 @@ impl Backend for CpuFused {
         };
         let (keep, lengths) = (mask.map(|m| m.keep()), mask.and_then(|m| m.lengths()));
         kernels::encoder_layer(x, &params, opts, keep, lengths, dropout, grads).map(Some)
+    }
+
+    /// The layer as one fused op ([`kernels::decoder_layer`]) whose parameters' gradients go
+    /// to `DirectGrads` when it applies (training with `Direct`: a ReLU or GELU layer on CPU
+    /// f32 tensors, one dropout probability, inputs that are part of a graph and parameters
+    /// that are variables). Draws the same dropout streams as the composed layer, in the
+    /// same order.
+    fn decoder_layer(
+        &self,
+        layer: &DecoderLayer,
+        call: DecoderLayerCall<'_>,
+    ) -> Result<Option<Tensor>> {
+        let DecoderLayerCall {
+            x,
+            memory,
+            self_mask,
+            memory_mask,
+            mode,
+            backprop,
+        } = call;
+        let Backprop::Direct(grads, products) = backprop else {
+            return Ok(None);
+        };
+        let Some((params, eps)) = layer.kernel_params() else {
+            return Ok(None);
+        };
+        let (self_attn, cross_attn, ff, dropout, norm_first) = layer.parts();
+        let (linear1, _, activation, ff_dropout) = ff.parts();
+        let p = dropout.p();
+        let same_dropout =
+            self_attn.dropout().p() == p && cross_attn.dropout().p() == p && ff_dropout.p() == p;
+        let (b, t, _) = x.dims3()?;
+        let s = memory.dim(1)?;
+        let f32_cpu = |t: &Tensor| t.dtype() == candle_core::DType::F32 && t.device().is_cpu();
+        let applies = same_dropout
+            && f32_cpu(x)
+            && f32_cpu(memory)
+            && f32_cpu(linear1.weight())
+            && self_mask.is_none_or(|m| m.keep().dims().last() == Some(&t))
+            && memory_mask.is_none_or(|m| {
+                let d = m.keep().dims();
+                d.len() == 4 && d[2] == 1 && d[3] == s && (d[0] == 1 || d[0] == b)
+            })
+            && (x.track_op() || memory.track_op())
+            && params.all_accepted_by_direct_grads();
+        if !applies {
+            return Ok(None);
+        }
+        let dropout = match mode {
+            Mode::Train(rng) if p > 0.0 => Some(kernels::DecoderLayerDropout {
+                p,
+                seed: rng.state().0,
+                streams: std::array::from_fn(|_| rng.next_stream()),
+            }),
+            _ => None,
+        };
+        // Padding rows are skipped where a mask declares lengths; the other side's are then
+        // all real.
+        let lengths = match (
+            self_mask.and_then(|m| m.lengths()),
+            memory_mask.and_then(|m| m.lengths()),
+        ) {
+            (None, None) => None,
+            (tl, sl) => Some((
+                tl.map_or_else(|| vec![t; b], <[usize]>::to_vec),
+                sl.map_or_else(|| vec![s; b], <[usize]>::to_vec),
+            )),
+        };
+        let opts = EncoderLayerOptions {
+            nhead: self_attn.nhead(),
+            layer_norm_eps: eps,
+            norm_first,
+            precision: products,
+            activation: activation.into(),
+        };
+        kernels::decoder_layer(
+            x,
+            memory,
+            &params,
+            opts,
+            self_mask.map(|m| m.keep()),
+            memory_mask.map(|m| m.keep()),
+            lengths.as_ref().map(|(t, s)| (&t[..], &s[..])),
+            dropout,
+            Some(grads),
+        )
+        .map(Some)
+    }
+
+    /// The stack as one fused decoding step ([`kernels::DecoderStack`]) when it applies:
+    /// ReLU layers with biases, one layer-norm epsilon, CPU f32 contiguous parameters.
+    fn decoding_stack(&self, decoder: &Decoder) -> Option<kernels::DecoderStack> {
+        let (layers, norm) = decoder.parts();
+        let first = layers.first()?;
+        let eps = first.norm_eps();
+        let mut params = Vec::with_capacity(layers.len());
+        for l in layers {
+            let (_, _, ff, _, _) = l.parts();
+            if ff.parts().2 != Activation::Relu {
+                return None;
+            }
+            let (p, e) = l.kernel_params()?;
+            if e != eps {
+                return None;
+            }
+            params.push(p);
+        }
+        let final_norm = match norm {
+            Some(n) => {
+                let (w, b, e) = n.parts();
+                if e != eps {
+                    return None;
+                }
+                Some((w.clone(), b.clone()))
+            }
+            None => None,
+        };
+        let (self_attn, _, _, _, norm_first) = first.parts();
+        let stack =
+            kernels::DecoderStack::new(params, final_norm, self_attn.nhead(), eps, norm_first);
+        stack.applies().then_some(stack)
     }
 }

@@ -69,7 +69,7 @@ impl Transformer {
     }
 
     /// [`Self::decode`] for training, each decoder layer that can as one fused op whose
-    /// parameters' gradients go to `grads` ([`crate::decoder::Decoder::forward_direct`]).
+    /// parameters' gradients go to `grads` ([`crate::decoder::Decoder::forward_as`]).
     ///
     /// # Shapes
     /// tgt (B, T, C), memory (B, S, C) -> (B, T, C)
@@ -84,8 +84,9 @@ impl Transformer {
         grads: &crate::grads::DirectGrads,
         products: crate::kernels::Precision,
     ) -> Result<Tensor> {
+        let backprop = crate::backend::Backprop::Direct(grads, products);
         self.decoder
-            .forward_direct(tgt, memory, tgt_mask, memory_mask, mode, grads, products)
+            .forward_as(tgt, memory, tgt_mask, memory_mask, mode, backprop)
     }
 
     /// Runs the decoder stack over the embedded targets, attending to `memory`.
@@ -102,6 +103,13 @@ impl Transformer {
     ) -> Result<Tensor> {
         self.decoder
             .forward(tgt, memory, tgt_mask, memory_mask, mode)
+    }
+
+    /// Runs each encoder and decoder layer through `backend` from now on (see
+    /// [`crate::backend`]).
+    pub fn set_backend(&mut self, backend: std::sync::Arc<dyn crate::backend::Backend>) {
+        self.encoder.set_backend(backend.clone());
+        self.decoder.set_backend(backend);
     }
 
     /// The decoder stack (for incremental decoding: [`Decoder::project_memory`],

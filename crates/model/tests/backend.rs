@@ -6,8 +6,11 @@
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use transformer_model::backend::{self, Backend, Composed, LayerCall};
-use transformer_model::{EncoderLayer, LmConfig, Mode, ParamBuilder, TransformerLm};
+use transformer_model::backend::{self, Backend, Composed, DecoderLayerCall, LayerCall};
+use transformer_model::{
+    DecoderLayer, DirectGrads, EncoderLayer, LmConfig, Mode, ParamBuilder, Transformer,
+    TransformerConfig, TransformerLm,
+};
 
 /// Counts the encoder layer calls and leaves each to the composed layer (`None`).
 #[derive(Debug, Default)]
@@ -78,4 +81,57 @@ fn the_cpu_gets_the_fused_backend_and_says_why() {
         .unwrap()
         .describe_backend()
         .contains("fused CPU layers"));
+}
+
+/// Counts the decoder layer calls too, and has no fused decoding step.
+#[derive(Debug, Default)]
+struct CountingBoth {
+    encoder: AtomicUsize,
+    decoder: AtomicUsize,
+}
+
+impl Backend for CountingBoth {
+    fn describe(&self) -> String {
+        "counting composed encoder and decoder layers (a test)".into()
+    }
+
+    fn encoder_layer(&self, _: &EncoderLayer, _: LayerCall<'_>) -> Result<Option<Tensor>> {
+        self.encoder.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+
+    fn decoder_layer(&self, _: &DecoderLayer, _: DecoderLayerCall<'_>) -> Result<Option<Tensor>> {
+        self.decoder.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+}
+
+#[test]
+fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> {
+    let dev = Device::Cpu;
+    let pb = ParamBuilder::new(DType::F32, &dev, 3);
+    let mut model = Transformer::new(&pb, &TransformerConfig::tiny())?;
+    assert!(
+        model.decoder().fused_stack().is_some(),
+        "the CPU backend fuses decoding"
+    );
+    let counting = Arc::new(CountingBoth::default());
+    model.set_backend(counting.clone());
+    assert!(
+        model.decoder().fused_stack().is_none(),
+        "the toy backend has no fused step"
+    );
+    let src = Tensor::randn(0f32, 1.0, (2, 5, 32), &dev)?;
+    let tgt = Tensor::randn(0f32, 1.0, (2, 4, 32), &dev)?;
+    let memory = model.encode(&src, None, Mode::Eval)?;
+    let direct = DirectGrads::new();
+    let products = transformer_model::kernels::Precision::F32;
+    model.decode_direct(&tgt, &memory, None, None, Mode::Eval, &direct, products)?;
+    let layers = TransformerConfig::tiny().num_decoder_layers;
+    assert_eq!(counting.decoder.load(Ordering::SeqCst), layers);
+    assert_eq!(
+        counting.encoder.load(Ordering::SeqCst),
+        TransformerConfig::tiny().num_encoder_layers
+    );
+    Ok(())
 }

@@ -24,7 +24,9 @@
 use super::decoder_step::{slot, DecoderLayerParams};
 use super::dropout::MaskSpec;
 use super::float::{self, simd, Float};
-use super::shared::{group_ranges, split_at_ranges, EncoderLayerOptions, Keep, MIN_PARALLEL_MACS};
+use super::shared::{
+    group_ranges, split_at_ranges, EncoderLayerOptions, Keep, LayerShape, Run, MIN_PARALLEL_MACS,
+};
 use super::sublayer::{
     attn_bwd, attn_fwd, check_lengths, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, Rows, SubDims,
     SublayerDrops,
@@ -674,12 +676,12 @@ pub fn decoder_layer(
 }
 
 /// The layer's forward (in `groups` groups) and backward passes on plain slices, for the
-/// model's parity tests against its composed layer ([`crate::testing`]): `self_keep` the
+/// model's parity tests against its composed layer (`crate::testing`): `self_keep` the
 /// self-attention mask `(B | 1, T, T)` (and whether it is per sequence), `memory_keep` the
 /// source mask `(B, S)`, `lens` the target and source lengths when padding rows are skipped.
 #[allow(clippy::too_many_arguments)]
 pub fn run_slices<T: Float>(
-    shape: &crate::testing::Shape,
+    shape: &LayerShape,
     w: &[&[T]],
     self_keep: Option<(Vec<u8>, bool)>,
     memory_keep: Option<&[u8]>,
@@ -689,12 +691,12 @@ pub fn run_slices<T: Float>(
     ms: &[T],
     dys: &[T],
     groups: usize,
-) -> crate::testing::Run<T> {
+) -> Run<T> {
     let dims = Dims {
         b: shape.b,
         t: shape.t,
         s: shape.s,
-        sub: shape.sub(),
+        sub: SubDims::of(shape),
     };
     let self_keep = self_keep.map(|(data, per_batch)| Keep { data, per_batch });
     let masks = Masks {
@@ -706,7 +708,7 @@ pub fn run_slices<T: Float>(
     let (y, saved) = forward(&dims, w, &masks, drops.as_ref(), xs, ms, groups, true);
     let saved: Vec<_> = saved.into_iter().map(|s| s.expect("kept")).collect();
     let (dx, dmemory, grads) = backward(&dims, w, &masks, drops.as_ref(), &saved, xs, ms, dys);
-    crate::testing::Run {
+    Run {
         y,
         dx,
         dmemory,

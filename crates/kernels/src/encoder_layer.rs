@@ -33,7 +33,9 @@
 
 use super::dropout::MaskSpec;
 use super::float::{self, simd, Float};
-use super::shared::{group_ranges, split_at_ranges, EncoderLayerOptions, Keep, MIN_PARALLEL_MACS};
+use super::shared::{
+    group_ranges, split_at_ranges, EncoderLayerOptions, Keep, LayerShape, Run, MIN_PARALLEL_MACS,
+};
 use super::sublayer::{
     attn_bwd, attn_fwd, check_lengths, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, Rows, SubDims,
     SublayerDrops,
@@ -640,10 +642,10 @@ impl CustomOp1 for LayerOp {
 }
 
 /// The layer's forward (in `groups` groups) and backward passes on plain slices, for the
-/// model's parity tests against its composed layer ([`crate::testing`]).
+/// model's parity tests against its composed layer (`crate::testing`).
 #[allow(clippy::too_many_arguments)]
 pub fn run_slices<T: Float>(
-    shape: &crate::testing::Shape,
+    shape: &LayerShape,
     w: &[&[T]],
     keep: Option<(Vec<u8>, bool)>,
     lens: Option<&[usize]>,
@@ -651,11 +653,11 @@ pub fn run_slices<T: Float>(
     xs: &[T],
     dys: &[T],
     groups: usize,
-) -> crate::testing::Run<T> {
+) -> Run<T> {
     let dims = Dims {
         b: shape.b,
         t: shape.t,
-        sub: shape.sub(),
+        sub: SubDims::of(shape),
     };
     let w = Weights(std::array::from_fn(|i| w[i]));
     let keep = keep.map(|(data, per_batch)| Keep { data, per_batch });
@@ -672,7 +674,7 @@ pub fn run_slices<T: Float>(
     );
     let saved: Vec<_> = saved.into_iter().map(|s| s.expect("kept")).collect();
     let (dx, grads) = backward(&dims, &w, lens, drops.as_ref(), &saved, xs, dys);
-    crate::testing::Run {
+    Run {
         y,
         dx,
         dmemory: Vec::new(),

@@ -173,3 +173,44 @@ pub(crate) fn split_at_ranges<T>(
     }
     out
 }
+
+/// A fused layer's shape and options for [`crate::testing`]: `b` sequences of `t` rows (`s` memory rows for a decoder
+/// layer), width `c`, feed-forward width `f`, `h` heads.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerShape {
+    /// Sequences B.
+    pub b: usize,
+    /// Rows per sequence T.
+    pub t: usize,
+    /// Memory rows per sequence S (decoder layers).
+    pub s: usize,
+    /// Width C.
+    pub c: usize,
+    /// Feed-forward width F.
+    pub f: usize,
+    /// Heads H.
+    pub h: usize,
+    /// The layer norms' epsilon.
+    pub eps: f64,
+    /// Pre-norm instead of post-norm.
+    pub norm_first: bool,
+    /// bf16 products (f32 inputs, a CPU with a bf16 unit).
+    pub bf16: bool,
+    /// GELU instead of ReLU.
+    pub gelu: bool,
+}
+
+/// What a layer's forward and backward passes gave.
+#[derive(Debug)]
+pub struct Run<T> {
+    /// The output.
+    pub y: Vec<T>,
+    /// The input's gradient.
+    pub dx: Vec<T>,
+    /// The memory's gradient (decoder layers; empty for encoder layers).
+    pub dmemory: Vec<T>,
+    /// Each parameter's gradient, in the layer's slot order.
+    pub grads: Vec<Vec<T>>,
+    /// How many groups the forward pass kept state for.
+    pub groups: usize,
+}

@@ -19,7 +19,7 @@ use super::linear::{bias_grad_add, bias_rows, rows_forward, rows_input_grad};
 use super::matmul::{gemm, Mat};
 use super::shared::{
     drop_inplace, drop_into, linear_grads, ln_bwd, ln_fwd, two, Activation, EncoderLayerOptions,
-    Norm,
+    LayerShape, Norm,
 };
 
 /// What the sub-layers need of a layer's shape.
@@ -39,6 +39,19 @@ pub(super) struct SubDims {
 }
 
 impl SubDims {
+    /// What the sub-layers read of a [`LayerShape`] ([`crate::testing`]).
+    pub(super) fn of(shape: &LayerShape) -> Self {
+        Self {
+            c: shape.c,
+            f: shape.f,
+            h: shape.h,
+            eps: shape.eps,
+            norm_first: shape.norm_first,
+            bf16: shape.bf16,
+            gelu: shape.gelu,
+        }
+    }
+
     /// A layer's shape: width `c`, feed-forward width `f`, its options, inputs of `dtype`
     /// (bf16 products only for f32 on a CPU with a bf16 unit).
     pub(super) fn new(

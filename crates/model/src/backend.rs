@@ -12,15 +12,20 @@
 //! `tests/invariants.rs`, `tests/decode_step.rs`); `tests/backend.rs` registers a toy one.
 
 use crate::config::Activation;
-use crate::decoder::{Decoder, DecoderLayer};
-use crate::dropout::Mode;
-use crate::encoder::EncoderLayer;
+use crate::dropout::{Dropout, Mode};
+use crate::feed_forward::FeedForward;
 use crate::grads::DirectGrads;
 use crate::kernels::{self, EncoderLayerOptions, EncoderLayerParams, LayerDropout, Precision};
+use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
+use crate::multi_head::MultiHeadAttention;
 use crate::Result;
 use candle_core::{Device, Tensor};
 use std::sync::Arc;
+
+/// The whole decoder as one fused decoding step with its own caches (today the CPU's,
+/// [`kernels::DecoderStack`]: f32, or int8 weights once prepared).
+pub use crate::kernels::DecoderStack as DecodingStack;
 
 /// How the caller will differentiate a forward pass, which decides whether a layer may run
 /// as one fused op.
@@ -33,6 +38,31 @@ pub enum Backprop<'a> {
     Direct(&'a DirectGrads, Precision),
     /// Not at all (evaluation): no graph is built.
     Off,
+}
+
+/// What a backend reads of an encoder layer (`EncoderLayer`'s parts): the backend sits
+/// below the layers, which call it.
+#[derive(Debug, Clone, Copy)]
+pub struct EncoderLayerParts<'a> {
+    pub(crate) self_attn: &'a MultiHeadAttention,
+    pub(crate) ff: &'a FeedForward,
+    pub(crate) norm1: &'a LayerNorm,
+    pub(crate) norm2: &'a LayerNorm,
+    pub(crate) dropout: Dropout,
+    pub(crate) norm_first: bool,
+}
+
+/// What a backend reads of a decoder layer (`DecoderLayer`'s parts): self-attention,
+/// encoder-decoder attention, feed-forward, the three norms, the residual dropout and
+/// whether it is pre-norm.
+#[derive(Debug, Clone, Copy)]
+pub struct DecoderLayerParts<'a> {
+    pub(crate) self_attn: &'a MultiHeadAttention,
+    pub(crate) cross_attn: &'a MultiHeadAttention,
+    pub(crate) ff: &'a FeedForward,
+    pub(crate) norms: [&'a LayerNorm; 3],
+    pub(crate) dropout: Dropout,
+    pub(crate) norm_first: bool,
 }
 
 /// One call of a layer: its input, mask and mode, how it will be differentiated, and whether
@@ -78,20 +108,28 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     /// What this backend is and why it was chosen, one line for the log.
     fn describe(&self) -> String;
     /// Runs one encoder layer, or `None`.
-    fn encoder_layer(&self, _layer: &EncoderLayer, _call: LayerCall<'_>) -> Result<Option<Tensor>> {
+    fn encoder_layer(
+        &self,
+        _layer: &EncoderLayerParts<'_>,
+        _call: LayerCall<'_>,
+    ) -> Result<Option<Tensor>> {
         Ok(None)
     }
     /// Runs one decoder layer, or `None`.
     fn decoder_layer(
         &self,
-        _layer: &DecoderLayer,
+        _layer: &DecoderLayerParts<'_>,
         _call: DecoderLayerCall<'_>,
     ) -> Result<Option<Tensor>> {
         Ok(None)
     }
     /// The whole decoder as one fused decoding step with its own caches, or `None` (then
     /// decoding steps through the composed layers with their key/value caches).
-    fn decoding_stack(&self, _decoder: &Decoder) -> Option<kernels::DecoderStack> {
+    fn decoding_stack(
+        &self,
+        _layers: &[DecoderLayerParts<'_>],
+        _final_norm: Option<&LayerNorm>,
+    ) -> Option<DecodingStack> {
         None
     }
 }
@@ -133,7 +171,11 @@ impl Backend for CpuFused {
     /// f64 too without gradients; with `Direct`, an input that is part of a graph and
     /// parameters that are variables). Draws the same dropout streams as the composed layer,
     /// in the same order.
-    fn encoder_layer(&self, layer: &EncoderLayer, call: LayerCall<'_>) -> Result<Option<Tensor>> {
+    fn encoder_layer(
+        &self,
+        layer: &EncoderLayerParts<'_>,
+        call: LayerCall<'_>,
+    ) -> Result<Option<Tensor>> {
         let LayerCall {
             x,
             mask,
@@ -149,7 +191,14 @@ impl Backend for CpuFused {
             Backprop::Direct(g, p) => (Some(g), p),
             Backprop::Off => (None, Precision::F32),
         };
-        let (self_attn, ff, norm1, norm2, dropout, norm_first) = layer.parts();
+        let EncoderLayerParts {
+            self_attn,
+            ff,
+            norm1,
+            norm2,
+            dropout,
+            norm_first,
+        } = *layer;
         let (linear1, linear2, activation, ff_dropout) = ff.parts();
         let [q, k, v, out] = self_attn.projections();
         let (n1_w, n1_b, eps) = norm1.parts();
@@ -205,7 +254,7 @@ impl Backend for CpuFused {
     /// same order.
     fn decoder_layer(
         &self,
-        layer: &DecoderLayer,
+        layer: &DecoderLayerParts<'_>,
         call: DecoderLayerCall<'_>,
     ) -> Result<Option<Tensor>> {
         let DecoderLayerCall {
@@ -219,10 +268,17 @@ impl Backend for CpuFused {
         let Backprop::Direct(grads, products) = backprop else {
             return Ok(None);
         };
-        let Some((params, eps)) = layer.kernel_params() else {
+        let Some((params, eps)) = kernel_params(layer) else {
             return Ok(None);
         };
-        let (self_attn, cross_attn, ff, dropout, norm_first) = layer.parts();
+        let DecoderLayerParts {
+            self_attn,
+            cross_attn,
+            ff,
+            dropout,
+            norm_first,
+            ..
+        } = *layer;
         let (linear1, _, activation, ff_dropout) = ff.parts();
         let p = dropout.p();
         let same_dropout =
@@ -287,17 +343,19 @@ impl Backend for CpuFused {
 
     /// The stack as one fused decoding step ([`kernels::DecoderStack`]) when it applies:
     /// ReLU layers with biases, one layer-norm epsilon, CPU f32 contiguous parameters.
-    fn decoding_stack(&self, decoder: &Decoder) -> Option<kernels::DecoderStack> {
-        let (layers, norm) = decoder.parts();
+    fn decoding_stack(
+        &self,
+        layers: &[DecoderLayerParts<'_>],
+        norm: Option<&LayerNorm>,
+    ) -> Option<DecodingStack> {
         let first = layers.first()?;
-        let eps = first.norm_eps();
+        let eps = first.norms[0].parts().2;
         let mut params = Vec::with_capacity(layers.len());
         for l in layers {
-            let (_, _, ff, _, _) = l.parts();
-            if ff.parts().2 != Activation::Relu {
+            if l.ff.parts().2 != Activation::Relu {
                 return None;
             }
-            let (p, e) = l.kernel_params()?;
+            let (p, e) = kernel_params(l)?;
             if e != eps {
                 return None;
             }
@@ -313,9 +371,41 @@ impl Backend for CpuFused {
             }
             None => None,
         };
-        let (self_attn, _, _, _, norm_first) = first.parts();
-        let stack =
-            kernels::DecoderStack::new(params, final_norm, self_attn.nhead(), eps, norm_first);
+        let (nhead, norm_first) = (first.self_attn.nhead(), first.norm_first);
+        let stack = kernels::DecoderStack::new(params, final_norm, nhead, eps, norm_first);
         stack.applies().then_some(stack)
     }
+}
+
+/// The layer's parameters in the fused kernels' layout and its layer norms' epsilon, for
+/// a layer with biases whose three norms share one epsilon; `None` otherwise.
+fn kernel_params(l: &DecoderLayerParts) -> Option<(kernels::DecoderLayerParams, f64)> {
+    let (linear1, linear2, _, _) = l.ff.parts();
+    let affine = |lin: &'_ crate::linear::Linear| -> Option<(Tensor, Tensor)> {
+        Some((lin.weight().clone(), lin.bias()?.clone()))
+    };
+    let proj = |m: &MultiHeadAttention| -> Option<[(Tensor, Tensor); 4]> {
+        let [q, k, v, o] = m.projections();
+        Some([affine(q)?, affine(k)?, affine(v)?, affine(o)?])
+    };
+    let (sa, ca) = (proj(l.self_attn)?, proj(l.cross_attn)?);
+    let (l1, l2) = (affine(linear1)?, affine(linear2)?);
+    let norms = l.norms.map(|n| n.parts());
+    let eps = norms[0].2;
+    if norms.iter().any(|n| n.2 != eps) {
+        return None;
+    }
+    let params = kernels::DecoderLayerParams::new(
+        [pair(&sa[0]), pair(&sa[1]), pair(&sa[2]), pair(&sa[3])],
+        [pair(&ca[0]), pair(&ca[1]), pair(&ca[2]), pair(&ca[3])],
+        pair(&l1),
+        pair(&l2),
+        norms.map(|n| (n.0, n.1)),
+    );
+    Some((params, eps))
+}
+
+/// A weight and bias pair as references.
+fn pair(p: &(Tensor, Tensor)) -> (&Tensor, &Tensor) {
+    (&p.0, &p.1)
 }

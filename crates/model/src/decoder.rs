@@ -2,11 +2,10 @@
 //! the encoder output (encoder-decoder attention, section 3.2.3) and a feed-forward network,
 //! each wrapped in a residual connection with layer normalisation.
 
-use crate::backend::{self, Backend, Backprop, DecoderLayerCall};
+use crate::backend::{self, Backend, Backprop, DecoderLayerCall, DecoderLayerParts};
 use crate::dropout::{Dropout, Mode};
 use crate::encoder::{residual, LayerSpec};
 use crate::feed_forward::FeedForward;
-use crate::kernels;
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
 use crate::multi_head::{KvCache, MultiHeadAttention};
@@ -73,53 +72,18 @@ impl DecoderLayer {
         })
     }
 
-    /// The layer's parameters in the fused kernels' layout and its layer norms' epsilon, for
-    /// a layer with biases whose three norms share one epsilon; `None` otherwise.
-    pub(crate) fn kernel_params(&self) -> Option<(kernels::DecoderLayerParams, f64)> {
-        let (linear1, linear2, _, _) = self.ff.parts();
-        let affine = |lin: &'_ crate::linear::Linear| -> Option<(Tensor, Tensor)> {
-            Some((lin.weight().clone(), lin.bias()?.clone()))
-        };
-        let proj = |m: &MultiHeadAttention| -> Option<[(Tensor, Tensor); 4]> {
-            let [q, k, v, o] = m.projections();
-            Some([affine(q)?, affine(k)?, affine(v)?, affine(o)?])
-        };
-        let (sa, ca) = (proj(&self.self_attn)?, proj(&self.multihead_attn)?);
-        let (l1, l2) = (affine(linear1)?, affine(linear2)?);
-        let norms = [&self.norm1, &self.norm2, &self.norm3].map(|n| n.parts());
-        let eps = norms[0].2;
-        if norms.iter().any(|n| n.2 != eps) {
-            return None;
-        }
-        let params = kernels::DecoderLayerParams::new(
-            [pair(&sa[0]), pair(&sa[1]), pair(&sa[2]), pair(&sa[3])],
-            [pair(&ca[0]), pair(&ca[1]), pair(&ca[2]), pair(&ca[3])],
-            pair(&l1),
-            pair(&l2),
-            norms.map(|n| (n.0, n.1)),
-        );
-        Some((params, eps))
-    }
-
     /// The layer's parts, for a [`Backend`] that runs it another way: self-attention,
-    /// encoder-decoder attention, feed-forward, the residual dropout and whether it is
-    /// pre-norm.
-    pub(crate) fn parts(
-        &self,
-    ) -> (
-        &MultiHeadAttention,
-        &MultiHeadAttention,
-        &FeedForward,
-        Dropout,
-        bool,
-    ) {
-        let (sa, ca, ff) = (&self.self_attn, &self.multihead_attn, &self.ff);
-        (sa, ca, ff, self.dropout, self.norm_first)
-    }
-
-    /// The first layer norm's epsilon, for the fused decoding stack.
-    pub(crate) fn norm_eps(&self) -> f64 {
-        self.norm1.parts().2
+    /// encoder-decoder attention, feed-forward, the three norms, the residual dropout and
+    /// whether it is pre-norm.
+    pub(crate) fn parts(&self) -> DecoderLayerParts<'_> {
+        DecoderLayerParts {
+            self_attn: &self.self_attn,
+            cross_attn: &self.multihead_attn,
+            ff: &self.ff,
+            norms: [&self.norm1, &self.norm2, &self.norm3],
+            dropout: self.dropout,
+            norm_first: self.norm_first,
+        }
     }
 
     /// [`Self::forward`] without the attention weights: both attentions run as the fused
@@ -249,11 +213,6 @@ impl DecoderLayer {
     }
 }
 
-/// A weight and bias pair as references.
-fn pair(p: &(Tensor, Tensor)) -> (&Tensor, &Tensor) {
-    (&p.0, &p.1)
-}
-
 /// N decoder layers and an optional final LayerNorm (`nn.TransformerDecoder`'s `norm`). Each
 /// layer call goes through the stack's [`Backend`] (chosen when the stack is built,
 /// [`backend::choose`]), which runs it or leaves it to the composed layer; the backend also
@@ -347,11 +306,6 @@ impl Decoder {
         self.layers.len()
     }
 
-    /// The layers and the final norm, for a [`Backend`].
-    pub(crate) fn parts(&self) -> (&[DecoderLayer], Option<&LayerNorm>) {
-        (&self.layers, self.norm.as_ref())
-    }
-
     /// Runs each layer through `backend` from now on (see [`crate::backend`]).
     pub fn set_backend(&mut self, backend: Arc<dyn Backend>) {
         self.backend = backend;
@@ -395,11 +349,12 @@ impl Decoder {
         self.run(x, memory, Some(caches), masks, mode, true, Backprop::Graph)
     }
 
-    /// The stack as one fused decoding step ([`kernels::DecoderStack`]) where the backend
+    /// The stack as one fused decoding step ([`backend::DecodingStack`]) where the backend
     /// has one for this decoder (the CPU's: ReLU layers with biases, one layer-norm epsilon,
     /// CPU f32 contiguous parameters).
-    pub fn fused_stack(&self) -> Option<kernels::DecoderStack> {
-        self.backend.decoding_stack(self)
+    pub fn fused_stack(&self) -> Option<backend::DecodingStack> {
+        let layers: Vec<_> = self.layers.iter().map(DecoderLayer::parts).collect();
+        self.backend.decoding_stack(&layers, self.norm.as_ref())
     }
 
     /// The one loop over the layers: each call goes to the backend first, then to the
@@ -433,7 +388,7 @@ impl Decoder {
                         mode,
                         backprop,
                     };
-                    self.backend.decoder_layer(layer, call)?
+                    self.backend.decoder_layer(&layer.parts(), call)?
                 }
                 _ => None,
             };

@@ -2,7 +2,7 @@
 //! and a feed-forward sub-layer, each wrapped as `LayerNorm(x + Dropout(Sublayer(x)))`
 //! (post-norm, the paper) or `x + Dropout(Sublayer(LayerNorm(x)))` (`norm_first`).
 
-use crate::backend::{self, Backend, Backprop, LayerCall};
+use crate::backend::{self, Backend, Backprop, EncoderLayerParts, LayerCall};
 use crate::config::Activation;
 use crate::dropout::{Dropout, Mode};
 use crate::feed_forward::FeedForward;
@@ -123,20 +123,16 @@ impl EncoderLayer {
         Ok((x, weights.expect("weights were asked for")))
     }
 
-    /// The layer's parts, for a [`Backend`] that runs it another way: self-attention,
-    /// feed-forward, the two norms, the residual dropout and whether it is pre-norm.
-    pub(crate) fn parts(
-        &self,
-    ) -> (
-        &MultiHeadAttention,
-        &FeedForward,
-        &LayerNorm,
-        &LayerNorm,
-        Dropout,
-        bool,
-    ) {
-        let (a, f, n1, n2) = (&self.self_attn, &self.ff, &self.norm1, &self.norm2);
-        (a, f, n1, n2, self.dropout, self.norm_first)
+    /// The layer's parts, for a [`Backend`] that runs it another way.
+    pub(crate) fn parts(&self) -> EncoderLayerParts<'_> {
+        EncoderLayerParts {
+            self_attn: &self.self_attn,
+            ff: &self.ff,
+            norm1: &self.norm1,
+            norm2: &self.norm2,
+            dropout: self.dropout,
+            norm_first: self.norm_first,
+        }
     }
 
     /// The composed layer; the attention weights only with `need_weights` (without them,
@@ -301,7 +297,7 @@ impl Encoder {
                 need_weights,
                 cached: cache.is_some(),
             };
-            let (y, w) = match self.backend.encoder_layer(layer, call)? {
+            let (y, w) = match self.backend.encoder_layer(&layer.parts(), call)? {
                 Some(y) => (y, None),
                 None => layer.run(&x, mask, cache, mode, need_weights)?,
             };

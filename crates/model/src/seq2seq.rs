@@ -252,8 +252,8 @@ impl PreparedDecoding {
             .or(self.generator_q.as_ref().map(|q| q.kernel()))
             .is_some_and(|k| k != crate::kernels::int8::Int8Kernel::Avx512Vnni);
         if slow {
-            // Measured (crates/kernels/examples/int8_bench.rs): without VNNI the int8 products run below
-            // the f32 ones.
+            // Measured (crates/kernels/examples/int8_bench.rs): without VNNI the int8
+            // products run below the f32 ones.
             format!(
                 "{layers}, {output}; this CPU has no AVX512-VNNI: int8 saves memory here but                  decodes slower than f32"
             )

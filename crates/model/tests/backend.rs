@@ -6,10 +6,11 @@
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use transformer_model::backend::{self, Backend, Composed, DecoderLayerCall, LayerCall};
+use transformer_model::backend::{
+    self, Backend, Composed, DecoderLayerCall, DecoderLayerParts, EncoderLayerParts, LayerCall,
+};
 use transformer_model::{
-    DecoderLayer, DirectGrads, EncoderLayer, LmConfig, Mode, ParamBuilder, Transformer,
-    TransformerConfig, TransformerLm,
+    DirectGrads, LmConfig, Mode, ParamBuilder, Transformer, TransformerConfig, TransformerLm,
 };
 
 /// Counts the encoder layer calls and leaves each to the composed layer (`None`).
@@ -23,7 +24,11 @@ impl Backend for Counting {
         "counting composed layers (a test)".into()
     }
 
-    fn encoder_layer(&self, _: &EncoderLayer, call: LayerCall<'_>) -> Result<Option<Tensor>> {
+    fn encoder_layer(
+        &self,
+        _: &EncoderLayerParts<'_>,
+        call: LayerCall<'_>,
+    ) -> Result<Option<Tensor>> {
         assert!(!call.need_weights && !call.cached);
         self.calls.fetch_add(1, Ordering::SeqCst);
         Ok(None)
@@ -95,12 +100,16 @@ impl Backend for CountingBoth {
         "counting composed encoder and decoder layers (a test)".into()
     }
 
-    fn encoder_layer(&self, _: &EncoderLayer, _: LayerCall<'_>) -> Result<Option<Tensor>> {
+    fn encoder_layer(&self, _: &EncoderLayerParts<'_>, _: LayerCall<'_>) -> Result<Option<Tensor>> {
         self.encoder.fetch_add(1, Ordering::SeqCst);
         Ok(None)
     }
 
-    fn decoder_layer(&self, _: &DecoderLayer, _: DecoderLayerCall<'_>) -> Result<Option<Tensor>> {
+    fn decoder_layer(
+        &self,
+        _: &DecoderLayerParts<'_>,
+        _: DecoderLayerCall<'_>,
+    ) -> Result<Option<Tensor>> {
         self.decoder.fetch_add(1, Ordering::SeqCst);
         Ok(None)
     }

@@ -3,7 +3,7 @@
 //! thread groups; and the bf16 products within bf16's rounding of fp32.
 
 use candle_core::{DType, Device, Result, Tensor};
-use transformer_kernels::testing::{decoder_layer_slices, encoder_layer_slices, Shape};
+use transformer_kernels::testing::{decoder_layer_slices, encoder_layer_slices, LayerShape};
 use transformer_kernels::{bf16, DecoderLayerDropout, LayerDropout};
 use transformer_model::config::Activation;
 use transformer_model::decoder::DecoderLayer;
@@ -120,7 +120,7 @@ fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
                 .map(|t| t.flatten_all()?.to_vec1::<f64>())
                 .collect::<Result<_>>()?;
             let w: Vec<&[f64]> = vals.iter().map(Vec::as_slice).collect();
-            let shape = Shape {
+            let shape = LayerShape {
                 b,
                 t,
                 s: 0,
@@ -276,7 +276,7 @@ fn decoder_layer_bf16_products_stay_within_bf16_rounding_of_f32() -> Result<()> 
     };
     let (xs, ms, dys) = (rand(b * t * c, 1), rand(b * s * c, 2), rand(b * t * c, 3));
     let run = |bf16: bool| {
-        let shape = Shape {
+        let shape = LayerShape {
             b,
             t,
             s,
@@ -405,7 +405,7 @@ fn fused_decoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
                 .map(|t| t.flatten_all()?.to_vec1::<f64>())
                 .collect::<Result<_>>()?;
             let w: Vec<&[f64]> = vals.iter().map(Vec::as_slice).collect();
-            let shape = Shape {
+            let shape = LayerShape {
                 b,
                 t,
                 s,

@@ -7,7 +7,8 @@ use candle_core::{DType, Device, Result, Tensor};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use transformer_model::backend::{
-    self, Backend, Composed, DecoderLayerCall, DecoderLayerParts, EncoderLayerParts, LayerCall,
+    self, Backend, Backprop, Composed, DecoderLayerCall, DecoderLayerParts, EncoderLayerParts,
+    LayerCall,
 };
 use transformer_model::{
     DirectGrads, LmConfig, Mode, ParamBuilder, Transformer, TransformerConfig, TransformerLm,
@@ -134,8 +135,8 @@ fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
     let tgt = Tensor::randn(0f32, 1.0, (2, 4, 32), &dev)?;
     let memory = model.encode(&src, None, Mode::Eval)?;
     let direct = DirectGrads::new();
-    let products = transformer_model::kernels::Precision::F32;
-    model.decode_direct(&tgt, &memory, None, None, Mode::Eval, &direct, products)?;
+    let backprop = Backprop::Direct(&direct, transformer_model::kernels::Precision::F32);
+    model.decode_as(&tgt, &memory, None, None, Mode::Eval, backprop)?;
     let layers = TransformerConfig::tiny().num_decoder_layers;
     assert_eq!(counting.decoder.load(Ordering::SeqCst), layers);
     assert_eq!(

@@ -118,6 +118,9 @@ pub use feed_forward::FeedForward;
 pub use grads::DirectGrads;
 /// The int8 scheme's weight quantization (one scale per row), for int8 runs on disk.
 pub use kernels::int8::quantize_weight_rows;
+/// The arithmetic of the fused layers' large products (`f32`, `bf16`): a model setting, so
+/// callers need not name the kernels ([`kernels::Precision`]).
+pub use kernels::Precision;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use lm::TransformerLm;

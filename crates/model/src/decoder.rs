@@ -2,17 +2,17 @@
 //! the encoder output (encoder-decoder attention, section 3.2.3) and a feed-forward network,
 //! each wrapped in a residual connection with layer normalisation.
 
+use crate::backend::{self, Backend, Backprop, DecoderLayerCall, DecoderLayerParts};
 use crate::dropout::{Dropout, Mode};
 use crate::encoder::{residual, LayerSpec};
 use crate::feed_forward::FeedForward;
-use crate::grads::DirectGrads;
-use crate::kernels;
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
 use crate::multi_head::{KvCache, MultiHeadAttention};
 use crate::params::ParamBuilder;
 use crate::Result;
 use candle_core::Tensor;
+use std::sync::Arc;
 
 /// The attention weights of one decoder layer.
 #[derive(Debug, Clone)]
@@ -21,6 +21,14 @@ pub struct DecoderWeights {
     pub self_attn: Tensor,
     /// Encoder-decoder attention, (B, H, T, S): which source word each target word attends to.
     pub cross_attn: Tensor,
+}
+
+/// What the encoder-decoder attention attends to: the encoder output, or its keys and values
+/// projected once per sentence for incremental decoding ([`DecoderLayer::project_memory`]).
+#[derive(Debug, Clone, Copy)]
+enum Memory<'a> {
+    Full(&'a Tensor),
+    Projected(&'a (Tensor, Tensor)),
 }
 
 /// One decoder layer: masked self-attention, encoder-decoder attention and a feed-forward
@@ -64,114 +72,18 @@ impl DecoderLayer {
         })
     }
 
-    /// The layer's parameters in the fused kernels' layout and its layer norms' epsilon, for
-    /// a layer with biases whose three norms share one epsilon; `None` otherwise.
-    fn kernel_params(&self) -> Option<(kernels::DecoderLayerParams, f64)> {
-        let (linear1, linear2, _, _) = self.ff.parts();
-        let affine = |lin: &'_ crate::linear::Linear| -> Option<(Tensor, Tensor)> {
-            Some((lin.weight().clone(), lin.bias()?.clone()))
-        };
-        let proj = |m: &MultiHeadAttention| -> Option<[(Tensor, Tensor); 4]> {
-            let [q, k, v, o] = m.projections();
-            Some([affine(q)?, affine(k)?, affine(v)?, affine(o)?])
-        };
-        let (sa, ca) = (proj(&self.self_attn)?, proj(&self.multihead_attn)?);
-        let (l1, l2) = (affine(linear1)?, affine(linear2)?);
-        let norms = [&self.norm1, &self.norm2, &self.norm3].map(|n| n.parts());
-        let eps = norms[0].2;
-        if norms.iter().any(|n| n.2 != eps) {
-            return None;
-        }
-        let params = kernels::DecoderLayerParams::new(
-            [pair(&sa[0]), pair(&sa[1]), pair(&sa[2]), pair(&sa[3])],
-            [pair(&ca[0]), pair(&ca[1]), pair(&ca[2]), pair(&ca[3])],
-            pair(&l1),
-            pair(&l2),
-            norms.map(|n| (n.0, n.1)),
-        );
-        Some((params, eps))
-    }
-
-    /// [`Self::forward_no_weights`] as one fused op ([`kernels::decoder_layer`]) whose
-    /// parameters' gradients go to `grads` when it applies (a ReLU or GELU layer on CPU f32 tensors,
-    /// one dropout probability, inputs that are part of a graph and parameters that are
-    /// variables); `None` otherwise. Draws the same dropout streams as the composed layer, in
-    /// the same order.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn fused_direct(
-        &self,
-        x: &Tensor,
-        memory: &Tensor,
-        self_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
-        mode: Mode,
-        grads: &DirectGrads,
-        products: kernels::Precision,
-    ) -> Result<Option<Tensor>> {
-        let Some((params, eps)) = self.kernel_params() else {
-            return Ok(None);
-        };
-        let (linear1, _, activation, ff_dropout) = self.ff.parts();
-        let p = self.dropout.p();
-        let same_dropout = self.self_attn.dropout().p() == p
-            && self.multihead_attn.dropout().p() == p
-            && ff_dropout.p() == p;
-        let (b, t, _) = x.dims3()?;
-        let s = memory.dim(1)?;
-        let f32_cpu = |t: &Tensor| t.dtype() == candle_core::DType::F32 && t.device().is_cpu();
-        let applies = same_dropout
-            && f32_cpu(x)
-            && f32_cpu(memory)
-            && f32_cpu(linear1.weight())
-            && self_mask.is_none_or(|m| m.keep().dims().last() == Some(&t))
-            && memory_mask.is_none_or(|m| {
-                let d = m.keep().dims();
-                d.len() == 4 && d[2] == 1 && d[3] == s && (d[0] == 1 || d[0] == b)
-            })
-            && (x.track_op() || memory.track_op())
-            && params.all_accepted_by_direct_grads();
-        if !applies {
-            return Ok(None);
-        }
-        let dropout = match mode {
-            Mode::Train(rng) if p > 0.0 => Some(kernels::DecoderLayerDropout {
-                p,
-                seed: rng.state().0,
-                streams: std::array::from_fn(|_| rng.next_stream()),
-            }),
-            _ => None,
-        };
-        // Padding rows are skipped where a mask declares lengths; the other side's are then
-        // all real.
-        let lengths = match (
-            self_mask.and_then(|m| m.lengths()),
-            memory_mask.and_then(|m| m.lengths()),
-        ) {
-            (None, None) => None,
-            (tl, sl) => Some((
-                tl.map_or_else(|| vec![t; b], <[usize]>::to_vec),
-                sl.map_or_else(|| vec![s; b], <[usize]>::to_vec),
-            )),
-        };
-        let opts = kernels::EncoderLayerOptions {
-            nhead: self.self_attn.nhead(),
-            layer_norm_eps: eps,
+    /// The layer's parts, for a [`Backend`] that runs it another way: self-attention,
+    /// encoder-decoder attention, feed-forward, the three norms, the residual dropout and
+    /// whether it is pre-norm.
+    pub(crate) fn parts(&self) -> DecoderLayerParts<'_> {
+        DecoderLayerParts {
+            self_attn: &self.self_attn,
+            cross_attn: &self.multihead_attn,
+            ff: &self.ff,
+            norms: [&self.norm1, &self.norm2, &self.norm3],
+            dropout: self.dropout,
             norm_first: self.norm_first,
-            precision: products,
-            activation,
-        };
-        kernels::decoder_layer(
-            x,
-            memory,
-            &params,
-            opts,
-            self_mask.map(|m| m.keep()),
-            memory_mask.map(|m| m.keep()),
-            lengths.as_ref().map(|(t, s)| (&t[..], &s[..])),
-            dropout,
-            Some(grads),
-        )
-        .map(Some)
+        }
     }
 
     /// [`Self::forward`] without the attention weights: both attentions run as the fused
@@ -187,17 +99,10 @@ impl DecoderLayer {
         memory_mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<Tensor> {
-        let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
-            self.self_attn
-                .self_attention_output(h, None, self_mask, mode)
-        })?;
-        let x = residual(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
-            self.multihead_attn
-                .cross_attention_output(h, memory, memory_mask, mode)
-        })?;
-        residual(&x, &self.norm3, self.norm_first, self.dropout, mode, |h| {
-            self.ff.forward(h, mode)
-        })
+        let memory = Memory::Full(memory);
+        Ok(self
+            .run(x, memory, None, self_mask, memory_mask, mode, false)?
+            .0)
     }
 
     /// Runs the layer on all target positions at once and returns both attentions' weights.
@@ -214,31 +119,11 @@ impl DecoderLayer {
         memory_mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<(Tensor, DecoderWeights)> {
-        let (mut self_w, mut cross_w) = (None, None);
-        let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
-            let (out, w) = self.self_attn.forward(h, h, h, self_mask, mode)?;
-            self_w = Some(w);
-            Ok(out)
-        })?;
-        let x = residual(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
-            let (out, w) = self
-                .multihead_attn
-                .forward(h, memory, memory, memory_mask, mode)?;
-            cross_w = Some(w);
-            Ok(out)
-        })?;
-        let x = residual(&x, &self.norm3, self.norm_first, self.dropout, mode, |h| {
-            self.ff.forward(h, mode)
-        })?;
-        let weights = DecoderWeights {
-            self_attn: self_w.expect("self-attention ran"),
-            cross_attn: cross_w.expect("cross-attention ran"),
-        };
-        Ok((x, weights))
+        let memory = Memory::Full(memory);
+        let (x, w) = self.run(x, memory, None, self_mask, memory_mask, mode, true)?;
+        Ok((x, w.expect("weights were asked for")))
     }
-}
 
-impl DecoderLayer {
     /// Projects the encoder output into this layer's encoder-decoder keys and values, once
     /// per source sentence (every decoding step reuses them).
     ///
@@ -266,41 +151,77 @@ impl DecoderLayer {
         memory_mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<(Tensor, DecoderWeights)> {
+        let memory = Memory::Projected(memory_kv);
+        let (x, w) = self.run(x, memory, Some(cache), self_mask, memory_mask, mode, true)?;
+        Ok((x, w.expect("weights were asked for")))
+    }
+
+    /// The composed layer: the three residual sub-layers, extending `cache` when given, the
+    /// attention weights only with `need_weights` (without them, both attentions run as the
+    /// fused attention op, which keeps nothing of them; over projected memory the weights
+    /// are always computed).
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        x: &Tensor,
+        memory: Memory,
+        cache: Option<&mut KvCache>,
+        self_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+        need_weights: bool,
+    ) -> Result<(Tensor, Option<DecoderWeights>)> {
         let (mut self_w, mut cross_w) = (None, None);
         let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
-            let (out, w) = self.self_attn.forward_cached(h, cache, self_mask, mode)?;
+            if !need_weights {
+                return self
+                    .self_attn
+                    .self_attention_output(h, cache, self_mask, mode);
+            }
+            let (out, w) = match cache {
+                Some(cache) => self.self_attn.forward_cached(h, cache, self_mask, mode)?,
+                None => self.self_attn.forward(h, h, h, self_mask, mode)?,
+            };
             self_w = Some(w);
             Ok(out)
         })?;
         let x = residual(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
-            let q = self.multihead_attn.project_q(h)?;
-            let (out, w) =
-                self.multihead_attn
-                    .attend(&q, &memory_kv.0, &memory_kv.1, memory_mask, mode)?;
+            let attn = &self.multihead_attn;
+            let (out, w) = match memory {
+                Memory::Full(m) if !need_weights => {
+                    return attn.cross_attention_output(h, m, memory_mask, mode)
+                }
+                Memory::Full(m) => attn.forward(h, m, m, memory_mask, mode)?,
+                Memory::Projected((k, v)) => {
+                    attn.attend(&attn.project_q(h)?, k, v, memory_mask, mode)?
+                }
+            };
             cross_w = Some(w);
             Ok(out)
         })?;
         let x = residual(&x, &self.norm3, self.norm_first, self.dropout, mode, |h| {
             self.ff.forward(h, mode)
         })?;
-        let weights = DecoderWeights {
-            self_attn: self_w.expect("self-attention ran"),
-            cross_attn: cross_w.expect("cross-attention ran"),
+        let weights = match (self_w, cross_w) {
+            (Some(self_attn), Some(cross_attn)) => Some(DecoderWeights {
+                self_attn,
+                cross_attn,
+            }),
+            _ => None,
         };
         Ok((x, weights))
     }
 }
 
-/// A weight and bias pair as references.
-fn pair(p: &(Tensor, Tensor)) -> (&Tensor, &Tensor) {
-    (&p.0, &p.1)
-}
-
-/// N decoder layers and an optional final LayerNorm (`nn.TransformerDecoder`'s `norm`).
+/// N decoder layers and an optional final LayerNorm (`nn.TransformerDecoder`'s `norm`). Each
+/// layer call goes through the stack's [`Backend`] (chosen when the stack is built,
+/// [`backend::choose`]), which runs it or leaves it to the composed layer; the backend also
+/// makes the fused decoding step ([`Self::fused_stack`]).
 #[derive(Debug, Clone)]
 pub struct Decoder {
     layers: Vec<DecoderLayer>,
     norm: Option<LayerNorm>,
+    backend: Arc<dyn Backend>,
 }
 
 impl Decoder {
@@ -323,7 +244,12 @@ impl Decoder {
         } else {
             None
         };
-        Ok(Self { layers, norm })
+        let backend = backend::choose(&pb.device());
+        Ok(Self {
+            layers,
+            norm,
+            backend,
+        })
     }
 
     /// Runs every layer, then the final norm if any, on all target positions at once.
@@ -338,57 +264,51 @@ impl Decoder {
         memory_mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<Tensor> {
-        let mut x = x.clone();
-        for layer in &self.layers {
-            x = layer.forward_no_weights(&x, memory, self_mask, memory_mask, mode)?;
-        }
-        match &self.norm {
-            Some(norm) => norm.forward(&x),
-            None => Ok(x),
-        }
+        self.forward_as(x, memory, self_mask, memory_mask, mode, Backprop::Graph)
     }
 
-    /// [`Self::forward`] for training with each layer that can as one fused op whose
-    /// parameters' gradients go to `grads` ([`kernels::decoder_layer`]); the others, and
-    /// the final norm, through candle's graph.
+    /// [`Self::forward`] differentiated as `backprop` says: through the graph, or with the
+    /// parameter gradients of each layer the backend runs as one fused op delivered to
+    /// `DirectGrads` (the others, and the final norm, through candle's graph).
     ///
     /// # Shapes
     /// x (B, T, C), memory (B, S, C) -> (B, T, C)
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_direct(
+    pub fn forward_as(
         &self,
         x: &Tensor,
         memory: &Tensor,
         self_mask: Option<&Mask>,
         memory_mask: Option<&Mask>,
         mode: Mode,
-        grads: &DirectGrads,
-        products: kernels::Precision,
+        backprop: Backprop,
     ) -> Result<Tensor> {
-        let mut x = x.clone();
-        for layer in &self.layers {
-            x = match layer.fused_direct(
-                &x,
-                memory,
-                self_mask,
-                memory_mask,
-                mode,
-                grads,
-                products,
-            )? {
-                Some(y) => y,
-                None => layer.forward_no_weights(&x, memory, self_mask, memory_mask, mode)?,
-            };
-        }
-        match &self.norm {
-            Some(norm) => norm.forward(&x),
-            None => Ok(x),
-        }
+        let masks = (self_mask, memory_mask);
+        let memory = MemoryPerLayer::Full(memory);
+        Ok(self.run(x, memory, None, masks, mode, false, backprop)?.0)
+    }
+
+    /// Also returns every layer's attention weights.
+    pub fn forward_with_weights(
+        &self,
+        x: &Tensor,
+        memory: &Tensor,
+        self_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        mode: Mode,
+    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
+        let masks = (self_mask, memory_mask);
+        let memory = MemoryPerLayer::Full(memory);
+        self.run(x, memory, None, masks, mode, true, Backprop::Graph)
     }
 
     /// Number of layers.
     pub fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    /// Runs each layer through `backend` from now on (see [`crate::backend`]).
+    pub fn set_backend(&mut self, backend: Arc<dyn Backend>) {
+        self.backend = backend;
     }
 
     /// Every layer's encoder-decoder keys and values ([`DecoderLayer::project_memory`]).
@@ -424,74 +344,79 @@ impl Decoder {
                 memory_kv.len()
             );
         }
-        let mut x = x.clone();
-        let mut weights = Vec::with_capacity(n);
-        for ((layer, cache), kv) in self.layers.iter().zip(caches).zip(memory_kv) {
-            let (y, w) = layer.forward_step(&x, cache, kv, self_mask, memory_mask, mode)?;
-            x = y;
-            weights.push(w);
-        }
-        if let Some(norm) = &self.norm {
-            x = norm.forward(&x)?;
-        }
-        Ok((x, weights))
+        let masks = (self_mask, memory_mask);
+        let memory = MemoryPerLayer::Projected(memory_kv);
+        self.run(x, memory, Some(caches), masks, mode, true, Backprop::Graph)
     }
 
-    /// The stack as one fused decoding step ([`kernels::DecoderStack`]) when it applies:
-    /// ReLU layers with biases, one layer-norm epsilon, CPU f32 contiguous parameters.
-    pub fn fused_stack(&self) -> Option<kernels::DecoderStack> {
-        let first = self.layers.first()?;
-        let (_, _, eps) = first.norm1.parts();
-        let mut layers = Vec::with_capacity(self.layers.len());
-        for l in &self.layers {
-            if l.ff.parts().2 != crate::config::Activation::Relu {
-                return None;
-            }
-            let (params, e) = l.kernel_params()?;
-            if e != eps {
-                return None;
-            }
-            layers.push(params);
-        }
-        let final_norm = match &self.norm {
-            Some(n) => {
-                let (w, b, e) = n.parts();
-                if e != eps {
-                    return None;
-                }
-                Some((w.clone(), b.clone()))
-            }
-            None => None,
-        };
-        let stack = kernels::DecoderStack::new(
-            layers,
-            final_norm,
-            first.self_attn.nhead(),
-            eps,
-            first.norm_first,
-        );
-        stack.applies().then_some(stack)
+    /// The stack as one fused decoding step ([`backend::DecodingStack`]) where the backend
+    /// has one for this decoder (the CPU's: ReLU layers with biases, one layer-norm epsilon,
+    /// CPU f32 contiguous parameters).
+    pub fn fused_stack(&self) -> Option<backend::DecodingStack> {
+        let layers: Vec<_> = self.layers.iter().map(DecoderLayer::parts).collect();
+        self.backend.decoding_stack(&layers, self.norm.as_ref())
     }
 
-    /// Also returns every layer's attention weights.
-    pub fn forward_with_weights(
+    /// The one loop over the layers: each call goes to the backend first, then to the
+    /// composed layer; then the final norm.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
         &self,
         x: &Tensor,
-        memory: &Tensor,
-        self_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
+        memory: MemoryPerLayer,
+        mut caches: Option<&mut [KvCache]>,
+        (self_mask, memory_mask): (Option<&Mask>, Option<&Mask>),
         mode: Mode,
+        need_weights: bool,
+        backprop: Backprop,
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
         let mut x = x.clone();
         let mut weights = Vec::with_capacity(self.layers.len());
-        for layer in &self.layers {
-            let (y, w) = layer.forward(&x, memory, self_mask, memory_mask, mode)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let memory = match memory {
+                MemoryPerLayer::Full(m) => Memory::Full(m),
+                MemoryPerLayer::Projected(kv) => Memory::Projected(&kv[i]),
+            };
+            let fused = match memory {
+                Memory::Full(m) if !need_weights && cache.is_none() => {
+                    let call = DecoderLayerCall {
+                        x: &x,
+                        memory: m,
+                        self_mask,
+                        memory_mask,
+                        mode,
+                        backprop,
+                    };
+                    self.backend.decoder_layer(&layer.parts(), call)?
+                }
+                _ => None,
+            };
+            let (y, w) = match fused {
+                Some(y) => (y, None),
+                None => layer.run(
+                    &x,
+                    memory,
+                    cache,
+                    self_mask,
+                    memory_mask,
+                    mode,
+                    need_weights,
+                )?,
+            };
             x = y;
-            weights.push(w);
+            weights.extend(w);
         }
         if let Some(norm) = &self.norm {
             x = norm.forward(&x)?;
         }
         Ok((x, weights))
     }
+}
+
+/// The memory of every layer: the encoder output they share, or one projection each.
+#[derive(Debug, Clone, Copy)]
+enum MemoryPerLayer<'a> {
+    Full(&'a Tensor),
+    Projected(&'a [(Tensor, Tensor)]),
 }

@@ -2,17 +2,17 @@
 //! and a feed-forward sub-layer, each wrapped as `LayerNorm(x + Dropout(Sublayer(x)))`
 //! (post-norm, the paper) or `x + Dropout(Sublayer(LayerNorm(x)))` (`norm_first`).
 
+use crate::backend::{self, Backend, Backprop, EncoderLayerParts, LayerCall};
 use crate::config::Activation;
 use crate::dropout::{Dropout, Mode};
 use crate::feed_forward::FeedForward;
-use crate::grads::DirectGrads;
-use crate::kernels::{self, EncoderLayerOptions, EncoderLayerParams, LayerDropout};
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
 use crate::multi_head::{KvCache, MultiHeadAttention};
 use crate::params::ParamBuilder;
 use crate::Result;
 use candle_core::Tensor;
+use std::sync::Arc;
 
 /// The sizes and options one layer needs (a view of the model configs).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,19 +45,6 @@ impl From<&crate::config::TransformerConfig> for LayerSpec {
             norm_first: c.norm_first,
         }
     }
-}
-
-/// How the caller will differentiate a forward pass, which decides whether a layer may run
-/// as one fused op ([`kernels::encoder_layer`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Backprop<'a> {
-    /// Through candle's graph (`loss.backward()`): the composed layer.
-    Graph,
-    /// The parameters' gradients into `DirectGrads`, the input's through the graph; the
-    /// fused layers' products in the given arithmetic ([`EncoderLayerOptions::precision`]).
-    Direct(&'a DirectGrads, kernels::Precision),
-    /// Not at all (evaluation): no graph is built.
-    Off,
 }
 
 /// A residual sub-layer connection (section 5.4 "Residual Dropout" and section 3.1):
@@ -132,76 +119,24 @@ impl EncoderLayer {
         cache: Option<&mut KvCache>,
         mode: Mode,
     ) -> Result<(Tensor, Tensor)> {
-        let (x, weights) = self.run(x, mask, cache, mode, true, Backprop::Graph)?;
+        let (x, weights) = self.run(x, mask, cache, mode, true)?;
         Ok((x, weights.expect("weights were asked for")))
     }
 
-    /// The layer as one fused op ([`kernels::encoder_layer`]) when it applies (a ReLU or GELU layer
-    /// on CPU f32 tensors, f64 too without gradients; with `Direct`, an input that is part of
-    /// a graph and parameters that are variables); `None` otherwise. Draws the same dropout
-    /// streams as the composed layer, in the same order.
-    fn fused(
-        &self,
-        x: &Tensor,
-        mask: Option<&Mask>,
-        mode: Mode,
-        backprop: Backprop,
-    ) -> Result<Option<Tensor>> {
-        let (grads, precision) = match backprop {
-            Backprop::Graph => return Ok(None),
-            Backprop::Direct(g, p) => (Some(g), p),
-            Backprop::Off => (None, kernels::Precision::F32),
-        };
-        let (linear1, linear2, activation, ff_dropout) = self.ff.parts();
-        let [q, k, v, out] = self.self_attn.projections();
-        let (n1_w, n1_b, eps) = self.norm1.parts();
-        let (n2_w, n2_b, eps2) = self.norm2.parts();
-        let p = self.dropout.p();
-        let biased = [q, k, v, out, linear1, linear2].map(|l| l.bias());
-        let [Some(qb), Some(kb), Some(vb), Some(ob), Some(l1b), Some(l2b)] = biased else {
-            return Ok(None);
-        };
-        let params = EncoderLayerParams::new(
-            (q.weight(), qb),
-            (k.weight(), kb),
-            (v.weight(), vb),
-            (out.weight(), ob),
-            (linear1.weight(), l1b),
-            (linear2.weight(), l2b),
-            (n1_w, n1_b),
-            (n2_w, n2_b),
-        );
-        let same_dropout = self.self_attn.dropout().p() == p && ff_dropout.p() == p;
-        let (_, t, _) = x.dims3()?;
-        let applies = eps == eps2
-            && same_dropout
-            && mask.is_none_or(|m| m.keep().dim(3).is_ok_and(|s| s == t))
-            && kernels::encoder_layer_applies(x, &params, grads.is_some())
-            && grads.is_none_or(|_| x.track_op() && params.all_accepted_by_direct_grads());
-        if !applies {
-            return Ok(None);
-        }
-        let dropout = match mode {
-            Mode::Train(rng) if p > 0.0 => Some(LayerDropout {
-                p,
-                seed: rng.state().0,
-                streams: std::array::from_fn(|_| rng.next_stream()),
-            }),
-            _ => None,
-        };
-        let opts = EncoderLayerOptions {
-            nhead: self.self_attn.nhead(),
-            layer_norm_eps: eps,
+    /// The layer's parts, for a [`Backend`] that runs it another way.
+    pub(crate) fn parts(&self) -> EncoderLayerParts<'_> {
+        EncoderLayerParts {
+            self_attn: &self.self_attn,
+            ff: &self.ff,
+            norm1: &self.norm1,
+            norm2: &self.norm2,
+            dropout: self.dropout,
             norm_first: self.norm_first,
-            precision,
-            activation,
-        };
-        let (keep, lengths) = (mask.map(|m| m.keep()), mask.and_then(|m| m.lengths()));
-        kernels::encoder_layer(x, &params, opts, keep, lengths, dropout, grads).map(Some)
+        }
     }
 
-    /// The layer; the attention weights only with `need_weights` (without them, attention
-    /// runs as one fused op that keeps nothing of them).
+    /// The composed layer; the attention weights only with `need_weights` (without them,
+    /// attention runs as one fused op that keeps nothing of them).
     fn run(
         &self,
         x: &Tensor,
@@ -209,13 +144,7 @@ impl EncoderLayer {
         cache: Option<&mut KvCache>,
         mode: Mode,
         need_weights: bool,
-        backprop: Backprop,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        if !need_weights && cache.is_none() {
-            if let Some(y) = self.fused(x, mask, mode, backprop)? {
-                return Ok((y, None));
-            }
-        }
         let mut weights = None;
         let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
             if !need_weights {
@@ -236,11 +165,14 @@ impl EncoderLayer {
 }
 
 /// N encoder layers and an optional final LayerNorm (`nn.TransformerEncoder`'s `norm`;
-/// `nn.Transformer` has one, the tutorial language model does not).
+/// `nn.Transformer` has one, the tutorial language model does not). Each layer call goes
+/// through the stack's [`Backend`] (chosen when the stack is built, [`backend::choose`]),
+/// which runs it or leaves it to the composed layer.
 #[derive(Debug, Clone)]
 pub struct Encoder {
     layers: Vec<EncoderLayer>,
     norm: Option<LayerNorm>,
+    backend: Arc<dyn Backend>,
 }
 
 impl Encoder {
@@ -263,7 +195,12 @@ impl Encoder {
         } else {
             None
         };
-        Ok(Self { layers, norm })
+        let backend = backend::choose(&pb.device());
+        Ok(Self {
+            layers,
+            norm,
+            backend,
+        })
     }
 
     /// Runs every layer, then the final norm if any.
@@ -271,44 +208,26 @@ impl Encoder {
     /// # Shapes
     /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
     pub fn forward(&self, x: &Tensor, mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
-        Ok(self.run(x, mask, None, mode, false, Backprop::Graph)?.0)
+        self.forward_as(x, mask, mode, Backprop::Graph)
     }
 
-    /// [`Self::forward`] whose backward pass delivers the layers' parameter gradients to
-    /// `grads` instead of candle's `GradStore` where each layer runs as one fused op
-    /// ([`kernels::encoder_layer`]: ReLU or GELU layers on CPU f32); the input's gradient (and any
-    /// layer's that cannot be fused, and the final norm's) go through the graph as usual.
-    /// The same result as [`Self::forward`], summed in another order.
+    /// [`Self::forward`] differentiated as `backprop` says: through the graph; with the
+    /// parameter gradients of each layer the backend runs as one fused op delivered to
+    /// `DirectGrads` instead of candle's `GradStore` (the input's gradient, and any composed
+    /// layer's and the final norm's, go through the graph as usual; the same result summed in
+    /// another order); or not at all (evaluation: a fused layer builds no graph and keeps
+    /// nothing for a backward pass).
     ///
     /// # Shapes
     /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
-    pub fn forward_direct(
+    pub fn forward_as(
         &self,
         x: &Tensor,
         mask: Option<&Mask>,
         mode: Mode,
-        grads: &DirectGrads,
-        products: kernels::Precision,
+        backprop: Backprop,
     ) -> Result<Tensor> {
-        Ok(self
-            .run(
-                x,
-                mask,
-                None,
-                mode,
-                false,
-                Backprop::Direct(grads, products),
-            )?
-            .0)
-    }
-
-    /// [`Self::forward`] for evaluation without gradients: each layer that can runs as one
-    /// fused op that builds no graph and keeps nothing for a backward pass.
-    ///
-    /// # Shapes
-    /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
-    pub fn forward_no_grad(&self, x: &Tensor, mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
-        Ok(self.run(x, mask, None, mode, false, Backprop::Off)?.0)
+        Ok(self.run(x, mask, None, mode, false, backprop)?.0)
     }
 
     /// Also returns each layer's self-attention weights, (B, H, S, S) each.
@@ -341,6 +260,16 @@ impl Encoder {
             .0)
     }
 
+    /// Runs each layer through `backend` from now on (see [`crate::backend`]).
+    pub fn set_backend(&mut self, backend: Arc<dyn Backend>) {
+        self.backend = backend;
+    }
+
+    /// The backend each layer call goes through.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
     /// The number of layers N in the stack.
     pub fn num_layers(&self) -> usize {
         self.layers.len()
@@ -360,7 +289,18 @@ impl Encoder {
         let mut weights = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {
             let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let (y, w) = layer.run(&x, mask, cache, mode, need_weights, backprop)?;
+            let call = LayerCall {
+                x: &x,
+                mask,
+                mode,
+                backprop,
+                need_weights,
+                cached: cache.is_some(),
+            };
+            let (y, w) = match self.backend.encoder_layer(&layer.parts(), call)? {
+                Some(y) => (y, None),
+                None => layer.run(&x, mask, cache, mode, need_weights)?,
+            };
             x = y;
             weights.extend(w);
         }

@@ -79,6 +79,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod backend;
 pub mod config;
 pub mod decoder;
 pub mod dropout;
@@ -86,10 +87,8 @@ pub mod embedding;
 pub mod encoder;
 pub mod error;
 pub mod feed_forward;
-pub mod grads;
 pub mod gru;
 pub mod import;
-pub mod kernels;
 pub mod layer_norm;
 pub mod linear;
 pub mod lm;
@@ -97,10 +96,16 @@ pub mod mask;
 pub mod multi_head;
 pub mod params;
 pub mod positional;
-pub mod rng;
 pub mod rnn;
 pub mod seq2seq;
 pub mod transformer;
+
+/// The fused CPU kernels, a crate of their own below the model ([`transformer_kernels`]).
+pub use transformer_kernels as kernels;
+/// The gradient buffer the fused kernels write into ([`transformer_kernels::grads`]).
+pub use transformer_kernels::grads;
+/// The counter-based RNG of initialisation and dropout ([`transformer_kernels::rng`]).
+pub use transformer_kernels::rng;
 
 pub use attention::{scaled_dot_product_attention, softmax_last_dim};
 pub use config::{Activation, LmConfig, TransformerConfig};
@@ -113,6 +118,9 @@ pub use feed_forward::FeedForward;
 pub use grads::DirectGrads;
 /// The int8 scheme's weight quantization (one scale per row), for int8 runs on disk.
 pub use kernels::int8::quantize_weight_rows;
+/// The arithmetic of the fused layers' large products (`f32`, `bf16`): a model setting, so
+/// callers need not name the kernels ([`kernels::Precision`]).
+pub use kernels::Precision;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use lm::TransformerLm;

@@ -4,10 +4,11 @@
 //! vocabulary. Parameter names are the tutorial's (`embedding.weight`,
 //! `transformer_encoder.layers.0.linear1.weight`, `linear.bias`).
 
+use crate::backend::{Backend, Backprop};
 use crate::config::{Activation, LmConfig};
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
-use crate::encoder::{Backprop, Encoder, LayerSpec};
+use crate::encoder::{Encoder, LayerSpec};
 use crate::grads::DirectGrads;
 use crate::kernels::Precision;
 use crate::linear::Linear;
@@ -103,11 +104,11 @@ impl TransformerLm {
         let x = self.pos_encoder.forward(&x, 0, mode)?;
         let causal = Mask::causal(t, ids.device())?;
         let enc = &self.transformer_encoder;
-        match backprop {
-            Backprop::Graph => enc.forward(&x, Some(&causal), mode),
-            Backprop::Direct(d, p) => enc.forward_direct(&x, Some(&causal), mode, d, p),
-            Backprop::Off => enc.forward_no_grad(&x.detach(), Some(&causal), mode),
-        }
+        let x = match backprop {
+            Backprop::Off => x.detach(),
+            Backprop::Graph | Backprop::Direct(..) => x,
+        };
+        enc.forward_as(&x, Some(&causal), mode, backprop)
     }
 
     /// Every layer's causal self-attention weights over `ids` (evaluation mode), for
@@ -256,6 +257,16 @@ impl TransformerLm {
             .expect("the language model's output layer has a bias");
         let w = self.linear.weight().detach();
         crate::kernels::linear_cross_entropy(&h, &w, &bias.detach(), targets, None)
+    }
+
+    /// Runs each encoder layer through `backend` from now on (see [`crate::backend`]).
+    pub fn set_backend(&mut self, backend: std::sync::Arc<dyn Backend>) {
+        self.transformer_encoder.set_backend(backend);
+    }
+
+    /// What runs the encoder layers and why, one line for the log.
+    pub fn describe_backend(&self) -> String {
+        self.transformer_encoder.backend().describe()
     }
 
     /// The output layer, for losses that fuse it with the softmax.

@@ -252,8 +252,8 @@ impl PreparedDecoding {
             .or(self.generator_q.as_ref().map(|q| q.kernel()))
             .is_some_and(|k| k != crate::kernels::int8::Int8Kernel::Avx512Vnni);
         if slow {
-            // Measured (examples/int8_bench.rs): without VNNI the int8 products run below
-            // the f32 ones.
+            // Measured (crates/kernels/examples/int8_bench.rs): without VNNI the int8
+            // products run below the f32 ones.
             format!(
                 "{layers}, {output}; this CPU has no AVX512-VNNI: int8 saves memory here but                  decodes slower than f32"
             )
@@ -564,19 +564,12 @@ impl Seq2Seq {
         let tgt_mask = masks.tgt.clone().with_lengths(tgt_len);
         let memory_mask = masks.memory.clone().with_lengths(src_len);
         let x = self.embed_direct(&self.src_embedding, src, mode, grads)?;
-        let memory = self
-            .transformer
-            .encode_direct(&x, Some(&src_mask), mode, grads, precision)?;
+        let backprop = crate::backend::Backprop::Direct(grads, precision);
+        let tr = &self.transformer;
+        let memory = tr.encode_as(&x, Some(&src_mask), mode, backprop)?;
         let y = self.embed_direct(&self.tgt_embedding, tgt_in, mode, grads)?;
-        let h = self.transformer.decode_direct(
-            &y,
-            &memory,
-            Some(&tgt_mask),
-            Some(&memory_mask),
-            mode,
-            grads,
-            precision,
-        )?;
+        let (tm, mm) = (Some(&tgt_mask), Some(&memory_mask));
+        let h = tr.decode_as(&y, &memory, tm, mm, mode, backprop)?;
         let (b, t, c) = h.dims3()?;
         label_smoothed_loss_with(
             &h.reshape((b * t, c))?,
@@ -685,10 +678,13 @@ impl Seq2Seq {
         let src_lens = crate::mask::lengths(src, pad_id)?;
         let decoder = self.transformer.decoder();
         if let Some(stack) = stack {
-            let memory = self.transformer.encode_no_grad(
-                &self.embed(&self.src_embedding, src, 0, Mode::Eval)?,
-                Some(&mask),
-            )?;
+            let x = self
+                .embed(&self.src_embedding, src, 0, Mode::Eval)?
+                .detach();
+            let off = crate::backend::Backprop::Off;
+            let memory = self
+                .transformer
+                .encode_as(&x, Some(&mask), Mode::Eval, off)?;
             let keep = src.ne(pad_id)?.flatten_all()?.to_vec1::<u8>()?;
             return Ok(DecodeState {
                 caches: Caches::Fused(stack.start(&memory, &keep)?, stack),

@@ -2,6 +2,7 @@
 //! layer), equivalent to `torch.nn.Transformer`: an encoder and a decoder stack, each with a
 //! final LayerNorm.
 
+use crate::backend::Backprop;
 use crate::config::TransformerConfig;
 use crate::decoder::{Decoder, DecoderWeights};
 use crate::dropout::Mode;
@@ -40,51 +41,38 @@ impl Transformer {
         self.encoder.forward(src, src_mask, mode)
     }
 
-    /// [`Self::encode`] with the encoder layers' parameter gradients going to `grads` where
-    /// a layer runs as one fused op ([`Encoder::forward_direct`]).
+    /// [`Self::encode`] differentiated as `backprop` says ([`Encoder::forward_as`]): with the
+    /// parameter gradients of the layers the backend fuses going to `DirectGrads`, or for
+    /// evaluation without a graph ([`Backprop::Off`]; pass a detached `src`).
     ///
     /// # Shapes
     /// src (B, S, C), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)
-    pub fn encode_direct(
+    pub fn encode_as(
         &self,
         src: &Tensor,
         src_mask: Option<&Mask>,
         mode: Mode,
-        grads: &crate::grads::DirectGrads,
-        products: crate::kernels::Precision,
+        backprop: Backprop,
     ) -> Result<Tensor> {
-        self.encoder
-            .forward_direct(src, src_mask, mode, grads, products)
+        self.encoder.forward_as(src, src_mask, mode, backprop)
     }
 
-    /// [`Self::encode`] for evaluation without gradients: each encoder layer that can runs as
-    /// one fused op that builds no graph ([`Encoder::forward_no_grad`]).
-    ///
-    /// # Shapes
-    /// src (B, S, C), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)
-    pub fn encode_no_grad(&self, src: &Tensor, src_mask: Option<&Mask>) -> Result<Tensor> {
-        self.encoder
-            .forward_no_grad(&src.detach(), src_mask, Mode::Eval)
-    }
-
-    /// [`Self::decode`] for training, each decoder layer that can as one fused op whose
-    /// parameters' gradients go to `grads` ([`crate::decoder::Decoder::forward_direct`]).
+    /// [`Self::decode`] differentiated as `backprop` says
+    /// ([`crate::decoder::Decoder::forward_as`]).
     ///
     /// # Shapes
     /// tgt (B, T, C), memory (B, S, C) -> (B, T, C)
-    #[allow(clippy::too_many_arguments)]
-    pub fn decode_direct(
+    pub fn decode_as(
         &self,
         tgt: &Tensor,
         memory: &Tensor,
         tgt_mask: Option<&Mask>,
         memory_mask: Option<&Mask>,
         mode: Mode,
-        grads: &crate::grads::DirectGrads,
-        products: crate::kernels::Precision,
+        backprop: Backprop,
     ) -> Result<Tensor> {
         self.decoder
-            .forward_direct(tgt, memory, tgt_mask, memory_mask, mode, grads, products)
+            .forward_as(tgt, memory, tgt_mask, memory_mask, mode, backprop)
     }
 
     /// Runs the decoder stack over the embedded targets, attending to `memory`.
@@ -101,6 +89,13 @@ impl Transformer {
     ) -> Result<Tensor> {
         self.decoder
             .forward(tgt, memory, tgt_mask, memory_mask, mode)
+    }
+
+    /// Runs each encoder and decoder layer through `backend` from now on (see
+    /// [`crate::backend`]).
+    pub fn set_backend(&mut self, backend: std::sync::Arc<dyn crate::backend::Backend>) {
+        self.encoder.set_backend(backend.clone());
+        self.decoder.set_backend(backend);
     }
 
     /// The decoder stack (for incremental decoding: [`Decoder::project_memory`],

@@ -26,10 +26,11 @@
 //! is reported with its line, column and file offset. torchtext would fail on such a file too
 //! (it opens the files as UTF-8).
 
-use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+
+pub use crate::split::Split;
 
 use crate::error::{Error, Result};
 use crate::tokenize::for_each_token;
@@ -53,41 +54,6 @@ pub enum LineEnd {
 
 /// The token [`LineEnd::Eos`] appends to every line.
 pub const EOS: &str = "<eos>";
-
-/// One of the three splits of a corpus.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Split {
-    /// `train.txt`; the vocabulary is built from it.
-    Train,
-    /// `valid.txt`.
-    Valid,
-    /// `test.txt`.
-    Test,
-}
-
-impl Split {
-    /// All three, in the order they are loaded.
-    pub const ALL: [Split; 3] = [Split::Train, Split::Valid, Split::Test];
-
-    /// The file name inside a corpus directory: `train.txt`, `valid.txt` or `test.txt`.
-    pub fn file_name(self) -> &'static str {
-        match self {
-            Split::Train => "train.txt",
-            Split::Valid => "valid.txt",
-            Split::Test => "test.txt",
-        }
-    }
-}
-
-impl fmt::Display for Split {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Split::Train => "train",
-            Split::Valid => "valid",
-            Split::Test => "test",
-        })
-    }
-}
 
 /// A corpus read from a directory: the vocabulary and the three id streams.
 #[derive(Debug, Clone)]
@@ -268,22 +234,6 @@ fn for_each_line(path: &Path, split: Option<Split>, mut f: impl FnMut(&str)) -> 
             }
         }
         line_start += n as u64;
-    }
-}
-
-/// The [`Error::InvalidUtf8`] for a whole-file buffer whose first `valid_up_to` bytes are UTF-8.
-pub(crate) fn utf8_error(path: &Path, bytes: &[u8], valid_up_to: usize) -> Error {
-    let before = &bytes[..valid_up_to];
-    let line_start = before
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(0, |i| i + 1);
-    Error::InvalidUtf8 {
-        path: path.to_path_buf(),
-        line: before.iter().filter(|&&b| b == b'\n').count() + 1,
-        column: valid_up_to - line_start + 1,
-        byte_offset: valid_up_to as u64,
-        byte: bytes[valid_up_to],
     }
 }
 
@@ -471,7 +421,7 @@ mod tests {
         // The whole-buffer helper used by `Vocab::load` agrees.
         let bytes = fs::read(dir.join("train.txt")).unwrap();
         let valid_up_to = std::str::from_utf8(&bytes).unwrap_err().valid_up_to();
-        let again = utf8_error(&dir.join("train.txt"), &bytes, valid_up_to);
+        let again = crate::error::utf8_error(&dir.join("train.txt"), &bytes, valid_up_to);
         assert_eq!(again.to_string(), err.to_string());
     }
 }

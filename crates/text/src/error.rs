@@ -6,7 +6,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::corpus::Split;
+use crate::split::Split;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -265,5 +265,21 @@ fn whole(path: Option<&Path>) -> String {
     match path {
         Some(path) => path.display().to_string(),
         None => "vocabulary token list".to_string(),
+    }
+}
+
+/// The [`Error::InvalidUtf8`] for a whole-file buffer whose first `valid_up_to` bytes are UTF-8.
+pub(crate) fn utf8_error(path: &Path, bytes: &[u8], valid_up_to: usize) -> Error {
+    let before = &bytes[..valid_up_to];
+    let line_start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    Error::InvalidUtf8 {
+        path: path.to_path_buf(),
+        line: before.iter().filter(|&&b| b == b'\n').count() + 1,
+        column: valid_up_to - line_start + 1,
+        byte_offset: valid_up_to as u64,
+        byte: bytes[valid_up_to],
     }
 }

@@ -65,6 +65,7 @@ pub mod corpus;
 pub mod error;
 pub mod parallel;
 pub mod score;
+mod split;
 pub mod subword;
 pub mod tokenize;
 pub mod vocab;

@@ -90,7 +90,7 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
 pub fn lines_of(path: &Path, bytes: &[u8]) -> Result<Vec<String>> {
     let text = match std::str::from_utf8(bytes) {
         Ok(t) => t,
-        Err(e) => return Err(crate::corpus::utf8_error(path, bytes, e.valid_up_to())),
+        Err(e) => return Err(crate::error::utf8_error(path, bytes, e.valid_up_to())),
     };
     Ok(text.lines().map(|l| l.trim().to_string()).collect())
 }

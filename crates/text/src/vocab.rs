@@ -191,7 +191,7 @@ impl Vocab {
         })?;
         let text = match std::str::from_utf8(&bytes) {
             Ok(text) => text,
-            Err(e) => return Err(crate::corpus::utf8_error(path, &bytes, e.valid_up_to())),
+            Err(e) => return Err(crate::error::utf8_error(path, &bytes, e.valid_up_to())),
         };
         let mut lines: Vec<&str> = text.split('\n').collect();
         if text.ends_with('\n') {

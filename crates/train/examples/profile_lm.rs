@@ -5,6 +5,7 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use std::time::Instant;
+use transformer_model::backend::Backprop;
 use transformer_model::encoder::{Encoder, LayerSpec};
 use transformer_model::{
     Activation, DirectGrads, LmConfig, Mask, Mode, ParamBuilder, Rng, TransformerLm,
@@ -66,12 +67,11 @@ impl EncoderBench {
     /// parameters' gradients into `DirectGrads`.
     fn fused(&self, rng: &Rng) -> candle_core::Result<candle_core::backprop::GradStore> {
         self.direct.clear();
-        let y = self.enc.forward_direct(
+        let y = self.enc.forward_as(
             &self.x,
             Some(&self.mask),
             Mode::Train(rng),
-            &self.direct,
-            transformer_model::kernels::Precision::F32,
+            Backprop::Direct(&self.direct, transformer_model::kernels::Precision::F32),
         )?;
         (y * &self.cot)?.sum_all()?.backward()
     }
@@ -161,7 +161,7 @@ fn main() -> candle_core::Result<()> {
         });
         time("  encoder (eval, fused layers, no graph)", 5, || {
             enc.enc
-                .forward_no_grad(&enc.x, Some(&enc.mask), Mode::Eval)
+                .forward_as(&enc.x, Some(&enc.mask), Mode::Eval, Backprop::Off)
                 .unwrap()
         });
         time("  encoder (train) fwd+bwd, composed", 5, || {
@@ -170,12 +170,11 @@ fn main() -> candle_core::Result<()> {
         time("  encoder (train) fwd, fused layers", 5, || {
             enc.direct.clear();
             enc.enc
-                .forward_direct(
+                .forward_as(
                     &enc.x,
                     Some(&enc.mask),
                     Mode::Train(&rng),
-                    &enc.direct,
-                    transformer_model::kernels::Precision::F32,
+                    Backprop::Direct(&enc.direct, transformer_model::kernels::Precision::F32),
                 )
                 .unwrap()
         });

@@ -1,9 +1,9 @@
-//! The fused kernels of `transformer_model::kernels` against their composed references
+//! The fused kernels of `transformer_kernels` against their composed references
 //! (forward and every gradient through candle's backprop) and against central finite
 //! differences.
 
 use candle_core::{DType, Device, Result, Tensor, Var};
-use transformer_model::kernels::{
+use transformer_kernels::{
     attention, attention_reference, bf16, dropout, dropout_reference, label_smoothing_term,
     label_smoothing_term_reference, layer_norm, layer_norm_reference, linear, linear_cross_entropy,
     linear_cross_entropy_reference, linear_cross_entropy_with, linear_few_rows,
@@ -535,8 +535,8 @@ fn label_smoothing_term_matches_reference() {
         .iter()
         .map(|x| Var::from_tensor(x).unwrap())
         .collect();
-    let direct = transformer_model::DirectGrads::new();
-    let f = |d: Option<&transformer_model::DirectGrads>| {
+    let direct = transformer_kernels::grads::DirectGrads::new();
+    let f = |d: Option<&transformer_kernels::grads::DirectGrads>| {
         let [h, w, b] = [0, 1, 2].map(|i| vars[i].as_tensor());
         label_smoothing_term(h, w, b, &t, 0, 0.1, d)
             .unwrap()
@@ -969,7 +969,7 @@ fn linear_wt_matches_reference() -> Result<()> {
 /// and exactly the rule `uniform_at(seed, stream, i) >= p` (the kernel compares integers).
 #[test]
 fn dropout_matches_reference_and_the_rng_rule() {
-    use transformer_model::rng::uniform_at;
+    use transformer_kernels::rng::uniform_at;
     for dtype in [DType::F64, DType::F32] {
         for (k, (shape, p)) in [
             (vec![3usize, 5], 0.2),

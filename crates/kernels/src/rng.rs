@@ -27,7 +27,7 @@ pub fn uniform_at(seed: u64, stream: u64, index: u64) -> f64 {
 /// A seeded stream of random numbers. Its whole state is `(seed, counter)`; each call that
 /// draws a block of numbers (one weight matrix, one dropout mask) takes the next stream.
 ///
-/// Interior mutability lets a shared `&Rng` travel inside [`crate::Mode`] through a forward
+/// Interior mutability lets a shared `&Rng` travel inside the model's `Mode` through a forward
 /// pass; the type is deliberately not `Sync`.
 #[derive(Debug, Clone)]
 pub struct Rng {

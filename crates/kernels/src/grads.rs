@@ -12,11 +12,11 @@
 //! gradient, of which 700 rows are not zero.
 //!
 //! # How
-//! Hand a [`DirectGrads`] to [`crate::TransformerLm::loss_direct`]: the fused output layer
-//! ([`crate::kernels::linear_cross_entropy_direct`]) writes `dW` and `db` once into buffers
-//! held here, the embedding ([`crate::Embedding::forward_direct`]) records only its rows,
+//! Hand a [`DirectGrads`] to the language model's loss: the fused output layer
+//! ([`crate::linear_cross_entropy_direct`]) writes `dW` and `db` once into buffers
+//! held here, the embedding (the embedding) records only its rows,
 //! one per distinct token, and each encoder layer run as one fused op
-//! ([`crate::kernels::encoder_layer`]) adds its sixteen parameters' gradients. Those
+//! ([`crate::encoder_layer`]) adds its sixteen parameters' gradients. Those
 //! parameters get no entry in the `GradStore`. The training side reads this store and the
 //! `GradStore` together as one set of gradients (`transformer_train::grads::Gradients`:
 //! the clipping norm, the optimizers, a sum across processes), and [`DirectGrads::clear`]
@@ -119,7 +119,7 @@ impl DirectGrads {
 
     /// Whether `t` can take this path: a CPU f32 variable (its gradient would otherwise go
     /// to the `GradStore`).
-    pub(crate) fn accepts(t: &Tensor) -> bool {
+    pub fn accepts(t: &Tensor) -> bool {
         t.is_variable() && t.device().is_cpu() && t.dtype() == candle_core::DType::F32
     }
 
@@ -142,7 +142,7 @@ impl DirectGrads {
     /// A buffer of `len` values for a dense gradient of `param` that the caller overwrites
     /// entirely and hands back with [`Self::put_dense`]: the previous step's when it has that
     /// length (no allocation, no page faults), else a fresh one.
-    pub(crate) fn take_buffer(&self, param: &Tensor, len: usize) -> Vec<f32> {
+    pub fn take_buffer(&self, param: &Tensor, len: usize) -> Vec<f32> {
         let mut entries = self.lock();
         let spare = std::mem::take(&mut Self::entry(&mut entries, param).spare);
         if spare.len() == len {
@@ -153,7 +153,7 @@ impl DirectGrads {
     }
 
     /// Adds a dense gradient of `param` (its shape, contiguous).
-    pub(crate) fn put_dense(&self, param: &Tensor, g: Vec<f32>) {
+    pub fn put_dense(&self, param: &Tensor, g: Vec<f32>) {
         let mut entries = self.lock();
         let e = Self::entry(&mut entries, param);
         e.sum_sq = None;
@@ -180,7 +180,7 @@ impl DirectGrads {
 
     /// [`Self::put_dense`] of a gradient whose sum of squares `sum_sq` the caller took on
     /// the way; it is kept for [`Self::for_each`] if this is `param`'s only gradient.
-    pub(crate) fn put_dense_with_sum_sq(&self, param: &Tensor, g: Vec<f32>, sum_sq: f64) {
+    pub fn put_dense_with_sum_sq(&self, param: &Tensor, g: Vec<f32>, sum_sq: f64) {
         let only = {
             let mut entries = self.lock();
             Self::entry(&mut entries, param).grad.is_none()
@@ -193,7 +193,7 @@ impl DirectGrads {
 
     /// Adds the gradient of a row lookup into `param` `(rows, dim)`: position `i` read row
     /// `ids[i]` and receives `grads[i * dim..(i + 1) * dim]`.
-    pub(crate) fn add_rows(&self, param: &Tensor, ids: &[u32], grads: &[f32], dim: usize) {
+    pub fn add_rows(&self, param: &Tensor, ids: &[u32], grads: &[f32], dim: usize) {
         debug_assert_eq!(grads.len(), ids.len() * dim);
         let mut entries = self.lock();
         let e = Self::entry(&mut entries, param);

@@ -33,8 +33,9 @@
 
 use super::dropout::MaskSpec;
 use super::float::{self, simd, Float};
-use super::layer_norm;
-use super::linear::{bias_grad_add, weight_grad_rows};
+use super::shared::{
+    group_ranges, split_at_ranges, EncoderLayerOptions, Keep, LayerShape, Run, MIN_PARALLEL_MACS,
+};
 use super::sublayer::{
     attn_bwd, attn_fwd, check_lengths, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, Rows, SubDims,
     SublayerDrops,
@@ -130,24 +131,6 @@ impl EncoderLayerParams {
         }
         Ok((c, f))
     }
-}
-
-/// The layer's options ([`crate::encoder::LayerSpec`] without what the parameters give).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EncoderLayerOptions {
-    /// Attention heads H; must divide C.
-    pub nhead: usize,
-    /// Epsilon added to the variance in both layer norms.
-    pub layer_norm_eps: f64,
-    /// Pre-norm instead of post-norm residual sub-layers.
-    pub norm_first: bool,
-    /// The arithmetic of the projections' and the feed-forward layer's products:
-    /// [`super::Precision::Bf16`] runs them in bf16 with fp32 accumulation where the CPU has
-    /// a bf16 unit and the inputs are f32 (with gradients: the f64 path has none); the
-    /// attention heads, norms, softmax and everything else stay fp32.
-    pub precision: super::Precision,
-    /// The feed-forward activation: ReLU (the paper's) or the exact GELU.
-    pub activation: crate::config::Activation,
 }
 
 /// Dropout in training: probability `p`, and the RNG streams under `seed` of the four
@@ -259,9 +242,6 @@ pub fn encoder_layer_applies(x: &Tensor, params: &EncoderLayerParams, with_grads
             .all(|p| p.device().is_cpu() && p.dtype() == dtype)
 }
 
-/// Multiply-adds per thread below which the layer runs on one thread.
-pub(super) const MIN_PARALLEL_MACS: usize = 1 << 20;
-
 #[derive(Debug, Clone, Copy)]
 struct Dims {
     b: usize,
@@ -279,20 +259,6 @@ impl Dims {
             .min(macs / MIN_PARALLEL_MACS)
             .min(self.b)
             .max(1)
-    }
-}
-
-/// The attention mask expanded to `(B | 1, T, T)`.
-#[derive(Debug)]
-pub(super) struct Keep {
-    pub(super) data: Vec<u8>,
-    pub(super) per_batch: bool,
-}
-
-impl Keep {
-    pub(super) fn of(&self, seq: usize, t: usize) -> &[u8] {
-        let i = if self.per_batch { seq } else { 0 };
-        &self.data[i * t * t..(i + 1) * t * t]
     }
 }
 
@@ -319,49 +285,8 @@ impl Drops {
     }
 }
 
-/// `x[j] = keep(first + j) ? x[j] * scale : 0`: dropout forward, or its backward on a
-/// gradient.
-#[inline(always)]
-pub(super) fn drop_inplace<T: Float>(x: &mut [T], spec: &MaskSpec, first: usize, scale: T) {
-    for (j, v) in x.iter_mut().enumerate() {
-        *v = if spec.keep((first + j) as u64) {
-            *v * scale
-        } else {
-            T::ZERO
-        };
-    }
-}
-
-/// [`drop_inplace`] into `out`.
-#[inline(always)]
-pub(super) fn drop_into<T: Float>(x: &[T], out: &mut [T], spec: &MaskSpec, first: usize, scale: T) {
-    for (j, (o, &v)) in out.iter_mut().zip(x).enumerate() {
-        *o = if spec.keep((first + j) as u64) {
-            v * scale
-        } else {
-            T::ZERO
-        };
-    }
-}
-
 /// The parameters as slices, indexed by [`slot`].
 struct Weights<'a, T>([&'a [T]; slot::COUNT]);
-
-/// Row statistics of one layer norm over `n` rows: the normalised rows and `1 / std`.
-#[derive(Debug)]
-pub(super) struct Norm<T> {
-    xhat: Vec<T>,
-    rstd: Vec<T>,
-}
-
-impl<T> Default for Norm<T> {
-    fn default() -> Self {
-        Self {
-            xhat: Vec::new(),
-            rstd: Vec::new(),
-        }
-    }
-}
 
 /// What one group's forward pass keeps for its backward pass.
 #[derive(Debug)]
@@ -370,55 +295,6 @@ struct Saved<T> {
     ff: FfSaved<T>,
     /// The residual stream between the sub-layers.
     x1: Vec<T>,
-}
-
-/// `dW = dy^T x` (m x k, overwritten) and `db += sum_rows(dy)` over all `n` rows.
-pub(super) fn linear_grads<T: Float>(
-    dw: &mut [T],
-    db: &mut [T],
-    dy: &[T],
-    x: &[T],
-    n: usize,
-    k: usize,
-) {
-    let m = db.len();
-    weight_grad_rows(dw, 0..m, dy, x, n, m, k);
-    bias_grad_add(db, dy);
-}
-
-/// Layer norm of the rows of `x` into `y`, keeping the normalised rows and `1 / std` in
-/// `norm` ([`super::layer_norm`]'s row arithmetic).
-#[inline(always)]
-pub(super) fn ln_fwd<T: Float>(x: &[T], g: &[T], b: &[T], eps: T, y: &mut [T], norm: &mut Norm<T>) {
-    let c = g.len();
-    norm.xhat.resize(x.len(), T::ZERO);
-    norm.rstd.resize(x.len() / c, T::ZERO);
-    let rows = x.chunks_exact(c).zip(y.chunks_exact_mut(c));
-    for (i, ((xr, yr), hr)) in rows.zip(norm.xhat.chunks_exact_mut(c)).enumerate() {
-        norm.rstd[i] = layer_norm::forward_row(xr, g, b, eps, yr, Some(hr));
-    }
-}
-
-/// Layer norm backward over the rows of `dy` into `dx` (added to it with `accumulate`),
-/// the weight's and bias's gradients added into `dg`, `db`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(super) fn ln_bwd<T: Float>(
-    dy: &[T],
-    norm: &Norm<T>,
-    g: &[T],
-    dx: &mut [T],
-    accumulate: bool,
-    dg: &mut [T],
-    db: &mut [T],
-    scratch: &mut Vec<T>,
-) {
-    let c = g.len();
-    let rows = dy.chunks_exact(c).zip(norm.xhat.chunks_exact(c));
-    for (i, ((dyr, hr), dxr)) in rows.zip(dx.chunks_exact_mut(c)).enumerate() {
-        let grads = (&mut dg[..], &mut db[..]);
-        layer_norm::backward_row(dyr, hr, norm.rstd[i], g, scratch, grads, dxr, accumulate);
-    }
 }
 
 /// The forward pass of sequences `s0 .. s0 + ns` (`x` and `y` their padded rows; only the
@@ -574,13 +450,6 @@ fn sublayer_drops(drops: Option<&Drops>) -> (SublayerDrops<'_>, FfDrops<'_>) {
     )
 }
 
-/// Two distinct elements of `v` mutably (`i < j`).
-pub(super) fn two<T>(v: &mut [Vec<T>], i: usize, j: usize) -> (&mut [T], &mut [T]) {
-    debug_assert!(i < j);
-    let (a, b) = v.split_at_mut(j);
-    (&mut a[i], &mut b[0])
-}
-
 /// The output of a forward pass and what each group kept.
 type Forwarded<T> = (Vec<T>, Vec<Option<Saved<T>>>);
 
@@ -663,29 +532,6 @@ fn backward<T: Float>(
         }
     }
     (dx, sum)
-}
-
-/// `groups` contiguous ranges of `0..b`.
-pub(super) fn group_ranges(b: usize, groups: usize) -> Vec<std::ops::Range<usize>> {
-    (0..groups)
-        .map(|i| i * b / groups..(i + 1) * b / groups)
-        .collect()
-}
-
-/// `data` (b items of `per` elements) split at [`group_ranges`].
-pub(super) fn split_at_ranges<T>(
-    mut data: &mut [T],
-    b: usize,
-    groups: usize,
-    per: usize,
-) -> Vec<&mut [T]> {
-    let mut out = Vec::with_capacity(groups);
-    for r in group_ranges(b, groups) {
-        let (mine, rest) = data.split_at_mut(r.len() * per);
-        out.push(mine);
-        data = rest;
-    }
-    out
 }
 
 struct LayerOp {
@@ -795,187 +641,44 @@ impl CustomOp1 for LayerOp {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Activation;
-    use crate::dropout::Mode;
-    use crate::encoder::{EncoderLayer, LayerSpec};
-    use crate::mask::Mask;
-    use crate::params::ParamBuilder;
-    use crate::rng::Rng;
-    use candle_core::Device;
-
-    /// The fused layer's forward and every gradient against the composed layer in f64, with
-    /// the groups' partial sums (3 groups of uneven size) and each mask and norm placement.
-    #[test]
-    fn fused_layer_equals_the_composed_layer_in_f64() -> Result<()> {
-        let dev = Device::Cpu;
-        let (b, t, c, f, h) = (5, 6, 8, 12, 2);
-        let cases = [(false, false), (true, false), (false, true), (true, true)];
-        for (norm_first, gelu) in cases {
-            // "lengths": the padding mask with the sequences' lengths, padding rows not
-            // computed (the reference's are zeroed in `y` and `dy`; the fused layer's `dy`
-            // there is not read).
-            let kinds = [
-                ("causal", 0.3),
-                ("padding", 0.0),
-                ("none", 0.25),
-                ("lengths", 0.3),
-            ];
-            for (mask_kind, p) in kinds {
-                let pb = ParamBuilder::new(DType::F64, &dev, 4);
-                let spec = LayerSpec {
-                    d_model: c,
-                    nhead: h,
-                    dim_feedforward: f,
-                    dropout: p,
-                    activation: if gelu {
-                        Activation::Gelu
-                    } else {
-                        Activation::Relu
-                    },
-                    layer_norm_eps: 1e-5,
-                    norm_first,
-                };
-                let layer = EncoderLayer::new(&pb.pp("l"), &spec)?;
-                let params = pb.params();
-                let x = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, t, c), &dev)?)?;
-                let mask = match mask_kind {
-                    "causal" => Some(Mask::causal(t, &dev)?),
-                    "padding" | "lengths" => {
-                        let valid: Vec<u8> = (0..b * t)
-                            .map(|i| u8::from(i % t < t - i / t % 3))
-                            .collect();
-                        Some(Mask::key_valid(&Tensor::from_vec(valid, (b, t), &dev)?)?)
-                    }
-                    _ => None,
-                };
-                let rng = Rng::new(11);
-                let (y, _) = layer.forward(x.as_tensor(), mask.as_ref(), Mode::Train(&rng))?;
-                let dy = Tensor::randn(0f64, 1.0, (b, t, c), &dev)?;
-                let lens: Vec<usize> = (0..b).map(|i| t - i % 3).collect();
-                let skip = mask_kind == "lengths";
-                let (y, dy_ref) = crate::kernels::sublayer::zero_padding_rows(y, &dy, &lens, skip)?;
-                let store = (&y * &dy_ref)?.sum_all()?.backward()?;
-
-                // The same layer fused, on the same RNG streams.
-                let names = [
-                    "self_attn.q_proj.weight",
-                    "self_attn.q_proj.bias",
-                    "self_attn.k_proj.weight",
-                    "self_attn.k_proj.bias",
-                    "self_attn.v_proj.weight",
-                    "self_attn.v_proj.bias",
-                    "self_attn.out_proj.weight",
-                    "self_attn.out_proj.bias",
-                    "linear1.weight",
-                    "linear1.bias",
-                    "linear2.weight",
-                    "linear2.bias",
-                    "norm1.weight",
-                    "norm1.bias",
-                    "norm2.weight",
-                    "norm2.bias",
-                ];
-                let tensors: Vec<Tensor> = names
-                    .iter()
-                    .map(|n| {
-                        params
-                            .get(&format!("l.{n}"))
-                            .unwrap_or_else(|| panic!("no parameter l.{n}"))
-                            .as_tensor()
-                            .clone()
-                    })
-                    .collect();
-                let vals: Vec<Vec<f64>> = tensors
-                    .iter()
-                    .map(|t| t.flatten_all()?.to_vec1::<f64>())
-                    .collect::<Result<_>>()?;
-                let w = Weights(std::array::from_fn(|i| vals[i].as_slice()));
-                let dims = Dims {
-                    b,
-                    t,
-                    sub: SubDims {
-                        c,
-                        f,
-                        h,
-                        eps: 1e-5,
-                        norm_first,
-                        bf16: false,
-                        gelu,
-                    },
-                };
-                let keep = match &mask {
-                    Some(m) => {
-                        let kb = m.keep().dim(0)?;
-                        Some(Keep {
-                            data: m
-                                .keep()
-                                .broadcast_as((kb, 1, t, t))?
-                                .flatten_all()?
-                                .to_vec1::<u8>()?,
-                            per_batch: kb > 1,
-                        })
-                    }
-                    None => None,
-                };
-                let (seed, _) = rng.state();
-                let drops = (p > 0.0).then(|| {
-                    Drops::new(LayerDropout {
-                        p,
-                        seed,
-                        streams: [0, 1, 2, 3],
-                    })
-                });
-                let xs = x.as_tensor().flatten_all()?.to_vec1::<f64>()?;
-                let (fy, saved) = forward(
-                    &dims,
-                    &w,
-                    keep.as_ref(),
-                    skip.then_some(&lens[..]),
-                    drops.as_ref(),
-                    &xs,
-                    3,
-                    true,
-                );
-                assert_eq!(saved.len(), 3);
-                let saved: Vec<_> = saved.into_iter().map(|s| s.unwrap()).collect();
-                let dys = dy.flatten_all()?.to_vec1::<f64>()?;
-                let (fdx, fg) = backward(
-                    &dims,
-                    &w,
-                    skip.then_some(&lens[..]),
-                    drops.as_ref(),
-                    &saved,
-                    &xs,
-                    &dys,
-                );
-
-                let close = |what: &str, want: &Tensor, got: &[f64]| -> Result<()> {
-                    let want = want.flatten_all()?.to_vec1::<f64>()?;
-                    assert_eq!(want.len(), got.len(), "{what}");
-                    let size = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-                    let diff = want
-                        .iter()
-                        .zip(got)
-                        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-                    assert!(
-                        diff <= 1e-12 * size,
-                        "norm_first {norm_first}, gelu {gelu}, {mask_kind}: {what} differs by {diff} (size {size})"
-                    );
-                    Ok(())
-                };
-                close("y", &y, &fy)?;
-                close("dx", store.get(x.as_tensor()).expect("dx"), &fdx)?;
-                for (i, n) in names.iter().enumerate() {
-                    let want = store
-                        .get(&tensors[i])
-                        .expect("every parameter has a gradient");
-                    close(n, want, &fg[i])?;
-                }
-            }
-        }
-        Ok(())
+/// The layer's forward (in `groups` groups) and backward passes on plain slices, for the
+/// model's parity tests against its composed layer (`crate::testing`).
+#[allow(clippy::too_many_arguments)]
+pub fn run_slices<T: Float>(
+    shape: &LayerShape,
+    w: &[&[T]],
+    keep: Option<(Vec<u8>, bool)>,
+    lens: Option<&[usize]>,
+    dropout: Option<LayerDropout>,
+    xs: &[T],
+    dys: &[T],
+    groups: usize,
+) -> Run<T> {
+    let dims = Dims {
+        b: shape.b,
+        t: shape.t,
+        sub: SubDims::of(shape),
+    };
+    let w = Weights(std::array::from_fn(|i| w[i]));
+    let keep = keep.map(|(data, per_batch)| Keep { data, per_batch });
+    let drops = dropout.map(Drops::new);
+    let (y, saved) = forward(
+        &dims,
+        &w,
+        keep.as_ref(),
+        lens,
+        drops.as_ref(),
+        xs,
+        groups,
+        true,
+    );
+    let saved: Vec<_> = saved.into_iter().map(|s| s.expect("kept")).collect();
+    let (dx, grads) = backward(&dims, &w, lens, drops.as_ref(), &saved, xs, dys);
+    Run {
+        y,
+        dx,
+        dmemory: Vec::new(),
+        grads,
+        groups: saved.len(),
     }
 }

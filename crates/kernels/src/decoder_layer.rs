@@ -19,14 +19,14 @@
 //!
 //! # Exactness
 //! The composed layer's arithmetic, summed in a different order in the weight gradients.
-//! Checked in f64 against [`crate::decoder::DecoderLayer::forward_no_weights`] (`tests`).
+//! Checked in f64 against the model's composed `DecoderLayer` (`transformer-model`'s `tests/fused_layers.rs`).
 
 use super::decoder_step::{slot, DecoderLayerParams};
 use super::dropout::MaskSpec;
-use super::encoder_layer::{
-    group_ranges, split_at_ranges, EncoderLayerOptions, Keep, MIN_PARALLEL_MACS,
-};
 use super::float::{self, simd, Float};
+use super::shared::{
+    group_ranges, split_at_ranges, EncoderLayerOptions, Keep, LayerShape, Run, MIN_PARALLEL_MACS,
+};
 use super::sublayer::{
     attn_bwd, attn_fwd, check_lengths, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, Rows, SubDims,
     SublayerDrops,
@@ -675,308 +675,44 @@ pub fn decoder_layer(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Activation;
-    use crate::decoder::DecoderLayer;
-    use crate::dropout::Mode;
-    use crate::encoder::LayerSpec;
-    use crate::mask::Mask;
-    use crate::params::ParamBuilder;
-    use crate::rng::Rng;
-    use candle_core::Device;
-
-    /// The layer's parameter names in [`slot`] order.
-    fn param_names() -> Vec<String> {
-        let mut names = Vec::new();
-        for m in ["self_attn", "multihead_attn"] {
-            for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-                for wb in ["weight", "bias"] {
-                    names.push(format!("{m}.{proj}.{wb}"));
-                }
-            }
-        }
-        for l in ["linear1", "linear2", "norm1", "norm2", "norm3"] {
-            for wb in ["weight", "bias"] {
-                names.push(format!("{l}.{wb}"));
-            }
-        }
-        names
-    }
-
-    /// With bf16 products (the projections and the feed-forward layer, both sub-layer kinds
-    /// that the encoder layer shares) the output and every gradient stay within bf16's
-    /// rounding of the fp32 layer's, with dropout and skipped padding rows; and they are not
-    /// the fp32 values (the bf16 path ran). Needs a CPU with AMX or AVX512-BF16.
-    #[test]
-    fn bf16_products_stay_within_bf16_rounding_of_f32() -> Result<()> {
-        if !crate::kernels::bf16::available() {
-            eprintln!("no bf16 unit on this CPU: nothing to check");
-            return Ok(());
-        }
-        let dev = Device::Cpu;
-        let (b, t, s, c, f, h) = (4, 7, 5, 64, 96, 4);
-        let pb = ParamBuilder::new(DType::F32, &dev, 5);
-        let spec = LayerSpec {
-            d_model: c,
-            nhead: h,
-            dim_feedforward: f,
-            dropout: 0.2,
-            activation: Activation::Relu,
-            layer_norm_eps: 1e-5,
-            norm_first: false,
-        };
-        DecoderLayer::new(&pb.pp("l"), &spec)?;
-        let params = pb.params();
-        let vals: Vec<Vec<f32>> = param_names()
-            .iter()
-            .map(|n| {
-                params
-                    .get(&format!("l.{n}"))
-                    .expect("parameter")
-                    .flatten_all()?
-                    .to_vec1()
-            })
-            .collect::<Result<_>>()?;
-        let w: Vec<&[f32]> = vals.iter().map(Vec::as_slice).collect();
-        let tgt_lens: Vec<usize> = (0..b).map(|i| t - i % 3).collect();
-        let src_lens: Vec<usize> = (0..b).map(|i| s - (i + 1) % 3).collect();
-        let valid = |lens: &[usize], n: usize| -> Vec<u8> {
-            (0..b * n).map(|i| u8::from(i % n < lens[i / n])).collect()
-        };
-        let tgt_mask = Mask::causal(t, &dev)?.and(&Mask::key_valid(&Tensor::from_vec(
-            valid(&tgt_lens, t),
-            (b, t),
-            &dev,
-        )?)?)?;
-        let self_keep = Keep {
-            data: tgt_mask
-                .keep()
-                .broadcast_as((b, 1, t, t))?
-                .flatten_all()?
-                .to_vec1()?,
-            per_batch: true,
-        };
-        let memory_keep = valid(&src_lens, s);
-        let masks = Masks {
-            self_keep: Some(&self_keep),
-            memory_keep: Some(&memory_keep),
-            lens: Some((&tgt_lens, &src_lens)),
-        };
-        let drops = Drops::new(DecoderLayerDropout {
-            p: 0.2,
-            seed: 3,
-            streams: [0, 1, 2, 3, 4, 5],
-        });
-        // Seeded values in [-1.7, 1.7) (unit variance).
-        let rand = |n: usize, seed: u64| -> Vec<f32> {
-            let r = Rng::new(seed);
-            r.uniform_vec(n)
-                .into_iter()
-                .map(|u| ((u * 2.0 - 1.0) * 1.732) as f32)
-                .collect()
-        };
-        let (xs, ms, dys) = (rand(b * t * c, 1), rand(b * s * c, 2), rand(b * t * c, 3));
-        let run = |bf16: bool| {
-            let dims = Dims {
-                b,
-                t,
-                s,
-                sub: SubDims {
-                    c,
-                    f,
-                    h,
-                    eps: 1e-5,
-                    norm_first: false,
-                    bf16,
-                    gelu: false,
-                },
-            };
-            let (y, saved) = forward(&dims, &w, &masks, Some(&drops), &xs, &ms, 2, true);
-            let saved: Vec<_> = saved.into_iter().map(|s| s.expect("kept")).collect();
-            let (dx, dm, g) = backward(&dims, &w, &masks, Some(&drops), &saved, &xs, &ms, &dys);
-            let mut all = vec![y, dx, dm];
-            all.extend(g);
-            all
-        };
-        let (want, got) = (run(false), run(true));
-        let mut what = vec!["y".to_string(), "dx".into(), "dmemory".into()];
-        what.extend(param_names());
-        let mut any_differs = false;
-        for ((name, a), g) in what.iter().zip(&want).zip(&got) {
-            if name.ends_with("k_proj.bias") {
-                // Zero in exact arithmetic (softmax ignores a shift shared by all keys):
-                // both are rounding noise.
-                continue;
-            }
-            // Relative to the tensor's norm: bf16 operands carry 8 significant bits (2^-9
-            // relative rounding), and the gradients pass through several products.
-            let norm = a.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-            let err = a
-                .iter()
-                .zip(g)
-                .map(|(a, b)| (a - b) * (a - b))
-                .sum::<f32>()
-                .sqrt();
-            any_differs |= err > 0.0;
-            assert!(
-                err <= 2e-2 * norm,
-                "{name}: bf16 is off by {err} (norm {norm})"
-            );
-        }
-        assert!(any_differs, "the bf16 path gave the fp32 values");
-        Ok(())
-    }
-
-    /// The fused layer's forward pass and every gradient (target stream, memory, each
-    /// parameter) against the composed layer in f64: post-norm and pre-norm, with and without
-    /// dropout, causal and target padding masks, source padding, 3 groups of uneven size.
-    #[test]
-    fn fused_layer_equals_the_composed_layer_in_f64() -> Result<()> {
-        let dev = Device::Cpu;
-        let (b, t, s, c, f, h) = (5, 6, 4, 8, 12, 2);
-        let cases = [(false, false), (true, false), (false, true), (true, true)];
-        for (norm_first, gelu) in cases {
-            // `skip`: with the sequences' lengths, padding rows not computed (the reference's
-            // are then zeroed in `y` and in `dy`; the fused layer's `dy` there is not read).
-            for (p, skip) in [(0.0, false), (0.3, false), (0.0, true), (0.3, true)] {
-                let pb = ParamBuilder::new(DType::F64, &dev, 4);
-                let spec = LayerSpec {
-                    d_model: c,
-                    nhead: h,
-                    dim_feedforward: f,
-                    dropout: p,
-                    activation: if gelu {
-                        Activation::Gelu
-                    } else {
-                        Activation::Relu
-                    },
-                    layer_norm_eps: 1e-5,
-                    norm_first,
-                };
-                let layer = DecoderLayer::new(&pb.pp("l"), &spec)?;
-                let params = pb.params();
-                let x = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, t, c), &dev)?)?;
-                let mem =
-                    candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, s, c), &dev)?)?;
-                let tgt_valid: Vec<u8> = (0..b * t)
-                    .map(|i| u8::from(i % t < t - i / t % 3))
-                    .collect();
-                let src_valid: Vec<u8> = (0..b * s)
-                    .map(|i| u8::from(i % s < s - (i / s + 1) % 3))
-                    .collect();
-                let tgt_mask = Mask::causal(t, &dev)?.and(&Mask::key_valid(&Tensor::from_vec(
-                    tgt_valid,
-                    (b, t),
-                    &dev,
-                )?)?)?;
-                let mem_mask = Mask::key_valid(&Tensor::from_vec(src_valid, (b, s), &dev)?)?;
-                let rng = Rng::new(11);
-                let y = layer.forward_no_weights(
-                    x.as_tensor(),
-                    mem.as_tensor(),
-                    Some(&tgt_mask),
-                    Some(&mem_mask),
-                    Mode::Train(&rng),
-                )?;
-                let dy = Tensor::randn(0f64, 1.0, (b, t, c), &dev)?;
-                let tgt_lens: Vec<usize> = (0..b).map(|i| t - i % 3).collect();
-                let src_lens: Vec<usize> = (0..b).map(|i| s - (i + 1) % 3).collect();
-                let (y, dy_ref) =
-                    crate::kernels::sublayer::zero_padding_rows(y, &dy, &tgt_lens, skip)?;
-                let store = (&y * &dy_ref)?.sum_all()?.backward()?;
-
-                let names = param_names();
-                let tensors: Vec<Tensor> = names
-                    .iter()
-                    .map(|n| {
-                        params
-                            .get(&format!("l.{n}"))
-                            .unwrap_or_else(|| panic!("no parameter l.{n}"))
-                            .as_tensor()
-                            .clone()
-                    })
-                    .collect();
-                let vals: Vec<Vec<f64>> = tensors
-                    .iter()
-                    .map(|t| t.flatten_all()?.to_vec1::<f64>())
-                    .collect::<Result<_>>()?;
-                let w: Vec<&[f64]> = vals.iter().map(Vec::as_slice).collect();
-                let dims = Dims {
-                    b,
-                    t,
-                    s,
-                    sub: SubDims {
-                        c,
-                        f,
-                        h,
-                        eps: 1e-5,
-                        norm_first,
-                        bf16: false,
-                        gelu,
-                    },
-                };
-                let self_keep = Keep {
-                    data: tgt_mask
-                        .keep()
-                        .broadcast_as((b, 1, t, t))?
-                        .flatten_all()?
-                        .to_vec1::<u8>()?,
-                    per_batch: true,
-                };
-                let memory_keep = mem_mask
-                    .keep()
-                    .broadcast_as((b, 1, 1, s))?
-                    .flatten_all()?
-                    .to_vec1::<u8>()?;
-                let masks = Masks {
-                    self_keep: Some(&self_keep),
-                    memory_keep: Some(&memory_keep),
-                    lens: skip.then_some((&tgt_lens[..], &src_lens[..])),
-                };
-                let (seed, _) = rng.state();
-                let drops = (p > 0.0).then(|| {
-                    Drops::new(DecoderLayerDropout {
-                        p,
-                        seed,
-                        streams: [0, 1, 2, 3, 4, 5],
-                    })
-                });
-                let xs = x.as_tensor().flatten_all()?.to_vec1::<f64>()?;
-                let ms = mem.as_tensor().flatten_all()?.to_vec1::<f64>()?;
-                let (fy, saved) = forward(&dims, &w, &masks, drops.as_ref(), &xs, &ms, 3, true);
-                assert_eq!(saved.len(), 3);
-                let saved: Vec<_> = saved.into_iter().map(|s| s.unwrap()).collect();
-                let dys = dy.flatten_all()?.to_vec1::<f64>()?;
-                let (fdx, fdm, fg) =
-                    backward(&dims, &w, &masks, drops.as_ref(), &saved, &xs, &ms, &dys);
-
-                let close = |what: &str, want: &Tensor, got: &[f64]| -> Result<()> {
-                    let want = want.flatten_all()?.to_vec1::<f64>()?;
-                    assert_eq!(want.len(), got.len(), "{what}");
-                    let size = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-                    let diff = want
-                        .iter()
-                        .zip(got)
-                        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-                    assert!(
-                        diff <= 1e-12 * size,
-                        "norm_first {norm_first}, gelu {gelu}, p {p}, skip {skip}: {what} differs by {diff} (size {size})"
-                    );
-                    Ok(())
-                };
-                close("y", &y, &fy)?;
-                close("dx", store.get(x.as_tensor()).expect("dx"), &fdx)?;
-                close("dmemory", store.get(mem.as_tensor()).expect("dmem"), &fdm)?;
-                for (i, n) in names.iter().enumerate() {
-                    let want = store
-                        .get(&tensors[i])
-                        .expect("every parameter has a gradient");
-                    close(n, want, &fg[i])?;
-                }
-            }
-        }
-        Ok(())
+/// The layer's forward (in `groups` groups) and backward passes on plain slices, for the
+/// model's parity tests against its composed layer (`crate::testing`): `self_keep` the
+/// self-attention mask `(B | 1, T, T)` (and whether it is per sequence), `memory_keep` the
+/// source mask `(B, S)`, `lens` the target and source lengths when padding rows are skipped.
+#[allow(clippy::too_many_arguments)]
+pub fn run_slices<T: Float>(
+    shape: &LayerShape,
+    w: &[&[T]],
+    self_keep: Option<(Vec<u8>, bool)>,
+    memory_keep: Option<&[u8]>,
+    lens: Option<(&[usize], &[usize])>,
+    dropout: Option<DecoderLayerDropout>,
+    xs: &[T],
+    ms: &[T],
+    dys: &[T],
+    groups: usize,
+) -> Run<T> {
+    let dims = Dims {
+        b: shape.b,
+        t: shape.t,
+        s: shape.s,
+        sub: SubDims::of(shape),
+    };
+    let self_keep = self_keep.map(|(data, per_batch)| Keep { data, per_batch });
+    let masks = Masks {
+        self_keep: self_keep.as_ref(),
+        memory_keep,
+        lens,
+    };
+    let drops = dropout.map(Drops::new);
+    let (y, saved) = forward(&dims, w, &masks, drops.as_ref(), xs, ms, groups, true);
+    let saved: Vec<_> = saved.into_iter().map(|s| s.expect("kept")).collect();
+    let (dx, dmemory, grads) = backward(&dims, w, &masks, drops.as_ref(), &saved, xs, ms, dys);
+    Run {
+        y,
+        dx,
+        dmemory,
+        grads,
+        groups: saved.len(),
     }
 }

@@ -4,13 +4,13 @@
 //! peak (a register-only loop of `vpdpbusd`), so the kernels' rate can be read against it.
 //!
 //! ```text
-//! cargo run --release -p transformer-model --example int8_bench [REPEATS]
+//! cargo run --release -p transformer-kernels --example int8_bench [REPEATS]
 //! ```
 
 use candle_core::{Device, Result, Tensor};
 use std::time::Instant;
-use transformer_model::kernels::int8::{Int8Kernel, QuantizedLinear};
-use transformer_model::kernels::linear_wt;
+use transformer_kernels::int8::{Int8Kernel, QuantizedLinear};
+use transformer_kernels::linear_wt;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());

@@ -1,4 +1,8 @@
-//! Fused CPU kernels with hand-written backward passes.
+#![warn(missing_docs)]
+
+//! Fused CPU kernels with hand-written backward passes, below the model: they take weights
+//! and shapes as plain data (tensors, slices, [`Activation`], [`Precision`]) and write
+//! gradients into a plain buffer ([`grads::DirectGrads`]); they know none of the model's types.
 //!
 //! Each kernel is a candle `CustomOp` whose forward and backward run as plain loops over the
 //! tensors' slices (CPU, `f32` and `f64`). On any other device or dtype each public function
@@ -50,13 +54,18 @@ mod dropout;
 mod encoder_layer;
 mod few_rows;
 mod float;
+pub mod grads;
 pub mod int8;
 mod layer_norm;
 mod linear;
 mod matmul;
+pub mod rng;
+mod shared;
 mod smoothing;
 mod softmax;
 mod sublayer;
+#[doc(hidden)]
+pub mod testing;
 #[doc(hidden)]
 pub mod timing;
 
@@ -70,12 +79,12 @@ pub use decoder_layer::{decoder_layer, DecoderLayerDropout};
 pub use decoder_step::{DecodeCache, DecoderLayerParams, DecoderStack, StepWeights};
 pub use dropout::{dropout, dropout_reference};
 pub use encoder_layer::{
-    encoder_layer, encoder_layer_applies, EncoderLayerOptions, EncoderLayerParams, LayerDropout,
-    WeightBias,
+    encoder_layer, encoder_layer_applies, EncoderLayerParams, LayerDropout, WeightBias,
 };
 pub use few_rows::{linear_few_rows, linear_few_rows_reference, linear_wt};
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use linear::{linear, linear_reference};
+pub use shared::{Activation, EncoderLayerOptions};
 pub use smoothing::{label_smoothing_term, label_smoothing_term_reference};
 pub use softmax::{
     log_softmax_rows_f32, log_sum_exp_rows_f32, softmax_last_dim, softmax_last_dim_reference,

@@ -22,7 +22,7 @@
 //! - **The encoder-decoder keys and values are computed once per sentence** ([`DecoderStack::start`])
 //!   and never copied: each row knows its sentence, and beams of one sentence share them.
 //!
-//! The arithmetic is that of the composed layers (`crate::decoder::DecoderLayer::forward_step`)
+//! The arithmetic is that of the composed layers (the model's `DecoderLayer` stepping with a cache)
 //! in another order of summation; checked against them over steps with beams reordered and
 //! rows dropped (`tests/decode_step.rs`).
 
@@ -88,7 +88,7 @@ impl DecoderLayerParams {
         Self { tensors }
     }
 
-    /// Whether every parameter can take [`crate::DirectGrads`] (CPU f32 variables).
+    /// Whether every parameter can take [`crate::grads::DirectGrads`] (CPU f32 variables).
     pub fn all_accepted_by_direct_grads(&self) -> bool {
         self.tensors.iter().all(crate::grads::DirectGrads::accepts)
     }

@@ -1,6 +1,6 @@
 //! Scaled dot-product attention fused into one op per call, for the short sequences of the
 //! tutorial models (T = S = 35, H = 2, D = 100); the model uses it wherever the attention
-//! weights are not asked for (`crate::attention::attention_output`):
+//! weights are not asked for (the model's `attention::attention_output`):
 //! `out = (softmax(scale * Q K^T, masked) * dropout) V`.
 //!
 //! Composed, candle runs about 8 ops forward (scale, transpose, batched matmul, mask add,
@@ -30,7 +30,7 @@ use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Sto
 ///
 /// - `keep`: u8, broadcastable to (B, H, T, S), 1 = the query may attend to the key. A query
 ///   that may attend to no key gets all-zero weights (and output), not NaN, like
-///   `crate::attention::scaled_dot_product_attention`.
+///   the model's `attention::scaled_dot_product_attention`.
 /// - `dropout`: multiplier applied to the weights after the softmax (0 where dropped,
 ///   `1 / (1 - p)` where kept), broadcastable to (B, H, T, S), q's dtype; a constant (no
 ///   gradient flows into it).
@@ -89,7 +89,7 @@ pub fn attention(
 }
 
 /// The same attention composed of candle primitives with backward passes, the way
-/// `crate::attention` composes it: a finite additive mask (-1e30) before the softmax, then the
+/// The model's `attention` module composes it: a finite additive mask (-1e30) before the softmax, then the
 /// weights multiplied by the keep-mask (zeroing fully masked rows) and by the dropout
 /// multiplier.
 pub fn attention_reference(

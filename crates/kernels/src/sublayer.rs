@@ -14,10 +14,13 @@
 use super::attention::masked_softmax_rows;
 use super::bf16;
 use super::dropout::MaskSpec;
-use super::encoder_layer::{drop_inplace, drop_into, linear_grads, ln_bwd, ln_fwd, two, Norm};
 use super::float::{self, Float};
 use super::linear::{bias_grad_add, bias_rows, rows_forward, rows_input_grad};
 use super::matmul::{gemm, Mat};
+use super::shared::{
+    drop_inplace, drop_into, linear_grads, ln_bwd, ln_fwd, two, Activation, EncoderLayerOptions,
+    LayerShape, Norm,
+};
 
 /// What the sub-layers need of a layer's shape.
 #[derive(Debug, Clone, Copy)]
@@ -36,12 +39,25 @@ pub(super) struct SubDims {
 }
 
 impl SubDims {
+    /// What the sub-layers read of a [`LayerShape`] ([`crate::testing`]).
+    pub(super) fn of(shape: &LayerShape) -> Self {
+        Self {
+            c: shape.c,
+            f: shape.f,
+            h: shape.h,
+            eps: shape.eps,
+            norm_first: shape.norm_first,
+            bf16: shape.bf16,
+            gelu: shape.gelu,
+        }
+    }
+
     /// A layer's shape: width `c`, feed-forward width `f`, its options, inputs of `dtype`
     /// (bf16 products only for f32 on a CPU with a bf16 unit).
     pub(super) fn new(
         c: usize,
         f: usize,
-        opts: &super::EncoderLayerOptions,
+        opts: &EncoderLayerOptions,
         dtype: candle_core::DType,
     ) -> Self {
         Self {
@@ -53,7 +69,7 @@ impl SubDims {
             bf16: opts.precision == super::Precision::Bf16
                 && dtype == candle_core::DType::F32
                 && bf16::available(),
-            gelu: opts.activation == crate::config::Activation::Gelu,
+            gelu: opts.activation == Activation::Gelu,
         }
     }
 }
@@ -867,25 +883,4 @@ pub(super) fn ff_bwd<T: Float>(
     } else {
         lin_input_grad(sh, dx, true, &dhid, w[l1], n, f);
     }
-}
-
-/// For the fused layers' tests against the composed ones: with `skip`, the reference's output
-/// `y` and incoming gradient `dy` (`(B, T, C)`) with the rows from each sequence's length on
-/// zeroed (the fused layer computes no padding rows and reads no gradient there).
-#[cfg(test)]
-pub(super) fn zero_padding_rows(
-    y: candle_core::Tensor,
-    dy: &candle_core::Tensor,
-    lens: &[usize],
-    skip: bool,
-) -> candle_core::Result<(candle_core::Tensor, candle_core::Tensor)> {
-    if !skip {
-        return Ok((y, dy.clone()));
-    }
-    let (b, t, _) = y.dims3()?;
-    let real: Vec<f64> = (0..b * t)
-        .map(|i| f64::from(u8::from(i % t < lens[i / t])))
-        .collect();
-    let real = candle_core::Tensor::from_vec(real, (b, t, 1), y.device())?.to_dtype(y.dtype())?;
-    Ok((y.broadcast_mul(&real)?, dy.broadcast_mul(&real)?))
 }

@@ -17,7 +17,8 @@ use candle_core::WithDType;
 pub(crate) const LANES: usize = 32;
 
 /// `f32` or `f64`.
-pub(crate) trait Float: WithDType + Send + Sync {
+#[allow(missing_docs)]
+pub trait Float: WithDType + Send + Sync {
     const ZERO: Self;
     const ONE: Self;
     const NEG_INFINITY: Self;

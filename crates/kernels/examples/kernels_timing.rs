@@ -1,8 +1,8 @@
-//! Timings behind the design of the fused kernels' inner loops (`transformer_model::kernels`'s
+//! Timings behind the design of the fused kernels' inner loops (`transformer_kernels`'s
 //! sub-layers and bf16 products): printed measurements, no assertions.
 //!
 //! ```text
-//! RAYON_NUM_THREADS=1 cargo run --release -p transformer-model --example kernels_timing [NAME...]
+//! RAYON_NUM_THREADS=1 cargo run --release -p transformer-kernels --example kernels_timing [NAME...]
 //! ```
 //! NAME is one or more of `projections` (the query, key and value projections merged into
 //! one product or not), `attention` (the per-head products), `dropout` (drawing and applying
@@ -10,7 +10,7 @@
 //! the language-model loss's block shapes); without one, all of them. The bf16 timings print
 //! nothing on a CPU without AMX or AVX512-BF16.
 
-use transformer_model::kernels::timing;
+use transformer_kernels::timing;
 
 const ALL: [(&str, fn()); 5] = [
     ("projections", timing::projections_merged_or_not),

@@ -46,7 +46,7 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
 }
 
 /// The same layer norm composed of candle primitives with backward passes (what
-/// `crate::LayerNorm` does).
+/// the model's `LayerNorm` does).
 pub fn layer_norm_reference(
     x: &Tensor,
     weight: &Tensor,

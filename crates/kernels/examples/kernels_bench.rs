@@ -1,9 +1,9 @@
-//! Forward + backward time of each fused kernel in `transformer_model::kernels` against its
+//! Forward + backward time of each fused kernel in `transformer_kernels` against its
 //! composed-of-primitives reference, at the shapes of the PyTorch tutorial language model
 //! (batch 20 x bptt 35 = 700 tokens, d_model 200, 2 heads, vocabulary 33,278), f32.
 //!
 //! ```text
-//! CARGO_TARGET_DIR=/tmp/target-kernels cargo run --release -p transformer-model --example kernels_bench [REPEATS] [fused|lce]
+//! CARGO_TARGET_DIR=/tmp/target-kernels cargo run --release -p transformer-kernels --example kernels_bench [REPEATS] [fused|lce]
 //! ```
 //! - REPEATS: timed runs of the loss (default 10; the median is printed) after one warm-up
 //!   run; the small ops run 5 x REPEATS (at least 20), the composed loss at most 5.
@@ -22,7 +22,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use std::time::Instant;
-use transformer_model::kernels;
+use transformer_kernels as kernels;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());

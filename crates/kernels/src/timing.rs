@@ -5,9 +5,9 @@
 
 use super::bf16::{self, backend, gemm_bf16, pack_rows_transposed, pad32};
 use super::dropout::MaskSpec;
-use super::encoder_layer::drop_inplace;
 use super::linear::{rows_forward, rows_input_grad, weight_grad_rows};
 use super::matmul::{gemm, Mat};
+use super::shared::drop_inplace;
 use std::time::Instant;
 
 fn best(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -122,7 +122,7 @@ pub fn dropout_masks() {
     let mut x = vec![1f32; 1 << 20];
     for _ in 0..3 {
         let ms = best(20, || {
-            crate::kernels::float::simd(
+            crate::float::simd(
                 #[inline(always)]
                 || drop_inplace(&mut x, &spec, 12345, 1.1),
             )
@@ -133,7 +133,7 @@ pub fn dropout_masks() {
         );
         let mut y = vec![0f32; 1 << 20];
         let ms = best(20, || {
-            crate::kernels::float::simd(
+            crate::float::simd(
                 #[inline(always)]
                 || {
                     for (a, b) in y.iter_mut().zip(&x) {

@@ -1,0 +1,147 @@
+//! A toy backend registered on a model: it runs the composed layers through a counting
+//! wrapper, which shows that every layer call goes through the one place that decides how
+//! layers run (`transformer_model::backend`), and that a backend is added without editing
+//! the paper's modules.
+
+use candle_core::{DType, Device, Result, Tensor};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use transformer_model::backend::{
+    self, Backend, Backprop, Composed, DecoderLayerCall, DecoderLayerParts, EncoderLayerParts,
+    LayerCall,
+};
+use transformer_model::{
+    DirectGrads, LmConfig, Mode, ParamBuilder, Transformer, TransformerConfig, TransformerLm,
+};
+
+/// Counts the encoder layer calls and leaves each to the composed layer (`None`).
+#[derive(Debug, Default)]
+struct Counting {
+    calls: AtomicUsize,
+}
+
+impl Backend for Counting {
+    fn describe(&self) -> String {
+        "counting composed layers (a test)".into()
+    }
+
+    fn encoder_layer(
+        &self,
+        _: &EncoderLayerParts<'_>,
+        call: LayerCall<'_>,
+    ) -> Result<Option<Tensor>> {
+        assert!(!call.need_weights && !call.cached);
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+}
+
+fn lm() -> Result<TransformerLm> {
+    let pb = ParamBuilder::new(DType::F32, &Device::Cpu, 7);
+    let cfg = LmConfig {
+        ntoken: 40,
+        d_model: 16,
+        nhead: 2,
+        d_hid: 32,
+        nlayers: 3,
+        ..LmConfig::default()
+    };
+    TransformerLm::new(&pb, &cfg)
+}
+
+#[test]
+fn every_encoder_layer_call_goes_through_the_registered_backend() -> Result<()> {
+    let ids = Tensor::new(&[[1u32, 2, 3, 4, 5], [6, 7, 8, 9, 10]], &Device::Cpu)?;
+    let mut reference = lm()?;
+    reference.set_backend(Arc::new(Composed));
+    let want = reference.forward(&ids, Mode::Eval)?;
+
+    let counting = Arc::new(Counting::default());
+    let mut model = lm()?;
+    model.set_backend(counting.clone());
+    assert_eq!(
+        model.describe_backend(),
+        "counting composed layers (a test)"
+    );
+    let got = model.forward(&ids, Mode::Eval)?;
+    assert_eq!(
+        counting.calls.load(Ordering::SeqCst),
+        3,
+        "one call per layer"
+    );
+    let diff = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert_eq!(diff, 0.0, "the counting backend runs the composed layers");
+
+    // The evaluation loss goes through it too (three more layer calls).
+    let targets = Tensor::new(&[[2u32, 3, 4, 5, 6], [7, 8, 9, 10, 11]], &Device::Cpu)?;
+    model.loss_no_grad(&ids, &targets)?;
+    assert_eq!(counting.calls.load(Ordering::SeqCst), 6);
+    Ok(())
+}
+
+#[test]
+fn the_cpu_gets_the_fused_backend_and_says_why() {
+    let cpu = backend::choose(&Device::Cpu).describe();
+    assert!(cpu.contains("fused CPU layers"), "{cpu}");
+    assert!(lm()
+        .unwrap()
+        .describe_backend()
+        .contains("fused CPU layers"));
+}
+
+/// Counts the decoder layer calls too, and has no fused decoding step.
+#[derive(Debug, Default)]
+struct CountingBoth {
+    encoder: AtomicUsize,
+    decoder: AtomicUsize,
+}
+
+impl Backend for CountingBoth {
+    fn describe(&self) -> String {
+        "counting composed encoder and decoder layers (a test)".into()
+    }
+
+    fn encoder_layer(&self, _: &EncoderLayerParts<'_>, _: LayerCall<'_>) -> Result<Option<Tensor>> {
+        self.encoder.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+
+    fn decoder_layer(
+        &self,
+        _: &DecoderLayerParts<'_>,
+        _: DecoderLayerCall<'_>,
+    ) -> Result<Option<Tensor>> {
+        self.decoder.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+}
+
+#[test]
+fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> {
+    let dev = Device::Cpu;
+    let pb = ParamBuilder::new(DType::F32, &dev, 3);
+    let mut model = Transformer::new(&pb, &TransformerConfig::tiny())?;
+    assert!(
+        model.decoder().fused_stack().is_some(),
+        "the CPU backend fuses decoding"
+    );
+    let counting = Arc::new(CountingBoth::default());
+    model.set_backend(counting.clone());
+    assert!(
+        model.decoder().fused_stack().is_none(),
+        "the toy backend has no fused step"
+    );
+    let src = Tensor::randn(0f32, 1.0, (2, 5, 32), &dev)?;
+    let tgt = Tensor::randn(0f32, 1.0, (2, 4, 32), &dev)?;
+    let memory = model.encode(&src, None, Mode::Eval)?;
+    let direct = DirectGrads::new();
+    let backprop = Backprop::Direct(&direct, transformer_model::kernels::Precision::F32);
+    model.decode_as(&tgt, &memory, None, None, Mode::Eval, backprop)?;
+    let layers = TransformerConfig::tiny().num_decoder_layers;
+    assert_eq!(counting.decoder.load(Ordering::SeqCst), layers);
+    assert_eq!(
+        counting.encoder.load(Ordering::SeqCst),
+        TransformerConfig::tiny().num_encoder_layers
+    );
+    Ok(())
+}

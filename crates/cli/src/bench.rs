@@ -106,6 +106,10 @@ pub struct MtDecodeBenchArgs {
     /// [default: the run's]
     #[arg(long, value_enum)]
     quantize: Option<crate::mt::Quantize>,
+    /// Score only each batch's candidate tokens (the run's `vocab_map.json`, as `mt
+    /// translate --restrict-vocab`).
+    #[arg(long)]
+    restrict_vocab: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -530,6 +534,9 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     let dev = a.device.open()?;
     let mut run = load_run(&a.run, &dev)?;
     crate::mt::apply_quantize(&mut run.model, a.quantize, &dev)?;
+    if a.restrict_vocab {
+        crate::mt::restrict_vocab(&mut run, &a.run)?;
+    }
     let mut lines = transformer_text::parallel::read_lines(&a.src)?;
     if let Some(n) = a.max_sentences {
         lines.truncate(n);

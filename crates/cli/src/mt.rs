@@ -436,6 +436,12 @@ pub struct DecodeArgs {
     /// [default: the run's: int8 for a run written by `mt quantize`, else none]
     #[arg(long, value_enum)]
     quantize: Option<Quantize>,
+    /// Score only the target tokens the batch's sources make plausible (the run's
+    /// vocabulary map, `vocab_map.json`, written by `transformer mt vocab-map`): a smaller
+    /// output layer, faster decoding; translations can differ where the best token is not
+    /// among the candidates
+    #[arg(long)]
+    restrict_vocab: bool,
     #[command(flatten)]
     pub(crate) device: crate::device::DeviceArg,
 }
@@ -484,6 +490,31 @@ pub(crate) fn refuse_int8_off_cpu(q: Option<Quantize>, device: &Device) -> Resul
 /// is int8. Off the CPU, decoding is f32 through the composed layers: int8 asked for is an
 /// error, and a run that decodes in int8 by default (`mt quantize`) decodes in f32 there,
 /// with a line that says so.
+/// Restricts a loaded run's decoding to its vocabulary map's candidates, and says so.
+pub(crate) fn restrict_vocab(run: &mut mt::LoadedMt, dir: &std::path::Path) -> Result<()> {
+    use transformer_text::subword::TextTokenizer;
+    use transformer_train::vocab_map::{VocabMap, FILE};
+    let path = dir.join(FILE);
+    if !path.exists() {
+        bail!(
+            "--restrict-vocab: {} has no {FILE}; write it with `transformer mt vocab-map --run {}`",
+            dir.display(),
+            dir.display()
+        );
+    }
+    let map = VocabMap::load(&path, run.tokenizer.vocab_size())?;
+    eprintln!(
+        "decoding: output vocabulary restricted to each batch's candidates ({} tokens for \
+         every sentence and up to {} per source token, of {})",
+        map.always.len(),
+        map.by_source.iter().map(Vec::len).max().unwrap_or(0),
+        map.vocab
+    );
+    run.model
+        .set_candidate_vocab(Some(std::sync::Arc::new(map)))?;
+    Ok(())
+}
+
 pub(crate) fn apply_quantize(
     model: &mut mt::MtModel,
     q: Option<Quantize>,
@@ -635,6 +666,9 @@ fn load(
     let mut run = mt::load_run(&args.run, device)?;
     crate::lm::warn_note(&run.note);
     apply_quantize(&mut run.model, args.quantize, device)?;
+    if args.restrict_vocab {
+        restrict_vocab(&mut run, &args.run)?;
+    }
     let mut c = run.config.clone();
     if let Some(a) = args.max_len_a {
         c.max_len_a = a;

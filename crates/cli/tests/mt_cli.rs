@@ -216,6 +216,34 @@ fn killed_runs_resume_to_the_uninterrupted_result() {
         std::fs::read_to_string(whole.join("test.hyp")).unwrap()
     );
     assert!(hyps.join("valid.hyp").is_file());
+    // A restricted output vocabulary: refused without a map, with the command that writes
+    // one; with every token a candidate it translates exactly as the full vocabulary.
+    let restricted = |extra: &[&str]| {
+        bin()
+            .args(["mt", "eval", "--run"])
+            .arg(&whole)
+            .args(["--test-set", "test", "--restrict-vocab", "--hyp-out"])
+            .arg(dir.join("restricted.hyp"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = restricted(&[]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("transformer mt vocab-map --run"));
+    let o = bin()
+        .args(["mt", "vocab-map", "--run"])
+        .arg(&whole)
+        .args(["--frequent", "1000"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = restricted(&[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("restricted.hyp")).unwrap(),
+        std::fs::read_to_string(whole.join("test.hyp")).unwrap()
+    );
     let o = bin()
         .args(["mt", "eval", "--run"])
         .arg(&whole)

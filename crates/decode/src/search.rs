@@ -142,7 +142,7 @@ impl Row {
 }
 
 /// Feeds every row's last token (`<bos>` first) and returns the step's output (read its
-/// log-probabilities with [`LogProbs::new`]) and, when asked for, each row's attention
+/// log-probabilities with [`LogProbs::of`]) and, when asked for, each row's attention
 /// (flattened).
 /// The most tokens (before `<eos>`) for a source of `src_len` tokens: the options' limit,
 /// capped at what the model can produce ([`StepModel::max_output_len`]).
@@ -205,7 +205,7 @@ fn scan_row(cand: &mut Vec<(f64, usize, u32)>, limit: usize, lp: &LogProbs, r: u
             let s = value(l);
             if cand.len() < limit || s > cand[cand.len() - 1].0 {
                 let pos = cand.partition_point(|c| c.0 >= s);
-                cand.insert(pos, (s, r, (b * SCAN_BLOCK + j) as u32));
+                cand.insert(pos, (s, r, lp.token(b * SCAN_BLOCK + j)));
                 cand.truncate(limit);
             }
         }
@@ -235,7 +235,7 @@ pub fn sample_decode<M: StepModel>(
     mut uniform: impl FnMut() -> f64,
 ) -> Result<Vec<Hypothesis>> {
     pick_each_step(model, src, opts, |lp, r, _| {
-        crate::sample(&lp.row(r), sampling, uniform())
+        lp.token(crate::sample(&lp.row(r), sampling, uniform()) as usize)
     })
 }
 
@@ -254,7 +254,7 @@ fn pick_each_step<M: StepModel>(
     let mut rows = Row::one_per_sentence(n);
     while !rows.is_empty() {
         let (out, att) = next_step(model, &mut state, &rows, opts)?;
-        let lp = LogProbs::new(&out.logits)?;
+        let lp = LogProbs::of(&out)?;
         let mut keep = Vec::with_capacity(rows.len());
         for (i, row) in rows.iter_mut().enumerate() {
             if let Some(a) = &att {
@@ -365,7 +365,7 @@ pub fn beam_search_nbest<M: StepModel>(
     let mut rows = Row::one_per_sentence(n);
     while !rows.is_empty() {
         let (out, att) = next_step(model, &mut state, &rows, opts)?;
-        let lp = LogProbs::new(&out.logits)?;
+        let lp = LogProbs::of(&out)?;
         let mut next_rows: Vec<Row> = Vec::with_capacity(n * k);
         let mut parents: Vec<u32> = Vec::with_capacity(n * k);
         let mut start = 0;

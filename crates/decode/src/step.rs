@@ -14,6 +14,10 @@ pub struct StepOutput {
     /// (every decoder layer and head of the encoder-decoder attention); a model with one
     /// attention (an RNN's) returns (B, 1, 1, S).
     pub attention: Option<Tensor>,
+    /// The token id of each column of `logits`, ascending, when the model scores a
+    /// restricted vocabulary ([`transformer_model::restrict`]); `None`: column `t` is token
+    /// `t`.
+    pub vocab: Option<std::sync::Arc<[u32]>>,
 }
 
 /// A model that decodes step by step.
@@ -85,6 +89,7 @@ impl StepModel for Seq2Seq {
         Ok(StepOutput {
             logits,
             attention: weights.as_deref().map(stack_cross).transpose()?,
+            vocab: state.vocab().cloned(),
         })
     }
 
@@ -114,6 +119,7 @@ impl StepModel for RnnSeq2Seq {
             attention: weights
                 .map(|w| w.unsqueeze(1)?.unsqueeze(1)?.to_dtype(DType::F32))
                 .transpose()?,
+            vocab: None,
         })
     }
 
@@ -198,7 +204,11 @@ impl StepModel for Recompute<'_> {
         } else {
             None
         };
-        Ok(StepOutput { logits, attention })
+        Ok(StepOutput {
+            logits,
+            attention,
+            vocab: None,
+        })
     }
 
     fn select_rows(&self, state: &mut RecomputeState, rows: &[u32]) -> Result<()> {
@@ -224,6 +234,8 @@ pub struct LogProbs<'a> {
     logits: Logits<'a>,
     width: usize,
     lse: Vec<f32>,
+    /// The token of each column, when the vocabulary is restricted (ascending).
+    vocab: Option<std::sync::Arc<[u32]>>,
 }
 
 /// Where [`LogProbs`] reads the logits.
@@ -282,7 +294,36 @@ impl<'a> LogProbs<'a> {
             )
         };
         let lse = transformer_model::kernels::log_sum_exp_rows_f32(logits.data(), width);
-        Ok(Self { logits, width, lse })
+        Ok(Self {
+            logits,
+            width,
+            lse,
+            vocab: None,
+        })
+    }
+
+    /// The log-probabilities of a step's output: over its restricted vocabulary when it has
+    /// one (the other tokens have none: [`Self::get`] gives `None` for them).
+    pub fn of(out: &'a StepOutput) -> Result<Self> {
+        let mut lp = Self::new(&out.logits)?;
+        lp.vocab.clone_from(&out.vocab);
+        Ok(lp)
+    }
+
+    /// The token of column `c` of [`Self::logits`].
+    pub fn token(&self, c: usize) -> u32 {
+        match &self.vocab {
+            Some(v) => v[c],
+            None => c as u32,
+        }
+    }
+
+    /// The column of token `t`, `None` when it is not scored.
+    fn column(&self, t: u32) -> Option<usize> {
+        match &self.vocab {
+            Some(v) => v.binary_search(&t).ok(),
+            None => Some(t as usize),
+        }
     }
 
     /// Rows held.
@@ -290,7 +331,7 @@ impl<'a> LogProbs<'a> {
         self.lse.len()
     }
 
-    /// Row `r`'s logits.
+    /// Row `r`'s logits, one per column ([`Self::token`] names each column's token).
     pub fn logits(&self, r: usize) -> &[f32] {
         &self.logits.data()[r * self.width..(r + 1) * self.width]
     }
@@ -300,13 +341,14 @@ impl<'a> LogProbs<'a> {
         self.lse[r]
     }
 
-    /// `log p(t | row r)`; `None` when `t` is outside the vocabulary.
+    /// `log p(t | row r)`; `None` when `t` is outside the vocabulary (or not among the
+    /// restricted vocabulary's tokens).
     pub fn get(&self, r: usize, t: u32) -> Option<f32> {
         let l = self.lse[r];
-        self.logits(r).get(t as usize).map(|&x| x - l)
+        self.logits(r).get(self.column(t)?).map(|&x| x - l)
     }
 
-    /// Row `r`'s log-probabilities written out.
+    /// Row `r`'s log-probabilities written out, one per column.
     pub fn row(&self, r: usize) -> Vec<f32> {
         let l = self.lse[r];
         self.logits(r).iter().map(|&x| x - l).collect()
@@ -322,6 +364,6 @@ impl<'a> LogProbs<'a> {
                 best = (i, v);
             }
         }
-        best.0 as u32
+        self.token(best.0)
     }
 }

@@ -1,29 +1,12 @@
 //! The searches against each other and against decoding without a cache, on small random
 //! Transformers in f64 (so that ties cannot flip between two equally correct computations).
 
-use candle_core::{DType, Device, Result};
+use candle_core::Result;
 use transformer_decode::{beam_search, greedy, DecodeOptions, Recompute, StepModel};
-use transformer_model::{ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
 
 mod common;
 
-use common::{opts, sources, BOS, EOS, PAD, VOCAB};
-
-fn model(seed: u64, share: bool) -> Result<Seq2Seq> {
-    let pb = ParamBuilder::new(DType::F64, &Device::Cpu, seed);
-    Seq2Seq::with_config(
-        &pb,
-        &Seq2SeqConfig {
-            transformer: TransformerConfig {
-                dropout: 0.1,
-                ..TransformerConfig::tiny()
-            },
-            src_vocab: VOCAB,
-            tgt_vocab: VOCAB,
-            share_embeddings: share,
-        },
-    )
-}
+use common::{model, opts, sources, BOS, EOS, PAD};
 
 #[test]
 fn cached_steps_give_the_logits_of_recomputing_the_prefix() -> Result<()> {

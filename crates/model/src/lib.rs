@@ -96,6 +96,7 @@ pub mod mask;
 pub mod multi_head;
 pub mod params;
 pub mod positional;
+pub mod restrict;
 pub mod rnn;
 pub mod seq2seq;
 pub mod transformer;

@@ -20,6 +20,7 @@ use crate::mask::Mask;
 use crate::multi_head::KvCache;
 use crate::params::{Init, ParamBuilder};
 use crate::positional::PositionalEncoding;
+use crate::restrict::{CandidateVocab, RestrictedOutput};
 use crate::transformer::Transformer;
 use crate::Result;
 use candle_core::{DType, Tensor};
@@ -100,6 +101,8 @@ pub struct Seq2Seq {
     generator: Linear,
     d_model: usize,
     decode_precision: DecodePrecision,
+    /// Decoding's output vocabulary per batch, when restricted ([`crate::restrict`]).
+    candidates: Option<Arc<dyn CandidateVocab>>,
 }
 
 /// The arithmetic of decoding's products ([`Seq2Seq::prepare_decoding`]).
@@ -212,6 +215,8 @@ pub struct DecodeState {
     generator_t: Arc<OnceLock<Tensor>>,
     /// The output layer in int8, when decoding in int8 with it.
     generator_q: Option<Arc<crate::kernels::int8::QuantizedLinear>>,
+    /// The output layer cut down to this batch's candidates, when restricted.
+    restricted: Option<RestrictedOutput>,
     /// Target positions decoded so far.
     pub position: usize,
     /// Source length of every row (without padding), for the decoding length limit.
@@ -281,6 +286,12 @@ impl DecodeState {
     /// Rows (sentences or hypotheses) in the batch.
     pub fn rows(&self) -> usize {
         self.src_lens.len()
+    }
+
+    /// The token id of each logit column [`Seq2Seq::step`] returns, when the output
+    /// vocabulary is restricted ([`Seq2Seq::set_candidate_vocab`]); `None`: every token.
+    pub fn vocab(&self) -> Option<&Arc<[u32]>> {
+        self.restricted.as_ref().map(RestrictedOutput::ids)
     }
 
     /// Whether the steps run as one fused op ([`crate::kernels::DecoderStack`]).
@@ -386,6 +397,7 @@ impl Seq2Seq {
             generator,
             d_model: c,
             decode_precision: DecodePrecision::F32,
+            candidates: None,
         })
     }
 
@@ -393,6 +405,12 @@ impl Seq2Seq {
     /// other forwards are unaffected).
     pub fn set_decode_precision(&mut self, p: DecodePrecision) {
         self.decode_precision = p;
+    }
+
+    /// Restricts decoding's output vocabulary to what `c` names for each batch (`None`: the
+    /// whole vocabulary, the default); applies to batches started from now on.
+    pub fn set_candidate_vocab(&mut self, c: Option<Arc<dyn CandidateVocab>>) {
+        self.candidates = c;
     }
 
     /// The arithmetic decoding is prepared in.
@@ -676,6 +694,21 @@ impl Seq2Seq {
     ) -> Result<DecodeState> {
         let mask = Mask::key_padding_from_ids(src, pad_id)?;
         let src_lens = crate::mask::lengths(src, pad_id)?;
+        let restricted = match &self.candidates {
+            Some(c) => {
+                let rows = crate::restrict::source_rows(src, pad_id)?;
+                let refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
+                let int8 = generator_q.as_ref().map(|q| q.kernel());
+                let bias = self.generator.bias().expect("the output layer has a bias");
+                Some(RestrictedOutput::new(
+                    self.generator.weight(),
+                    bias,
+                    c.candidates(&refs),
+                    int8,
+                )?)
+            }
+            None => None,
+        };
         let decoder = self.transformer.decoder();
         if let Some(stack) = stack {
             let x = self
@@ -690,6 +723,7 @@ impl Seq2Seq {
                 caches: Caches::Fused(stack.start(&memory, &keep)?, stack),
                 generator_t,
                 generator_q,
+                restricted,
                 position: 0,
                 src_lens,
             });
@@ -703,6 +737,7 @@ impl Seq2Seq {
             },
             generator_t,
             generator_q,
+            restricted,
             position: 0,
             src_lens,
         })
@@ -775,7 +810,9 @@ impl Seq2Seq {
         state.position += 1;
         let bias = self.generator.bias().expect("the output layer has a bias");
         let w = self.generator.weight();
-        let logits = if let Some(q) = &state.generator_q {
+        let logits = if let Some(r) = &state.restricted {
+            r.logits(&h)?
+        } else if let Some(q) = &state.generator_q {
             let rows = h.dim(0)?;
             let x = h.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
             let mut y = vec![0f32; rows * q.out_features()];

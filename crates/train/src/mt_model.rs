@@ -222,6 +222,23 @@ impl MtModel {
         Ok(())
     }
 
+    /// Restricts decoding's output vocabulary to each batch's candidates under `c`
+    /// ([`Seq2Seq::set_candidate_vocab`]; `None`: every token); the Transformer only.
+    pub fn set_candidate_vocab(
+        &mut self,
+        c: Option<std::sync::Arc<dyn transformer_model::restrict::CandidateVocab>>,
+    ) -> Result<()> {
+        match self {
+            MtModel::Transformer(m) => m.set_candidate_vocab(c),
+            MtModel::Rnn(_) if c.is_some() => candle_core::bail!(
+                "a restricted output vocabulary covers the Transformer; the recurrent models \
+                 score every token"
+            ),
+            MtModel::Rnn(_) => {}
+        }
+        Ok(())
+    }
+
     /// The arithmetic decoding is prepared in.
     pub fn decode_precision(&self) -> DecodePrecision {
         match self {

@@ -95,10 +95,9 @@ impl VocabMap {
                 }
             }
         }
-        let mut by_freq: Vec<u32> = (0..vocab as u32)
-            .filter(|&i| tgt_tokens[i as usize] > 0)
-            .collect();
-        // Most frequent first; ties by id, so the map is the same on every machine.
+        let mut by_freq: Vec<u32> = (0..vocab as u32).collect();
+        // Most frequent first (tokens never in a target last); ties by id, so the map is the
+        // same on every machine and `frequent` >= the vocabulary makes every token a candidate.
         by_freq.sort_by_key(|&i| (std::cmp::Reverse(tgt_tokens[i as usize]), i));
         let mut always: Vec<u32> = by_freq.into_iter().take(opts.frequent).collect();
         always.push(eos);
@@ -202,6 +201,12 @@ impl VocabMap {
             });
         }
         Ok(map)
+    }
+}
+
+impl transformer_model::restrict::CandidateVocab for VocabMap {
+    fn candidates(&self, sources: &[&[u32]]) -> Vec<u32> {
+        VocabMap::candidates(self, sources.iter().copied())
     }
 }
 

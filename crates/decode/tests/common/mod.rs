@@ -1,8 +1,9 @@
 //! What the decoding tests share: special ids, padded random sources, search options.
 #![allow(dead_code)]
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use transformer_decode::DecodeOptions;
+use transformer_model::{ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
 
 pub const PAD: u32 = 0;
 pub const BOS: u32 = 1;
@@ -34,4 +35,22 @@ pub fn opts(beam: usize) -> DecodeOptions {
         pad: PAD,
         want_attention: false,
     }
+}
+
+/// A small random Transformer in f64 (so that ties cannot flip between two equally correct
+/// computations), embeddings shared or not.
+pub fn model(seed: u64, share: bool) -> Result<Seq2Seq> {
+    let pb = ParamBuilder::new(DType::F64, &Device::Cpu, seed);
+    Seq2Seq::with_config(
+        &pb,
+        &Seq2SeqConfig {
+            transformer: TransformerConfig {
+                dropout: 0.1,
+                ..TransformerConfig::tiny()
+            },
+            src_vocab: VOCAB,
+            tgt_vocab: VOCAB,
+            share_embeddings: share,
+        },
+    )
 }

@@ -80,6 +80,9 @@ def main():
     p.add_argument("--compute-type", default="float32",
                    help="CTranslate2's compute_type: float32 (default) or int8 (weights "
                         "quantized at load, one scale per output row)")
+    p.add_argument("--use-vmap", action="store_true",
+                   help="restrict the output vocabulary with the model's vmap "
+                        "(mt_to_ctranslate2.py --vocab-map)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     a = p.parse_args()
 
@@ -119,6 +122,7 @@ def main():
             max_input_length=0,
             return_scores=True,
             callback=callback,
+            use_vmap=a.use_vmap,
         )
         return [[int(t) for t in r.hypotheses[0]] for r in res]
 

@@ -24,6 +24,11 @@
 #   mt_beam_int8_vs_ctranslate2_int8=X  the same, both in int8 (ours `--quantize int8`,
 #                                   CTranslate2's compute_type="int8")
 #   mt_greedy_latency_vs_ctranslate2=X  CTranslate2's greedy one-sentence latency / ours (fp32)
+#   mt_beam_restricted_vs_ctranslate2=X  CTranslate2's beam-search seconds / ours with
+#                                   `--restrict-vocab` (the run's vocabulary map)
+#   mt_beam_restricted_vs_ctranslate2_vmap=X  the same, CTranslate2 restricted by the same map
+#                                   (its vmap, use_vmap=True)
+#   mt_greedy_latency_restricted_vs_ctranslate2=X  CTranslate2's greedy latency / ours restricted
 #
 # Usage: scripts/bench_mt_vs_pytorch.sh
 # Environment:
@@ -34,6 +39,8 @@
 #              takes about 40 s per 100 sentences at beam 5 on 2 cores)
 #   BEAM (5), BATCH sentences per batch (25), THREADS (all cores), ROUNDS (3),
 #   REPEATS timed training steps per round (10), LATENCY sentences for greedy latency (50)
+#   ONLY       `decode` to measure decoding against CTranslate2 alone (no training, no
+#              PyTorch decoding: minutes instead of half an hour)
 #   PYTHON     a Python with torch and ctranslate2; otherwise .venv/bin/python in the
 #              repository root, created (pip install torch numpy safetensors ctranslate2) when
 #              missing.
@@ -93,6 +100,9 @@ export CANDLE_NUM_THREADS="$THREADS" RAYON_NUM_THREADS="$THREADS"
     --batch "$BATCH" --latency-sentences 0 --dump "$TMP/dump" --json > /dev/null
 say "converting $RUN to CTranslate2 (scripts/mt_to_ctranslate2.py)"
 "$PY" scripts/mt_to_ctranslate2.py --run "$RUN" --out "$TMP/ct2" >&2
+# The vocabulary map both restricted searches read (written once into the run).
+[[ -f "$RUN/vocab_map.json" ]] || "$BIN" mt vocab-map --run "$RUN" >&2
+"$PY" scripts/mt_to_ctranslate2.py --run "$RUN" --out "$TMP/ct2_vmap" --vocab-map >&2
 
 train_ours() { "$BIN" bench mt --json --repeats "$REPEATS" > "$TMP/train.ours.$1.json"; }
 train_torch() {
@@ -116,6 +126,16 @@ decode_ct2() {
         --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$THREADS" \
         --greedy-latency "$LATENCY" --compute-type int8 --json > "$TMP/decode.ct2_int8.$1.json"
 }
+decode_ours_restricted() {
+    "$BIN" bench mt-decode --run "$RUN" --src "$SRC" --max-sentences "$SENTENCES" --beam "$BEAM" \
+        --batch "$BATCH" --latency-sentences "$LATENCY" --restrict-vocab --json \
+        > "$TMP/decode.ours_restricted.$1.json"
+}
+decode_ct2_vmap() {
+    "$PY" scripts/bench_mt_ct2.py --model "$TMP/ct2_vmap" --run "$RUN" --src-ids "$TMP/dump/src.ids" \
+        --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$THREADS" \
+        --greedy-latency "$LATENCY" --use-vmap --json > "$TMP/decode.ct2_vmap.$1.json"
+}
 decode_ours_int8() {
     "$BIN" bench mt-decode --run "$RUN" --src "$SRC" --max-sentences "$SENTENCES" --beam "$BEAM" \
         --batch "$BATCH" --latency-sentences "$LATENCY" --quantize int8 --json \
@@ -123,30 +143,41 @@ decode_ours_int8() {
 }
 for (( r = 1; r <= ROUNDS; r++ )); do
     say "round $r of $ROUNDS"
-    if (( r % 2 == 1 )); then
-        train_ours "$r"; train_torch "$r"; decode_ours "$r"; decode_ours_int8 "$r"; decode_ct2 "$r"; decode_torch "$r"
+    if [[ "${ONLY:-}" == decode ]]; then
+        if (( r % 2 == 1 )); then
+            decode_ours "$r"; decode_ours_restricted "$r"; decode_ours_int8 "$r"; decode_ct2 "$r"; decode_ct2_vmap "$r"
+        else
+            decode_ct2_vmap "$r"; decode_ct2 "$r"; decode_ours_int8 "$r"; decode_ours_restricted "$r"; decode_ours "$r"
+        fi
+    elif (( r % 2 == 1 )); then
+        train_ours "$r"; train_torch "$r"; decode_ours "$r"; decode_ours_restricted "$r"; decode_ours_int8 "$r"; decode_ct2 "$r"; decode_ct2_vmap "$r"; decode_torch "$r"
     else
-        train_torch "$r"; train_ours "$r"; decode_torch "$r"; decode_ct2 "$r"; decode_ours_int8 "$r"; decode_ours "$r"
+        train_torch "$r"; train_ours "$r"; decode_torch "$r"; decode_ct2_vmap "$r"; decode_ct2 "$r"; decode_ours_int8 "$r"; decode_ours_restricted "$r"; decode_ours "$r"
     fi
 done
 
 CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)"
-"$PY" - "$TMP" "$ROUNDS" "${CPU_MODEL:-unknown}" "$THREADS" "$(date -u '+%Y-%m-%d %H:%M UTC')" <<'EOF'
+"$PY" - "$TMP" "$ROUNDS" "${CPU_MODEL:-unknown}" "$THREADS" "$(date -u '+%Y-%m-%d %H:%M UTC')" "${ONLY:-}" <<'EOF'
 import json, statistics, sys
 
-tmp, rounds, cpu, threads, date = sys.argv[1:6]
+tmp, rounds, cpu, threads, date, only = sys.argv[1:7]
 R = range(1, int(rounds) + 1)
 load = lambda kind, side: [json.load(open(f"{tmp}/{kind}.{side}.{r}.json")) for r in R]
-to, tt, tb = load("train", "ours"), load("train", "torch"), load("train", "torch_bf16")
-do, dt, dc = load("decode", "ours"), load("decode", "torch"), load("decode", "ct2")
+full = only != "decode"
+if full:
+    to, tt, tb = load("train", "ours"), load("train", "torch"), load("train", "torch_bf16")
+    dt = load("decode", "torch")
+do, dc = load("decode", "ours"), load("decode", "ct2")
 do8, dc8 = load("decode", "ours_int8"), load("decode", "ct2_int8")
+dor, dcv = load("decode", "ours_restricted"), load("decode", "ct2_vmap")
 ms = lambda j: j["train_step_ms"]["median"] if isinstance(j["train_step_ms"], dict) else j["train_step_ms"]
 med = statistics.median
 
 print(f"machine: {cpu}, {threads} threads; {date}; {rounds} alternating rounds")
-print(f"training batch: {to[0]['shapes']['batch']} sentences x {to[0]['shapes']['src_len']} -> "
-      f"{to[0]['shapes']['tgt_len']} tokens, {to[0]['tgt_tokens']} target tokens; "
-      f"decoding: {do[0]['sentences']} sentences, beam {do[0]['beam']}, {do[0]['batch']} sentences per batch")
+if full:
+    print(f"training batch: {to[0]['shapes']['batch']} sentences x {to[0]['shapes']['src_len']} -> "
+          f"{to[0]['shapes']['tgt_len']} tokens, {to[0]['tgt_tokens']} target tokens")
+print(f"decoding: {do[0]['sentences']} sentences, beam {do[0]['beam']}, {do[0]['batch']} sentences per batch")
 print()
 w = 46
 print(f"{'measurement':<{w}} {'ours':>10} {'other':>10} {'ratio':>7}   per round")
@@ -161,15 +192,17 @@ def row(name, ours, other, better="lower", fmt="{:10.1f}"):
     return med(rs)
 
 
-train = row("train step ms: ours fp32 / PyTorch fp32", [ms(j) for j in to], [ms(j) for j in tt])
-bf16 = None
-if all(j.get("train_step_bf16_ms") for j in to):
+train = bf16 = beam_pt = None
+if full:
+    train = row("train step ms: ours fp32 / PyTorch fp32", [ms(j) for j in to], [ms(j) for j in tt])
+if full and all(j.get("train_step_bf16_ms") for j in to):
     bf16 = row("train step ms: ours bf16 / PyTorch bf16 autocast",
                [j["train_step_bf16_ms"]["median"] for j in to], [ms(j) for j in tb])
-else:
+elif full:
     row("train step ms: ours fp32 / PyTorch bf16 autocast", [ms(j) for j in to], [ms(j) for j in tb])
-row("train peak RSS MB: ours / PyTorch", [j["peak_rss_mb"] for j in to], [j["peak_rss_mb"] for j in tt])
-beam_pt = row("beam search s: ours / PyTorch (prefix rerun)", [j["seconds"] for j in do], [j["seconds"] for j in dt], fmt="{:10.2f}")
+if full:
+    row("train peak RSS MB: ours / PyTorch", [j["peak_rss_mb"] for j in to], [j["peak_rss_mb"] for j in tt])
+    beam_pt = row("beam search s: ours / PyTorch (prefix rerun)", [j["seconds"] for j in do], [j["seconds"] for j in dt], fmt="{:10.2f}")
 beam_ct = row("beam search s: ours / CTranslate2", [j["seconds"] for j in do], [j["seconds"] for j in dc], fmt="{:10.2f}")
 row("beam sentences/s: ours / CTranslate2", [j["sentences_per_s"] for j in do], [j["sentences_per_s"] for j in dc], "higher")
 row("beam tokens/s: ours / CTranslate2", [j["tokens_per_s"] for j in do], [j["tokens_per_s"] for j in dc], "higher")
@@ -178,15 +211,25 @@ row("decoding peak RSS MB: ours / CTranslate2", [j["peak_rss_mb"] for j in do], 
 beam_ct8 = row("beam search s, int8: ours / CTranslate2 int8", [j["seconds"] for j in do8], [j["seconds"] for j in dc8], fmt="{:10.2f}")
 row("greedy latency ms, int8: ours / CT2 int8", [j["greedy_latency_ms"] for j in do8], [j["greedy_latency_ms"] for j in dc8], fmt="{:10.2f}")
 row("decoding peak RSS MB, int8: ours / CT2 int8", [j["peak_rss_mb"] for j in do8], [j["peak_rss_mb"] for j in dc8])
+beam_r = row("beam search s: ours restricted / CTranslate2", [j["seconds"] for j in dor], [j["seconds"] for j in dc], fmt="{:10.2f}")
+beam_rv = row("beam search s: ours restricted / CT2 vmap", [j["seconds"] for j in dor], [j["seconds"] for j in dcv], fmt="{:10.2f}")
+lat_r = row("greedy latency ms: ours restricted / CT2", [j["greedy_latency_ms"] for j in dor], [j["greedy_latency_ms"] for j in dc], fmt="{:10.2f}")
+row("greedy latency ms: ours restricted / CT2 vmap", [j["greedy_latency_ms"] for j in dor], [j["greedy_latency_ms"] for j in dcv], fmt="{:10.2f}")
 print("-" * (w + 40))
 print("ratio: how many times better ours is (>1: ours faster or smaller), median of the per-round ratios.")
-print(f"same translation as ours (token for token): PyTorch {med([j['same_as_ref'] for j in dt]):.1%}, "
-      f"CTranslate2 {med([j['same_as_ref'] for j in dc]):.1%} of the sentences")
+same_pt = f"PyTorch {med([j['same_as_ref'] for j in dt]):.1%}, " if full else ""
+print(f"same translation as ours (token for token): {same_pt}"
+      f"CTranslate2 {med([j['same_as_ref'] for j in dc]):.1%}, "
+      f"CTranslate2 with the vmap {med([j['same_as_ref'] for j in dcv]):.1%} of the sentences")
 if bf16 is not None:
     print(f"mt_train_speedup_vs_pytorch_bf16={bf16:.2f}  (bf16 products: ours {to[0].get('bf16_products')}, PyTorch autocast)")
-print(f"mt_train_speedup_vs_pytorch={train:.2f}")
-print(f"mt_beam_speedup_vs_pytorch={beam_pt:.2f}")
+if full:
+    print(f"mt_train_speedup_vs_pytorch={train:.2f}")
+    print(f"mt_beam_speedup_vs_pytorch={beam_pt:.2f}")
 print(f"mt_beam_vs_ctranslate2={beam_ct:.2f}")
 print(f"mt_beam_int8_vs_ctranslate2_int8={beam_ct8:.2f}")
 print(f"mt_greedy_latency_vs_ctranslate2={lat_ct:.2f}")
+print(f"mt_beam_restricted_vs_ctranslate2={beam_r:.2f}")
+print(f"mt_beam_restricted_vs_ctranslate2_vmap={beam_rv:.2f}")
+print(f"mt_greedy_latency_restricted_vs_ctranslate2={lat_r:.2f}")
 EOF

@@ -36,6 +36,7 @@ Example:
 """
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -152,10 +153,26 @@ def main():
                    help="weight type CTranslate2 stores (float32, the default; or int8, "
                         "bfloat16, ...: then outputs no longer match ours exactly)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--vocab-map", action="store_true",
+                   help="also convert the run's vocabulary map (vocab_map.json, written by "
+                        "`transformer mt vocab-map`) into CTranslate2's vmap, so that "
+                        "translate_batch(use_vmap=True) restricts the output vocabulary to the "
+                        "same candidates as `--restrict-vocab`")
     a = p.parse_args()
 
     run = mt_run.load_run(a.run)
     spec = build_spec(run)
+    if a.vocab_map:
+        # CTranslate2's format: `<source n-gram>\t<target tokens>` per line, the empty n-gram
+        # for the tokens every sentence may use; tokens here are the ids as strings.
+        vm = json.load(open(os.path.join(a.run, "vocab_map.json")))
+        vmap = os.path.join(a.run, "vmap.ct2.txt")
+        with open(vmap, "w") as f:
+            f.write("\t" + " ".join(map(str, vm["always"])) + "\n")
+            for src, tgts in enumerate(vm["by_source"]):
+                if tgts:
+                    f.write(f"{src}\t" + " ".join(map(str, tgts)) + "\n")
+        spec.register_vocabulary_mapping(vmap)
     spec.validate()
     spec.optimize(quantization=a.quantization)
     if os.path.exists(a.out):

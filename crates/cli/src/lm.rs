@@ -439,7 +439,10 @@ pub(crate) fn interrupt_flag() -> Arc<AtomicBool> {
             eprintln!("\ninterrupted twice: exiting without a new checkpoint");
             std::process::exit(130);
         }
-        eprintln!("\ninterrupt: saving a checkpoint after this batch (Ctrl-C again to quit now)");
+        eprintln!(
+            "\ninterrupt: saving a checkpoint after this batch (Ctrl-C again to quit now; \
+             SIGTERM, from a scheduler or mpirun, does the same)"
+        );
     });
     if let Err(e) = installed {
         eprintln!("warning: cannot catch Ctrl-C ({e}); an interrupt loses the batches since the last checkpoint");

@@ -305,6 +305,62 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Ctrl-C on mpirun (which sends every rank SIGTERM): the ranks stop together at a step,
+/// rank 0 saves a checkpoint and says how to continue, and the run resumes from that step.
+#[test]
+fn ctrl_c_on_mpirun_saves_a_checkpoint_and_the_run_resumes() {
+    let d = temp_dir("ctrl-c");
+    write_corpus(&d, 600);
+    let run = d.join("run");
+    let child = mpirun(2)
+        .env("TRANSFORMER_TEST_STEP_DELAY_MS", "50")
+        .args(mt_args(&d, &run, &["--epochs", "1"]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun starts");
+    let start = Instant::now();
+    while step_losses_so_far(&run) < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no steps logged"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        !o.status.success(),
+        "an interrupted job does not report success"
+    );
+    let out = text(&o);
+    assert!(
+        out.contains("stopped: checkpoint saved after step"),
+        "{out}"
+    );
+    assert!(out.contains("--resume"), "{out}");
+    let stopped = step_losses(&run).last().expect("logged steps").0;
+    let o = ranks(
+        2,
+        &mt_args(&d, &run, &["--epochs", "1", "--resume", "--max-steps", "2"]),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let after: Vec<u64> = step_losses(&run).iter().map(|s| s.0).collect();
+    assert!(after.contains(&(stopped + 1)), "{stopped} {after:?}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Training steps logged so far (0 before the run's metrics file exists).
+fn step_losses_so_far(run: &Path) -> usize {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .map(|t| t.lines().filter(|l| l.contains("\"train\"")).count())
+        .unwrap_or(0)
+}
+
 #[test]
 fn a_run_moves_between_two_ranks_and_one_process_with_the_same_global_batch() {
     let d = temp_dir("resume");

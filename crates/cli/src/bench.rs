@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use clap::{Args, Subcommand};
 use std::time::Instant;
 use transformer_decode::{generate_lm, Sampling};
-use transformer_model::kernels::{bf16, Precision};
+use transformer_model::{bf16, Precision};
 use transformer_model::{LmConfig, ParamBuilder, Rng, TransformerLm};
 use transformer_train::lm::LmStep;
 

@@ -5,7 +5,7 @@ use anyhow::Result;
 use candle_core::{Device, DeviceLocation};
 use clap::Args;
 use std::fmt;
-use transformer_model::kernels::Precision;
+use transformer_model::Precision;
 
 /// A device as named on the command line: `cpu`, `cuda` (GPU 0) or `cuda:N`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use transformer_decode::Sampling;
-use transformer_model::kernels::Precision;
+use transformer_model::Precision;
 use transformer_model::Rng;
 use transformer_text::basic_english;
 use transformer_train::lm::{self, LmTrainConfig, Progress, TrainOptions};

@@ -282,7 +282,7 @@ pub struct TrainArgs {
     /// in bf16 only if it was faster on this CPU (the log says what it measured; config.toml
     /// keeps the choice) [default: f32]
     #[arg(long)]
-    precision: Option<transformer_model::kernels::Precision>,
+    precision: Option<transformer_model::Precision>,
     /// With --precision bf16: train in bf16 without first timing it against f32 on this CPU
     /// (for comparing the two arithmetics, or where the timing misleads)
     #[arg(long)]

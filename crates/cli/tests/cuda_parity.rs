@@ -236,7 +236,7 @@ fn train_losses(dev: &Device, init: &HashMap<String, Tensor>, steps: usize) -> R
             [&s, &ti, &to],
             0,
             0.1,
-            transformer_model::kernels::Precision::F32,
+            transformer_model::Precision::F32,
             &rng,
         )?;
         losses.push(loss);

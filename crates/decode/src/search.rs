@@ -553,7 +553,7 @@ mod tests {
             .map(|i| ((i * 7919) % 1013) as f32 / 50.0 - 10.0)
             .collect();
         let mut want = data.clone();
-        transformer_model::kernels::log_softmax_rows_f32(&mut want, width);
+        transformer_model::log_softmax_rows_f32(&mut want, width);
         let t = Tensor::from_vec(data, (rows, width), &candle_core::Device::Cpu)?;
         let lp = LogProbs::new(&t)?;
         for r in 0..rows {

@@ -227,7 +227,7 @@ impl StepModel for Recompute<'_> {
 /// Next-token log-probabilities of a batch of rows, kept as the logits (read in place from
 /// the step's output tensor when it is a contiguous CPU f32 one) and each row's log-normaliser:
 /// `log p(t | row r) = logits[r][t] - lse[r]`, in f32, the very value a log-softmax written
-/// out would hold ([`transformer_model::kernels::log_sum_exp_rows_f32`]). A beam search
+/// out would hold ([`transformer_model::log_sum_exp_rows_f32`]). A beam search
 /// reads a few entries of each row, so writing out every `rows x V` log-probability (and
 /// copying the logits out of the tensor first) cost more than the search itself.
 pub struct LogProbs<'a> {
@@ -293,7 +293,7 @@ impl<'a> LogProbs<'a> {
                     .to_vec1::<f32>()?,
             )
         };
-        let lse = transformer_model::kernels::log_sum_exp_rows_f32(logits.data(), width);
+        let lse = transformer_model::log_sum_exp_rows_f32(logits.data(), width);
         Ok(Self {
             logits,
             width,

@@ -117,11 +117,20 @@ pub use encoder::{Encoder, EncoderLayer};
 pub use error::ConfigError;
 pub use feed_forward::FeedForward;
 pub use grads::DirectGrads;
+/// Whether this CPU has bf16 products and which unit runs them ([`kernels::bf16`]): what the
+/// precision choice and the benchmarks ask, without naming the kernels.
+pub use kernels::bf16;
 /// The int8 scheme's weight quantization (one scale per row), for int8 runs on disk.
 pub use kernels::int8::quantize_weight_rows;
+/// The fused output layer with its cross-entropy ([`kernels::linear_cross_entropy_with`]),
+/// which the precision choice times in each arithmetic.
+pub use kernels::linear_cross_entropy_with;
 /// The arithmetic of the fused layers' large products (`f32`, `bf16`): a model setting, so
 /// callers need not name the kernels ([`kernels::Precision`]).
 pub use kernels::Precision;
+/// Row-wise log-sum-exp and log-softmax of f32 logits, the decoders' scoring
+/// ([`kernels::log_sum_exp_rows_f32`], [`kernels::log_softmax_rows_f32`]).
+pub use kernels::{log_softmax_rows_f32, log_sum_exp_rows_f32};
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use lm::TransformerLm;

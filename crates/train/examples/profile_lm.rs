@@ -71,7 +71,7 @@ impl EncoderBench {
             &self.x,
             Some(&self.mask),
             Mode::Train(rng),
-            Backprop::Direct(&self.direct, transformer_model::kernels::Precision::F32),
+            Backprop::Direct(&self.direct, transformer_model::Precision::F32),
         )?;
         (y * &self.cot)?.sum_all()?.backward()
     }
@@ -89,7 +89,7 @@ fn main() -> candle_core::Result<()> {
     // The process settings of the `transformer` command.
     transformer_train::runtime::configure();
     // PRECISION=bf16: the training loss's products in bf16 on AMX.
-    let precision: transformer_model::kernels::Precision = std::env::var("PRECISION")
+    let precision: transformer_model::Precision = std::env::var("PRECISION")
         .unwrap_or_else(|_| "f32".into())
         .parse()
         .expect("PRECISION is f32 or bf16");
@@ -174,7 +174,7 @@ fn main() -> candle_core::Result<()> {
                     &enc.x,
                     Some(&enc.mask),
                     Mode::Train(&rng),
-                    Backprop::Direct(&enc.direct, transformer_model::kernels::Precision::F32),
+                    Backprop::Direct(&enc.direct, transformer_model::Precision::F32),
                 )
                 .unwrap()
         });

@@ -5,9 +5,9 @@
 
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
-use transformer_model::kernels::Precision;
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::DirectGrads;
+use transformer_model::Precision;
 use transformer_model::{Mode, ParamBuilder, Rng, Seq2Seq};
 use transformer_train::clip::clip_grad_norm;
 use transformer_train::mt::{train_step, MtModel, MtTrainConfig};

@@ -4,8 +4,8 @@
 use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
 use transformer_decode::{StepModel, StepOutput};
-use transformer_model::kernels::Precision;
 use transformer_model::seq2seq::Seq2SeqMasks;
+use transformer_model::Precision;
 use transformer_model::{
     DecodePrecision, DecodeState, DirectGrads, Mode, ParamBuilder, PreparedDecoding, RnnAttention,
     RnnSeq2Seq, RnnSeq2SeqConfig, RnnState, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,

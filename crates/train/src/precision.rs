@@ -11,7 +11,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use std::time::Instant;
-use transformer_model::kernels::{bf16, linear_cross_entropy_with, Precision};
+use transformer_model::{bf16, linear_cross_entropy_with, Precision};
 
 /// The arithmetic a run asking for `requested` trains in, and the log line that says why.
 #[derive(Debug, Clone, PartialEq)]

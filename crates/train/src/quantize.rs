@@ -4,7 +4,7 @@
 //!
 //! Each weight matrix (every 2-D parameter: the embedding shared with the output layer, the
 //! attention projections, the feed-forward layers) is stored as int8 with one f32 scale per
-//! row, the scheme decoding quantizes with (`transformer_model::kernels::int8`: `scale =
+//! row, the scheme decoding quantizes with (`transformer_model::quantize_weight_rows`: `scale =
 //! max |row| / 127`, `q = round(w / scale)`); biases and layer norms stay f32. On load the
 //! matrices are turned back into f32 (`q x scale`) for the encoder and the embeddings, and
 //! decoding quantizes them again, which gives back the same int8 values: the largest entry

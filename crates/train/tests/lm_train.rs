@@ -329,7 +329,7 @@ fn interrupt_checkpoints_the_exact_step() {
 /// rounding only) and keeps one shared matrix in its checkpoints.
 #[test]
 fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
-    use transformer_model::kernels::Precision;
+    use transformer_model::Precision;
     let data = temp_dir("data-bf16");
     write_corpus(&data);
     // bf16 as asked, not measured (at this toy size f32 is the faster, and the test is of
@@ -393,8 +393,8 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
 /// and so are the parameters.
 #[test]
 fn trainer_step_equals_the_plain_step() -> CResult<()> {
-    use transformer_model::kernels::Precision;
     use transformer_model::LmConfig;
+    use transformer_model::Precision;
     use transformer_train::clip::clip_coefficient;
     use transformer_train::lm::LmStep;
     use transformer_train::Sgd;

@@ -2,6 +2,8 @@
 //! and its tiny model, the browser. Each test file uses some of it.
 #![allow(dead_code)]
 
+pub mod serve;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

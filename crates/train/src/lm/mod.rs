@@ -1,0 +1,280 @@
+//! The WikiText-2 language model of PyTorch's "Language Modeling with nn.Transformer and
+//! torchtext" tutorial: its data pipeline, training loop, evaluation and checkpoints.
+//!
+//! The loop, in the tutorial's order: for each epoch, for each `bptt` window of the
+//! batchified training stream: forward under the causal mask, cross-entropy, backward, clip
+//! the gradient norm to 0.5, SGD step; log every 200 batches; at the end of the epoch
+//! evaluate on validation, keep the best model, step the learning rate (x0.95). At the end,
+//! evaluate the best model on test.
+//!
+//! One addition to the tutorial, on by default (`average_decay`, 0 turns it off): a moving
+//! average of the weights ([`crate::average`]) is validated beside the SGD weights at every
+//! epoch end, and whichever of the two has the lower validation loss is the best model. It is
+//! a read-out only: the training steps, and so the SGD weights' log and validation figures,
+//! are exactly the tutorial's. The best SGD weights are kept too and tested at the end, so
+//! the tutorial's own result is always reported.
+//!
+//! A run directory holds everything about a run:
+//!
+//! | file | what |
+//! |---|---|
+//! | `config.toml` | the resolved configuration |
+//! | `vocab.txt` | the vocabulary, one token per line in id order |
+//! | `checkpoint.safetensors` | latest resumable state: weights + position, RNG, best loss |
+//! | `best.safetensors` | the weights with the lowest validation loss so far |
+//! | `best-sgd.safetensors` | the same among the SGD weights only (when averaging) |
+//! | `metrics.jsonl` | one JSON object per log line, validation and test result |
+//! | `loss.svg` | training and validation loss against the step |
+
+use crate::checkpoint;
+use crate::error::{Error, Result};
+use crate::runner::{self, open_run_dir, predates_averaging, Saved};
+use candle_core::{DType, Device};
+use serde::Serialize;
+use std::path::Path;
+use transformer_model::Precision;
+use transformer_model::{LmConfig, ParamBuilder, TransformerLm};
+use transformer_text::batch::batchify;
+use transformer_text::corpus::read_split_with;
+use transformer_text::Vocab;
+
+mod config;
+mod data;
+mod files;
+mod task;
+
+pub use config::*;
+pub use data::*;
+pub use files::*;
+use task::*;
+
+/// Format tag written into checkpoints and checked on load.
+pub const CHECKPOINT_FORMAT: &str = "transformer-lm-checkpoint/1";
+/// Format tag of model-only weight files (`best.safetensors`).
+pub const WEIGHTS_FORMAT: &str = "transformer-lm-weights/1";
+
+/// Trains (or resumes) a run on the [`crate::runner`]; see the module docs for the loop and
+/// the files.
+pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary> {
+    let run = &opts.out;
+    let dev = &opts.device;
+    // Rank 0 alone creates, locks and writes the run directory; the other ranks read it.
+    let writer = opts.dist.writes();
+    let (resuming, _lock) = if writer {
+        let (r, lock) = open_run_dir(run, opts.resume)?;
+        (r, Some(lock))
+    } else {
+        (opts.resume, None)
+    };
+    let mut asked = opts.config.clone();
+    asked.data = asked.data.as_deref().map(runner::absolute);
+
+    // Configuration, vocabulary and checkpoint: fresh or from the checkpoint.
+    let (cfg, vocab, saved) = if resuming {
+        let saved = Saved::load(run, CHECKPOINT_FORMAT, dev)?;
+        let text = saved.config_text(run)?;
+        let mut cfg: LmTrainConfig = toml::from_str(text).map_err(|e| Error::Checkpoint {
+            path: checkpoint_path(run),
+            msg: e.to_string(),
+        })?;
+        // A run from before weight averaging existed continues as it was configured: without.
+        if predates_averaging(text) {
+            cfg.average_decay = 0.0;
+        }
+        let (cfg, notes) =
+            runner::resume_config(run, &cfg, &asked, &opts.given, MAY_CHANGE_ON_RESUME)?;
+        for n in &notes {
+            progress.line(n);
+        }
+        runner::check_global_batch(run, &saved.state, cfg.accumulate, &opts.dist)?;
+        runner::check_recorded_paths(run, &[("data", &cfg.data)], &opts.given)?;
+        if writer && !notes.is_empty() {
+            checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+        }
+        (cfg, Some(Vocab::load(&vocab_path(run))?), Some(saved))
+    } else {
+        (asked, None, None)
+    };
+    cfg.validate()?;
+    let data_dir = cfg.data.clone().or_else(default_data_dir).ok_or_else(|| {
+        Error::Usage(
+            "no data: pass --data DIR (a folder with train.txt, valid.txt and test.txt, such as WikiText-2)".into(),
+        )
+    })?;
+    let data_dir = runner::absolute(&data_dir);
+    let data = LmData::load(&data_dir, &cfg, vocab)?;
+    let mut cfg = LmTrainConfig {
+        data: Some(data_dir),
+        ..cfg
+    };
+    // bf16 only where it measures faster here (fresh runs; a resumed run keeps its choice).
+    let precision_line = if resuming {
+        (cfg.precision == Precision::Bf16).then(|| crate::precision::resumed_line(BF16_COVERS))
+    } else {
+        let rows = cfg.batch_size * cfg.bptt;
+        let (p, measure) = (cfg.precision, cfg.measure_precision);
+        let choice =
+            crate::precision::choose(p, measure, rows, cfg.emsize, data.vocab.len(), BF16_COVERS)?;
+        cfg.precision = choice.precision;
+        choice.line
+    };
+    if writer && !resuming {
+        checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+        data.vocab.save(&vocab_path(run))?;
+        let _ = std::fs::remove_file(metrics_path(run));
+    }
+
+    let model_cfg = cfg.model(data.vocab.len());
+    let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
+    let model = TransformerLm::new(&pb, &model_cfg)?;
+    let params = pb.params();
+    if cfg.eos_per_line {
+        progress.line(
+            "data: an <eos> token after every line, empty lines included (the older tutorial's \
+             stream; perplexities are not comparable with the default's)",
+        );
+    }
+    if let Some(line) = &precision_line {
+        progress.line(line);
+    }
+    let num_windows = data.train.num_windows(cfg.bptt);
+    let epoch_windows = cfg.max_batches.map_or(num_windows, |m| m.min(num_windows));
+    // The tutorial labels its log lines with len(train_data) // bptt.
+    let label_batches = cfg
+        .max_batches
+        .map_or(data.train.tutorial_num_batches(cfg.bptt), |_| epoch_windows);
+    let mut task = LmTask {
+        step: LmStep::new(params.vars(), cfg.lr, cfg.clip),
+        model_cfg,
+        data,
+        model,
+        params,
+        device: dev.clone(),
+        epoch_windows,
+        label_batches,
+        cfg,
+    };
+    let (seed, decay) = (task.cfg.seed, task.cfg.average_decay);
+    let s = runner::run(
+        &mut task,
+        opts,
+        saved,
+        seed.wrapping_add(1),
+        decay,
+        AVERAGE_EVERY,
+        progress,
+    )?;
+    Ok(Summary {
+        state: s.state,
+        test_loss: s.test_loss,
+        step_losses: s.step_losses,
+    })
+}
+
+/// Imports the tutorial's PyTorch `TransformerModel` (either tutorial version's names, see
+/// [`transformer_model::import::LmLayout`]) saved with
+/// `safetensors.torch.save_file(model.state_dict(), FILE)` and its vocabulary (one token per
+/// line in index order) into a new run directory that `eval` and `generate` can use. Sizes
+/// are read from the tensors; the head count is not stored by PyTorch and must be given.
+pub fn import_torch(
+    state_dict: &Path,
+    vocab_file: &Path,
+    nhead: usize,
+    out: &Path,
+) -> Result<(LmConfig, transformer_model::import::LmLayout)> {
+    let dev = Device::Cpu;
+    let (tensors, _) = checkpoint::load(state_dict, &dev)?;
+    let bad = |msg: String| Error::Checkpoint {
+        path: state_dict.to_path_buf(),
+        msg,
+    };
+    let (tensors, layout) =
+        transformer_model::import::lm_from_torch_layout(tensors).map_err(bad)?;
+    let dims = |name: &str| -> Result<Vec<usize>> {
+        tensors.get(name).map(|t| t.dims().to_vec()).ok_or_else(|| {
+            bad(format!(
+                "no tensor {name:?}: expected the state dict of the tutorial's TransformerModel \
+                 (embedding, transformer_encoder.layers.N.*, linear)"
+            ))
+        })
+    };
+    let emb = dims("embedding.weight")?;
+    let (ntoken, d_model) = (emb[0], emb[1]);
+    let d_hid = dims("transformer_encoder.layers.0.linear1.weight")?[0];
+    let nlayers = (0..)
+        .take_while(|i| {
+            tensors.contains_key(&format!("transformer_encoder.layers.{i}.norm1.weight"))
+        })
+        .count();
+    let vocab = Vocab::load(vocab_file)?;
+    if vocab.len() != ntoken {
+        return Err(Error::Usage(format!(
+            "{} has {} tokens but the model's embedding has {ntoken} rows: pass the vocabulary the model was trained with",
+            vocab_file.display(),
+            vocab.len()
+        )));
+    }
+    let config = LmConfig {
+        ntoken,
+        d_model,
+        nhead,
+        d_hid,
+        nlayers,
+        ..LmConfig::default()
+    };
+    config.validate()?;
+    let pb = ParamBuilder::new(DType::F32, &dev, 0);
+    TransformerLm::new(&pb, &config)?;
+    let params = pb.params();
+    let ours = transformer_model::import::from_torch(&tensors)?;
+    params.assign(&ours).map_err(|e| bad(e.to_string()))?;
+    std::fs::create_dir_all(out).map_err(|source| Error::Io {
+        path: out.into(),
+        source,
+    })?;
+    let train_cfg = LmTrainConfig {
+        emsize: d_model,
+        nhid: d_hid,
+        nlayers,
+        nhead,
+        ..LmTrainConfig::default()
+    };
+    checkpoint::write_atomic(&config_path(out), train_cfg.to_toml().as_bytes())?;
+    vocab.save(&vocab_path(out))?;
+    save_weights(&best_path(out), &params, &config)?;
+    Ok((config, layout))
+}
+
+/// Loss, perplexity and token count of a text file under a run's model, evaluated like the
+/// tutorial's `evaluate` (tokenized with its vocabulary, batchified into `batch_size`
+/// columns, `bptt` windows, each window's loss weighted by its length).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EvalResult {
+    /// Mean cross-entropy per predicted token, in nats.
+    pub loss: f64,
+    /// Perplexity, `exp(loss)`.
+    pub ppl: f64,
+    /// The number of predicted tokens.
+    pub tokens: usize,
+}
+
+/// Evaluates the text file `text` under the loaded model; see [`EvalResult`].
+pub fn evaluate_file(
+    lm: &LoadedLm,
+    text: &Path,
+    batch_size: usize,
+    bptt: usize,
+    device: &Device,
+) -> Result<EvalResult> {
+    let ids = read_split_with(text, &lm.vocab, lm.line_end)?;
+    let data = batchify(&ids, batch_size).map_err(|e| Error::Config {
+        path: text.into(),
+        msg: e.to_string(),
+    })?;
+    let loss = evaluate(&lm.model, &data, bptt, device)?;
+    Ok(EvalResult {
+        loss,
+        ppl: loss.exp(),
+        tokens: (data.rows - 1) * data.cols,
+    })
+}

@@ -1,0 +1,112 @@
+//! The attention weights of one translation, for pictures ([`crate::viz`]).
+
+use super::*;
+use crate::error::{Error, Result};
+use candle_core::{DType, Device, Tensor};
+use transformer_decode::DecodeOptions;
+use transformer_model::Mode;
+use transformer_text::subword::{Subword, TextTokenizer};
+
+/// `(1, H, Q, K)` attention weights as `[head][query][key]`.
+fn heads_of(w: &Tensor) -> Result<Vec<Vec<Vec<f32>>>> {
+    Ok(w.squeeze(0)?.to_dtype(DType::F32)?.to_vec3::<f32>()?)
+}
+
+/// Translates `sentence` (greedy for beam 1, else beam search) and returns every attention
+/// the model computed for it, for pictures ([`crate::viz`]): the Transformer's encoder
+/// self-attention, decoder self-attention and encoder-decoder attention of every layer and
+/// head, or a recurrent model's attention over the source. The translation is fed back
+/// through the model with teacher forcing, which gives the same weights as decoding step by
+/// step.
+pub fn attention_set(
+    run: &LoadedMt,
+    sentence: &str,
+    opts: &DecodeOptions,
+    dev: &Device,
+) -> Result<crate::viz::AttentionSet> {
+    let tok = &run.tokenizer;
+    let mut ids = tok.encode(sentence);
+    // The length rule of `translate_ids` (the caller warns with `over_long_lines`).
+    if let Some(max) = max_source_tokens(&run.model) {
+        ids.truncate(max);
+    }
+    if ids.is_empty() {
+        return Err(Error::Usage(
+            "the sentence has no tokens: give a sentence to translate".into(),
+        ));
+    }
+    let hyp = translate_ids(&run.model, std::slice::from_ref(&ids), opts, dev, |_, _| {})?
+        .remove(0)
+        .tokens;
+    attention_of(&run.model, tok, run.config.arch, sentence, &ids, &hyp, dev)
+}
+
+/// Every attention of `model` translating `sentence` (tokens `ids`, without `<eos>`) as
+/// `hyp` (output tokens, without `<bos>` and `<eos>`), fed through the model with teacher
+/// forcing: what [`attention_set`] returns once it has translated.
+pub fn attention_of(
+    model: &MtModel,
+    tok: &Subword,
+    arch: Arch,
+    sentence: &str,
+    ids: &[u32],
+    hyp: &[u32],
+    dev: &Device,
+) -> Result<crate::viz::AttentionSet> {
+    let sp = tok.specials();
+    let mut src_ids = ids.to_vec();
+    src_ids.push(sp.eos);
+    let mut tgt_ids = vec![sp.bos];
+    tgt_ids.extend(hyp);
+    let src = Tensor::from_vec(src_ids.clone(), (1, src_ids.len()), dev)?;
+    let tgt_in = Tensor::from_vec(tgt_ids.clone(), (1, tgt_ids.len()), dev)?;
+    let name = |ids: &[u32]| -> Vec<String> { ids.iter().map(|&i| tok.token(i)).collect() };
+    let mut tgt_out = hyp.to_vec();
+    tgt_out.push(sp.eos);
+    let mut set = crate::viz::AttentionSet {
+        source: sentence.to_string(),
+        translation: tok.decode(hyp),
+        src_tokens: name(&src_ids),
+        tgt_in_tokens: name(&tgt_ids),
+        tgt_out_tokens: name(&tgt_out),
+        model: arch.name().to_string(),
+        ..Default::default()
+    };
+    match model {
+        MtModel::Transformer(m) => {
+            let masks = transformer_model::seq2seq::Seq2SeqMasks::new(&src, &tgt_in, sp.pad)?;
+            let (memory, enc) = m.encode_with_weights(&src, Some(&masks.src), Mode::Eval)?;
+            let (_, dec) = m.decode_with_weights(
+                &tgt_in,
+                &memory,
+                Some(&masks.tgt),
+                Some(&masks.memory),
+                Mode::Eval,
+            )?;
+            set.encoder = enc.iter().map(heads_of).collect::<Result<_>>()?;
+            set.decoder = dec
+                .iter()
+                .map(|w| heads_of(&w.self_attn))
+                .collect::<Result<_>>()?;
+            set.cross = dec
+                .iter()
+                .map(|w| heads_of(&w.cross_attn))
+                .collect::<Result<_>>()?;
+        }
+        MtModel::Rnn(m) => {
+            let (_, w) = m.decode_features(&src, &tgt_in, sp.pad, Mode::Eval)?;
+            let w = w.ok_or_else(|| {
+                Error::Usage(format!(
+                    "the {} model has no attention to show: it reads the source as one \
+                     fixed-size vector (train gru-dot or gru-bahdanau for attention)",
+                    arch.name()
+                ))
+            })?;
+            set.cross = vec![vec![w
+                .squeeze(0)?
+                .to_dtype(DType::F32)?
+                .to_vec2::<f32>()?]];
+        }
+    }
+    Ok(set)
+}

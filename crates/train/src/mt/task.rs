@@ -1,0 +1,316 @@
+//! Translation as a task on the [`crate::runner`].
+
+use super::*;
+use crate::checkpoint;
+use crate::clip::clip_coefficient;
+use crate::error::{Error, Result};
+use crate::grads::Gradients;
+use crate::metrics::{Metric, Weights};
+use crate::optim::{Adam, NoamSchedule};
+use crate::runner::{LogWindow, Progress, RunState, Selection, StepStats, Task, Validation};
+use candle_core::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+use transformer_model::{DirectGrads, Mode, ParamBuilder, Params, Rng};
+use transformer_text::bucket::{pair_batches, PairBatch};
+use transformer_text::parallel::PairSource;
+use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
+use transformer_text::subword::{Subword, TextTokenizer};
+
+/// Translation as a task on the [`crate::runner`]: length-bucketed batches in a new order
+/// every epoch, the label-smoothed step with Adam and the warm-up schedule, validation by
+/// loss and greedy BLEU (higher BLEU is better), beam-search BLEU on the test set.
+pub(super) struct MtTask {
+    pub(super) cfg: MtTrainConfig,
+    pub(super) model_cfg: MtModelConfig,
+    pub(super) model: MtModel,
+    pub(super) params: Params,
+    pub(super) vars: Vec<candle_core::Var>,
+    pub(super) opt: Adam,
+    /// Gradients the fused ops write outside candle's `GradStore`, buffers reused.
+    pub(super) direct: DirectGrads,
+    pub(super) schedule: NoamSchedule,
+    pub(super) tokenizer: Subword,
+    pub(super) train: EncodedSplit,
+    pub(super) keep: Vec<usize>,
+    pub(super) valid: EncodedSplit,
+    pub(super) test_files: Option<PairSource>,
+    pub(super) device: Device,
+    /// This epoch's batches.
+    pub(super) batches: Vec<PairBatch>,
+    /// The test loss and sacreBLEU of the best model, once tested.
+    pub(super) test: Option<(f64, f64)>,
+}
+
+impl Task for MtTask {
+    type Model = MtModel;
+    const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
+    const SELECTION: Selection = Selection::HigherBleu;
+
+    fn epochs(&self) -> usize {
+        self.cfg.epochs
+    }
+    fn checkpoint_interval(&self) -> usize {
+        self.cfg.checkpoint_interval
+    }
+    fn config_toml(&self) -> String {
+        self.cfg.to_toml()
+    }
+    fn model(&self) -> &MtModel {
+        &self.model
+    }
+    fn params(&self) -> &Params {
+        &self.params
+    }
+    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<MtModel> {
+        MtModel::build(pb, &self.model_cfg)
+    }
+    fn save_weights(&self, path: &Path, params: &Params) -> Result<()> {
+        save_weights(path, params, &self.model_cfg)
+    }
+
+    fn start_epoch(&mut self, epoch: usize) -> Result<usize> {
+        let sp = self.tokenizer.specials();
+        let seed = self
+            .cfg
+            .seed
+            .wrapping_mul(1_000_003)
+            .wrapping_add(epoch as u64);
+        self.batches = pair_batches(
+            &self.train.src,
+            &self.train.tgt,
+            &self.keep,
+            self.cfg.max_tokens,
+            sp,
+            seed,
+        );
+        Ok(self
+            .cfg
+            .max_batches
+            .map_or(self.batches.len(), |m| m.min(self.batches.len())))
+    }
+
+    fn train_step(&mut self, index: usize, step: usize, rng: &Rng) -> Result<StepStats> {
+        let sp = self.tokenizer.specials();
+        let b = &self.batches[index];
+        let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
+        self.opt.lr = self.schedule.lr(step + 1);
+        let (loss, nll) = train_step(
+            &self.model,
+            &self.vars,
+            &mut self.opt,
+            &self.direct,
+            self.cfg.clip,
+            [&src, &tgt_in, &tgt_out],
+            sp.pad,
+            self.cfg.label_smoothing,
+            self.cfg.precision,
+            rng,
+        )?;
+        Ok(StepStats {
+            loss,
+            nll,
+            tokens: b.tgt_tokens,
+        })
+    }
+
+    fn accumulate(&self) -> usize {
+        self.cfg.accumulate
+    }
+
+    fn batch_tokens(&self, index: usize) -> usize {
+        self.batches[index].tgt_tokens
+    }
+
+    fn backward(&mut self, index: usize, rng: &Rng) -> Result<(Gradients, StepStats)> {
+        let pad = self.tokenizer.specials().pad;
+        let b = &self.batches[index];
+        let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
+        let l = self.model.loss_direct(
+            &src,
+            &tgt_in,
+            &tgt_out,
+            pad,
+            self.cfg.label_smoothing,
+            self.cfg.precision,
+            Mode::Train(rng),
+            &self.direct,
+        )?;
+        let grads = Gradients::from_backward(&l.loss, &self.vars, &self.direct)?;
+        let stats = StepStats {
+            loss: l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            nll: l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            tokens: b.tgt_tokens,
+        };
+        Ok((grads, stats))
+    }
+
+    fn update(&mut self, grads: &Gradients, step: usize) -> Result<()> {
+        self.opt.lr = self.schedule.lr(step + 1);
+        let (_, coef) = clip_coefficient(grads, self.cfg.clip)?;
+        self.opt.step(grads, coef)?;
+        Ok(())
+    }
+
+    fn data_hash(&self) -> u64 {
+        let mut bytes = Vec::new();
+        for (s, t) in self.train.src.iter().zip(&self.train.tgt) {
+            bytes.extend(s.iter().flat_map(|x| x.to_le_bytes()));
+            bytes.push(0xff);
+            bytes.extend(t.iter().flat_map(|x| x.to_le_bytes()));
+            bytes.push(0xfe);
+        }
+        bytes.extend(self.keep.iter().flat_map(|&k| (k as u64).to_le_bytes()));
+        crate::dist::hash_bytes(&bytes)
+    }
+
+    fn log_due(&self, index: usize, batches: usize) -> bool {
+        (index + 1).is_multiple_of(self.cfg.log_interval) || index + 1 == batches
+    }
+
+    fn log_line(&self, w: &LogWindow) -> (String, Metric) {
+        let n = w.count.max(1) as f64;
+        let (cur, cur_nll) = (w.loss_sum / n, w.nll_sum / n);
+        let ms = w.seconds * 1e3 / n;
+        let (epoch, batch, batches, lr) = (w.epoch, w.index + 1, w.batches, self.opt.lr);
+        (
+            format!(
+                "| epoch {epoch:3} | {batch:5}/{batches:5} batches | lr {lr:.2e} | ms/batch {ms:6.1} | tok/s {:6.0} | loss {cur:5.2} | ppl {:7.2}",
+                w.tokens as f64 / w.seconds.max(1e-9),
+                cur_nll.exp()
+            ),
+            Metric::Train {
+                step: w.step,
+                epoch,
+                batch,
+                batches,
+                lr,
+                ms_per_batch: ms,
+                loss: cur,
+                ppl: cur_nll.exp(),
+            },
+        )
+    }
+
+    fn validate(&self, model: &MtModel, dist: &crate::dist::Dist) -> Result<Validation> {
+        let dev = &self.device;
+        let loss = evaluate_loss_on(model, &self.valid, self.cfg.max_tokens, dev, dist)?;
+        let greedy = self.cfg.decode_options(1);
+        let src = &self.valid.pairs.src;
+        let mine = translate_lines(
+            model,
+            &self.tokenizer,
+            &src[dist.shard(src.len())],
+            &greedy,
+            dev,
+            |_, _| {},
+        )?;
+        let hyps = dist.gather_lines(mine)?;
+        Ok(Validation {
+            loss,
+            bleu: Some(bleu(&hyps, &self.valid.pairs.tgt)?),
+        })
+    }
+
+    fn epoch_lines(
+        &self,
+        epoch: usize,
+        secs: f64,
+        train_secs: f64,
+        validated: &[(Weights, Validation)],
+    ) -> Vec<String> {
+        let mut lines = vec!["-".repeat(89)];
+        for (weights, v) in validated {
+            let head = match weights {
+                Weights::Sgd => {
+                    format!("| end of epoch {epoch:3} | time: {secs:6.1}s (train {train_secs:.1}s)")
+                }
+                Weights::Average => format!(
+                    "| weight average (decay {}) {:>w$}",
+                    self.cfg.average_decay,
+                    "",
+                    w = 9usize.saturating_sub(self.cfg.average_decay.to_string().len())
+                ),
+            };
+            lines.push(format!(
+                "{head} | valid loss {:5.3} | valid ppl {:7.2} | valid BLEU {:5.2} (greedy)",
+                v.loss,
+                v.loss.exp(),
+                v.bleu.unwrap_or(0.0)
+            ));
+        }
+        lines.push("-".repeat(89));
+        lines
+    }
+
+    fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {
+        self.opt.checkpoint_state()
+    }
+
+    fn restore_optimizer(
+        &mut self,
+        tensors: &mut HashMap<String, Tensor>,
+        meta: &HashMap<String, String>,
+        path: &Path,
+    ) -> Result<()> {
+        self.opt.restore_checkpoint_state(tensors, meta, path)
+    }
+
+    /// The best model translates the test set with beam search.
+    fn test(
+        &mut self,
+        run: &Path,
+        state: &RunState,
+        progress: &mut dyn Progress,
+        dist: &crate::dist::Dist,
+    ) -> Result<(Vec<Metric>, Option<f64>)> {
+        let Some(src) = &self.test_files else {
+            return Ok((Vec::new(), None));
+        };
+        let (cfg, dev) = (&self.cfg, &self.device);
+        let best = load_run(run, dev)?;
+        let data = EncodedSplit::encode(src.read()?, &self.tokenizer);
+        let loss = evaluate_loss_on(&best.model, &data, cfg.max_tokens, dev, dist)?;
+        let t = Instant::now();
+        let mine = translate_lines(
+            &best.model,
+            &self.tokenizer,
+            &data.pairs.src[dist.shard(data.pairs.src.len())],
+            &cfg.decode_options(cfg.beam),
+            dev,
+            |done, total| progress.batch(cfg.epochs + 1, done, total),
+        )?;
+        let hyps = dist.gather_lines(mine)?;
+        let b = bleu(&hyps, &data.pairs.tgt)?;
+        let lc = corpus_bleu(&hyps, &data.pairs.tgt, &BleuOptions::lowercased_tokens())
+            .map_err(|e| Error::Usage(e.to_string()))?;
+        if dist.writes() {
+            checkpoint::write_atomic(&run.join("test.hyp"), (hyps.join("\n") + "\n").as_bytes())?;
+        }
+        progress.line(&"=".repeat(89));
+        progress.line(&format!(
+            "| End of training | best: {} of epoch {} | test loss {loss:5.3} | test ppl {:7.2} (per word {:.2}) | test BLEU {b:5.2} (sacreBLEU, beam {}, {:.1}s)",
+            match state.best_weights {
+                Weights::Sgd => "the trained weights",
+                Weights::Average => "the weight average",
+            },
+            state.best_epoch,
+            loss.exp(),
+            word_perplexity(loss, &data),
+            cfg.beam,
+            t.elapsed().as_secs_f64()
+        ));
+        progress.line(&format!("| {}: {:.2}", lc.options.label(), lc.score));
+        progress.line(&"=".repeat(89));
+        self.test = Some((loss, b));
+        let record = Metric::Test {
+            step: state.step,
+            loss,
+            ppl: loss.exp(),
+            weights: state.best_weights,
+            bleu: Some(b),
+        };
+        Ok((vec![record], Some(loss)))
+    }
+}

@@ -1,0 +1,510 @@
+//! [`train`]: resolving the configuration, reading the data, and running the task.
+
+use super::*;
+use crate::checkpoint;
+use crate::checkpoint::params_tensors;
+use crate::error::{Error, Result};
+use crate::optim::{Adam, NoamSchedule};
+use crate::runner::{self, open_run_dir, predates_averaging, Progress, Saved};
+use candle_core::{DType, Tensor};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::Instant;
+use transformer_model::Precision;
+use transformer_model::{DirectGrads, ParamBuilder};
+use transformer_text::parallel::{keep_for_training, PairFilter, PairSource, Pairs};
+use transformer_text::subword::{Subword, TextTokenizer};
+
+/// Above this share of `<unk>` tokens in a fine-tuning run's training data (in percent),
+/// the log warns that the inherited tokenizer does not fit the data.
+pub const UNKNOWN_WARN_PERCENT: f64 = 1.0;
+
+/// The settings that fix the model's shape and its tokenizer: a run started with
+/// `--init-from` takes them from the run it starts from.
+pub const MODEL_SHAPE_KEYS: &[&str] = &[
+    "arch",
+    "rnn_hidden",
+    "tokenizer",
+    "vocab_size",
+    "share_embeddings",
+    "d_model",
+    "nhead",
+    "encoder_layers",
+    "decoder_layers",
+    "dim_feedforward",
+    "norm_first",
+];
+
+/// `cfg` with the model's shape and tokenizer settings ([`MODEL_SHAPE_KEYS`]) of `from_cfg`,
+/// the configuration of the run at `from`, and its dropout unless `given` sets one. A shape
+/// setting in `given` that differs from that run's is an error that lists each one.
+pub fn inherit_model(
+    cfg: &MtTrainConfig,
+    from_cfg: &MtTrainConfig,
+    from: &Path,
+    given: &[runner::Given],
+) -> Result<MtTrainConfig> {
+    let table = |c: &MtTrainConfig| match toml::Value::try_from(c) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    };
+    let (mut merged, theirs) = (table(cfg), table(from_cfg));
+    let show = |v: Option<&toml::Value>| v.map_or("none".to_string(), |v| v.to_string());
+    let mut conflicts = Vec::new();
+    let mut seen = HashSet::new();
+    for g in given {
+        if !seen.insert(&g.key) {
+            continue;
+        }
+        if MODEL_SHAPE_KEYS.contains(&g.key.as_str()) && merged.get(&g.key) != theirs.get(&g.key) {
+            let line = format!(
+                "  {}: {} (that run has {} = {})",
+                g.from,
+                show(merged.get(&g.key)),
+                g.key,
+                show(theirs.get(&g.key))
+            );
+            conflicts.push(line);
+        }
+    }
+    if !conflicts.is_empty() {
+        return Err(Error::Usage(format!(
+            "--init-from {}: the model's shape and tokenizer come from that run, and these \
+             settings differ from it:\n{}\nDrop them to fine-tune that model (its {}), or \
+             train a new model without --init-from.",
+            from.display(),
+            conflicts.join("\n"),
+            MODEL_SHAPE_KEYS.join(", ")
+        )));
+    }
+    let mut keys: Vec<&str> = MODEL_SHAPE_KEYS.to_vec();
+    if !given.iter().any(|g| g.key == "dropout") {
+        keys.push("dropout");
+    }
+    for key in keys {
+        match theirs.get(key) {
+            Some(v) => merged.insert(key.to_string(), v.clone()),
+            None => merged.remove(key),
+        };
+    }
+    toml::Value::Table(merged)
+        .try_into()
+        .map_err(|e: toml::de::Error| Error::Config {
+            path: config_path(from),
+            msg: e.to_string(),
+        })
+}
+
+/// One training source's pairs, as the log reports them.
+struct SourceCount {
+    /// [`PairSource::describe`].
+    name: String,
+    /// Pairs read.
+    read: usize,
+    /// Of those, dropped as pairs of a held-out test set ([`CorpusFiles::exclude`]).
+    excluded: usize,
+}
+
+/// `pairs` without those in `excluded` (both sides equal).
+fn without(pairs: Pairs, excluded: &HashSet<(String, String)>) -> Pairs {
+    let mut out = Pairs::default();
+    for (s, t) in pairs.src.into_iter().zip(pairs.tgt) {
+        if !excluded.contains(&(s.clone(), t.clone())) {
+            out.src.push(s);
+            out.tgt.push(t);
+        }
+    }
+    out
+}
+
+/// `name: N pairs (K kept)` for each training source (with `E dropped as held-out test
+/// pairs` where some were), `sizes` in reading order and `keep` the indices of the pairs
+/// kept for training (ascending) among those not dropped.
+fn per_source_counts(sizes: &[SourceCount], keep: &[usize]) -> String {
+    let mut start = 0;
+    let mut parts = Vec::with_capacity(sizes.len());
+    for c in sizes {
+        let end = start + c.read - c.excluded;
+        let lo = keep.partition_point(|&i| i < start);
+        let hi = keep.partition_point(|&i| i < end);
+        let dropped = match c.excluded {
+            0 => String::new(),
+            e => format!(", {e} dropped as held-out test pairs"),
+        };
+        parts.push(format!(
+            "{}: {} pairs ({} kept{dropped})",
+            c.name,
+            c.read,
+            hi - lo
+        ));
+        start = end;
+    }
+    parts.join("; ")
+}
+
+/// Trains (or resumes) a run on the [`crate::runner`]; see the module docs for the loop and
+/// the files.
+pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSummary> {
+    let run = &opts.out;
+    let dev = &opts.device;
+    // Rank 0 alone creates, locks and writes the run directory; the other ranks read it.
+    let writer = opts.dist.writes();
+    let (resuming, _lock) = if writer {
+        let (r, lock) = open_run_dir(run, opts.resume)?;
+        (r, Some(lock))
+    } else {
+        (opts.resume, None)
+    };
+    let mut asked = opts.config.clone();
+    asked.make_paths_absolute();
+
+    // Configuration, tokenizer and checkpoint: fresh or from the checkpoint.
+    let (mut cfg, saved) = if resuming {
+        let saved = Saved::load(run, CHECKPOINT_FORMAT, dev)?;
+        let text = saved.config_text(run)?;
+        let mut cfg: MtTrainConfig = toml::from_str(text).map_err(|e| Error::Checkpoint {
+            path: checkpoint_path(run),
+            msg: e.to_string(),
+        })?;
+        // A run from before weight averaging existed continues as it was configured: without.
+        if predates_averaging(text) {
+            cfg.average_decay = 0.0;
+        }
+        let (cfg, notes) =
+            runner::resume_config(run, &cfg, &asked, &opts.given, MAY_CHANGE_ON_RESUME)?;
+        for n in &notes {
+            progress.line(n);
+        }
+        runner::check_global_batch(run, &saved.state, cfg.accumulate, &opts.dist)?;
+        runner::check_recorded_paths(
+            run,
+            &[
+                ("train_src", &cfg.train_src),
+                ("train_tgt", &cfg.train_tgt),
+                ("valid_src", &cfg.valid_src),
+                ("valid_tgt", &cfg.valid_tgt),
+                ("test_src", &cfg.test_src),
+                ("test_tgt", &cfg.test_tgt),
+                ("data", &cfg.data),
+            ],
+            &opts.given,
+        )?;
+        if writer && !notes.is_empty() {
+            checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+        }
+        (cfg, Some(saved))
+    } else {
+        (asked, None)
+    };
+    // Fine-tuning: the run the weights and the tokenizer come from (a fresh run only; a
+    // resumed one continues from its own checkpoint and its own copy of the tokenizer).
+    let init = match (cfg.init_from.clone(), resuming) {
+        (Some(from), false) => {
+            let loaded = load_run(&from, dev).map_err(|e| {
+                Error::Usage(format!(
+                    "--init-from {}: {e} (give the directory of a finished `transformer mt \
+                     train` run)",
+                    from.display()
+                ))
+            })?;
+            cfg = inherit_model(&cfg, &loaded.config, &from, &opts.given)?;
+            Some((from, loaded))
+        }
+        _ => None,
+    };
+    cfg.validate()?;
+    let files = cfg.sources()?;
+
+    let t0 = Instant::now();
+    // The sources one by one (the same pairs, in the same order, as `PairSource::read_all`),
+    // to count each one's pairs.
+    let excluded: HashSet<(String, String)> = {
+        let p = PairSource::read_all(&files.exclude)?;
+        p.src.into_iter().zip(p.tgt).collect()
+    };
+    let mut train_pairs = Pairs::default();
+    let mut source_sizes = Vec::with_capacity(files.train.len());
+    for source in &files.train {
+        let mut pairs = source.read()?;
+        let read = pairs.len();
+        if !excluded.is_empty() {
+            pairs = without(pairs, &excluded);
+        }
+        source_sizes.push(SourceCount {
+            name: source.describe(),
+            read,
+            excluded: read - pairs.len(),
+        });
+        train_pairs.extend(pairs);
+    }
+    let tokenizer = if resuming {
+        Subword::load(&tokenizer_path(run))?
+    } else if let Some((_, loaded)) = &init {
+        if writer {
+            loaded.tokenizer.save(&tokenizer_path(run))?;
+        }
+        loaded.tokenizer.clone()
+    } else {
+        let texts = train_pairs.src.iter().chain(&train_pairs.tgt);
+        let origin = files.train[0].first_file().to_path_buf();
+        let tok = train_tokenizer(cfg.tokenizer, cfg.vocab_size, texts, &origin)?;
+        if writer {
+            tok.save(&tokenizer_path(run))?;
+        }
+        tok
+    };
+    let train_data = EncodedSplit::encode(train_pairs, &tokenizer);
+    let mut valid = EncodedSplit::encode(files.valid.read()?, &tokenizer);
+    if let Some(n) = cfg.max_valid {
+        valid.truncate(n);
+    }
+    let (keep, stats) = keep_for_training(
+        &train_data.src,
+        &train_data.tgt,
+        PairFilter::training(cfg.max_sentence_tokens),
+    );
+    if keep.is_empty() {
+        return Err(Error::Usage(format!(
+            "no training pairs left ({stats}); check the files, or raise max_sentence_tokens"
+        )));
+    }
+    let vocab = tokenizer.vocab_size();
+    progress.line(&format!(
+        "data: {stats}; validation {} pairs; joint {} vocabulary {vocab} ({:.1}s)",
+        valid.src.len(),
+        cfg.tokenizer.describe(),
+        t0.elapsed().as_secs_f64()
+    ));
+    let unk_share = |side: &[Vec<u32>]| {
+        let total: usize = side.iter().map(Vec::len).sum();
+        let unk = side
+            .iter()
+            .flatten()
+            .filter(|&&i| i == transformer_text::Specials::FIXED.unk)
+            .count();
+        100.0 * unk as f64 / total.max(1) as f64
+    };
+    progress.line(&format!(
+        "data: <unk> pieces in validation: source {:.2}%, target {:.2}%{}",
+        unk_share(&valid.src),
+        unk_share(&valid.tgt),
+        match cfg.tokenizer {
+            TokenizerKind::Bpe | TokenizerKind::Unigram => {
+                " (characters without a piece; --tokenizer bpe-bytes or unigram-bytes spells them in bytes)"
+            }
+            _ => "",
+        }
+    ));
+    if source_sizes.len() > 1 {
+        progress.line(&format!(
+            "data: training sources: {}",
+            per_source_counts(&source_sizes, &keep)
+        ));
+    }
+    if cfg.reverse {
+        let (s, t) = cfg
+            .language_pair()
+            .map_or(("target".into(), "source".into()), |p| p);
+        progress.line(&format!(
+            "data: reversed (--reverse): every split's sides exchanged, translating {s} to {t}"
+        ));
+    }
+    if cfg.corpus == Some(Corpus::KoEnAll) && cfg.train_src.is_none() {
+        let data = cfg
+            .data
+            .clone()
+            .or_else(default_data_dir)
+            .unwrap_or_default();
+        let mut held = Vec::new();
+        for (name, source) in ko_en_test_sets(&data) {
+            held.push(format!("{name} {} pairs", source.read()?.len()));
+        }
+        progress.line(&format!(
+            "data: held out for testing, not trained on: {} (mt::ko_en_test_sets)",
+            held.join(", ")
+        ));
+    }
+    if let Some((from, loaded)) = &init {
+        let unk = tokenizer.specials().unk;
+        let total: usize = train_data
+            .src
+            .iter()
+            .chain(&train_data.tgt)
+            .map(Vec::len)
+            .sum();
+        let unknown = train_data
+            .src
+            .iter()
+            .chain(&train_data.tgt)
+            .flatten()
+            .filter(|&&id| id == unk)
+            .count();
+        let share = 100.0 * unknown as f64 / total.max(1) as f64;
+        progress.line(&format!(
+            "init: weights and tokenizer from {} ({}); fresh Adam, this run's schedule; \
+             <unk> in the training data under that tokenizer: {unknown} of {total} tokens \
+             ({share:.2}%)",
+            from.display(),
+            loaded
+                .note
+                .clone()
+                .unwrap_or_else(|| "its best.safetensors".into())
+        ));
+        if share > UNKNOWN_WARN_PERCENT {
+            progress.line(&format!(
+                "warning: {share:.2}% of the training tokens are <unk> (over \
+                 {UNKNOWN_WARN_PERCENT}%): the inherited tokenizer does not cover this data's \
+                 characters, and the model cannot learn or produce them; fine-tune from a run \
+                 whose tokenizer was trained on text like this, or train from scratch"
+            ));
+        }
+    }
+    // bf16 only where it measures faster here (fresh Transformer runs; a resumed run keeps
+    // its choice; the recurrent models train in f32).
+    let mut cfg = cfg;
+    let precision_line = match (cfg.precision, cfg.arch) {
+        (Precision::F32, _) => None,
+        (_, Arch::Gru | Arch::GruDot | Arch::GruBahdanau) => Some(
+            "precision: bf16 applies to the Transformer's output layer only: training in f32"
+                .to_string(),
+        ),
+        _ if resuming => Some(crate::precision::resumed_line(BF16_COVERS)),
+        _ => {
+            // The output layer runs on a batch's target tokens (at most the token budget).
+            let rows = cfg.max_tokens.min(2048);
+            let (p, measure) = (cfg.precision, cfg.measure_precision);
+            let choice =
+                crate::precision::choose(p, measure, rows, cfg.d_model, vocab, BF16_COVERS)?;
+            cfg.precision = choice.precision;
+            choice.line
+        }
+    };
+    if writer && !resuming {
+        checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+        let _ = std::fs::remove_file(metrics_path(run));
+    }
+
+    let model_cfg = match &init {
+        Some((_, loaded)) => loaded.model_config.clone(),
+        None => cfg.model_config(vocab),
+    };
+    let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
+    let model = MtModel::build(&pb, &model_cfg)?;
+    let params = pb.params();
+    if let (Some((from, loaded)), false) = (&init, resuming) {
+        let tensors: HashMap<String, Tensor> = params_tensors(&loaded.params).into_iter().collect();
+        params.assign(&tensors).map_err(|e| Error::Checkpoint {
+            path: from.clone(),
+            msg: e.to_string(),
+        })?;
+    }
+    let vars = params.vars();
+    progress.line(&match &model_cfg {
+        MtModelConfig::Transformer(_) => format!(
+            "model: Transformer, {} parameters ({}+{} layers, d_model {}, {} heads, FFN {}, shared embeddings: {})",
+            params.num_elements(),
+            cfg.encoder_layers,
+            cfg.decoder_layers,
+            cfg.d_model,
+            cfg.nhead,
+            cfg.dim_feedforward,
+            cfg.share_embeddings
+        ),
+        MtModelConfig::Rnn(c) => format!(
+            "model: {}, {} parameters (embeddings {}, bidirectional GRU encoder {} x 2, GRU decoder {}, attention: {:?})",
+            cfg.arch.name(),
+            params.num_elements(),
+            c.emb,
+            c.hidden,
+            2 * c.hidden,
+            c.attention
+        ),
+    });
+    if let Some(line) = &precision_line {
+        progress.line(line);
+    }
+    let mut task = MtTask {
+        opt: Adam::new(vars.clone(), 0.0)?,
+        direct: DirectGrads::new(),
+        schedule: NoamSchedule {
+            d_model: cfg.d_model,
+            warmup: cfg.warmup,
+            factor: cfg.lr_factor,
+        },
+        vars,
+        model_cfg,
+        model,
+        params,
+        tokenizer,
+        train: train_data,
+        keep,
+        valid,
+        test_files: files.test,
+        device: dev.clone(),
+        batches: Vec::new(),
+        test: None,
+        cfg,
+    };
+    let (seed, decay) = (task.cfg.seed, task.cfg.average_decay);
+    let s = runner::run(
+        &mut task,
+        opts,
+        saved,
+        seed.wrapping_add(1),
+        decay,
+        AVERAGE_EVERY,
+        progress,
+    )?;
+    Ok(MtSummary {
+        state: s.state,
+        test: task.test,
+        step_losses: s.step_losses,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_source_counts_split_the_kept_pairs_by_source() {
+        let count = |name: &str, read, excluded| SourceCount {
+            name: name.into(),
+            read,
+            excluded,
+        };
+        let sizes = [count("a", 3, 0), count("b", 0, 0), count("c", 6, 2)];
+        // Pairs 0..3 are a's, 3..7 c's (2 of its 6 dropped before); 1 and 5 were skipped.
+        let keep = [0, 2, 3, 4, 6];
+        assert_eq!(
+            per_source_counts(&sizes, &keep),
+            "a: 3 pairs (2 kept); b: 0 pairs (0 kept); c: 6 pairs (3 kept, 2 dropped as \
+             held-out test pairs)"
+        );
+        let mut p = Pairs::default();
+        for (s, t) in [("x", "1"), ("y", "2"), ("x", "2")] {
+            p.src.push(s.into());
+            p.tgt.push(t.into());
+        }
+        let drop: HashSet<(String, String)> = [("x".to_string(), "1".to_string())].into();
+        let left = without(p, &drop);
+        assert_eq!(left.src, ["y", "x"]);
+        assert_eq!(left.tgt, ["2", "2"]);
+    }
+
+    #[test]
+    fn reverse_follows_into_the_language_codes_and_explicit_codes_win() {
+        let mut cfg = MtTrainConfig {
+            corpus: Some(Corpus::KoEn),
+            reverse: true,
+            ..MtTrainConfig::default()
+        };
+        assert_eq!(cfg.language_pair(), Some(("en".into(), "ko".into())));
+        cfg.src_lang = Some("en-GB".into());
+        assert_eq!(cfg.language_pair(), Some(("en-GB".into(), "ko".into())));
+        let toml = cfg.to_toml();
+        assert!(toml.contains("reverse = true"), "{toml}");
+        assert_eq!("ko-en-all".parse::<Corpus>(), Ok(Corpus::KoEnAll));
+        assert!(toml::from_str::<MtTrainConfig>("corpus = \"ko-en-all\"").is_ok());
+    }
+}

@@ -1,0 +1,196 @@
+//! Translating token ids and lines (greedy or beam search, length-capped) and BLEU.
+
+use super::*;
+use crate::error::{Error, Result};
+use candle_core::{Device, Tensor};
+use transformer_decode::{beam_search_nbest, greedy, DecodeOptions, Hypothesis};
+use transformer_text::bucket::{make_batch, source_batches};
+use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
+use transformer_text::subword::{Subword, TextTokenizer};
+
+/// Decoder rows (sentences x beam) per batch when translating: [`translate_ids`]'s default.
+pub const DECODE_BATCH_ROWS: usize = 128;
+
+/// A source longer than the model takes, cut to fit by the length rule of [`translate_ids`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Truncated {
+    /// The source's index in the input (0-based; line `index + 1` of a file).
+    pub index: usize,
+    /// Its tokens.
+    pub tokens: usize,
+    /// The tokens translated: its first `kept`.
+    pub kept: usize,
+}
+
+impl std::fmt::Display for Truncated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "line {}: {} tokens, more than the model's {}: only its first {} tokens are \
+             translated (split the line to translate all of it)",
+            self.index + 1,
+            self.tokens,
+            self.kept,
+            self.kept
+        )
+    }
+}
+
+/// The most source tokens (without `<eos>`) `model` takes: its positions less one for
+/// `<eos>`; `None` for a model without a limit (the recurrent ones).
+pub fn max_source_tokens(model: &MtModel) -> Option<usize> {
+    model.max_positions().map(|p| p.saturating_sub(1))
+}
+
+/// The sources of `src` that the length rule of [`translate_ids`] cuts, in input order.
+pub fn over_long(model: &MtModel, src: &[Vec<u32>]) -> Vec<Truncated> {
+    let Some(max) = max_source_tokens(model) else {
+        return Vec::new();
+    };
+    src.iter()
+        .enumerate()
+        .filter(|(_, s)| s.len() > max)
+        .map(|(index, s)| Truncated {
+            index,
+            tokens: s.len(),
+            kept: max,
+        })
+        .collect()
+}
+
+/// The lines of `lines` that [`translate_lines`] cuts to fit the model (tokenized with
+/// `tok`), in input order: what a caller reports as warnings.
+pub fn over_long_lines(model: &MtModel, tok: &Subword, lines: &[String]) -> Vec<Truncated> {
+    let ids: Vec<Vec<u32>> = lines.iter().map(|l| tok.encode(l)).collect();
+    over_long(model, &ids)
+}
+
+/// `seqs` with every sequence longer than `max` tokens cut to its first `max` (borrowed when
+/// none is).
+pub(super) fn fit(seqs: &[Vec<u32>], max: Option<usize>) -> std::borrow::Cow<'_, [Vec<u32>]> {
+    match max {
+        Some(m) if seqs.iter().any(|s| s.len() > m) => {
+            std::borrow::Cow::Owned(seqs.iter().map(|s| s[..s.len().min(m)].to_vec()).collect())
+        }
+        _ => std::borrow::Cow::Borrowed(seqs),
+    }
+}
+
+/// Translates token sequences in batches of at most [`DECODE_BATCH_ROWS`] decoder rows
+/// (greedy for beam 1, else beam search); returns one hypothesis per input, in input order.
+/// `on_batch(done, total)` reports progress.
+///
+/// The length rule: a Transformer takes at most its positions (1,024) less one tokens of
+/// source, so a longer source is translated from its first [`max_source_tokens`] tokens
+/// ([`over_long`] names them, for warnings), and no output is longer than the positions less
+/// one, whatever `max_len_a * source + max_len_b` says; every other sentence of the job is
+/// translated as usual.
+pub fn translate_ids(
+    model: &MtModel,
+    src: &[Vec<u32>],
+    opts: &DecodeOptions,
+    dev: &Device,
+    on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<Hypothesis>> {
+    translate_ids_batched(model, src, opts, DECODE_BATCH_ROWS, dev, on_batch)
+}
+
+/// [`translate_ids`] with at most `batch_rows` decoder rows (sentences x beam) per batch.
+pub fn translate_ids_batched(
+    model: &MtModel,
+    src: &[Vec<u32>],
+    opts: &DecodeOptions,
+    batch_rows: usize,
+    dev: &Device,
+    on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<Hypothesis>> {
+    Ok(
+        translate_ids_nbest(model, src, opts, batch_rows, dev, on_batch)?
+            .into_iter()
+            .map(|mut hs| hs.swap_remove(0))
+            .collect(),
+    )
+}
+
+/// [`translate_ids_batched`] with each input's n-best list (best first; the first is
+/// exactly what [`translate_ids_batched`] returns): beam search's finished hypotheses, or
+/// the one greedy hypothesis for beam 1.
+pub fn translate_ids_nbest(
+    model: &MtModel,
+    src: &[Vec<u32>],
+    opts: &DecodeOptions,
+    batch_rows: usize,
+    dev: &Device,
+    on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<Vec<Hypothesis>>> {
+    translate_ids_nbest_with(&model.decoder()?, src, opts, batch_rows, dev, on_batch)
+}
+
+/// [`translate_ids_nbest`] with a decoder already prepared ([`MtModel::decoder`]), for a
+/// caller that translates many times with the same weights (the server): the decoding
+/// weights are then prepared (transposed, or quantized to int8) once, not at every call.
+pub fn translate_ids_nbest_with(
+    decoder: &MtDecoder<'_>,
+    src: &[Vec<u32>],
+    opts: &DecodeOptions,
+    batch_rows: usize,
+    dev: &Device,
+    mut on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<Vec<Hypothesis>>> {
+    let sp = transformer_text::Specials::FIXED;
+    let src = &*fit(src, max_source_tokens(decoder.model()));
+    // Sentences per batch: beams multiply the decoder's rows.
+    let max_rows = (batch_rows / opts.beam.max(1)).max(1);
+    let groups = source_batches(src, 2048, max_rows);
+    let mut out: Vec<Vec<Hypothesis>> = vec![Vec::new(); src.len()];
+    let mut done = 0;
+    for g in &groups {
+        let empty: Vec<Vec<u32>> = vec![Vec::new(); src.len()];
+        let b = make_batch(src, &empty, g.clone(), sp);
+        let s = Tensor::from_vec(b.src.clone(), (b.rows, b.src_len), dev)?;
+        let hyps = if opts.beam <= 1 {
+            greedy(decoder, &s, opts)?
+                .into_iter()
+                .map(|h| vec![h])
+                .collect()
+        } else {
+            beam_search_nbest(decoder, &s, opts)?
+        };
+        for (&i, h) in g.iter().zip(hyps) {
+            out[i] = h;
+        }
+        done += g.len();
+        on_batch(done, src.len());
+    }
+    Ok(out)
+}
+
+/// Translates sentences with a tokenizer; returns the detokenized outputs in order. Lines
+/// longer than the model takes follow the length rule of [`translate_ids`]
+/// ([`over_long_lines`] names them).
+pub fn translate_lines(
+    model: &MtModel,
+    tok: &Subword,
+    lines: &[String],
+    opts: &DecodeOptions,
+    dev: &Device,
+    on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<String>> {
+    // An empty line (no tokens) translates to an empty line, without running the model.
+    let ids: Vec<Vec<u32>> = lines.iter().map(|l| tok.encode(l)).collect();
+    let nonempty: Vec<usize> = (0..ids.len()).filter(|&i| !ids[i].is_empty()).collect();
+    let to_run: Vec<Vec<u32>> = nonempty.iter().map(|&i| ids[i].clone()).collect();
+    let hyps = translate_ids(model, &to_run, opts, dev, on_batch)?;
+    let mut out = vec![String::new(); lines.len()];
+    for (&i, h) in nonempty.iter().zip(&hyps) {
+        out[i] = tok.decode(&h.tokens);
+    }
+    Ok(out)
+}
+
+/// sacreBLEU's default corpus BLEU of `hyps` against `refs`.
+pub fn bleu(hyps: &[String], refs: &[String]) -> Result<f64> {
+    corpus_bleu(hyps, refs, &BleuOptions::default())
+        .map(|s| s.score)
+        .map_err(|e| Error::Usage(e.to_string()))
+}

@@ -1,0 +1,217 @@
+//! Progress callbacks, run options, and the configuration of a fresh or resumed run.
+
+use super::*;
+use crate::error::{Error, Result};
+use candle_core::Device;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Callbacks for the front end: log lines and per-batch progress.
+pub trait Progress {
+    /// A line of the log (printed as is).
+    fn line(&mut self, line: &str);
+    /// Called after every training batch (and, at the end, every decoded batch).
+    fn batch(&mut self, _epoch: usize, _done: usize, _total: usize) {}
+}
+
+/// Prints log lines to stdout.
+pub struct PrintProgress;
+
+impl Progress for PrintProgress {
+    fn line(&mut self, line: &str) {
+        println!("{line}");
+    }
+}
+
+/// How to run a task's training: its configuration, the run directory, and when to stop.
+#[derive(Debug, Clone)]
+pub struct RunOptions<C> {
+    /// The task's configuration (ignored when resuming: the checkpoint's is used).
+    pub config: C,
+    /// The run directory.
+    pub out: PathBuf,
+    /// Continue the run in `out` from its checkpoint.
+    pub resume: bool,
+    /// Stop after this many optimizer steps in this invocation, saving a checkpoint
+    /// (`--resume` continues exactly there).
+    pub stop_after_steps: Option<usize>,
+    /// Stop after this many steps without saving, as a killed process would (tests: resume
+    /// then starts from the last periodic checkpoint).
+    pub crash_after_steps: Option<usize>,
+    /// When set (by a Ctrl-C handler, say), save a checkpoint after the current batch and
+    /// return; `--resume` continues from there.
+    pub interrupt: Option<Arc<AtomicBool>>,
+    /// The device the model is built and trained on.
+    pub device: Device,
+    /// The settings of `config` the user gave for this invocation (flags, keys of a
+    /// `--config` file), as opposed to defaults. On resume each is compared with the run's
+    /// own configuration: one that may change on resume takes effect and the log says so, one
+    /// that may not is an error ([`resume_config`]).
+    pub given: Vec<Given>,
+    /// The processes the run trains in ([`crate::dist`]): one by default; with several,
+    /// rank 0 alone writes the run's files.
+    pub dist: crate::dist::Dist,
+}
+
+/// A setting given for this invocation: its configuration key and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Given {
+    /// The configuration key (`d_model`).
+    pub key: String,
+    /// Where it was given, as the user wrote it (`--d-model`, `d_model in --config x.toml`).
+    pub from: String,
+}
+
+impl Given {
+    /// A setting given as the flag `from`.
+    pub fn new(key: &str, from: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            from: from.into(),
+        }
+    }
+
+    /// The keys of the TOML file `path` (a `--config` file), each given as `KEY in --config
+    /// PATH`.
+    pub fn from_config_file(path: &Path) -> Result<Vec<Given>> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.into(),
+            source,
+        })?;
+        let table: toml::Table = toml::from_str(&text).map_err(|e| Error::Config {
+            path: path.into(),
+            msg: e.to_string(),
+        })?;
+        Ok(table
+            .keys()
+            .map(|k| Given::new(k, format!("{k} in --config {}", path.display())))
+            .collect())
+    }
+}
+
+/// The configuration a resumed run continues with: the run's own (`saved`), with each
+/// setting of `given` taken from `asked` where it differs and `may_change` lists it (the log
+/// lines returned say what changed). A differing setting that may not change on resume is an
+/// error listing every such setting, the run's value and what to do.
+pub fn resume_config<C: Serialize + serde::de::DeserializeOwned>(
+    run: &Path,
+    saved: &C,
+    asked: &C,
+    given: &[Given],
+    may_change: &[&str],
+) -> Result<(C, Vec<String>)> {
+    let table = |c: &C| match toml::Value::try_from(c) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    };
+    let (mut merged, asked) = (table(saved), table(asked));
+    let show = |v: Option<&toml::Value>| v.map_or("none".to_string(), |v| v.to_string());
+    let (mut notes, mut conflicts) = (Vec::new(), Vec::new());
+    let mut seen = std::collections::HashSet::new();
+    for g in given {
+        if !seen.insert(&g.key) {
+            continue;
+        }
+        let (old, new) = (merged.get(&g.key).cloned(), asked.get(&g.key).cloned());
+        if old == new {
+            continue;
+        }
+        if may_change.contains(&g.key.as_str()) {
+            notes.push(format!(
+                "resume: {} changes {} from {} to {}",
+                g.from,
+                g.key,
+                show(old.as_ref()),
+                show(new.as_ref())
+            ));
+            match new {
+                Some(v) => merged.insert(g.key.clone(), v),
+                None => merged.remove(&g.key),
+            };
+        } else {
+            conflicts.push(format!(
+                "  {}: {} (the run has {} = {})",
+                g.from,
+                show(new.as_ref()),
+                g.key,
+                show(old.as_ref())
+            ));
+        }
+    }
+    if !conflicts.is_empty() {
+        return Err(Error::Usage(format!(
+            "{}: --resume continues the run as it was configured, and these settings cannot \
+             change on resume:\n{}\nDrop them (or give the run's values) to resume, or start a \
+             new run with another --out. What may change on resume: {}.",
+            run.display(),
+            conflicts.join("\n"),
+            may_change.join(", ")
+        )));
+    }
+    let c = toml::Value::Table(merged)
+        .try_into()
+        .map_err(|e: toml::de::Error| Error::Config {
+            path: config_path(run),
+            msg: e.to_string(),
+        })?;
+    Ok((c, notes))
+}
+
+/// `path` made absolute (canonical where it exists), so that a run's configuration names
+/// its files wherever the run is resumed from.
+pub fn absolute(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Checks, on resume, that the files a run's configuration names exist: `paths` are
+/// `(key, path)`; one missing and not given again for this invocation is an error that says
+/// it comes from the run's `config.toml` and how to point elsewhere.
+pub fn check_recorded_paths(
+    run: &Path,
+    paths: &[(&str, &Option<PathBuf>)],
+    given: &[Given],
+) -> Result<()> {
+    for (key, p) in paths {
+        let Some(p) = p else { continue };
+        if p.exists() || given.iter().any(|g| g.key == *key) {
+            continue;
+        }
+        return Err(Error::Usage(format!(
+            "{}: no such file or folder; the run's configuration ({}) names it as {key}: if it \
+             moved, pass --{} PATH again with --resume (the data's location may change on \
+             resume)",
+            p.display(),
+            config_path(run).display(),
+            key.replace('_', "-")
+        )));
+    }
+    Ok(())
+}
+
+impl<C> RunOptions<C> {
+    /// Whether the interrupt flag is raised.
+    pub fn interrupted(&self) -> bool {
+        self.interrupt
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::SeqCst))
+    }
+}
+
+/// The state of a run as a checkpoint's metadata: the progress (JSON) and the resolved
+/// configuration (TOML).
+pub fn state_meta<S: serde::Serialize>(
+    state: &S,
+    config_toml: String,
+) -> [(&'static str, String); 2] {
+    [
+        (
+            "state",
+            serde_json::to_string(state).expect("state serializes"),
+        ),
+        ("config", config_toml),
+    ]
+}

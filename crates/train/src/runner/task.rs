@@ -1,0 +1,386 @@
+//! What a task supplies ([`Task`]) and what the loop keeps: the run state, validation, the best model.
+
+use super::*;
+use crate::average::WeightAverage;
+use crate::checkpoint::params_tensors;
+use crate::error::{Error, Result};
+use crate::grads::Gradients;
+use crate::metrics::{self, Metric, Weights};
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+use transformer_model::{ParamBuilder, Params, Rng};
+
+/// Where a run stands, for every task; saved in every checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    /// The epoch in progress (1-based); `epochs + 1` once training is over.
+    pub epoch: usize,
+    /// Index of the next batch of this epoch.
+    #[serde(alias = "next_window")]
+    pub next_batch: usize,
+    /// Optimizer steps taken.
+    pub step: usize,
+    /// Dropout RNG `(seed, counter)`.
+    pub rng: (u64, u64),
+    /// The best model's validation figure (the task's: the LM's loss, translation's BLEU).
+    #[serde(alias = "best_val_loss", alias = "best_bleu")]
+    pub best: Option<f64>,
+    /// Which weights `best.safetensors` holds, and from the end of which epoch.
+    #[serde(default)]
+    pub best_weights: Weights,
+    /// The epoch at whose end the best model was validated (0 before the first).
+    #[serde(default)]
+    pub best_epoch: usize,
+    /// The best figure of the trained weights alone, when the task keeps them apart from an
+    /// average that may win ([`Task::BEST_TRAINED_FILE`]).
+    #[serde(default, alias = "best_sgd_val_loss")]
+    pub best_trained: Option<f64>,
+    /// The sum of the training losses ([`StepStats::loss`]) since the last log line.
+    pub log_loss_sum: f64,
+    /// The sum of the plain cross-entropies ([`StepStats::nll`]) since the last log line.
+    #[serde(default)]
+    pub log_nll_sum: f64,
+    /// The number of batches since the last log line.
+    pub log_batches: usize,
+    /// The number of target tokens since the last log line.
+    #[serde(default)]
+    pub log_tokens: usize,
+    /// Whether the test has been run.
+    pub finished: bool,
+    /// The records `metrics.jsonl` held when the checkpoint was written: a resumed run
+    /// keeps exactly these and writes the rest again, whatever the moment it was stopped at.
+    #[serde(default)]
+    pub metrics_records: Option<usize>,
+    /// Batches per optimizer step (`--accumulate` x processes, [`crate::dist`]); absent in
+    /// checkpoints of runs with one batch per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_batch: Option<usize>,
+}
+
+impl RunState {
+    /// A fresh run's state; `rng_seed` seeds dropout.
+    pub fn new(rng_seed: u64) -> Self {
+        Self {
+            epoch: 1,
+            next_batch: 0,
+            step: 0,
+            rng: (rng_seed, 0),
+            best: None,
+            best_weights: Weights::Sgd,
+            best_epoch: 0,
+            best_trained: None,
+            log_loss_sum: 0.0,
+            log_nll_sum: 0.0,
+            log_batches: 0,
+            log_tokens: 0,
+            finished: false,
+            metrics_records: None,
+            global_batch: None,
+        }
+    }
+}
+
+/// What one training step reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    /// The loss that was differentiated.
+    pub loss: f64,
+    /// The plain cross-entropy (equal to `loss` without label smoothing).
+    pub nll: f64,
+    /// Target tokens in the batch.
+    pub tokens: usize,
+}
+
+/// The batches since the last log line, for a task's log line.
+#[derive(Debug, Clone, Copy)]
+pub struct LogWindow {
+    /// The epoch in progress (1-based).
+    pub epoch: usize,
+    /// 0-based index of the batch just done.
+    pub index: usize,
+    /// The epoch's batch count.
+    pub batches: usize,
+    /// Optimizer steps taken.
+    pub step: usize,
+    /// The sum of the window's training losses ([`StepStats::loss`]), one per batch.
+    pub loss_sum: f64,
+    /// The sum of the window's plain cross-entropies ([`StepStats::nll`]), one per batch.
+    pub nll_sum: f64,
+    /// The number of batches in the window.
+    pub count: usize,
+    /// The number of target tokens in the window.
+    pub tokens: usize,
+    /// Wall-clock seconds since the last log line (or the epoch's start).
+    pub seconds: f64,
+    /// Batches per optimizer step (the global batch): each step's loss counts once per
+    /// batch in `loss_sum`, `nll_sum` and `count`.
+    pub per_step: usize,
+}
+
+/// One validation of one set of weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Validation {
+    /// Mean cross-entropy per target token.
+    pub loss: f64,
+    /// Translation: corpus BLEU of the validation set.
+    pub bleu: Option<f64>,
+}
+
+/// What best-model selection compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection {
+    /// The lower validation loss (the language model, the copy task).
+    LowerLoss,
+    /// The higher validation BLEU (translation).
+    HigherBleu,
+}
+
+impl Selection {
+    /// The figure compared.
+    pub fn figure(self, v: &Validation) -> f64 {
+        match self {
+            Selection::LowerLoss => v.loss,
+            Selection::HigherBleu => v.bleu.unwrap_or(f64::NEG_INFINITY),
+        }
+    }
+
+    /// Whether `new` beats `best`.
+    pub fn better(self, new: f64, best: f64) -> bool {
+        match self {
+            Selection::LowerLoss => new < best,
+            Selection::HigherBleu => new > best,
+        }
+    }
+}
+
+/// A training task on the runner: what it trains, on which batches, how a step goes, how
+/// it validates and tests. The runner owns the rest: the loop, stops and checkpoints, the
+/// weight average, the log and metrics, best-model selection, plots and resume.
+pub trait Task {
+    /// The model (the trained one, and the weight average's).
+    type Model;
+    /// The format tag of this task's checkpoints.
+    const CHECKPOINT_FORMAT: &'static str;
+    /// With a weight average, the file that keeps the best trained weights apart from
+    /// `best.safetensors` (which the average may win), or `None` not to keep them.
+    const BEST_TRAINED_FILE: Option<&'static str> = None;
+
+    /// The number of epochs to train.
+    fn epochs(&self) -> usize;
+    /// Batches between resumable checkpoints (0: at epoch ends only).
+    fn checkpoint_interval(&self) -> usize;
+    /// The task's configuration as saved in checkpoints.
+    fn config_toml(&self) -> String;
+    /// The model being trained and its parameters.
+    fn model(&self) -> &Self::Model;
+    /// The trained model's parameters, for the optimizer, checkpoints and the average.
+    fn params(&self) -> &Params;
+    /// A second model of the same configuration (the weight average's).
+    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<Self::Model>;
+    /// Saves weights with what it takes to rebuild the model.
+    fn save_weights(&self, path: &Path, params: &Params) -> Result<()>;
+
+    /// Prepares `epoch` (1-based: its batch order, its learning rate); returns its number of
+    /// batches.
+    fn start_epoch(&mut self, epoch: usize) -> Result<usize>;
+    /// One optimizer step on batch `index` of the epoch; `step` steps came before it.
+    fn train_step(&mut self, index: usize, step: usize, rng: &Rng) -> Result<StepStats>;
+    /// Batches whose gradients one process sums before each optimizer step (`--accumulate`,
+    /// 1 by default); with several processes each takes this many of a global batch
+    /// ([`crate::dist`]).
+    fn accumulate(&self) -> usize {
+        1
+    }
+    /// Target tokens of batch `index` of the epoch (the weight of its gradient in a global
+    /// batch).
+    fn batch_tokens(&self, _index: usize) -> usize {
+        1
+    }
+    /// The loss of batch `index` and its gradients (of the mean loss per target token), with
+    /// dropout from `rng`, without an optimizer step (accumulation and data parallelism).
+    fn backward(&mut self, _index: usize, _rng: &Rng) -> Result<(Gradients, StepStats)> {
+        Err(Error::Usage(
+            "this task trains one batch per step (no --accumulate, no MPI)".into(),
+        ))
+    }
+    /// One optimizer step (clipping, then the update) with `grads`; `step` steps came before.
+    fn update(&mut self, _grads: &Gradients, _step: usize) -> Result<()> {
+        Err(Error::Usage(
+            "this task trains one batch per step (no --accumulate, no MPI)".into(),
+        ))
+    }
+    /// A hash of the training data as this process read and encoded it (compared across
+    /// processes before the first step).
+    fn data_hash(&self) -> u64 {
+        0
+    }
+
+    /// Whether a log line is due after batch `index` (0-based) of `batches`.
+    fn log_due(&self, index: usize, batches: usize) -> bool;
+    /// The log line for the batches since the last one, and its record.
+    fn log_line(&self, w: &LogWindow) -> (String, Metric);
+
+    /// Validation loss (and score) of a model; with several processes each computes its
+    /// share (`dist`) and every one returns the gathered figures.
+    fn validate(&self, model: &Self::Model, dist: &crate::dist::Dist) -> Result<Validation>;
+    /// How the best model is chosen from validations.
+    const SELECTION: Selection = Selection::LowerLoss;
+    /// The end-of-epoch log lines.
+    fn epoch_lines(
+        &self,
+        epoch: usize,
+        seconds: f64,
+        train_seconds: f64,
+        validated: &[(Weights, Validation)],
+    ) -> Vec<String>;
+
+    /// Optimizer state for checkpoints: tensors and metadata (none for plain SGD).
+    fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {
+        (Vec::new(), Vec::new())
+    }
+    /// Restores the optimizer from a checkpoint's tensors (taking its own out) and metadata.
+    fn restore_optimizer(
+        &mut self,
+        _tensors: &mut HashMap<String, Tensor>,
+        _meta: &HashMap<String, String>,
+        _path: &Path,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    /// After the last epoch: tests the best model (and the best trained weights where
+    /// the average won); returns the records to append and the test loss of the best model
+    /// (`None` without a test set). With several processes each tests its share (`dist`)
+    /// and every one returns the gathered figures; only the writing process writes files.
+    fn test(
+        &mut self,
+        run: &Path,
+        state: &RunState,
+        progress: &mut dyn Progress,
+        dist: &crate::dist::Dist,
+    ) -> Result<(Vec<Metric>, Option<f64>)>;
+}
+
+/// A checkpoint to resume from: its tensors (weights, optimizer, average), metadata and
+/// state.
+pub struct Saved {
+    /// The named tensors: weights, optimizer state and the weight average (`average.*`).
+    pub tensors: HashMap<String, Tensor>,
+    /// The string metadata: format tag, `state` (JSON), `config` (TOML) and the optimizer's.
+    pub meta: HashMap<String, String>,
+    /// Where the run stood when the checkpoint was written.
+    pub state: RunState,
+}
+
+impl Saved {
+    /// Loads `run`'s checkpoint, checks its tag, and parses its state.
+    pub fn load(run: &Path, format: &str, device: &Device) -> Result<Self> {
+        let path = checkpoint_path(run);
+        let (tensors, meta) = load_tagged(&path, format, device).map_err(|e| match e {
+            Error::Checkpoint { path, msg } => Error::Checkpoint {
+                msg: format!(
+                    "{msg}; the run cannot resume from it{}",
+                    if best_path(run).exists() {
+                        " (its best weights, best.safetensors, still translate and evaluate): \
+                         restore the file from a copy, or start a new run with another --out"
+                    } else {
+                        ": restore the file from a copy, or start a new run with another --out"
+                    }
+                ),
+                path,
+            },
+            e => e,
+        })?;
+        let state = meta_json(&path, &meta, "state")?;
+        Ok(Self {
+            tensors,
+            meta,
+            state,
+        })
+    }
+
+    /// The configuration the checkpoint was written with, as TOML text.
+    pub fn config_text(&self, run: &Path) -> Result<&str> {
+        self.meta
+            .get("config")
+            .map(String::as_str)
+            .ok_or_else(|| Error::Checkpoint {
+                path: checkpoint_path(run),
+                msg: "no config in the metadata".into(),
+            })
+    }
+}
+
+/// Whether a checkpoint's configuration predates weight averaging (no `average_decay`): such
+/// a run continues as it was configured, without an average.
+pub fn predates_averaging(config_toml: &str) -> bool {
+    toml::from_str::<toml::Table>(config_toml).is_ok_and(|t| !t.contains_key("average_decay"))
+}
+
+/// What a finished (or stopped) run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// Where the run stands at the end of this invocation.
+    pub state: RunState,
+    /// The best model's test loss, once tested.
+    pub test_loss: Option<f64>,
+    /// The loss of every step taken in this invocation.
+    pub step_losses: Vec<f64>,
+}
+
+pub(super) fn save_run_checkpoint<T: Task>(
+    run: &Path,
+    task: &T,
+    average: Option<&WeightAverage<T::Model>>,
+    state: &mut RunState,
+) -> Result<()> {
+    state.metrics_records = Some(metrics::count(&metrics_path(run))?);
+    let state = &*state;
+    let mut tensors = params_tensors(task.params());
+    let (opt_tensors, opt_meta) = task.optimizer_state();
+    tensors.extend(opt_tensors);
+    if let Some(avg) = average {
+        tensors.extend(avg.checkpoint_tensors());
+    }
+    save_tagged(
+        &checkpoint_path(run),
+        &tensors,
+        T::CHECKPOINT_FORMAT,
+        state_meta(state, task.config_toml())
+            .into_iter()
+            .chain(opt_meta),
+    )
+}
+
+/// Checks, on resume, that `accumulate` batches per process on the processes of `dist`
+/// make the run's global batch (batches per optimizer step, recorded in `state`); else an
+/// error that says which `--accumulate` keeps it.
+pub fn check_global_batch(
+    run: &Path,
+    state: &RunState,
+    accumulate: usize,
+    dist: &crate::dist::Dist,
+) -> Result<()> {
+    let n = dist.size();
+    let global = accumulate.max(1) * n;
+    let had = state.global_batch.unwrap_or(1);
+    if state.step == 0 || had == global {
+        return Ok(());
+    }
+    let fix = if had.is_multiple_of(n) {
+        format!("give --accumulate {} with {n} process(es)", had / n)
+    } else {
+        format!(
+            "run it on a number of processes that divides {had}, with --accumulate {had}/processes"
+        )
+    };
+    Err(Error::Usage(format!(
+        "{}: the run takes {had} batch(es) per optimizer step (its global batch), and this \
+         invocation would take {global} (--accumulate {} x {n} process(es)), which would \
+         change its training: to resume it, {fix}",
+        run.display(),
+        accumulate.max(1)
+    )))
+}

@@ -81,6 +81,7 @@
 pub mod attention;
 pub mod backend;
 pub mod config;
+pub mod decode_state;
 pub mod decoder;
 pub mod dropout;
 pub mod embedding;

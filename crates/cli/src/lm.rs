@@ -457,9 +457,12 @@ pub(crate) fn warn_note(note: &Option<String>) {
     }
 }
 
-/// After a run stopped by Ctrl-C has saved its checkpoint: exits with status 130, as an
-/// interrupted command does.
-pub(crate) fn exit_if_interrupted(flag: &AtomicBool) {
+/// At the end of a training command: with several processes, waits until every one has come
+/// here (rank 0 has saved and said how to resume; the first process to exit with a failure
+/// status makes `mpirun` end the others); then, after a run stopped by Ctrl-C or SIGTERM,
+/// exits with status 130 as an interrupted command does.
+pub(crate) fn exit_if_interrupted(flag: &AtomicBool, dist: &transformer_train::dist::Dist) {
+    dist.barrier();
     if flag.load(Ordering::SeqCst) {
         std::process::exit(130);
     }
@@ -494,6 +497,7 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 "--max-steps must be at least 1 (it stops this invocation after that many steps)"
             );
                 let interrupt = interrupt_flag();
+                let ranks = dist.clone();
                 let opts = TrainOptions {
                     config,
                     out: args.out.clone(),
@@ -529,6 +533,7 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                     }
                 })?;
                 if !prints {
+                    exit_if_interrupted(&interrupt, &ranks);
                     return Ok(());
                 }
                 if summary.test_loss.is_none() {
@@ -539,7 +544,7 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 );
                 }
                 println!("run directory: {}", args.out.display());
-                exit_if_interrupted(&interrupt);
+                exit_if_interrupted(&interrupt, &ranks);
                 Ok(())
             })();
             procs.finish(r)?;

@@ -706,6 +706,7 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 );
                 let interrupt = interrupt_flag();
                 let prints = dist.writes();
+                let ranks = dist.clone();
                 let opts = MtTrainOptions {
                     config,
                     out: args.out.clone(),
@@ -730,7 +731,7 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                         args.out.display()
                     );
                 }
-                exit_if_interrupted(&interrupt);
+                exit_if_interrupted(&interrupt, &ranks);
                 Ok(())
             })();
             procs.finish(r)?;

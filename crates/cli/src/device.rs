@@ -165,3 +165,24 @@ mod tests {
         }
     }
 }
+
+/// [`check_training_precision`] for a training command: off the CPU, checks the precision the
+/// run will train in, which for `--resume` is the run's own (`recorded` reads it from the
+/// run's config.toml), else `asked`.
+pub(crate) fn check_run_precision(
+    device: &Device,
+    out: &std::path::Path,
+    resume: bool,
+    asked: Precision,
+    recorded: impl FnOnce(&std::path::Path) -> Option<Precision>,
+) -> Result<()> {
+    if device.is_cpu() {
+        return Ok(());
+    }
+    let own = transformer_train::runner::config_path(out);
+    let precision = match resume {
+        true => recorded(&own).unwrap_or(asked),
+        false => asked,
+    };
+    check_training_precision(precision, device)
+}

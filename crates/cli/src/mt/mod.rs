@@ -690,16 +690,14 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             let dist = procs.dist.clone();
             let r = (|| -> Result<()> {
                 let (config, given) = args.resolve()?;
-                if !device.is_cpu() {
-                    // A resumed run trains in its own precision, kept in its config.toml.
-                    let own = transformer_train::runner::config_path(&args.out);
-                    let precision = match args.resume {
-                        true => MtTrainConfig::from_toml_file(&own)
-                            .map_or(config.precision, |c| c.precision),
-                        false => config.precision,
-                    };
-                    crate::device::check_training_precision(precision, &device)?;
-                }
+                // A resumed run trains in its own precision, kept in its config.toml.
+                crate::device::check_run_precision(
+                    &device,
+                    &args.out,
+                    args.resume,
+                    config.precision,
+                    |own| MtTrainConfig::from_toml_file(own).ok().map(|c| c.precision),
+                )?;
                 anyhow::ensure!(
                     args.max_steps != Some(0),
                     "--max-steps must be at least 1 (it stops this invocation after that many steps)"

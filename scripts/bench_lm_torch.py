@@ -10,7 +10,19 @@ with nn.Transformer and torchtext" tutorial, timed at the same shapes and in the
   - peak RSS (ru_maxrss) right after the training-step measurement;
   - a bf16 autocast training step, reported separately as train_step_bf16_ms.
 
-Inputs are random token ids (seeded), sequence-first (T, B) as in the tutorial.
+Inputs are random token ids (seeded, drawn on the CPU, so the same on any device),
+sequence-first (T, B) as in the tutorial.
+
+On a CUDA GPU (`--device cuda` or `cuda:N`) the model and the batches live on the GPU, every
+timed repetition ends with torch.cuda.synchronize(), the bf16 step uses
+torch.autocast("cuda", torch.bfloat16), and the JSON adds gpu_peak_mem_mb (the peak GPU
+memory allocated over the training steps); --threads applies to the CPU only.
+
+Examples:
+
+  scripts/bench_lm_torch.py --json
+  scripts/bench_lm_torch.py --repeats 3 --no-bf16
+  scripts/bench_lm_torch.py --device cuda --json
 """
 
 import argparse
@@ -30,21 +42,27 @@ warnings.filterwarnings("ignore", message=".*enable_nested_tensor.*")
 
 # ---- The tutorial's model code (its current version), unchanged -----------------------------
 
-device = torch.device("cpu")
-
-
 from tutorial_lm import TransformerModel  # noqa: E402  (the tutorial's model)
 
 
 # ---- Measurements ---------------------------------------------------------------------------
 
-def timed(warmup: int, repeats: int, f) -> dict:
+def synchronize(device: torch.device) -> None:
+    """Waits for the GPU's queued work (a no-op on the CPU), so a clock read after it counts
+    the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, warmup: int, repeats: int, f) -> dict:
     for _ in range(warmup):
         f()
+    synchronize(device)
     ms = []
     for _ in range(repeats):
         start = time.perf_counter()
         f()
+        synchronize(device)
         ms.append((time.perf_counter() - start) * 1e3)
     return {"min": min(ms), "median": statistics.median(ms)}
 
@@ -54,9 +72,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def random_window(t: int, b: int, vocab: int):
+def random_window(t: int, b: int, vocab: int, device: torch.device):
     """data (T, B) and targets (T * B,), next-token ids, like the tutorial's get_batch."""
-    ids = torch.randint(0, vocab, (t + 1, b))
+    ids = torch.randint(0, vocab, (t + 1, b)).to(device)
     return ids[:t], ids[1:].reshape(-1)
 
 
@@ -79,15 +97,26 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (cpu)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                   help="torch.set_num_threads (default: the cores this process may use)")
+                   help="torch.set_num_threads on the CPU (default: the cores this process "
+                        "may use); not set with a GPU")
     p.add_argument("--no-bf16", action="store_true", help="skip the bf16 autocast step")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args()
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
+    try:
+        device = torch.device(a.device)
+    except RuntimeError:
+        p.error(f"--device {a.device}: not a device (cpu, cuda or cuda:N)")
+    if device.type not in ("cpu", "cuda"):
+        p.error(f"--device {a.device}: only cpu, cuda and cuda:N are supported")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {a.device}: this PyTorch ({torch.__version__}) sees no CUDA GPU")
 
-    torch.set_num_threads(a.threads)
+    if device.type == "cpu":
+        torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     ntokens = a.vocab
     model = TransformerModel(ntokens, a.emsize, a.nhead, a.nhid, a.nlayers, a.dropout).to(device)
@@ -96,7 +125,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=a.lr)
 
     # a. Training step: the body of the tutorial's train() loop.
-    data, targets = random_window(a.bptt, a.batch, ntokens)
+    data, targets = random_window(a.bptt, a.batch, ntokens, device)
     last_loss = [float("nan")]
 
     def train_step():
@@ -110,11 +139,15 @@ def main() -> None:
         optimizer.step()
         last_loss[0] = loss.item()
 
-    train = timed(a.warmup, a.repeats, train_step)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    train = timed(device, a.warmup, a.repeats, train_step)
     peak_rss = peak_rss_mb()
+    gpu_peak_mem = (torch.cuda.max_memory_allocated(device) / 2**20
+                    if device.type == "cuda" else None)
 
     # b. Evaluation forward: the body of the tutorial's evaluate() on its batch of 10.
-    eval_data, eval_targets = random_window(a.bptt, a.eval_batch, ntokens)
+    eval_data, eval_targets = random_window(a.bptt, a.eval_batch, ntokens, device)
 
     def eval_step():
         model.eval()
@@ -123,10 +156,10 @@ def main() -> None:
             output_flat = output.view(-1, ntokens)
             return a.bptt * criterion(output_flat, eval_targets).item()
 
-    evaluation = timed(a.warmup, a.repeats, eval_step)
+    evaluation = timed(device, a.warmup, a.repeats, eval_step)
 
     # c. Greedy generation, batch 1, recomputing the whole prefix each step (no cache).
-    prompt = torch.randint(0, ntokens, (a.gen_prompt, 1))
+    prompt = torch.randint(0, ntokens, (a.gen_prompt, 1)).to(device)
 
     def generate():
         model.eval()
@@ -135,10 +168,11 @@ def main() -> None:
             for _ in range(a.gen_tokens):
                 logits = model(seq)[-1, 0]
                 nxt = int(logits.argmax().item())
-                seq = torch.cat([seq, torch.tensor([[nxt]], dtype=seq.dtype)], dim=0)
+                seq = torch.cat([seq, torch.tensor([[nxt]], dtype=seq.dtype, device=device)],
+                                dim=0)
         return seq
 
-    gen = timed(a.warmup, a.repeats, generate)
+    gen = timed(device, a.warmup, a.repeats, generate)
     gen_tokens_per_s = a.gen_tokens / (gen["median"] / 1e3)
 
     # d. The same training step under bf16 autocast (for a mixed-precision comparison).
@@ -146,7 +180,7 @@ def main() -> None:
     if not a.no_bf16:
         def train_step_bf16():
             model.train()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
                 output = model(data)
                 loss = criterion(output.view(-1, ntokens), targets)
             optimizer.zero_grad()
@@ -155,7 +189,7 @@ def main() -> None:
             optimizer.step()
             loss.item()
 
-        bf16 = timed(a.warmup, a.repeats, train_step_bf16)
+        bf16 = timed(device, a.warmup, a.repeats, train_step_bf16)
 
     shapes = {
         "vocab": a.vocab, "emsize": a.emsize, "nhid": a.nhid, "nlayers": a.nlayers,
@@ -164,10 +198,12 @@ def main() -> None:
         "warmup": a.warmup, "repeats": a.repeats,
     }
     threads = torch.get_num_threads()
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if a.json:
-        print(json.dumps({
+        out = {
             "impl": f"PyTorch {torch.__version__} eager, fp32",
             "torch_version": torch.__version__,
+            "device": device_name,
             "train_step_ms": train,
             "eval_ms": evaluation,
             "gen_ms": gen,
@@ -179,9 +215,13 @@ def main() -> None:
             "parameters": nparams,
             "final_train_loss": last_loss[0],
             "shapes": shapes,
-        }))
+        }
+        if gpu_peak_mem is not None:
+            out["gpu_peak_mem_mb"] = gpu_peak_mem
+        print(json.dumps(out))
         return
-    print(f"PyTorch {torch.__version__}, {threads} threads; tutorial LM: vocab {a.vocab}, "
+    where = f"{threads} threads" if device.type == "cpu" else f"{device_name} ({device})"
+    print(f"PyTorch {torch.__version__}, {where}; tutorial LM: vocab {a.vocab}, "
           f"emsize {a.emsize}, nhid {a.nhid}, {a.nlayers} layers, {a.nhead} heads, "
           f"dropout {a.dropout}; {nparams} parameters")
     print(f"{a.warmup} warm-up + {a.repeats} timed repetitions each")
@@ -195,6 +235,8 @@ def main() -> None:
     print(f"{f'generation tokens/s ({a.gen_tokens} from {a.gen_prompt}, greedy)':<44} "
           f"{a.gen_tokens / (gen['min'] / 1e3):>10.1f} {gen_tokens_per_s:>10.1f}")
     print(f"peak RSS after the training steps: {peak_rss:.0f} MB")
+    if gpu_peak_mem is not None:
+        print(f"peak GPU memory allocated over the training steps: {gpu_peak_mem:.0f} MB")
 
 
 if __name__ == "__main__":

@@ -3,16 +3,20 @@
 `torch.nn.Transformer`, timed as `transformer bench mt` and `transformer bench mt-decode` time
 ours.
 
-Two subcommands:
+Two subcommands, each on the CPU (default) or a CUDA GPU (`--device cuda`, `cuda:N`):
 
   train   One training step of the default model (3 + 3 post-norm layers, d_model 256,
           8 heads, FFN 512, ReLU, dropout 0.1; one shared (V, 256) embedding matrix for the
           source embedding, the target embedding and the output layer, plus an output bias)
           on a fixed, deterministic padded batch that `transformer bench mt` builds
-          identically. One timed step = zero_grad, forward, label-smoothed cross-entropy
-          (0.1, padding ignored), backward, clip_grad_norm_(1.0), Adam step
-          (betas 0.9/0.98, eps 1e-9, constant lr 5e-4). Eager fp32, or bf16 autocast
-          around forward and loss (`--precision bf16`, the usual CPU mixed precision).
+          identically. `--model base` takes the paper's base model instead (6 + 6 layers,
+          d_model 512, 8 heads, FFN 2048, dropout 0.1, the same shared embedding layout).
+          One timed step = zero_grad, forward, label-smoothed cross-entropy (0.1, padding
+          ignored), backward, clip_grad_norm_(1.0), Adam step (betas 0.9/0.98, eps 1e-9,
+          constant lr 5e-4). Eager fp32, or bf16 autocast around forward and loss
+          (`--precision bf16`: the usual CPU mixed precision, or on a GPU
+          torch.autocast("cuda", torch.bfloat16)). On a GPU every timed step ends with
+          torch.cuda.synchronize(), and the JSON adds the peak GPU memory allocated.
 
   decode  Loads a trained run's weights (`transformer mt train --out RUN`) into the same
           nn.Transformer model and translates source token ids with beam search (or greedy
@@ -21,15 +25,21 @@ Two subcommands:
           The search itself follows `crates/decode/src/search.rs` step for step (2 x beam
           candidates per step, an `<eos>` among the first `beam` finishes a hypothesis, the
           greedy path carried along, the same stopping rule, length penalty and length
-          limit), so its outputs can be compared id for id with ours.
+          limit), so its outputs can be compared id for id with ours. With `--device cuda`
+          the network (encoder, decoder, output layer, log-softmax) runs on the GPU and the
+          search reads each step's log-probabilities on the host (one copy per step).
 
 Examples:
 
   scripts/bench_mt_torch.py train --repeats 3
   scripts/bench_mt_torch.py train --precision bf16 --json
+  scripts/bench_mt_torch.py train --device cuda --json
+  scripts/bench_mt_torch.py train --device cuda --model base --precision bf16 --json
   transformer bench mt-decode --run runs/de-en --src test.de.gz --beam 5 --dump runs/bench
   scripts/bench_mt_torch.py decode --run runs/de-en --src-ids runs/bench/src.ids \\
       --ref-ids runs/bench/hyp.ids --beam 5 --batch 64 --greedy-latency 50 --json
+  scripts/bench_mt_torch.py decode --device cuda --run runs/de-en \\
+      --src-ids runs/bench/src.ids --ref-ids runs/bench/hyp.ids --beam 5 --batch 64 --json
 """
 
 import argparse
@@ -51,6 +61,39 @@ import mt_run  # noqa: E402  (reading run directories, shared with the CTranslat
 # nn.TransformerEncoder mentions its nested-tensor fast path in a warning on some inputs.
 warnings.filterwarnings("ignore", message=".*enable_nested_tensor.*")
 warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
+
+
+# ---- The device ----------------------------------------------------------------------------
+
+def pick_device(name: str) -> torch.device:
+    """`cpu`, `cuda` or `cuda:N` as a torch.device; a CUDA device must be there."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SystemExit(f"--device {name}: not a device (cpu, cuda or cuda:N)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device {name}: only cpu, cuda and cuda:N are supported")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: this PyTorch ({torch.__version__}) sees no CUDA GPU")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for the GPU's queued work (a no-op on the CPU), so a clock read after it counts
+    the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_label(device: torch.device) -> str:
+    """The JSON's "device": `cpu`, or the GPU's name (e.g. `NVIDIA H100 80GB HBM3`)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def set_threads(device: torch.device, threads: int) -> None:
+    """torch.set_num_threads on the CPU; on a GPU the host keeps PyTorch's default."""
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
 
 
 # ---- The model -----------------------------------------------------------------------------
@@ -128,6 +171,15 @@ class MtTransformer(nn.Module):
         return self.logits(self.decode_hidden(tgt_in, memory, src_pad, tgt_in.eq(pad)))
 
 
+# `train --model`: the default `transformer mt` model and the paper's base model (Table 3).
+MODELS = {
+    "default": dict(d_model=256, nhead=8, num_encoder_layers=3, num_decoder_layers=3,
+                    dim_feedforward=512, dropout=0.1),
+    "base": dict(d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
+                 dim_feedforward=2048, dropout=0.1),
+}
+
+
 def model_from_run(run: mt_run.Run) -> MtTransformer:
     """Builds the model a run describes and loads its trained weights (eval mode)."""
     t = run.transformer
@@ -197,20 +249,23 @@ def cmd_train(a):
     if a.src_len < 6 or a.tgt_len < 7 or a.vocab <= 4 or a.batch < 1:
         raise SystemExit("--batch must be positive, --src-len at least 6, --tgt-len at least 7, "
                          "--vocab above 4")
-    torch.set_num_threads(a.threads)
+    device = pick_device(a.device)
+    set_threads(device, a.threads)
     torch.manual_seed(a.seed)
-    model = MtTransformer(a.vocab, a.vocab).train()
+    # Built (and initialised) on the CPU, then moved: the same initial weights on any device.
+    model = MtTransformer(a.vocab, a.vocab, **MODELS[a.model]).to(device).train()
     nparams = sum(p.numel() for p in model.parameters())
     criterion = nn.CrossEntropyLoss(label_smoothing=0.1, ignore_index=mt_run.PAD)
     opt = torch.optim.Adam(model.parameters(), lr=5e-4, betas=(0.9, 0.98), eps=1e-9)
     src, tgt_in, tgt_out, tokens = bench_batch(a.batch, a.src_len, a.tgt_len, a.vocab)
     assert tokens == int(tgt_out.ne(mt_run.PAD).sum())
+    src, tgt_in, tgt_out = src.to(device), tgt_in.to(device), tgt_out.to(device)
     autocast = a.precision == "bf16"
     last_loss = [float("nan")]
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = model(src, tgt_in)
             loss = criterion(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1))
         loss.backward()
@@ -218,17 +273,24 @@ def cmd_train(a):
         opt.step()
         last_loss[0] = loss.item()
 
+    if device.type == "cuda":
+        # The peak from here on: the model, the optimizer state and the steps' activations.
+        torch.cuda.reset_peak_memory_stats(device)
     for _ in range(a.warmup):
         step()
+    synchronize(device)
     ms = []
     for _ in range(a.repeats):
         t0 = time.perf_counter()
         step()
+        synchronize(device)
         ms.append((time.perf_counter() - t0) * 1e3)
     med = statistics.median(ms)
     out = {
         "impl": "pytorch",
         "torch": torch.__version__,
+        "device": device_label(device),
+        "model": a.model,
         "threads": torch.get_num_threads(),
         "precision": a.precision,
         "train_step_ms": med,
@@ -241,24 +303,34 @@ def cmd_train(a):
         "shapes": {"batch": a.batch, "src_len": a.src_len, "tgt_len": a.tgt_len,
                    "vocab": a.vocab, "warmup": a.warmup, "repeats": a.repeats},
     }
+    if device.type == "cuda":
+        out["gpu_peak_mem_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     if a.json:
         print(json.dumps(out))
         return
-    print(f"PyTorch {torch.__version__} eager {a.precision}, {out['threads']} threads; "
+    where = (f"{out['threads']} threads" if device.type == "cpu"
+             else f"{out['device']} ({device})")
+    gpu_mem = (f", peak GPU memory {out['gpu_peak_mem_mb']:.0f} MB"
+               if "gpu_peak_mem_mb" in out else "")
+    print(f"PyTorch {torch.__version__} eager {a.precision}, {where}; {a.model} model, "
           f"{nparams} parameters; training step ({a.batch} x {a.src_len} -> {a.tgt_len}, "
           f"{tokens} target tokens): best {min(ms):.1f} ms, median {med:.1f} ms "
-          f"({out['tokens_per_s']:.0f} target tokens/s); peak RSS {out['peak_rss_mb']:.0f} MB")
+          f"({out['tokens_per_s']:.0f} target tokens/s); peak RSS {out['peak_rss_mb']:.0f} MB"
+          f"{gpu_mem}")
 
 
 # ---- decode --------------------------------------------------------------------------------
 
 class Searcher:
     """Greedy and beam search over a batch of sources, as crates/decode/src/search.rs does
-    them, with the decoder recomputed over the whole prefix at every step."""
+    them, with the decoder recomputed over the whole prefix at every step. The network runs
+    on the model's device; the beam search's bookkeeping reads each step's log-probabilities
+    on the host."""
 
-    def __init__(self, model: MtTransformer, run: mt_run.Run):
+    def __init__(self, model: MtTransformer, run: mt_run.Run, device: torch.device):
         self.model = model
         self.run = run
+        self.device = device
 
     def _normalized(self, score, length):
         lp = self.run.length_penalty
@@ -270,6 +342,7 @@ class Searcher:
         src = torch.zeros(len(sources), s, dtype=torch.int64)
         for i, x in enumerate(sources):
             src[i, : len(x)] = torch.tensor(x, dtype=torch.int64)
+        src = src.to(self.device)
         pad = src.eq(mt_run.PAD)
         memory = self.model.encode(src, pad)
         lens = (~pad).sum(1).tolist()
@@ -277,9 +350,9 @@ class Searcher:
 
     def _step(self, memory, pad, sentence_of_row, prefixes):
         """Next-token log-probabilities (R, V) for each row's prefix (`<bos>` + tokens), the
-        decoder run over the whole prefix."""
-        idx = torch.tensor(sentence_of_row, dtype=torch.int64)
-        tgt = torch.tensor([[mt_run.BOS] + p for p in prefixes], dtype=torch.int64)
+        decoder run over the whole prefix. On the model's device."""
+        idx = torch.tensor(sentence_of_row, dtype=torch.int64).to(self.device)
+        tgt = torch.tensor([[mt_run.BOS] + p for p in prefixes], dtype=torch.int64).to(self.device)
         h = self.model.decode_hidden(tgt, memory.index_select(0, idx), pad.index_select(0, idx))
         return F.log_softmax(self.model.logits(h[:, -1]), dim=-1)
 
@@ -327,7 +400,9 @@ class Searcher:
         # Live rows, grouped by sentence: (sentence, tokens, score, is the greedy path).
         rows = [(s, [], 0.0, True) for s in range(n)]
         while rows:
-            lp = self._step(memory, pad, [r[0] for r in rows], [r[1] for r in rows])
+            # On the host: the search below reads scores row by row (one copy per step
+            # instead of a GPU round trip per score; the same tensor on the CPU).
+            lp = self._step(memory, pad, [r[0] for r in rows], [r[1] for r in rows]).cpu()
             lp64 = lp.double()
             scores = torch.tensor([r[2] for r in rows], dtype=torch.float64)
             total = lp64 + scores[:, None]
@@ -410,10 +485,11 @@ class Searcher:
 
 
 def cmd_decode(a):
-    torch.set_num_threads(a.threads)
+    device = pick_device(a.device)
+    set_threads(device, a.threads)
     run = mt_run.load_run(a.run)
-    model = model_from_run(run)
-    searcher = Searcher(model, run)
+    model = model_from_run(run).to(device)
+    searcher = Searcher(model, run, device)
     beam = a.beam if a.beam is not None else run.beam
     sources = mt_run.read_id_lines(a.src_ids)
     if a.max_sentences is not None:
@@ -433,17 +509,25 @@ def cmd_decode(a):
         return hyps
 
     with torch.inference_mode():
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        synchronize(device)
         t0 = time.perf_counter()
         hyps = translate_all(beam)
+        synchronize(device)
         seconds = time.perf_counter() - t0
         rss = mt_run.peak_rss_mb()
+        gpu_mem = (torch.cuda.max_memory_allocated(device) / 2**20
+                   if device.type == "cuda" else None)
         latency = None
         n_lat = min(a.greedy_latency, len(order))
         if n_lat > 0:
             ms = []
             for src in [s for s in sources if s][:n_lat]:
+                synchronize(device)
                 t1 = time.perf_counter()
                 searcher.greedy([src])
+                synchronize(device)
                 ms.append((time.perf_counter() - t1) * 1e3)
             latency = statistics.median(ms)
         same = same_greedy = None
@@ -460,6 +544,7 @@ def cmd_decode(a):
     out = {
         "impl": "pytorch",
         "torch": torch.__version__,
+        "device": device_label(device),
         "threads": torch.get_num_threads(),
         "kv_cache": False,
         "beam": beam,
@@ -478,14 +563,19 @@ def cmd_decode(a):
         "same_as_ref": same,
         "same_as_ref_greedy": same_greedy,
     }
+    if gpu_mem is not None:
+        out["gpu_peak_mem_mb"] = gpu_mem
     if a.out_ids:
         mt_run.write_id_lines(a.out_ids, hyps)
     if a.json:
         print(json.dumps(out))
         return
-    print(f"PyTorch {torch.__version__}, {out['threads']} threads, no cache: {n} sentences, "
+    where = (f"{out['threads']} threads" if device.type == "cpu"
+             else f"{out['device']} ({device})")
+    print(f"PyTorch {torch.__version__}, {where}, no cache: {n} sentences, "
           f"beam {beam}, batch {a.batch}: {seconds:.2f} s ({out['sentences_per_s']:.1f} "
-          f"sentences/s, {out['tokens_per_s']:.0f} tokens/s); peak RSS {rss:.0f} MB")
+          f"sentences/s, {out['tokens_per_s']:.0f} tokens/s); peak RSS {rss:.0f} MB"
+          + (f", peak GPU memory {gpu_mem:.0f} MB" if gpu_mem is not None else ""))
     mt_run.print_agreement(latency, n_lat, same, same_greedy)
 
 
@@ -499,8 +589,8 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="time one training step on the fixed benchmark batch",
-                       description="Time one training step of the default translation model "
-                                   "on the batch `transformer bench mt` uses.")
+                       description="Time one training step of the default (or base) "
+                                   "translation model on the batch `transformer bench mt` uses.")
     t.add_argument("--batch", type=int, default=128, help="sentences in the batch (128)")
     t.add_argument("--src-len", type=int, default=18,
                    help="longest source row; rows are 0-5 tokens shorter (18)")
@@ -510,10 +600,16 @@ def main():
     t.add_argument("--warmup", type=int, default=2, help="untimed steps first (2)")
     t.add_argument("--repeats", type=int, default=10, help="timed steps; the median is "
                    "reported (10)")
+    t.add_argument("--model", choices=list(MODELS), default="default",
+                   help="default (3 + 3 layers, d_model 256, FFN 512) or base (the paper's: "
+                        "6 + 6 layers, d_model 512, FFN 2048); 8 heads, dropout 0.1 both")
+    t.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (cpu)")
     t.add_argument("--threads", type=int, default=cores,
-                   help=f"torch.set_num_threads (default: the {cores} cores this process may use)")
+                   help=f"torch.set_num_threads on the CPU (default: the {cores} cores this "
+                        "process may use); not set with a GPU")
     t.add_argument("--precision", choices=["f32", "bf16"], default="f32",
-                   help="f32 (eager) or bf16 (torch.autocast around forward and loss)")
+                   help="f32 (eager) or bf16 (torch.autocast around forward and loss, on the "
+                        "CPU or the GPU)")
     t.add_argument("--seed", type=int, default=0, help="initialisation and dropout seed (0)")
     t.add_argument("--json", action="store_true", help="print one JSON line")
     t.set_defaults(func=cmd_train)
@@ -530,8 +626,9 @@ def main():
     d.add_argument("--max-sentences", type=int, default=None,
                    help="translate only the first N lines")
     mt_run.add_greedy_latency_arg(d)
+    d.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (cpu)")
     d.add_argument("--threads", type=int, default=cores,
-                   help=f"torch.set_num_threads (default: {cores})")
+                   help=f"torch.set_num_threads on the CPU (default: {cores}); not set with a GPU")
     d.add_argument("--json", action="store_true", help="print one JSON line")
     d.set_defaults(func=cmd_decode)
 

@@ -46,6 +46,11 @@ pub enum BenchCommand {
 #[derive(Args)]
 #[command(args_override_self = true)]
 pub struct MtBenchArgs {
+    /// The model: `default` (3 + 3 layers, d_model 256, FFN 512) or `base`, the paper's base
+    /// model (6 + 6 layers, d_model 512, FFN 2048); 8 heads, dropout 0.1 and a shared
+    /// embedding either way.
+    #[arg(long, value_enum, default_value_t = BenchModel::Default)]
+    model: BenchModel,
     /// Sentences in the batch.
     #[arg(long, default_value_t = 128)]
     batch: usize,
@@ -72,6 +77,34 @@ pub struct MtBenchArgs {
     json: bool,
     #[command(flatten)]
     device: crate::device::DeviceArg,
+}
+
+/// The translation model `bench mt` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchModel {
+    /// `mt train`'s default: 3 + 3 layers, d_model 256, 8 heads, FFN 512.
+    Default,
+    /// The paper's base model (Table 3): 6 + 6 layers, d_model 512, 8 heads, FFN 2048.
+    Base,
+}
+
+impl BenchModel {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Default => "3 + 3 layers, d_model 256, 8 heads, FFN 512",
+            Self::Base => "the paper's base model: 6 + 6 layers, d_model 512, 8 heads, FFN 2048",
+        }
+    }
+}
+
+/// What bf16 training on `dev` runs on, or `None` where it does not run: the CPU's AMX or
+/// AVX512-BF16 kernels, or autocast on a GPU.
+fn bf16_training(dev: &Device) -> Option<String> {
+    if dev.is_cpu() {
+        bf16::backend().map(|u| u.describe().to_string())
+    } else {
+        Some("autocast: the composed layers' products in bf16 on the GPU".into())
+    }
 }
 
 #[derive(Args)]
@@ -290,11 +323,11 @@ fn lm(a: LmBenchArgs) -> Result<()> {
     let train = time(a.warmup, a.repeats, || step(Precision::F32))?;
     let peak_rss = peak_rss_mb();
     // The same step with the output layer's products in bf16 (mixed precision), where the
-    // CPU has AMX or AVX512-BF16.
-    let train_bf16 = if dev.is_cpu() && bf16::available() {
-        Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?)
-    } else {
-        None
+    // CPU has AMX or AVX512-BF16; on a GPU, every product of the composed layers (autocast).
+    let bf16_unit = bf16_training(&dev);
+    let train_bf16 = match bf16_unit {
+        Some(_) => Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?),
+        None => None,
     };
 
     // b. Evaluation forward on the tutorial's evaluate batch.
@@ -339,8 +372,9 @@ fn lm(a: LmBenchArgs) -> Result<()> {
     if a.json {
         let out = serde_json::json!({
             "impl": "transformer (candle-core 0.11, fp32)",
+            "device": crate::device::name_of(&dev),
             "train_step_bf16_ms": train_bf16.as_ref().map(|t| t.json()),
-            "bf16_products": train_bf16.as_ref().and(bf16::backend()).map(|u| u.describe()),
+            "bf16_products": bf16_unit,
             "train_step_ms": train.json(),
             "eval_ms": eval.json(),
             "gen_ms": gen.json(),
@@ -372,7 +406,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         match &train_bf16 {
             Some(t) => println!(
                 "{:<44} {:>10.1} {:>10.1}",
-                "training step ms, bf16 output layer", t.min, t.median
+                "training step ms, bf16 products", t.min, t.median
             ),
             None => println!(
                 "training step, bf16: no AMX or AVX512-BF16 on this CPU (or TRANSFORMER_NO_BF16)"
@@ -440,7 +474,13 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         "--batch must be positive, --src-len at least 6, --tgt-len at least 7, --vocab above 4"
     );
     let dev = a.device.open()?;
-    let cfg = MtTrainConfig::default();
+    let mut cfg = MtTrainConfig::default();
+    if a.model == BenchModel::Base {
+        cfg.d_model = 512;
+        cfg.dim_feedforward = 2048;
+        cfg.encoder_layers = 6;
+        cfg.decoder_layers = 6;
+    }
     let model_cfg = cfg.model_config(a.vocab);
     let pb = ParamBuilder::new(DType::F32, &dev, a.seed);
     let model = MtModel::build(&pb, &model_cfg).context("building the model")?;
@@ -469,21 +509,37 @@ fn mt(a: MtBenchArgs) -> Result<()> {
     let train = time(a.warmup, a.repeats, || step(Precision::F32))?;
     let peak_rss = peak_rss_mb();
     // The output layer's and the encoder and decoder layers' projection and feed-forward
-    // products in bf16 (mixed precision), where the CPU has AMX or AVX512-BF16.
-    let train_bf16 = if dev.is_cpu() && bf16::available() {
-        Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?)
-    } else {
-        None
+    // products in bf16 (mixed precision), where the CPU has AMX or AVX512-BF16; on a GPU,
+    // every product of the composed layers (autocast).
+    let bf16_unit = bf16_training(&dev);
+    let train_bf16 = match bf16_unit {
+        Some(_) => Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?),
+        None => None,
     };
+    let phases = mt_phases(
+        &a,
+        &dev,
+        &model,
+        &vars,
+        &mut opt,
+        &direct,
+        &cfg,
+        [&src, &tgt_in, &tgt_out],
+        &rng,
+    )?;
     let threads = candle_core::utils::get_num_threads();
     if a.json {
         let out = serde_json::json!({
             "impl": "transformer (candle-core 0.11, fp32)",
+            "device": crate::device::name_of(&dev),
+            "model": format!("{:?}", a.model).to_lowercase(),
             "train_step_ms": train.json(),
             "train_step_bf16_ms": train_bf16.as_ref().map(|t| t.json()),
-            "bf16_products": train_bf16.as_ref().and(bf16::backend()).map(|u| u.describe()),
+            "bf16_products": bf16_unit,
             "tgt_tokens": tokens,
             "tokens_per_s": tokens as f64 / (train.median / 1e3),
+            "tokens_per_s_bf16": train_bf16.as_ref().map(|t| tokens as f64 / (t.median / 1e3)),
+            "phases_ms": phases,
             "peak_rss_mb": peak_rss,
             "threads": threads,
             "parameters": params.num_elements(),
@@ -494,7 +550,8 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         println!("{out}");
     } else {
         println!(
-            "translation model: 3 + 3 layers, d_model 256, 8 heads, FFN 512, vocabulary {} (shared); {} parameters; {} threads",
+            "translation model: {}, vocabulary {} (shared); {} parameters; {} threads",
+            a.model.describe(),
             a.vocab,
             params.num_elements(),
             threads
@@ -511,18 +568,74 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         );
         match &train_bf16 {
             Some(t) => println!(
-                "training step, bf16 products (the output layer's and the layers' projections and feed-forward): best {:.1} ms, median {:.1} ms",
+                "training step, bf16 products (the output layer's and the layers' projections and feed-forward; attention's too on a GPU): best {:.1} ms, median {:.1} ms",
                 t.min, t.median
             ),
             None => println!(
                 "training step, bf16: no AMX or AVX512-BF16 on this CPU (or TRANSFORMER_NO_BF16)"
             ),
         }
+        println!(
+            "the f32 step's phases, median ms: forward with the loss {:.1}, backward {:.1}, clipping and Adam {:.1}",
+            phases["forward_loss"].as_f64().unwrap_or(f64::NAN),
+            phases["backward"].as_f64().unwrap_or(f64::NAN),
+            phases["clip_optimizer"].as_f64().unwrap_or(f64::NAN)
+        );
         if let Some(mb) = peak_rss {
             println!("peak RSS: {mb:.0} MB");
         }
     }
     Ok(())
+}
+
+/// The f32 training step of [`mt`] in its three phases, each timed to the device's completion
+/// (median ms over the repeats): the forward pass with the loss, the backward pass, and
+/// clipping with the optimizer step. Where the time goes, on a GPU above all, where a step is
+/// launched asynchronously and only the loss read back waits for it.
+#[allow(clippy::too_many_arguments)]
+fn mt_phases(
+    a: &MtBenchArgs,
+    dev: &Device,
+    model: &transformer_train::mt::MtModel,
+    vars: &[candle_core::Var],
+    opt: &mut transformer_train::optim::Adam,
+    direct: &transformer_model::DirectGrads,
+    cfg: &transformer_train::mt::MtTrainConfig,
+    [src, tgt_in, tgt_out]: [&Tensor; 3],
+    rng: &Rng,
+) -> Result<serde_json::Value> {
+    use transformer_model::Mode;
+    use transformer_train::{clip::clip_coefficient, Gradients};
+    let mut ms = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..a.repeats {
+        dev.synchronize()?;
+        let t = Instant::now();
+        let l = model.loss_direct(
+            src,
+            tgt_in,
+            tgt_out,
+            0,
+            cfg.label_smoothing,
+            Precision::F32,
+            Mode::Train(rng),
+            direct,
+        )?;
+        dev.synchronize()?;
+        let t1 = Instant::now();
+        let grads = Gradients::from_backward(&l.loss, vars, direct)?;
+        dev.synchronize()?;
+        let t2 = Instant::now();
+        let (_, coef) = clip_coefficient(&grads, cfg.clip)?;
+        opt.step(&grads, coef)?;
+        drop(grads);
+        dev.synchronize()?;
+        let t3 = Instant::now();
+        for (v, d) in ms.iter_mut().zip([t1 - t, t2 - t1, t3 - t2]) {
+            v.push(d.as_secs_f64() * 1e3);
+        }
+    }
+    let [f, b, o] = ms.map(|v| Stats::of(v).median);
+    Ok(serde_json::json!({ "forward_loss": f, "backward": b, "clip_optimizer": o }))
 }
 
 fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {

@@ -5,7 +5,6 @@ use anyhow::Result;
 use candle_core::{Device, DeviceLocation};
 use clap::Args;
 use std::fmt;
-use transformer_model::Precision;
 
 /// A device as named on the command line: `cpu`, `cuda` (GPU 0) or `cuda:N`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +79,7 @@ pub fn open(name: DeviceName) -> Result<Device> {
 
 #[cfg(feature = "cuda")]
 fn open_cuda(i: usize) -> Result<Device> {
-    Device::new_cuda(i).map_err(|e| {
+    let device = Device::new_cuda(i).map_err(|e| {
         // CUDA's reason without the backtrace candle attaches under RUST_BACKTRACE.
         let e = match e {
             candle_core::Error::WithBacktrace { inner, .. } => *inner,
@@ -91,7 +90,42 @@ fn open_cuda(i: usize) -> Result<Device> {
              machine has an NVIDIA GPU numbered {i} and a working driver (`nvidia-smi -L` lists \
              the GPUs; a GPU is numbered from 0), or run on the CPU with --device cpu"
         )
-    })
+    })?;
+    keep_freed_gpu_memory(i);
+    Ok(device)
+}
+
+/// Makes the GPU's default memory pool keep what is freed for the next allocation instead of
+/// returning it to the driver at every synchronisation. candle allocates every tensor from
+/// that pool (`cuMemAllocAsync`), and a training step frees and allocates the same sizes
+/// again after each read of its loss: with the pool's default threshold of 0, every step
+/// mapped its memory afresh. PyTorch's caching allocator keeps memory the same way. A failure
+/// here costs speed only, so it is reported and ignored.
+#[cfg(feature = "cuda")]
+fn keep_freed_gpu_memory(i: usize) {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    // SAFETY: plain driver calls on a device candle has just opened; the out-pointers are
+    // valid locals and the attribute's value is a u64 as the driver expects.
+    let status = unsafe {
+        let mut dev: sys::CUdevice = 0;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut keep_all: u64 = u64::MAX;
+        let mut r = sys::cuDeviceGet(&mut dev, i as std::ffi::c_int);
+        if r == sys::CUresult::CUDA_SUCCESS {
+            r = sys::cuDeviceGetDefaultMemPool(&mut pool, dev);
+        }
+        if r == sys::CUresult::CUDA_SUCCESS {
+            r = sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep_all as *mut u64).cast(),
+            );
+        }
+        r
+    };
+    if status != sys::CUresult::CUDA_SUCCESS {
+        eprintln!("warning: cuda:{i}: could not make the memory pool keep freed memory ({status:?}); training will be slower");
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -103,20 +137,6 @@ fn open_cuda(i: usize) -> Result<Device> {
     )
 }
 
-/// Refuses training's bf16 (`--precision bf16`) off the CPU: it is the CPU's mixed precision
-/// (AMX or AVX512-BF16 kernels), which a GPU does not run.
-pub fn check_training_precision(precision: Precision, device: &Device) -> Result<()> {
-    if precision == Precision::Bf16 && !device.is_cpu() {
-        anyhow::bail!(
-            "--precision bf16 is the CPU's mixed precision (AMX or AVX512-BF16 kernels) and does \
-             not run on {}: train there in f32 (leave out --precision, or set precision = \"f32\" \
-             in the --config file); a run that trains in bf16 resumes on the CPU only",
-            name_of(device)
-        );
-    }
-    Ok(())
-}
-
 /// What runs where on `name`, for the log.
 pub fn describe(name: DeviceName) -> String {
     match name {
@@ -124,8 +144,8 @@ pub fn describe(name: DeviceName) -> String {
             "cpu (candle's CPU ops, and the fused f32 kernels where they apply)".into()
         }
         DeviceName::Cuda(_) => format!(
-            "{name} (candle's CUDA ops through the composed layers; the fused CPU kernels, \
-             CPU bf16 and int8 do not run there)"
+            "{name} (candle's CUDA ops through the composed layers, bf16 training as autocast; \
+             the fused CPU kernels and int8 decoding do not run there)"
         ),
     }
 }
@@ -164,25 +184,4 @@ mod tests {
             assert!(e.contains("use cpu, cuda"), "{bad}: {e}");
         }
     }
-}
-
-/// [`check_training_precision`] for a training command: off the CPU, checks the precision the
-/// run will train in, which for `--resume` is the run's own (`recorded` reads it from the
-/// run's config.toml), else `asked`.
-pub(crate) fn check_run_precision(
-    device: &Device,
-    out: &std::path::Path,
-    resume: bool,
-    asked: Precision,
-    recorded: impl FnOnce(&std::path::Path) -> Option<Precision>,
-) -> Result<()> {
-    if device.is_cpu() {
-        return Ok(());
-    }
-    let own = transformer_train::runner::config_path(out);
-    let precision = match resume {
-        true => recorded(&own).unwrap_or(asked),
-        false => asked,
-    };
-    check_training_precision(precision, device)
 }

@@ -103,7 +103,7 @@ pub fn attention_reference(
     check_shapes(q, k, v)?;
     // candle's batched matmul rejects some strided operands (heads split out of (B, T, H, D)).
     let (k, v) = (k.contiguous()?, v.contiguous()?);
-    let scores = (q * scale)?.matmul(&k.transpose(2, 3)?)?;
+    let scores = crate::autocast::matmul(&(q * scale)?, &k.transpose(2, 3)?)?;
     let weights = match keep {
         None => softmax_last_dim_reference(&scores)?,
         Some(m) => {
@@ -116,7 +116,7 @@ pub fn attention_reference(
         Some(d) => weights.broadcast_mul(&d.detach())?,
         None => weights,
     };
-    weights.matmul(&v)
+    crate::autocast::matmul(&weights, &v)
 }
 
 type Dims = (usize, usize, usize, usize, usize, usize);

@@ -229,10 +229,8 @@ pub fn linear_cross_entropy_reference(
     let (n, c, v) = check_shapes(hidden, weight, bias, targets)?;
     let dev = hidden.device();
     let t = prepare_targets(targets, v, ignore_index)?;
-    let logits = hidden
-        .reshape((n, c))?
-        .matmul(&weight.t()?)?
-        .broadcast_add(bias)?;
+    let logits =
+        crate::autocast::matmul(&hidden.reshape((n, c))?, &weight.t()?)?.broadcast_add(bias)?;
     let max = logits.max_keepdim(1)?.detach();
     let z = logits.broadcast_sub(&max)?;
     let lse = z.exp()?.sum_keepdim(1)?.log()?;

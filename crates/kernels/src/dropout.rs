@@ -33,10 +33,30 @@ pub fn dropout(x: &Tensor, p: f64, seed: u64, stream: u64) -> Result<Tensor> {
         .apply_op1(Dropout(MaskSpec::new(p, seed, stream)))
 }
 
-/// The same dropout composed: the scaled keep-mask as a tensor, times `x`.
+/// The same dropout composed: the scaled keep-mask as a tensor, times `x`. On a GPU the mask
+/// is made there, by a kernel of this crate (`src/cuda/dropout.cu`), element for element the
+/// mask the CPU makes; elsewhere it is made on the CPU.
 pub fn dropout_reference(x: &Tensor, p: f64, seed: u64, stream: u64) -> Result<Tensor> {
     let spec = MaskSpec::new(p, seed, stream);
     let scale = 1.0 / (1.0 - p);
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda()
+        && matches!(x.dtype(), candle_core::DType::F32 | candle_core::DType::F64)
+    {
+        match x.apply_op1_no_bwd(&gpu::Mask { spec, scale }) {
+            Ok(mask) => return x.mul(&mask),
+            // The same mask from the CPU (slower: made there and copied over), and the
+            // reason once.
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!(
+                        "warning: dropout masks are made on the CPU: the GPU kernel failed: {e}"
+                    )
+                });
+            }
+        }
+    }
     let keep = (0..x.elem_count()).map(|i| spec.keep(i as u64));
     let mask = match x.dtype() {
         candle_core::DType::F64 => {
@@ -62,6 +82,76 @@ pub(crate) struct MaskSpec {
 }
 
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The dropout mask made on the GPU.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::MaskSpec;
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::{CudaStorage, CudaStorageSlice, WrapErr};
+    use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape};
+
+    /// `src/cuda/dropout.cu` compiled to PTX by the build script.
+    const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/dropout.ptx"));
+
+    /// The scaled keep-mask of `spec` in the shape and dtype of the tensor it is applied to
+    /// (whose values it does not read).
+    pub(super) struct Mask {
+        pub(super) spec: MaskSpec,
+        pub(super) scale: f64,
+    }
+
+    impl CustomOp1 for Mask {
+        fn name(&self) -> &'static str {
+            "kernels-dropout-mask"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            bail!("kernels-dropout-mask runs on the GPU only")
+        }
+
+        fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+            let dev = &s.device;
+            let n = l.shape().elem_count();
+            let cfg = LaunchConfig::for_num_elems(n.max(1) as u32);
+            let (key, threshold, n64) = (self.spec.key, self.spec.threshold, n as u64);
+            let storage = match &s.slice {
+                CudaStorageSlice::F32(_) => {
+                    let func = dev.get_or_load_custom_func(
+                        "dropout_mask_f32",
+                        "transformer_dropout",
+                        PTX,
+                    )?;
+                    // SAFETY: every element is written by the kernel below.
+                    let out = unsafe { dev.alloc::<f32>(n)? };
+                    let scale = self.scale as f32;
+                    let mut b = func.builder();
+                    b.arg(&out).arg(&n64).arg(&key).arg(&threshold).arg(&scale);
+                    // SAFETY: the arguments match the kernel's signature.
+                    unsafe { b.launch(cfg) }.w()?;
+                    CudaStorage::wrap_cuda_slice(out, dev.clone())
+                }
+                CudaStorageSlice::F64(_) => {
+                    let func = dev.get_or_load_custom_func(
+                        "dropout_mask_f64",
+                        "transformer_dropout",
+                        PTX,
+                    )?;
+                    // SAFETY: every element is written by the kernel below.
+                    let out = unsafe { dev.alloc::<f64>(n)? };
+                    let scale = self.scale;
+                    let mut b = func.builder();
+                    b.arg(&out).arg(&n64).arg(&key).arg(&threshold).arg(&scale);
+                    // SAFETY: the arguments match the kernel's signature.
+                    unsafe { b.launch(cfg) }.w()?;
+                    CudaStorage::wrap_cuda_slice(out, dev.clone())
+                }
+                _ => bail!("kernels-dropout-mask: f32 or f64 only"),
+            };
+            Ok((storage, l.shape().clone()))
+        }
+    }
+}
 
 impl MaskSpec {
     pub(crate) fn new(p: f64, seed: u64, stream: u64) -> Self {

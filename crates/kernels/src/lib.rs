@@ -46,6 +46,7 @@
 
 mod activation;
 mod attention;
+pub mod autocast;
 pub mod bf16;
 mod cross_entropy;
 mod decoder_layer;
@@ -125,10 +126,13 @@ pub enum Precision {
     Bf16,
 }
 
-/// True when the fused CPU path applies: every tensor on the CPU with `dtype` f32 or f64.
+/// True when the fused CPU path applies: every tensor on the CPU with `dtype` f32 or f64, and
+/// no [`autocast`] guard asking for bf16 products of f32 tensors (the composed form then runs,
+/// with its products in bf16, on any device).
 fn fused_applies(ts: &[&Tensor]) -> bool {
     let dtype = ts[0].dtype();
     matches!(dtype, DType::F32 | DType::F64)
+        && !(dtype == DType::F32 && autocast::bf16_products())
         && ts.iter().all(|t| t.device().is_cpu() && t.dtype() == dtype)
 }
 

@@ -60,8 +60,7 @@ pub fn linear_reference(x: &Tensor, weight: &Tensor, bias: &Tensor) -> Result<Te
         *last = m;
     }
     let rows = x.elem_count() / k.max(1);
-    x.reshape((rows, k))?
-        .matmul(&weight.t()?)?
+    crate::autocast::matmul(&x.reshape((rows, k))?, &weight.t()?)?
         .broadcast_add(bias)?
         .reshape(out_dims)
 }

@@ -44,7 +44,7 @@ pub fn scaled_dot_product_attention(
     }
     let q = (q * (1.0 / (d as f64).sqrt()))?;
     // (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
-    let scores = q.matmul(&k.transpose(2, 3)?)?;
+    let scores = crate::kernels::autocast::matmul(&q, &k.transpose(2, 3)?)?;
     let weights = match mask {
         None => softmax_last_dim(&scores)?,
         Some(mask) => {
@@ -61,7 +61,7 @@ pub fn scaled_dot_product_attention(
     };
     let dropped = dropout.forward(&weights, mode)?;
     // (B, H, T, S) @ (B, H, S, Dv) -> (B, H, T, Dv)
-    let out = dropped.matmul(v)?;
+    let out = crate::kernels::autocast::matmul(&dropped, v)?;
     Ok((out, weights))
 }
 

@@ -107,6 +107,13 @@ pub struct DecoderLayerCall<'a> {
 pub trait Backend: std::fmt::Debug + Send + Sync {
     /// What this backend is and why it was chosen, one line for the log.
     fn describe(&self) -> String;
+    /// Mixed precision for one training pass whose products are to run in `precision`: a
+    /// guard that makes the composed layers' products bf16 while it lives (PyTorch's
+    /// autocast, [`kernels::autocast`]), or `None` where the products stay f32 or a backend
+    /// lowers them by its own means. The default: the guard for [`Precision::Bf16`].
+    fn mixed_precision(&self, precision: Precision) -> Option<kernels::autocast::Bf16Products> {
+        (precision == Precision::Bf16).then(kernels::autocast::Bf16Products::on)
+    }
     /// Runs one encoder layer, or `None`.
     fn encoder_layer(
         &self,
@@ -150,7 +157,9 @@ pub struct Composed;
 
 impl Backend for Composed {
     fn describe(&self) -> String {
-        "composed layers (candle ops): the parameters are not on the CPU".into()
+        "composed layers (candle ops; bf16 products under mixed precision): the parameters \
+         are not on the CPU"
+            .into()
     }
 }
 
@@ -165,6 +174,12 @@ impl Backend for CpuFused {
         "fused CPU layers (f32, bf16 products when asked) where a pass keeps no attention \
          weights and no cache, composed layers elsewhere: the parameters are on the CPU"
             .into()
+    }
+
+    /// None: the fused kernels take the precision themselves (`Backprop::Direct`), as bf16
+    /// products on the AMX units or AVX512-BF16 ([`kernels::bf16`]).
+    fn mixed_precision(&self, _precision: Precision) -> Option<kernels::autocast::Bf16Products> {
+        None
     }
 
     /// The layer as one fused op when it applies (a ReLU or GELU layer on CPU f32 tensors,

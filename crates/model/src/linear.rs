@@ -71,7 +71,7 @@ impl Linear {
         }
         let rows = x.elem_count() / in_dim;
         // (..., in) -> (N, in) @ (in, out) -> (N, out); W^T is a strided view, not a copy.
-        let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
+        let y = crate::kernels::autocast::matmul(&x.reshape((rows, in_dim))?, &self.weight.t()?)?;
         let mut out_dims = dims.to_vec();
         *out_dims.last_mut().unwrap() = out_dim;
         y.reshape(out_dims)

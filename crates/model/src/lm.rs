@@ -233,6 +233,11 @@ impl TransformerLm {
         precision: Precision,
         grads: &DirectGrads,
     ) -> Result<Tensor> {
+        // bf16 products where the backend lowers the composed layers' (off the CPU).
+        let _products = self
+            .transformer_encoder
+            .backend()
+            .mixed_precision(precision);
         let h = self.hidden_with(ids, mode, Backprop::Direct(grads, Precision::F32))?;
         let bias = self
             .linear

@@ -451,6 +451,8 @@ impl Seq2Seq {
         mode: Mode,
         grads: &DirectGrads,
     ) -> Result<Seq2SeqLoss> {
+        // bf16 products where the backend lowers the composed layers' (off the CPU).
+        let _products = self.transformer.backend().mixed_precision(precision);
         let src_len = crate::mask::padded_lengths(&[src], pad_id)?;
         let tgt_len = crate::mask::padded_lengths(&[tgt_in, tgt_out], pad_id)?;
         let src_mask = masks.src.clone().with_lengths(src_len.clone());

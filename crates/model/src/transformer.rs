@@ -98,6 +98,11 @@ impl Transformer {
         self.decoder.set_backend(backend);
     }
 
+    /// The backend the encoder and decoder layers run through ([`Self::set_backend`]).
+    pub fn backend(&self) -> &std::sync::Arc<dyn crate::backend::Backend> {
+        self.encoder.backend()
+    }
+
     /// The decoder stack (for incremental decoding: [`Decoder::project_memory`],
     /// [`Decoder::forward_step`]).
     pub fn decoder(&self) -> &Decoder {

@@ -145,3 +145,51 @@ fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
     );
     Ok(())
 }
+
+/// Mixed precision is the backend's to give: the composed backend (the GPU's) runs a bf16
+/// training pass's products in bf16 (autocast), which moves the loss by bf16 rounding, and
+/// an f32 pass through it is the plain composed pass.
+#[test]
+fn the_composed_backend_lowers_a_bf16_pass_to_bf16_products() -> Result<()> {
+    use transformer_model::kernels::Precision;
+    let ids = Tensor::new(&[[1u32, 2, 3, 4, 5], [6, 7, 8, 9, 10]], &Device::Cpu)?;
+    let targets = Tensor::new(&[[2u32, 3, 4, 5, 6], [7, 8, 9, 10, 11]], &Device::Cpu)?;
+    let mut model = lm()?;
+    model.set_backend(Arc::new(Composed));
+    let loss = |p: Precision| -> Result<f32> {
+        let direct = DirectGrads::new();
+        model
+            .loss_direct(&ids, &targets, Mode::Eval, p, &direct)?
+            .to_scalar::<f32>()
+    };
+    let (full, half) = (loss(Precision::F32)?, loss(Precision::Bf16)?);
+    let plain = model.loss_no_grad(&ids, &targets)?.to_scalar::<f32>()?;
+    assert!(
+        (full - plain).abs() <= 1e-6 * plain.abs(),
+        "{full} vs {plain}"
+    );
+    assert_ne!(full, half, "the bf16 pass computed in f32");
+    assert!((full - half).abs() <= 2e-2 * full.abs(), "{full} vs {half}");
+    assert!(
+        !transformer_model::kernels::autocast::bf16_products(),
+        "the guard ends with the pass"
+    );
+    // The composed layers' own products, under the guard alone.
+    let plain_h = model.forward(&ids, Mode::Eval)?;
+    let low_h = {
+        let _g = transformer_model::kernels::autocast::Bf16Products::on();
+        model.forward(&ids, Mode::Eval)?
+    };
+    let diff = (plain_h - low_h)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(
+        diff > 0.0 && diff < 0.5,
+        "bf16 products moved the logits by {diff}"
+    );
+    // The fused CPU backend does its bf16 in its own kernels: no guard.
+    assert!(backend::choose(&Device::Cpu)
+        .mixed_precision(Precision::Bf16)
+        .is_none());
+    assert!(Composed.mixed_precision(Precision::Bf16).is_some());
+    assert!(Composed.mixed_precision(Precision::F32).is_none());
+    Ok(())
+}

@@ -1,4 +1,8 @@
-//! Whether `--precision bf16` pays on this CPU.
+//! Whether `--precision bf16` pays on this CPU, and what it means on a GPU.
+//!
+//! On a GPU bf16 is always taken as asked: the composed layers' products run in bf16 on the
+//! tensor cores with f32 master weights, PyTorch's autocast
+//! ([`transformer_model::kernels::autocast`]).
 //!
 //! bf16 products are not faster everywhere: on a Zen 4 with AVX512-BF16 the output layer's
 //! products run about 1.45x the fp32 rate, while on an Intel Emerald Rapids without AMX
@@ -27,8 +31,10 @@ pub struct Choice {
 /// measure faster than f32 at these sizes (see the module docs). `covers` names the products
 /// bf16 runs in the log line (the language model: the output layer's; translation: also the
 /// encoder's and decoder's, on the same unit, so the output layer's timing decides for all).
-/// With `measure` false, bf16 is used as asked wherever its units exist.
+/// With `measure` false, bf16 is used as asked wherever its units exist. Off the CPU
+/// (`device`), bf16 is used as asked (see the module docs).
 pub fn choose(
+    device: &Device,
     requested: Precision,
     measure: bool,
     rows: usize,
@@ -40,6 +46,17 @@ pub fn choose(
         return Ok(Choice {
             precision: Precision::F32,
             line: None,
+        });
+    }
+    if !device.is_cpu() {
+        return Ok(Choice {
+            precision: Precision::Bf16,
+            line: Some(
+                "precision: bf16 mixed precision on the GPU: the products of the linear \
+                 layers, of attention and of the output layer in bf16 with f32 master weights \
+                 (autocast); validation, test and decoding in f32"
+                    .into(),
+            ),
         });
     }
     let Some(unit) = bf16::backend() else {
@@ -186,7 +203,7 @@ mod tests {
             decide(unit, (1, 1, 1), 5.0, 5.0, "x").precision,
             Precision::F32
         );
-        let f32_asked = choose(Precision::F32, true, 10, 4, 7, "x").unwrap();
+        let f32_asked = choose(&Device::Cpu, Precision::F32, true, 10, 4, 7, "x").unwrap();
         assert_eq!(
             (f32_asked.precision, f32_asked.line),
             (Precision::F32, None)

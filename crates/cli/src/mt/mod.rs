@@ -690,14 +690,6 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             let dist = procs.dist.clone();
             let r = (|| -> Result<()> {
                 let (config, given) = args.resolve()?;
-                // A resumed run trains in its own precision, kept in its config.toml.
-                crate::device::check_run_precision(
-                    &device,
-                    &args.out,
-                    args.resume,
-                    config.precision,
-                    |own| MtTrainConfig::from_toml_file(own).ok().map(|c| c.precision),
-                )?;
                 anyhow::ensure!(
                     args.max_steps != Some(0),
                     "--max-steps must be at least 1 (it stops this invocation after that many steps)"

@@ -113,8 +113,15 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
     } else {
         let rows = cfg.batch_size * cfg.bptt;
         let (p, measure) = (cfg.precision, cfg.measure_precision);
-        let choice =
-            crate::precision::choose(p, measure, rows, cfg.emsize, data.vocab.len(), BF16_COVERS)?;
+        let choice = crate::precision::choose(
+            dev,
+            p,
+            measure,
+            rows,
+            cfg.emsize,
+            data.vocab.len(),
+            BF16_COVERS,
+        )?;
         cfg.precision = choice.precision;
         choice.line
     };

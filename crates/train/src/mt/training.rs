@@ -374,7 +374,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             let rows = cfg.max_tokens.min(2048);
             let (p, measure) = (cfg.precision, cfg.measure_precision);
             let choice =
-                crate::precision::choose(p, measure, rows, cfg.d_model, vocab, BF16_COVERS)?;
+                crate::precision::choose(dev, p, measure, rows, cfg.d_model, vocab, BF16_COVERS)?;
             cfg.precision = choice.precision;
             choice.line
         }

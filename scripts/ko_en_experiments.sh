@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Korean-English experiments of docs/KOREAN.md, every run resumable: run this script
+# The Korean-English experiments of docs/MT.md, every run resumable: run this script
 # again after an interruption (or to continue a stage split across sittings) and each run
 # continues from its last checkpoint; a finished run (its test.hyp written) is skipped.
 #

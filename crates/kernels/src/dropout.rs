@@ -101,6 +101,26 @@ mod gpu {
         pub(super) scale: f64,
     }
 
+    impl Mask {
+        /// Runs kernel `name` for `n` elements of type `T` on `s`'s device.
+        fn launch<T>(&self, name: &str, s: &CudaStorage, n: usize, scale: T) -> Result<CudaStorage>
+        where
+            T: candle_core::cuda_backend::CudaDType
+                + candle_core::cuda_backend::cudarc::driver::DeviceRepr,
+        {
+            let dev = &s.device;
+            let func = dev.get_or_load_custom_func(name, "transformer_dropout", PTX)?;
+            // SAFETY: every element is written by the kernel below.
+            let out = unsafe { dev.alloc::<T>(n)? };
+            let (key, threshold, n64) = (self.spec.key, self.spec.threshold, n as u64);
+            let mut b = func.builder();
+            b.arg(&out).arg(&n64).arg(&key).arg(&threshold).arg(&scale);
+            // SAFETY: the arguments match the kernel's signature.
+            unsafe { b.launch(LaunchConfig::for_num_elems(n.max(1) as u32)) }.w()?;
+            Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+        }
+    }
+
     impl CustomOp1 for Mask {
         fn name(&self) -> &'static str {
             "kernels-dropout-mask"
@@ -111,41 +131,12 @@ mod gpu {
         }
 
         fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-            let dev = &s.device;
             let n = l.shape().elem_count();
-            let cfg = LaunchConfig::for_num_elems(n.max(1) as u32);
-            let (key, threshold, n64) = (self.spec.key, self.spec.threshold, n as u64);
             let storage = match &s.slice {
                 CudaStorageSlice::F32(_) => {
-                    let func = dev.get_or_load_custom_func(
-                        "dropout_mask_f32",
-                        "transformer_dropout",
-                        PTX,
-                    )?;
-                    // SAFETY: every element is written by the kernel below.
-                    let out = unsafe { dev.alloc::<f32>(n)? };
-                    let scale = self.scale as f32;
-                    let mut b = func.builder();
-                    b.arg(&out).arg(&n64).arg(&key).arg(&threshold).arg(&scale);
-                    // SAFETY: the arguments match the kernel's signature.
-                    unsafe { b.launch(cfg) }.w()?;
-                    CudaStorage::wrap_cuda_slice(out, dev.clone())
+                    self.launch("dropout_mask_f32", s, n, self.scale as f32)?
                 }
-                CudaStorageSlice::F64(_) => {
-                    let func = dev.get_or_load_custom_func(
-                        "dropout_mask_f64",
-                        "transformer_dropout",
-                        PTX,
-                    )?;
-                    // SAFETY: every element is written by the kernel below.
-                    let out = unsafe { dev.alloc::<f64>(n)? };
-                    let scale = self.scale;
-                    let mut b = func.builder();
-                    b.arg(&out).arg(&n64).arg(&key).arg(&threshold).arg(&scale);
-                    // SAFETY: the arguments match the kernel's signature.
-                    unsafe { b.launch(cfg) }.w()?;
-                    CudaStorage::wrap_cuda_slice(out, dev.clone())
-                }
+                CudaStorageSlice::F64(_) => self.launch("dropout_mask_f64", s, n, self.scale)?,
                 _ => bail!("kernels-dropout-mask: f32 or f64 only"),
             };
             Ok((storage, l.shape().clone()))

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use transformer_decode::{DecodeOptions, Hypothesis};
 use transformer_model::DecodePrecision;
 use transformer_text::subword::{Subword, TextTokenizer};
-use transformer_train::mt::{self, Arch, MtDecoder, MtModel, MtModelConfig};
+use transformer_train::mt::{self, Arch, MtDecoder, MtModel};
 use transformer_train::viz::AttentionSet;
 
 /// One `--run` of `transformer serve`: a run directory and, optionally, the language codes
@@ -233,11 +233,8 @@ impl Engine {
                 bail!("--beam must be at least 1 (1 = greedy)");
             }
             let dopts = run.config.decode_options(beam);
-            let positions = match &run.model_config {
-                MtModelConfig::Transformer(c) => c.transformer.max_len,
-                // The recurrent models have no positional limit; keep their work bounded.
-                MtModelConfig::Rnn(_) => 1024,
-            };
+            // The recurrent models have no positional limit; keep their work bounded.
+            let positions = run.model_config.arch().max_positions().unwrap_or(1024);
             pairs.push(Pair {
                 // Filled in by the worker once it has prepared its decoders.
                 decoding: String::new(),

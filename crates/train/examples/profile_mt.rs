@@ -115,7 +115,7 @@ fn main() -> candle_core::Result<()> {
             .unwrap();
         drop(Gradients::from_backward(&l.loss, &vars, &direct).unwrap());
     });
-    let mt_model = MtModel::Transformer(model.clone());
+    let mt_model = MtModel::from(model.clone());
     time(
         "whole step as training takes it (mt::train_step)",
         reps,

@@ -204,7 +204,7 @@ impl Task for CopyTask {
         let loss = batch_loss(model, &self.held_out, &self.cfg, Mode::Eval)?;
         Ok(Validation {
             loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-            bleu: None,
+            score: None,
         })
     }
 
@@ -271,6 +271,7 @@ impl Task for CopyTask {
             ppl: loss.exp(),
             weights: state.best_weights,
             bleu: None,
+            chrf: None,
         };
         Ok((vec![record], Some(loss)))
     }

@@ -67,6 +67,10 @@ pub enum Metric {
         /// Translation: corpus BLEU (sacreBLEU's default) of the validation set.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         bleu: Option<f64>,
+        /// Translation into Korean: corpus chrF (sacreBLEU's default) of the validation set,
+        /// the figure the best model is chosen by there.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        chrf: Option<f64>,
     },
     /// Test at the end of training: of the best model by validation, and (when weights are
     /// averaged and the average won) of the best SGD weights too.
@@ -83,7 +87,53 @@ pub enum Metric {
         /// Translation: corpus BLEU (sacreBLEU's default) of the test set.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         bleu: Option<f64>,
+        /// Translation into Korean: corpus chrF (sacreBLEU's default) of the test set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        chrf: Option<f64>,
     },
+}
+
+/// A task's quality score of a validation, higher is better: what the records call it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScoreMetric {
+    /// Corpus BLEU (sacreBLEU's default tokenization, 13a).
+    Bleu,
+    /// Corpus chrF (sacreBLEU's default: character 6-grams, beta 2).
+    Chrf,
+}
+
+impl ScoreMetric {
+    /// The name in records and checkpoints (`bleu`, `chrf`).
+    pub fn key(self) -> &'static str {
+        match self {
+            ScoreMetric::Bleu => "bleu",
+            ScoreMetric::Chrf => "chrf",
+        }
+    }
+
+    /// The name in log lines (`BLEU`, `chrF`).
+    pub fn label(self) -> &'static str {
+        match self {
+            ScoreMetric::Bleu => "BLEU",
+            ScoreMetric::Chrf => "chrF",
+        }
+    }
+}
+
+/// A score of one of the [`ScoreMetric`]s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Score {
+    /// Which score.
+    pub metric: ScoreMetric,
+    /// Its value (0-100).
+    pub value: f64,
+}
+
+impl Score {
+    /// The value when it is `metric`'s (for the record's field of that name).
+    pub fn of(score: Option<Score>, metric: ScoreMetric) -> Option<f64> {
+        score.filter(|s| s.metric == metric).map(|s| s.value)
+    }
 }
 
 impl Metric {

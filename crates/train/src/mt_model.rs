@@ -77,31 +77,392 @@ pub enum MtModelConfig {
     Transformer(Seq2SeqConfig),
 }
 
-/// A translation model of any architecture.
-#[derive(Debug, Clone)]
-pub enum MtModel {
-    /// The Transformer encoder-decoder.
-    Transformer(Seq2Seq),
-    /// A GRU encoder-decoder (with or without attention).
-    Rnn(RnnSeq2Seq),
+/// What the rest of the program reads of an architecture's configuration. Each architecture's
+/// configuration type implements it; [`MtModelConfig::arch`] is the one place that picks the
+/// implementation.
+pub trait ArchConfig {
+    /// Builds the model.
+    fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<Box<dyn Architecture>>;
+    /// Checks the sizes, naming what is wrong.
+    fn validate(&self) -> crate::error::Result<()>;
+    /// The longest sequence the model takes (`None`: no limit).
+    fn max_positions(&self) -> Option<usize>;
+    /// The attention a picture can show: (decoder layers, heads); a recurrent model's one
+    /// attention is (1, 1).
+    fn attention_shape(&self) -> (usize, usize);
+    /// The model's log line, given its parameter count.
+    fn describe(&self, parameters: usize) -> String;
+}
+
+impl MtModelConfig {
+    /// The architecture's own view of this configuration: the registration of the
+    /// architectures, one arm each.
+    pub fn arch(&self) -> &dyn ArchConfig {
+        match self {
+            MtModelConfig::Transformer(c) => c,
+            MtModelConfig::Rnn(c) => c,
+        }
+    }
+}
+
+impl ArchConfig for Seq2SeqConfig {
+    fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<Box<dyn Architecture>> {
+        Ok(Box::new(Seq2Seq::with_config(pb, self)?))
+    }
+    fn validate(&self) -> crate::error::Result<()> {
+        Ok(Seq2SeqConfig::validate(self)?)
+    }
+    fn max_positions(&self) -> Option<usize> {
+        Some(self.transformer.max_len)
+    }
+    fn attention_shape(&self) -> (usize, usize) {
+        (self.transformer.num_decoder_layers, self.transformer.nhead)
+    }
+    fn describe(&self, parameters: usize) -> String {
+        let t = &self.transformer;
+        format!(
+            "model: Transformer, {parameters} parameters ({}+{} layers, d_model {}, {} heads, FFN {}, shared embeddings: {})",
+            t.num_encoder_layers,
+            t.num_decoder_layers,
+            t.d_model,
+            t.nhead,
+            t.dim_feedforward,
+            self.share_embeddings
+        )
+    }
+}
+
+impl ArchConfig for RnnSeq2SeqConfig {
+    fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<Box<dyn Architecture>> {
+        Ok(Box::new(RnnSeq2Seq::new(pb, self)?))
+    }
+    fn validate(&self) -> crate::error::Result<()> {
+        RnnSeq2SeqConfig::validate(self).map_err(crate::error::Error::Usage)
+    }
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
+    fn attention_shape(&self) -> (usize, usize) {
+        (1, 1)
+    }
+    fn describe(&self, parameters: usize) -> String {
+        let name = match self.attention {
+            RnnAttention::None => Arch::Gru,
+            RnnAttention::Dot => Arch::GruDot,
+            RnnAttention::Bahdanau => Arch::GruBahdanau,
+        }
+        .name();
+        format!(
+            "model: {name}, {parameters} parameters (embeddings {}, bidirectional GRU encoder {} x 2, GRU decoder {}, attention: {:?})",
+            self.emb,
+            self.hidden,
+            2 * self.hidden,
+            self.attention
+        )
+    }
+}
+
+/// The attention weights of one translation fed through a model with teacher forcing, each
+/// `(1, H, Q, K)`: what [`crate::mt::attention_of`] turns into pictures.
+#[derive(Debug, Default)]
+pub struct AttentionWeights {
+    /// Every encoder layer's self-attention (none for a recurrent model).
+    pub encoder: Vec<Tensor>,
+    /// Every decoder layer's self-attention (none for a recurrent model).
+    pub decoder: Vec<Tensor>,
+    /// Every decoder layer's attention over the source.
+    pub cross: Vec<Tensor>,
+}
+
+/// What training, decoding and scoring need of a translation architecture. A new
+/// architecture implements this for its model (and [`ArchState`] for its decoding state),
+/// [`ArchConfig`] for its configuration, and takes one arm in [`MtModelConfig::arch`]; no
+/// other code names it. The defaults cover what only the Transformer has (fused training
+/// gradients, int8 and restricted-vocabulary decoding, decoding weights made ready once).
+pub trait Architecture: std::fmt::Debug + Send + Sync {
+    /// The longest sequence (with its `<eos>` or `<bos>`) the model takes; `None`: no limit.
+    fn max_positions(&self) -> Option<usize>;
+    /// Label-smoothed cross-entropy of `tgt_out` over its non-padding positions, and the plain
+    /// negative log-likelihood.
+    fn loss(&self, batch: [&Tensor; 3], pad: u32, eps: f64, mode: Mode) -> Result<Seq2SeqLoss>;
+    /// [`Self::loss`] for training, gradients of fused ops going to `direct`, products in
+    /// `precision` where the model has such ops; by default [`Self::loss`].
+    fn loss_direct(
+        &self,
+        batch: [&Tensor; 3],
+        (pad, eps, _precision): (u32, f64, Precision),
+        mode: Mode,
+        _direct: &DirectGrads,
+    ) -> Result<Seq2SeqLoss> {
+        self.loss(batch, pad, eps, mode)
+    }
+    /// Encodes a batch of sources and returns the state before the first decoding step,
+    /// with the decoding weights `prepared` made ready once where the model has them.
+    fn start(
+        &self,
+        src: &Tensor,
+        pad: u32,
+        prepared: Option<&PreparedDecoding>,
+    ) -> Result<Box<dyn ArchState>>;
+    /// One decoding step ([`StepModel::step`]) on a state [`Self::start`] made.
+    fn step(
+        &self,
+        state: &mut dyn ArchState,
+        tokens: &[u32],
+        attention: bool,
+    ) -> Result<StepOutput>;
+    /// The attention weights of `tgt_in` given `src` (one sentence each, teacher forcing).
+    fn attention(&self, src: &Tensor, tgt_in: &Tensor, pad: u32) -> Result<AttentionWeights>;
+    /// Decoding weights made ready once for many batches, where the model has them.
+    fn prepare_decoding(&self) -> Result<Option<PreparedDecoding>> {
+        Ok(None)
+    }
+    /// What decoding runs with when nothing was prepared, for logs.
+    fn describe_decoding(&self) -> String {
+        "f32".into()
+    }
+    /// Decodes in `p` from now on; by default only f32 is possible.
+    fn set_decode_precision(&mut self, p: DecodePrecision) -> Result<()> {
+        if p != DecodePrecision::F32 {
+            candle_core::bail!(
+                "int8 decoding covers the Transformer; the recurrent models decode in f32"
+            );
+        }
+        Ok(())
+    }
+    /// The arithmetic decoding is prepared in.
+    fn decode_precision(&self) -> DecodePrecision {
+        DecodePrecision::F32
+    }
+    /// Restricts decoding's output vocabulary (`None`: every token); by default not possible.
+    fn set_candidate_vocab(
+        &mut self,
+        c: Option<std::sync::Arc<dyn transformer_model::restrict::CandidateVocab>>,
+    ) -> Result<()> {
+        if c.is_some() {
+            candle_core::bail!(
+                "a restricted output vocabulary covers the Transformer; the recurrent models \
+                 score every token"
+            );
+        }
+        Ok(())
+    }
+    /// A copy (the weights' tensors are shared, as `Clone` shares them).
+    fn clone_box(&self) -> Box<dyn Architecture>;
+    /// For callers that need the concrete model ([`MtModel::transformer`]).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// An architecture's decoding state, as [`Architecture::start`] makes it.
+pub trait ArchState {
+    /// Source lengths (without padding) of the state's rows.
+    fn src_lens(&self) -> Vec<usize>;
+    /// Keeps rows `rows` of the state, in that order.
+    fn select_rows(&mut self, rows: &[u32]) -> Result<()>;
+    /// For the architecture's own [`Architecture::step`].
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// [`ArchState`] for a state type with a public `src_lens` and a `select_rows` method.
+macro_rules! arch_state {
+    ($($state:ty),*) => {$(
+        impl ArchState for $state {
+            fn src_lens(&self) -> Vec<usize> {
+                self.src_lens.clone()
+            }
+            fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
+                <$state>::select_rows(self, rows)
+            }
+            fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+                self
+            }
+        }
+    )*};
+}
+
+arch_state!(DecodeState, RnnState);
+
+/// The state `start` made for this architecture, or an error naming the mix-up.
+fn own_state<T: 'static>(state: &mut dyn ArchState) -> Result<&mut T> {
+    state
+        .as_any_mut()
+        .downcast_mut::<T>()
+        .ok_or_else(|| candle_core::Error::Msg("a decoding state of another architecture".into()))
+}
+
+impl Architecture for Seq2Seq {
+    fn max_positions(&self) -> Option<usize> {
+        Some(Seq2Seq::max_positions(self))
+    }
+    fn loss(
+        &self,
+        [src, tgt_in, tgt_out]: [&Tensor; 3],
+        pad: u32,
+        eps: f64,
+        mode: Mode,
+    ) -> Result<Seq2SeqLoss> {
+        let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
+        Seq2Seq::loss(self, src, tgt_in, tgt_out, &masks, pad, eps, mode)
+    }
+    fn loss_direct(
+        &self,
+        [src, tgt_in, tgt_out]: [&Tensor; 3],
+        l: (u32, f64, Precision),
+        mode: Mode,
+        direct: &DirectGrads,
+    ) -> Result<Seq2SeqLoss> {
+        let masks = Seq2SeqMasks::new(src, tgt_in, l.0)?;
+        Seq2Seq::loss_direct(self, src, tgt_in, tgt_out, &masks, l, mode, direct)
+    }
+    fn start(
+        &self,
+        src: &Tensor,
+        pad: u32,
+        prepared: Option<&PreparedDecoding>,
+    ) -> Result<Box<dyn ArchState>> {
+        Ok(Box::new(match prepared {
+            Some(p) => self.start_prepared(src, pad, p)?,
+            None => StepModel::start(self, src, pad)?,
+        }))
+    }
+    fn step(
+        &self,
+        state: &mut dyn ArchState,
+        tokens: &[u32],
+        attention: bool,
+    ) -> Result<StepOutput> {
+        StepModel::step(self, own_state::<DecodeState>(state)?, tokens, attention)
+    }
+    fn attention(&self, src: &Tensor, tgt_in: &Tensor, pad: u32) -> Result<AttentionWeights> {
+        let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
+        let (memory, encoder) = self.encode_with_weights(src, Some(&masks.src), Mode::Eval)?;
+        let (_, dec) = self.decode_with_weights(
+            tgt_in,
+            &memory,
+            Some(&masks.tgt),
+            Some(&masks.memory),
+            Mode::Eval,
+        )?;
+        Ok(AttentionWeights {
+            encoder,
+            decoder: dec.iter().map(|w| w.self_attn.clone()).collect(),
+            cross: dec.iter().map(|w| w.cross_attn.clone()).collect(),
+        })
+    }
+    fn prepare_decoding(&self) -> Result<Option<PreparedDecoding>> {
+        Ok(Some(Seq2Seq::prepare_decoding(self)?))
+    }
+    fn set_decode_precision(&mut self, p: DecodePrecision) -> Result<()> {
+        Seq2Seq::set_decode_precision(self, p);
+        Ok(())
+    }
+    fn decode_precision(&self) -> DecodePrecision {
+        Seq2Seq::decode_precision(self)
+    }
+    fn set_candidate_vocab(
+        &mut self,
+        c: Option<std::sync::Arc<dyn transformer_model::restrict::CandidateVocab>>,
+    ) -> Result<()> {
+        Seq2Seq::set_candidate_vocab(self, c);
+        Ok(())
+    }
+    fn clone_box(&self) -> Box<dyn Architecture> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Architecture for RnnSeq2Seq {
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
+    fn loss(
+        &self,
+        [src, tgt_in, tgt_out]: [&Tensor; 3],
+        pad: u32,
+        eps: f64,
+        mode: Mode,
+    ) -> Result<Seq2SeqLoss> {
+        RnnSeq2Seq::loss(self, src, tgt_in, tgt_out, pad, eps, mode)
+    }
+    fn start(
+        &self,
+        src: &Tensor,
+        pad: u32,
+        _: Option<&PreparedDecoding>,
+    ) -> Result<Box<dyn ArchState>> {
+        Ok(Box::new(StepModel::start(self, src, pad)?))
+    }
+    fn step(
+        &self,
+        state: &mut dyn ArchState,
+        tokens: &[u32],
+        attention: bool,
+    ) -> Result<StepOutput> {
+        StepModel::step(self, own_state::<RnnState>(state)?, tokens, attention)
+    }
+    fn attention(&self, src: &Tensor, tgt_in: &Tensor, pad: u32) -> Result<AttentionWeights> {
+        let (_, w) = self.decode_features(src, tgt_in, pad, Mode::Eval)?;
+        Ok(AttentionWeights {
+            // (1, T, S) as one head: (1, 1, T, S).
+            cross: w.map(|w| w.unsqueeze(1)).transpose()?.into_iter().collect(),
+            ..Default::default()
+        })
+    }
+    fn describe_decoding(&self) -> String {
+        "f32 (recurrent)".into()
+    }
+    fn clone_box(&self) -> Box<dyn Architecture> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A translation model of any architecture ([`Architecture`]).
+#[derive(Debug)]
+pub struct MtModel(Box<dyn Architecture>);
+
+impl Clone for MtModel {
+    fn clone(&self) -> Self {
+        MtModel(self.0.clone_box())
+    }
+}
+
+impl From<Seq2Seq> for MtModel {
+    fn from(m: Seq2Seq) -> Self {
+        MtModel(Box::new(m))
+    }
 }
 
 impl MtModel {
     /// The longest sequence (with its `<eos>` or `<bos>`) the model takes: the Transformer's
     /// positional encoding length; `None` for the recurrent models, which have no limit.
     pub fn max_positions(&self) -> Option<usize> {
-        match self {
-            MtModel::Transformer(m) => Some(m.max_positions()),
-            MtModel::Rnn(_) => None,
-        }
+        self.0.max_positions()
     }
 
     /// Builds the model `cfg` describes.
     pub fn build(pb: &ParamBuilder, cfg: &MtModelConfig) -> transformer_model::Result<Self> {
-        Ok(match cfg {
-            MtModelConfig::Transformer(c) => MtModel::Transformer(Seq2Seq::with_config(pb, c)?),
-            MtModelConfig::Rnn(c) => MtModel::Rnn(RnnSeq2Seq::new(pb, c)?),
-        })
+        Ok(MtModel(cfg.arch().build(pb)?))
+    }
+
+    /// The Transformer, when this model is one (int8 quantization, for one, covers only it).
+    pub fn transformer(&self) -> Option<&Seq2Seq> {
+        self.0.as_any().downcast_ref()
+    }
+
+    /// The recurrent model, when this model is one.
+    pub fn recurrent(&self) -> Option<&RnnSeq2Seq> {
+        self.0.as_any().downcast_ref()
+    }
+
+    /// The attention weights of one translation, fed with teacher forcing.
+    pub fn attention(&self, src: &Tensor, tgt_in: &Tensor, pad: u32) -> Result<AttentionWeights> {
+        self.0.attention(src, tgt_in, pad)
     }
 
     /// Label-smoothed cross-entropy of `tgt_out` over its non-padding positions, and the plain
@@ -118,13 +479,7 @@ impl MtModel {
         eps: f64,
         mode: Mode,
     ) -> Result<Seq2SeqLoss> {
-        match self {
-            MtModel::Transformer(m) => {
-                let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
-                m.loss(src, tgt_in, tgt_out, &masks, pad, eps, mode)
-            }
-            MtModel::Rnn(m) => m.loss(src, tgt_in, tgt_out, pad, eps, mode),
-        }
+        self.0.loss([src, tgt_in, tgt_out], pad, eps, mode)
     }
 
     /// [`Self::loss`] for training, with the Transformer's embedding, encoder-layer and
@@ -142,84 +497,14 @@ impl MtModel {
         mode: Mode,
         direct: &DirectGrads,
     ) -> Result<Seq2SeqLoss> {
-        match self {
-            MtModel::Transformer(m) => {
-                let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
-                let l = (pad, eps, precision);
-                m.loss_direct(src, tgt_in, tgt_out, &masks, l, mode, direct)
-            }
-            MtModel::Rnn(m) => m.loss(src, tgt_in, tgt_out, pad, eps, mode),
-        }
-    }
-}
-
-/// [`MtModel`]'s decoding state.
-pub enum MtState {
-    /// The Transformer's: projected encoder memory and self-attention caches.
-    Transformer(DecodeState),
-    /// The GRU model's: encoder outputs and the decoder's hidden state.
-    Rnn(RnnState),
-}
-
-impl StepModel for MtModel {
-    type State = MtState;
-
-    fn max_output_len(&self) -> Option<usize> {
-        self.max_positions().map(|p| p.saturating_sub(1))
+        self.0
+            .loss_direct([src, tgt_in, tgt_out], (pad, eps, precision), mode, direct)
     }
 
-    fn start(&self, src: &Tensor, pad: u32) -> Result<MtState> {
-        Ok(match self {
-            MtModel::Transformer(m) => MtState::Transformer(StepModel::start(m, src, pad)?),
-            MtModel::Rnn(m) => MtState::Rnn(StepModel::start(m, src, pad)?),
-        })
-    }
-
-    fn src_lens(&self, state: &MtState) -> Vec<usize> {
-        match state {
-            MtState::Transformer(s) => s.src_lens.clone(),
-            MtState::Rnn(s) => s.src_lens.clone(),
-        }
-    }
-
-    fn step(&self, state: &mut MtState, tokens: &[u32], attention: bool) -> Result<StepOutput> {
-        match (self, state) {
-            (MtModel::Transformer(m), MtState::Transformer(s)) => {
-                StepModel::step(m, s, tokens, attention)
-            }
-            (MtModel::Rnn(m), MtState::Rnn(s)) => StepModel::step(m, s, tokens, attention),
-            _ => candle_core::bail!("a decoding state of another architecture"),
-        }
-    }
-
-    fn select_rows(&self, state: &mut MtState, rows: &[u32]) -> Result<()> {
-        match state {
-            MtState::Transformer(s) => s.select_rows(rows),
-            MtState::Rnn(s) => s.select_rows(rows),
-        }
-    }
-}
-
-/// An [`MtModel`] ready to decode many batches: a Transformer's decoding weights are made
-/// ready once here ([`Seq2Seq::prepare_decoding`]) instead of for every batch. It decodes
-/// exactly as the model does; build it again after the weights change.
-pub struct MtDecoder<'a> {
-    model: &'a MtModel,
-    prepared: Option<PreparedDecoding>,
-}
-
-impl MtModel {
     /// Decodes in `p` from now on ([`Seq2Seq::set_decode_precision`]); int8 covers the
     /// Transformer only.
     pub fn set_decode_precision(&mut self, p: DecodePrecision) -> Result<()> {
-        match self {
-            MtModel::Transformer(m) => m.set_decode_precision(p),
-            MtModel::Rnn(_) if p != DecodePrecision::F32 => candle_core::bail!(
-                "int8 decoding covers the Transformer; the recurrent models decode in f32"
-            ),
-            MtModel::Rnn(_) => {}
-        }
-        Ok(())
+        self.0.set_decode_precision(p)
     }
 
     /// Restricts decoding's output vocabulary to each batch's candidates under `c`
@@ -228,23 +513,12 @@ impl MtModel {
         &mut self,
         c: Option<std::sync::Arc<dyn transformer_model::restrict::CandidateVocab>>,
     ) -> Result<()> {
-        match self {
-            MtModel::Transformer(m) => m.set_candidate_vocab(c),
-            MtModel::Rnn(_) if c.is_some() => candle_core::bail!(
-                "a restricted output vocabulary covers the Transformer; the recurrent models \
-                 score every token"
-            ),
-            MtModel::Rnn(_) => {}
-        }
-        Ok(())
+        self.0.set_candidate_vocab(c)
     }
 
     /// The arithmetic decoding is prepared in.
     pub fn decode_precision(&self) -> DecodePrecision {
-        match self {
-            MtModel::Transformer(m) => m.decode_precision(),
-            MtModel::Rnn(_) => DecodePrecision::F32,
-        }
+        self.0.decode_precision()
     }
 
     /// What [`Self::decoder`] prepares decoding with, for logs.
@@ -254,15 +528,46 @@ impl MtModel {
 
     /// This model ready to decode many batches ([`MtDecoder`]).
     pub fn decoder(&self) -> Result<MtDecoder<'_>> {
-        let prepared = match self {
-            MtModel::Transformer(m) => Some(m.prepare_decoding()?),
-            MtModel::Rnn(_) => None,
-        };
         Ok(MtDecoder {
             model: self,
-            prepared,
+            prepared: self.0.prepare_decoding()?,
         })
     }
+}
+
+/// [`MtModel`]'s decoding state: its architecture's ([`ArchState`]).
+pub struct MtState(Box<dyn ArchState>);
+
+impl StepModel for MtModel {
+    type State = MtState;
+
+    fn max_output_len(&self) -> Option<usize> {
+        self.max_positions().map(|p| p.saturating_sub(1))
+    }
+
+    fn start(&self, src: &Tensor, pad: u32) -> Result<MtState> {
+        Ok(MtState(self.0.start(src, pad, None)?))
+    }
+
+    fn src_lens(&self, state: &MtState) -> Vec<usize> {
+        state.0.src_lens()
+    }
+
+    fn step(&self, state: &mut MtState, tokens: &[u32], attention: bool) -> Result<StepOutput> {
+        self.0.step(state.0.as_mut(), tokens, attention)
+    }
+
+    fn select_rows(&self, state: &mut MtState, rows: &[u32]) -> Result<()> {
+        state.0.select_rows(rows)
+    }
+}
+
+/// An [`MtModel`] ready to decode many batches: a Transformer's decoding weights are made
+/// ready once here ([`Seq2Seq::prepare_decoding`]) instead of for every batch. It decodes
+/// exactly as the model does; build it again after the weights change.
+pub struct MtDecoder<'a> {
+    model: &'a MtModel,
+    prepared: Option<PreparedDecoding>,
 }
 
 impl MtDecoder<'_> {
@@ -275,7 +580,7 @@ impl MtDecoder<'_> {
     pub fn describe(&self) -> String {
         match &self.prepared {
             Some(p) => p.describe(),
-            None => "f32 (recurrent)".to_string(),
+            None => self.model.0.describe_decoding(),
         }
     }
 }
@@ -288,12 +593,11 @@ impl StepModel for MtDecoder<'_> {
     }
 
     fn start(&self, src: &Tensor, pad: u32) -> Result<MtState> {
-        match (self.model, &self.prepared) {
-            (MtModel::Transformer(m), Some(p)) => {
-                Ok(MtState::Transformer(m.start_prepared(src, pad, p)?))
-            }
-            _ => self.model.start(src, pad),
-        }
+        Ok(MtState(self.model.0.start(
+            src,
+            pad,
+            self.prepared.as_ref(),
+        )?))
     }
 
     fn src_lens(&self, state: &MtState) -> Vec<usize> {

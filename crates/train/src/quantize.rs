@@ -14,7 +14,7 @@
 use crate::checkpoint;
 use crate::checkpoint::params_tensors;
 use crate::error::{Error, Result};
-use crate::mt::{self, LoadedMt, MtModel};
+use crate::mt::{self, LoadedMt};
 use crate::runner::{best_path, config_path, save_tagged};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
@@ -42,7 +42,7 @@ pub struct QuantizeSummary {
 /// with every weight matrix in int8. `out` must not exist yet or be empty.
 pub fn quantize_run(run: &Path, out: &Path) -> Result<QuantizeSummary> {
     let loaded = mt::load_run(run, &Device::Cpu)?;
-    if !matches!(loaded.model, MtModel::Transformer(_)) {
+    if loaded.model.transformer().is_none() {
         return Err(Error::Usage(format!(
             "{}: a {} run; int8 covers the Transformer (the recurrent models decode in f32)",
             run.display(),

@@ -271,7 +271,7 @@ fn recurrent_baselines_train_translate_and_resume_exactly() {
         );
         // The run directory holds what translating needs, under the model's architecture.
         let loaded = mt::load_run(&run, &candle_core::Device::Cpu).unwrap();
-        assert!(matches!(loaded.model, mt::MtModel::Rnn(_)), "{arch:?}");
+        assert!(loaded.model.recurrent().is_some(), "{arch:?}");
         // Its attention over the source, one row per output token, for pictures.
         let sentence = std::fs::read_to_string(dir.join("test.de")).unwrap();
         let sentence = sentence.lines().next().unwrap();
@@ -307,4 +307,90 @@ fn recurrent_baselines_train_translate_and_resume_exactly() {
             );
         }
     }
+}
+
+/// Records every log line.
+struct Lines(Vec<String>);
+impl Progress for Lines {
+    fn line(&mut self, l: &str) {
+        self.0.push(l.to_string());
+    }
+}
+
+/// Into Korean the best model is chosen by chrF: validation and test records carry chrF (and
+/// the test BLEU beside it), the log names it, and the best model is the epoch with the
+/// highest validation chrF; into other languages by BLEU, as before.
+#[test]
+fn korean_output_is_chosen_by_chrf() {
+    use transformer_train::metrics::{self, Metric, Weights};
+    let dir = temp_dir("chrf");
+    write_corpus(&dir);
+    let cfg = MtTrainConfig {
+        epochs: 3,
+        average_decay: 0.0,
+        src_lang: Some("de".into()),
+        tgt_lang: Some("ko".into()),
+        ..small_config(&dir)
+    };
+    let out = dir.join("ko");
+    let mut log = Lines(Vec::new());
+    mt::train(&opts(&cfg, &out, false, None), &mut log).unwrap();
+    let records = metrics::read(&out.join("metrics.jsonl")).unwrap();
+    let valid: Vec<(usize, f64)> = records
+        .iter()
+        .filter_map(|m| match m {
+            Metric::Valid {
+                epoch,
+                bleu: None,
+                chrf: Some(c),
+                weights: Weights::Sgd,
+                ..
+            } => Some((*epoch, *c)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(valid.len(), 3, "{records:?}");
+    let best = valid
+        .iter()
+        .copied()
+        .fold((0, f64::MIN), |b, v| if v.1 > b.1 { v } else { b });
+    assert!(
+        log.0.iter().any(|l| l.contains("valid chrF")),
+        "{:?}",
+        log.0
+    );
+    assert!(
+        log.0
+            .iter()
+            .any(|l| l.contains(&format!("of epoch {}", best.0)) && l.contains("test BLEU")),
+        "the best epoch by chrF is {}: {:?}",
+        best.0,
+        log.0
+    );
+    assert!(records.iter().any(|m| matches!(
+        m,
+        Metric::Test {
+            bleu: Some(_),
+            chrf: Some(_),
+            ..
+        }
+    )));
+
+    // Into English: BLEU, no chrF.
+    let en = MtTrainConfig {
+        epochs: 1,
+        tgt_lang: Some("en".into()),
+        ..cfg
+    };
+    mt::train(&opts(&en, &dir.join("en"), false, None), &mut Quiet).unwrap();
+    let records = metrics::read(&dir.join("en/metrics.jsonl")).unwrap();
+    assert!(records.iter().any(|m| matches!(
+        m,
+        Metric::Valid {
+            bleu: Some(_),
+            chrf: None,
+            ..
+        }
+    )));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -166,7 +166,8 @@ pub struct TrainArgs {
     /// as de) [default: the corpus's, de for multi30k-de-en, ko for ko-en]
     #[arg(long)]
     src_lang: Option<String>,
-    /// The target language's code (as en) [default: the corpus's]
+    /// The target language's code (as en); into Korean (ko) the best model is chosen by
+    /// validation chrF instead of BLEU [default: the corpus's]
     #[arg(long)]
     tgt_lang: Option<String>,
     /// Run directory for config, tokenizer, checkpoints, metrics and the loss plot.
@@ -664,12 +665,7 @@ pub fn run(cmd: MtCommand) -> Result<()> {
         MtCommand::Attention(args) => {
             args.picture.check()?;
             let (run, opts) = load(&args.decode, &device)?;
-            let (layers, heads) = match &run.model_config {
-                mt::MtModelConfig::Transformer(c) => {
-                    (c.transformer.num_decoder_layers, c.transformer.nhead)
-                }
-                mt::MtModelConfig::Rnn(_) => (1, 1),
-            };
+            let (layers, heads) = run.model_config.arch().attention_shape();
             args.picture.check_against(layers, heads)?;
             for t in
                 mt::over_long_lines(&run.model, &run.tokenizer, std::slice::from_ref(&args.src))

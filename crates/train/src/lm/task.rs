@@ -159,7 +159,7 @@ impl Task for LmTask {
     fn validate(&self, model: &TransformerLm, dist: &crate::dist::Dist) -> Result<Validation> {
         Ok(Validation {
             loss: evaluate_on(model, &self.data.valid, self.cfg.bptt, &self.device, dist)?,
-            bleu: None,
+            score: None,
         })
     }
 
@@ -237,6 +237,7 @@ impl Task for LmTask {
                 ppl: loss.exp(),
                 weights,
                 bleu: None,
+                chrf: None,
             })
             .collect();
         Ok((records, Some(test_loss)))

@@ -4,7 +4,6 @@ use super::*;
 use crate::error::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use transformer_decode::DecodeOptions;
-use transformer_model::Mode;
 use transformer_text::subword::{Subword, TextTokenizer};
 
 /// `(1, H, Q, K)` attention weights as `[head][query][key]`.
@@ -72,41 +71,16 @@ pub fn attention_of(
         model: arch.name().to_string(),
         ..Default::default()
     };
-    match model {
-        MtModel::Transformer(m) => {
-            let masks = transformer_model::seq2seq::Seq2SeqMasks::new(&src, &tgt_in, sp.pad)?;
-            let (memory, enc) = m.encode_with_weights(&src, Some(&masks.src), Mode::Eval)?;
-            let (_, dec) = m.decode_with_weights(
-                &tgt_in,
-                &memory,
-                Some(&masks.tgt),
-                Some(&masks.memory),
-                Mode::Eval,
-            )?;
-            set.encoder = enc.iter().map(heads_of).collect::<Result<_>>()?;
-            set.decoder = dec
-                .iter()
-                .map(|w| heads_of(&w.self_attn))
-                .collect::<Result<_>>()?;
-            set.cross = dec
-                .iter()
-                .map(|w| heads_of(&w.cross_attn))
-                .collect::<Result<_>>()?;
-        }
-        MtModel::Rnn(m) => {
-            let (_, w) = m.decode_features(&src, &tgt_in, sp.pad, Mode::Eval)?;
-            let w = w.ok_or_else(|| {
-                Error::Usage(format!(
-                    "the {} model has no attention to show: it reads the source as one \
-                     fixed-size vector (train gru-dot or gru-bahdanau for attention)",
-                    arch.name()
-                ))
-            })?;
-            set.cross = vec![vec![w
-                .squeeze(0)?
-                .to_dtype(DType::F32)?
-                .to_vec2::<f32>()?]];
-        }
+    let w = model.attention(&src, &tgt_in, sp.pad)?;
+    if w.cross.is_empty() {
+        return Err(Error::Usage(format!(
+            "the {} model has no attention to show: it reads the source as one fixed-size \
+             vector (train gru-dot or gru-bahdanau for attention)",
+            arch.name()
+        )));
     }
+    set.encoder = w.encoder.iter().map(heads_of).collect::<Result<_>>()?;
+    set.decoder = w.decoder.iter().map(heads_of).collect::<Result<_>>()?;
+    set.cross = w.cross.iter().map(heads_of).collect::<Result<_>>()?;
     Ok(set)
 }

@@ -339,10 +339,7 @@ impl MtTrainConfig {
                 self.dropout
             )));
         }
-        match self.model_config(self.vocab_size) {
-            MtModelConfig::Transformer(c) => c.validate()?,
-            MtModelConfig::Rnn(c) => c.validate().map_err(Error::Usage)?,
-        }
+        self.model_config(self.vocab_size).arch().validate()?;
         for (name, v) in [
             ("epochs", self.epochs),
             ("max_tokens", self.max_tokens),

@@ -5,7 +5,7 @@ use crate::checkpoint;
 use crate::clip::clip_coefficient;
 use crate::error::{Error, Result};
 use crate::grads::Gradients;
-use crate::metrics::{Metric, Weights};
+use crate::metrics::{Metric, Score, ScoreMetric, Weights};
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{LogWindow, Progress, RunState, Selection, StepStats, Task, Validation};
 use candle_core::{DType, Device, Tensor};
@@ -43,10 +43,27 @@ pub(super) struct MtTask {
     pub(super) test: Option<(f64, f64)>,
 }
 
+impl MtTask {
+    /// The score validation chooses the best model by: chrF where the output is Korean
+    /// (BLEU's 13a words are Korean's space-separated eojeol, each a stem with its particles,
+    /// so BLEU there measures the tokenization as much as the translation), BLEU elsewhere.
+    fn score_metric(&self) -> ScoreMetric {
+        match self.cfg.language_pair() {
+            Some((_, target)) if target == "ko" => ScoreMetric::Chrf,
+            _ => ScoreMetric::Bleu,
+        }
+    }
+}
+
 impl Task for MtTask {
     type Model = MtModel;
     const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
-    const SELECTION: Selection = Selection::HigherBleu;
+
+    /// The higher validation score: chrF for Korean output, BLEU otherwise
+    /// ([`MtTask::score_metric`]).
+    fn selection(&self) -> Selection {
+        Selection::HigherScore(self.score_metric())
+    }
 
     fn epochs(&self) -> usize {
         self.cfg.epochs
@@ -207,9 +224,15 @@ impl Task for MtTask {
             |_, _| {},
         )?;
         let hyps = dist.gather_lines(mine)?;
+        let metric = self.score_metric();
+        let refs = &self.valid.pairs.tgt;
+        let value = match metric {
+            ScoreMetric::Bleu => bleu(&hyps, refs)?,
+            ScoreMetric::Chrf => chrf(&hyps, refs)?,
+        };
         Ok(Validation {
             loss,
-            bleu: Some(bleu(&hyps, &self.valid.pairs.tgt)?),
+            score: Some(Score { metric, value }),
         })
     }
 
@@ -233,11 +256,13 @@ impl Task for MtTask {
                     w = 9usize.saturating_sub(self.cfg.average_decay.to_string().len())
                 ),
             };
+            let (label, value) = v
+                .score
+                .map_or(("BLEU", 0.0), |s| (s.metric.label(), s.value));
             lines.push(format!(
-                "{head} | valid loss {:5.3} | valid ppl {:7.2} | valid BLEU {:5.2} (greedy)",
+                "{head} | valid loss {:5.3} | valid ppl {:7.2} | valid {label} {value:5.2} (greedy)",
                 v.loss,
                 v.loss.exp(),
-                v.bleu.unwrap_or(0.0)
             ));
         }
         lines.push("-".repeat(89));
@@ -302,6 +327,17 @@ impl Task for MtTask {
             t.elapsed().as_secs_f64()
         ));
         progress.line(&format!("| {}: {:.2}", lc.options.label(), lc.score));
+        let c = match self.score_metric() {
+            ScoreMetric::Chrf => {
+                let c = chrf(&hyps, &data.pairs.tgt)?;
+                progress.line(&format!(
+                    "| test chrF {c:5.2} (sacreBLEU's chrF2; the score for Korean output, which \
+                     the best model was chosen by)"
+                ));
+                Some(c)
+            }
+            ScoreMetric::Bleu => None,
+        };
         progress.line(&"=".repeat(89));
         self.test = Some((loss, b));
         let record = Metric::Test {
@@ -310,6 +346,7 @@ impl Task for MtTask {
             ppl: loss.exp(),
             weights: state.best_weights,
             bleu: Some(b),
+            chrf: c,
         };
         Ok((vec![record], Some(loss)))
     }

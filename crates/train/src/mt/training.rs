@@ -399,27 +399,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         })?;
     }
     let vars = params.vars();
-    progress.line(&match &model_cfg {
-        MtModelConfig::Transformer(_) => format!(
-            "model: Transformer, {} parameters ({}+{} layers, d_model {}, {} heads, FFN {}, shared embeddings: {})",
-            params.num_elements(),
-            cfg.encoder_layers,
-            cfg.decoder_layers,
-            cfg.d_model,
-            cfg.nhead,
-            cfg.dim_feedforward,
-            cfg.share_embeddings
-        ),
-        MtModelConfig::Rnn(c) => format!(
-            "model: {}, {} parameters (embeddings {}, bidirectional GRU encoder {} x 2, GRU decoder {}, attention: {:?})",
-            cfg.arch.name(),
-            params.num_elements(),
-            c.emb,
-            c.hidden,
-            2 * c.hidden,
-            c.attention
-        ),
-    });
+    progress.line(&model_cfg.arch().describe(params.num_elements()));
     if let Some(line) = &precision_line {
         progress.line(line);
     }

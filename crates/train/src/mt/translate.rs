@@ -188,6 +188,17 @@ pub fn translate_lines(
     Ok(out)
 }
 
+/// sacreBLEU's default corpus chrF of `hyps` against `refs`.
+pub fn chrf(hyps: &[String], refs: &[String]) -> Result<f64> {
+    transformer_text::score::chrf::corpus_chrf(
+        hyps,
+        refs,
+        &transformer_text::score::chrf::ChrfOptions::default(),
+    )
+    .map(|s| s.score)
+    .map_err(|e| Error::Usage(e.to_string()))
+}
+
 /// sacreBLEU's default corpus BLEU of `hyps` against `refs`.
 pub fn bleu(hyps: &[String], refs: &[String]) -> Result<f64> {
     corpus_bleu(hyps, refs, &BleuOptions::default())

@@ -72,6 +72,22 @@ pub fn run<T: Task, C>(
                 None => metrics::truncate_after(&metrics_path(run), state.step)?,
             }
         }
+        // A best figure of another measure than this run selects by is not comparable: the
+        // next validation starts the record afresh.
+        let selection = task.selection();
+        let by = state.best_by.clone().unwrap_or_else(|| match selection {
+            // Before chrF selection existed, a translation run's figure was BLEU.
+            Selection::HigherScore(metrics::ScoreMetric::Chrf) => "bleu".into(),
+            s => s.key().into(),
+        });
+        if by != selection.key() && state.best.is_some() {
+            progress.line(&format!(
+                "resume: the best model so far was chosen by validation {by}, this run chooses                  by {}: the next validation sets the record afresh",
+                selection.key()
+            ));
+            state.best = None;
+            state.best_trained = None;
+        }
         let done = state.epoch - 1;
         if task.epochs() < done {
             return Err(Error::Usage(format!(
@@ -269,7 +285,8 @@ pub fn run<T: Task, C>(
                         ppl: v.loss.exp(),
                         epoch_seconds: seconds,
                         weights,
-                        bleu: v.bleu,
+                        bleu: metrics::Score::of(v.score, metrics::ScoreMetric::Bleu),
+                        chrf: metrics::Score::of(v.score, metrics::ScoreMetric::Chrf),
                     },
                 )?;
             }
@@ -277,13 +294,14 @@ pub fn run<T: Task, C>(
                 Weights::Sgd => task.params(),
                 Weights::Average => &average.as_ref().expect("validated").params,
             };
-            let figure = T::SELECTION.figure(&v);
+            let selection = task.selection();
+            let figure = selection.figure(&v);
             if let Some(file) = T::BEST_TRAINED_FILE {
                 if average.is_some()
                     && weights == Weights::Sgd
                     && state
                         .best_trained
-                        .is_none_or(|b| T::SELECTION.better(figure, b))
+                        .is_none_or(|b| selection.better(figure, b))
                 {
                     state.best_trained = Some(figure);
                     if writer {
@@ -291,8 +309,9 @@ pub fn run<T: Task, C>(
                     }
                 }
             }
-            if state.best.is_none_or(|b| T::SELECTION.better(figure, b)) {
+            if state.best.is_none_or(|b| selection.better(figure, b)) {
                 state.best = Some(figure);
+                state.best_by = Some(selection.key().into());
                 state.best_weights = weights;
                 state.best_epoch = epoch;
                 if writer {

@@ -5,7 +5,7 @@ use crate::average::WeightAverage;
 use crate::checkpoint::params_tensors;
 use crate::error::{Error, Result};
 use crate::grads::Gradients;
-use crate::metrics::{self, Metric, Weights};
+use crate::metrics::{self, Metric, Score, ScoreMetric, Weights};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -27,6 +27,10 @@ pub struct RunState {
     /// The best model's validation figure (the task's: the LM's loss, translation's BLEU).
     #[serde(alias = "best_val_loss", alias = "best_bleu")]
     pub best: Option<f64>,
+    /// What `best` measures ([`Selection::key`]); absent in states written before chrF
+    /// selection existed, when it was the loss or BLEU (the task's selection then).
+    #[serde(default)]
+    pub best_by: Option<String>,
     /// Which weights `best.safetensors` holds, and from the end of which epoch.
     #[serde(default)]
     pub best_weights: Weights,
@@ -68,6 +72,7 @@ impl RunState {
             step: 0,
             rng: (rng_seed, 0),
             best: None,
+            best_by: None,
             best_weights: Weights::Sgd,
             best_epoch: 0,
             best_trained: None,
@@ -124,17 +129,18 @@ pub struct LogWindow {
 pub struct Validation {
     /// Mean cross-entropy per target token.
     pub loss: f64,
-    /// Translation: corpus BLEU of the validation set.
-    pub bleu: Option<f64>,
+    /// The task's quality score of the validation set, if it has one (translation: BLEU,
+    /// or chrF into Korean).
+    pub score: Option<Score>,
 }
 
-/// What best-model selection compares.
+/// What best-model selection compares, as the task names it ([`Task::selection`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Selection {
     /// The lower validation loss (the language model, the copy task).
     LowerLoss,
-    /// The higher validation BLEU (translation).
-    HigherBleu,
+    /// The higher validation score of this metric (translation).
+    HigherScore(ScoreMetric),
 }
 
 impl Selection {
@@ -142,7 +148,7 @@ impl Selection {
     pub fn figure(self, v: &Validation) -> f64 {
         match self {
             Selection::LowerLoss => v.loss,
-            Selection::HigherBleu => v.bleu.unwrap_or(f64::NEG_INFINITY),
+            Selection::HigherScore(m) => Score::of(v.score, m).unwrap_or(f64::NEG_INFINITY),
         }
     }
 
@@ -150,7 +156,15 @@ impl Selection {
     pub fn better(self, new: f64, best: f64) -> bool {
         match self {
             Selection::LowerLoss => new < best,
-            Selection::HigherBleu => new > best,
+            Selection::HigherScore(_) => new > best,
+        }
+    }
+
+    /// The figure's name in the run state (`loss`, `bleu`, `chrf`).
+    pub fn key(self) -> &'static str {
+        match self {
+            Selection::LowerLoss => "loss",
+            Selection::HigherScore(m) => m.key(),
         }
     }
 }
@@ -225,8 +239,10 @@ pub trait Task {
     /// Validation loss (and score) of a model; with several processes each computes its
     /// share (`dist`) and every one returns the gathered figures.
     fn validate(&self, model: &Self::Model, dist: &crate::dist::Dist) -> Result<Validation>;
-    /// How the best model is chosen from validations.
-    const SELECTION: Selection = Selection::LowerLoss;
+    /// How the best model is chosen from validations (by default, the lower loss).
+    fn selection(&self) -> Selection {
+        Selection::LowerLoss
+    }
     /// The end-of-epoch log lines.
     fn epoch_lines(
         &self,

@@ -12,7 +12,7 @@ use transformer_decode::Sampling;
 use transformer_model::Precision;
 use transformer_model::Rng;
 use transformer_text::basic_english;
-use transformer_train::lm::{self, LmTrainConfig, Progress, TrainOptions};
+use transformer_train::lm::{self, LmTrainConfig, Progress};
 use transformer_train::runner::Given;
 use transformer_train::viz;
 
@@ -478,66 +478,43 @@ pub fn run(cmd: LmCommand) -> Result<()> {
     };
     match cmd {
         LmCommand::Train(args) => {
-            let procs = crate::dist::Processes::start()?;
-            let dist = procs.dist.clone();
-            let r = (|| -> Result<()> {
-                let (config, given) = args.resolve()?;
-                anyhow::ensure!(
-                args.max_steps != Some(0),
-                "--max-steps must be at least 1 (it stops this invocation after that many steps)"
-            );
-                let interrupt = interrupt_flag();
-                let ranks = dist.clone();
-                let opts = TrainOptions {
-                    config,
-                    out: args.out.clone(),
-                    resume: args.resume,
-                    stop_after_steps: args.max_steps,
-                    crash_after_steps: None,
-                    dist,
-                    interrupt: Some(interrupt.clone()),
-                    device,
-                    given,
-                };
-                let prints = opts.dist.writes();
-                let mut console = Console::new("batches");
-                let mut quiet = Quiet;
-                let progress: &mut dyn transformer_train::runner::Progress =
-                    if prints { &mut console } else { &mut quiet };
-                let summary = lm::train(&opts, progress);
-                console.finish();
-                // The library says what the data folder must hold; the flag that sets it is ours.
-                let summary = summary.map_err(|e| {
-                    let data_error = matches!(
-                        &e,
-                        transformer_train::Error::Text(
-                            transformer_text::Error::MissingDataDir { .. }
-                                | transformer_text::Error::MissingSplit { .. }
-                        )
-                    );
-                    let e = anyhow::Error::from(e);
-                    if data_error {
-                        e.context("the data folder is wrong: pass --data DIR")
-                    } else {
-                        e
-                    }
-                })?;
-                if !prints {
-                    exit_if_interrupted(&interrupt, &ranks);
-                    return Ok(());
-                }
-                if summary.test_loss.is_none() {
-                    println!(
-                    "stopped after {} steps; continue with: transformer lm train --out {} --resume",
-                    summary.step_losses.len(),
-                    args.out.display()
-                );
-                }
-                println!("run directory: {}", args.out.display());
-                exit_if_interrupted(&interrupt, &ranks);
-                Ok(())
-            })();
-            procs.finish(r)?;
+            let cmd = crate::training::TrainCommand {
+                name: "lm",
+                out: &args.out,
+                resume: args.resume,
+                max_steps: args.max_steps,
+                show_run_dir: true,
+            };
+            crate::training::run(
+                cmd,
+                device,
+                || args.resolve(),
+                |opts, progress| {
+                    // The library says what the data folder must hold; the flag that sets it is
+                    // ours.
+                    let summary = lm::train(opts, progress).map_err(|e| {
+                        let data_error = matches!(
+                            &e,
+                            transformer_train::Error::Text(
+                                transformer_text::Error::MissingDataDir { .. }
+                                    | transformer_text::Error::MissingSplit { .. }
+                            )
+                        );
+                        let e = anyhow::Error::from(e);
+                        if data_error {
+                            e.context("the data folder is wrong: pass --data DIR")
+                        } else {
+                            e
+                        }
+                    })?;
+                    Ok(crate::training::Trained {
+                        stopped_after: summary
+                            .test_loss
+                            .is_none()
+                            .then_some(summary.step_losses.len()),
+                    })
+                },
+            )?;
         }
         LmCommand::Eval(args) => {
             anyhow::ensure!(

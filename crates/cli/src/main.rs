@@ -25,6 +25,7 @@ mod dist;
 mod lm;
 mod mt;
 mod serve;
+mod training;
 
 #[derive(Parser)]
 #[command(

@@ -11,8 +11,7 @@ use crate::loss::cross_entropy;
 use crate::metrics::{Metric, Weights};
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
-    self, open_run_dir, save_tagged, LogWindow, Progress, RunOptions, RunState, Saved, StepStats,
-    Task, Validation,
+    self, save_tagged, LogWindow, Progress, RunOptions, RunState, StepStats, Task, Validation,
 };
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
@@ -294,21 +293,10 @@ pub fn train(
     opts: &RunOptions<CopyTaskConfig>,
     progress: &mut dyn Progress,
 ) -> Result<CopySummary> {
-    let run = &opts.out;
     let dev = &opts.device;
-    let (resuming, _lock) = open_run_dir(run, opts.resume)?;
-    let (cfg, saved) = if resuming {
-        let saved = Saved::load(run, CHECKPOINT_FORMAT, dev)?;
-        let cfg: CopyTaskConfig = toml::from_str(saved.config_text(run)?).map_err(|e| {
-            crate::error::Error::Checkpoint {
-                path: crate::runner::checkpoint_path(run),
-                msg: e.to_string(),
-            }
-        })?;
-        (cfg, Some(saved))
-    } else {
-        (opts.config.clone(), None)
-    };
+    let opened = crate::runner::open_run(opts, CHECKPOINT_FORMAT, progress)?;
+    let _lock = opened.lock;
+    let (cfg, saved) = (opened.config, opened.saved);
     let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
     let model = Seq2Seq::new(&pb, &cfg.model, cfg.vocab, cfg.vocab)?;
     let params = pb.params();
@@ -384,4 +372,20 @@ pub fn copy_accuracy(model: &Seq2Seq, src: &Tensor) -> candle_core::Result<f64> 
         .filter(|(r, d)| r[1..] == d[..])
         .count();
     Ok(exact as f64 / b as f64)
+}
+
+impl crate::runner::RunConfig for CopyTaskConfig {
+    /// A resumed copy task continues as it was configured.
+    const MAY_CHANGE_ON_RESUME: &'static [&'static str] = &[];
+    fn make_paths_absolute(&mut self) {}
+    fn recorded_paths(&self) -> Vec<(&'static str, &Option<std::path::PathBuf>)> {
+        Vec::new()
+    }
+    fn accumulate(&self) -> usize {
+        1
+    }
+    fn without_averaging(&mut self) {}
+    fn to_toml(&self) -> String {
+        toml::to_string(self).expect("the copy task's configuration serializes")
+    }
 }

@@ -1,15 +1,13 @@
 //! `transformer mt ...`: translation with an encoder-decoder Transformer.
 
-use crate::lm::{exit_if_interrupted, interrupt_flag, Console};
+use crate::lm::Console;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
-use transformer_train::mt::{
-    self, Arch, Corpus, MtPreset, MtTrainConfig, MtTrainOptions, TokenizerKind,
-};
+use transformer_train::mt::{self, Arch, Corpus, MtPreset, MtTrainConfig, TokenizerKind};
 use transformer_train::runner::{Given, Progress};
 use transformer_train::viz;
 
@@ -682,45 +680,24 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             pic.write(map.as_ref(), &set)?;
         }
         MtCommand::Train(args) => {
-            let procs = crate::dist::Processes::start()?;
-            let dist = procs.dist.clone();
-            let r = (|| -> Result<()> {
-                let (config, given) = args.resolve()?;
-                anyhow::ensure!(
-                    args.max_steps != Some(0),
-                    "--max-steps must be at least 1 (it stops this invocation after that many steps)"
-                );
-                let interrupt = interrupt_flag();
-                let prints = dist.writes();
-                let ranks = dist.clone();
-                let opts = MtTrainOptions {
-                    config,
-                    out: args.out.clone(),
-                    resume: args.resume,
-                    stop_after_steps: args.max_steps,
-                    crash_after_steps: None,
-                    dist,
-                    interrupt: Some(interrupt.clone()),
-                    device,
-                    given,
-                };
-                let mut console = Console::new("batches");
-                let mut quiet = crate::lm::Quiet;
-                let progress: &mut dyn transformer_train::runner::Progress =
-                    if prints { &mut console } else { &mut quiet };
-                let summary = mt::train(&opts, progress)?;
-                console.finish();
-                if prints && !summary.state.finished {
-                    println!(
-                        "stopped after {} steps; continue with: transformer mt train --out {} --resume",
-                        summary.state.step,
-                        args.out.display()
-                    );
-                }
-                exit_if_interrupted(&interrupt, &ranks);
-                Ok(())
-            })();
-            procs.finish(r)?;
+            let cmd = crate::training::TrainCommand {
+                name: "mt",
+                out: &args.out,
+                resume: args.resume,
+                max_steps: args.max_steps,
+                show_run_dir: false,
+            };
+            crate::training::run(
+                cmd,
+                device,
+                || args.resolve(),
+                |opts, progress| {
+                    let summary = mt::train(opts, progress)?;
+                    Ok(crate::training::Trained {
+                        stopped_after: (!summary.state.finished).then_some(summary.state.step),
+                    })
+                },
+            )?;
         }
         MtCommand::Translate(args) => translate_stream(&args, &device)?,
         MtCommand::Quantize(args) => {

@@ -218,3 +218,22 @@ impl LmTrainConfig {
         self.lr * self.gamma.powi(epoch as i32 - 1)
     }
 }
+
+impl crate::runner::RunConfig for LmTrainConfig {
+    const MAY_CHANGE_ON_RESUME: &'static [&'static str] = MAY_CHANGE_ON_RESUME;
+    fn make_paths_absolute(&mut self) {
+        self.data = self.data.as_deref().map(crate::runner::absolute);
+    }
+    fn recorded_paths(&self) -> Vec<(&'static str, &Option<std::path::PathBuf>)> {
+        vec![("data", &self.data)]
+    }
+    fn accumulate(&self) -> usize {
+        self.accumulate
+    }
+    fn without_averaging(&mut self) {
+        self.average_decay = 0.0;
+    }
+    fn to_toml(&self) -> String {
+        LmTrainConfig::to_toml(self)
+    }
+}

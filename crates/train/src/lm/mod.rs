@@ -28,7 +28,7 @@
 
 use crate::checkpoint;
 use crate::error::{Error, Result};
-use crate::runner::{self, open_run_dir, predates_averaging, Saved};
+use crate::runner;
 use candle_core::{DType, Device};
 use serde::Serialize;
 use std::path::Path;
@@ -58,42 +58,13 @@ pub const WEIGHTS_FORMAT: &str = "transformer-lm-weights/1";
 pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary> {
     let run = &opts.out;
     let dev = &opts.device;
-    // Rank 0 alone creates, locks and writes the run directory; the other ranks read it.
     let writer = opts.dist.writes();
-    let (resuming, _lock) = if writer {
-        let (r, lock) = open_run_dir(run, opts.resume)?;
-        (r, Some(lock))
-    } else {
-        (opts.resume, None)
-    };
-    let mut asked = opts.config.clone();
-    asked.data = asked.data.as_deref().map(runner::absolute);
-
-    // Configuration, vocabulary and checkpoint: fresh or from the checkpoint.
-    let (cfg, vocab, saved) = if resuming {
-        let saved = Saved::load(run, CHECKPOINT_FORMAT, dev)?;
-        let text = saved.config_text(run)?;
-        let mut cfg: LmTrainConfig = toml::from_str(text).map_err(|e| Error::Checkpoint {
-            path: checkpoint_path(run),
-            msg: e.to_string(),
-        })?;
-        // A run from before weight averaging existed continues as it was configured: without.
-        if predates_averaging(text) {
-            cfg.average_decay = 0.0;
-        }
-        let (cfg, notes) =
-            runner::resume_config(run, &cfg, &asked, &opts.given, MAY_CHANGE_ON_RESUME)?;
-        for n in &notes {
-            progress.line(n);
-        }
-        runner::check_global_batch(run, &saved.state, cfg.accumulate, &opts.dist)?;
-        runner::check_recorded_paths(run, &[("data", &cfg.data)], &opts.given)?;
-        if writer && !notes.is_empty() {
-            checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
-        }
-        (cfg, Some(Vocab::load(&vocab_path(run))?), Some(saved))
-    } else {
-        (asked, None, None)
+    let opened = runner::open_run(opts, CHECKPOINT_FORMAT, progress)?;
+    let (resuming, _lock) = (opened.resuming, opened.lock);
+    let (cfg, saved) = (opened.config, opened.saved);
+    let vocab = match resuming {
+        true => Some(Vocab::load(&vocab_path(run))?),
+        false => None,
     };
     cfg.validate()?;
     let data_dir = cfg.data.clone().or_else(default_data_dir).ok_or_else(|| {

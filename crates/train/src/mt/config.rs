@@ -527,3 +527,30 @@ impl MtTrainConfig {
         toml::to_string(self).expect("config serializes")
     }
 }
+
+impl crate::runner::RunConfig for MtTrainConfig {
+    const MAY_CHANGE_ON_RESUME: &'static [&'static str] = MAY_CHANGE_ON_RESUME;
+    fn make_paths_absolute(&mut self) {
+        MtTrainConfig::make_paths_absolute(self);
+    }
+    fn recorded_paths(&self) -> Vec<(&'static str, &Option<std::path::PathBuf>)> {
+        vec![
+            ("train_src", &self.train_src),
+            ("train_tgt", &self.train_tgt),
+            ("valid_src", &self.valid_src),
+            ("valid_tgt", &self.valid_tgt),
+            ("test_src", &self.test_src),
+            ("test_tgt", &self.test_tgt),
+            ("data", &self.data),
+        ]
+    }
+    fn accumulate(&self) -> usize {
+        self.accumulate
+    }
+    fn without_averaging(&mut self) {
+        self.average_decay = 0.0;
+    }
+    fn to_toml(&self) -> String {
+        MtTrainConfig::to_toml(self)
+    }
+}

@@ -5,7 +5,7 @@ use crate::checkpoint;
 use crate::checkpoint::params_tensors;
 use crate::error::{Error, Result};
 use crate::optim::{Adam, NoamSchedule};
-use crate::runner::{self, open_run_dir, predates_averaging, Progress, Saved};
+use crate::runner::{self, Progress};
 use candle_core::{DType, Tensor};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -147,55 +147,10 @@ fn per_source_counts(sizes: &[SourceCount], keep: &[usize]) -> String {
 pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSummary> {
     let run = &opts.out;
     let dev = &opts.device;
-    // Rank 0 alone creates, locks and writes the run directory; the other ranks read it.
     let writer = opts.dist.writes();
-    let (resuming, _lock) = if writer {
-        let (r, lock) = open_run_dir(run, opts.resume)?;
-        (r, Some(lock))
-    } else {
-        (opts.resume, None)
-    };
-    let mut asked = opts.config.clone();
-    asked.make_paths_absolute();
-
-    // Configuration, tokenizer and checkpoint: fresh or from the checkpoint.
-    let (mut cfg, saved) = if resuming {
-        let saved = Saved::load(run, CHECKPOINT_FORMAT, dev)?;
-        let text = saved.config_text(run)?;
-        let mut cfg: MtTrainConfig = toml::from_str(text).map_err(|e| Error::Checkpoint {
-            path: checkpoint_path(run),
-            msg: e.to_string(),
-        })?;
-        // A run from before weight averaging existed continues as it was configured: without.
-        if predates_averaging(text) {
-            cfg.average_decay = 0.0;
-        }
-        let (cfg, notes) =
-            runner::resume_config(run, &cfg, &asked, &opts.given, MAY_CHANGE_ON_RESUME)?;
-        for n in &notes {
-            progress.line(n);
-        }
-        runner::check_global_batch(run, &saved.state, cfg.accumulate, &opts.dist)?;
-        runner::check_recorded_paths(
-            run,
-            &[
-                ("train_src", &cfg.train_src),
-                ("train_tgt", &cfg.train_tgt),
-                ("valid_src", &cfg.valid_src),
-                ("valid_tgt", &cfg.valid_tgt),
-                ("test_src", &cfg.test_src),
-                ("test_tgt", &cfg.test_tgt),
-                ("data", &cfg.data),
-            ],
-            &opts.given,
-        )?;
-        if writer && !notes.is_empty() {
-            checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
-        }
-        (cfg, Some(saved))
-    } else {
-        (asked, None)
-    };
+    let opened = runner::open_run(opts, CHECKPOINT_FORMAT, progress)?;
+    let (resuming, _lock) = (opened.resuming, opened.lock);
+    let (mut cfg, saved) = (opened.config, opened.saved);
     // Fine-tuning: the run the weights and the tokenizer come from (a fresh run only; a
     // resumed one continues from its own checkpoint and its own copy of the tokenizer).
     let init = match (cfg.init_from.clone(), resuming) {

@@ -215,3 +215,89 @@ pub fn state_meta<S: serde::Serialize>(
         ("config", config_toml),
     ]
 }
+
+/// What the runner reads of a task's configuration to open a run ([`open_run`]).
+pub trait RunConfig: Clone + Serialize + serde::de::DeserializeOwned {
+    /// The settings a resumed run may take from the new invocation (the rest must match the
+    /// run's own, [`resume_config`]).
+    const MAY_CHANGE_ON_RESUME: &'static [&'static str];
+    /// Makes the input paths absolute: the run records them, and a resume may start in
+    /// another directory.
+    fn make_paths_absolute(&mut self);
+    /// The recorded input paths, by configuration key, checked on resume
+    /// ([`check_recorded_paths`]).
+    fn recorded_paths(&self) -> Vec<(&'static str, &Option<PathBuf>)>;
+    /// Batches whose gradients one process sums before each optimizer step.
+    fn accumulate(&self) -> usize;
+    /// Turns weight averaging off (a run written before averaging existed resumes without).
+    fn without_averaging(&mut self);
+    /// The configuration as the run directory's `config.toml` keeps it.
+    fn to_toml(&self) -> String;
+}
+
+/// A run directory opened for training by [`open_run`].
+pub struct OpenedRun<C> {
+    /// Whether the run continues from its checkpoint.
+    pub resuming: bool,
+    /// The configuration it trains with: the asked one for a fresh run; for a resumed run its
+    /// own, with the settings that may change taken from the invocation.
+    pub config: C,
+    /// The checkpoint a resumed run continues from.
+    pub saved: Option<Saved>,
+    /// The run directory's lock, held by the writing process while the run trains.
+    pub lock: Option<RunLock>,
+}
+
+/// Opens `opts.out` for training: rank 0 creates and locks it (the other ranks read it); on
+/// resume, loads the checkpoint (tagged `format`), takes its configuration, applies what may
+/// change from this invocation (each change a log line), checks the global batch and the
+/// recorded input paths, and rewrites `config.toml` when something changed. What every task's
+/// training starts with.
+pub fn open_run<C: RunConfig>(
+    opts: &RunOptions<C>,
+    format: &str,
+    progress: &mut dyn Progress,
+) -> Result<OpenedRun<C>> {
+    let run = &opts.out;
+    let writer = opts.dist.writes();
+    let (resuming, lock) = if writer {
+        let (r, lock) = open_run_dir(run, opts.resume)?;
+        (r, Some(lock))
+    } else {
+        (opts.resume, None)
+    };
+    let mut asked = opts.config.clone();
+    asked.make_paths_absolute();
+    if !resuming {
+        return Ok(OpenedRun {
+            resuming,
+            config: asked,
+            saved: None,
+            lock,
+        });
+    }
+    let saved = Saved::load(run, format, &opts.device)?;
+    let text = saved.config_text(run)?;
+    let mut own: C = toml::from_str(text).map_err(|e| Error::Checkpoint {
+        path: checkpoint_path(run),
+        msg: e.to_string(),
+    })?;
+    if predates_averaging(text) {
+        own.without_averaging();
+    }
+    let (config, notes) = resume_config(run, &own, &asked, &opts.given, C::MAY_CHANGE_ON_RESUME)?;
+    for n in &notes {
+        progress.line(n);
+    }
+    check_global_batch(run, &saved.state, config.accumulate(), &opts.dist)?;
+    check_recorded_paths(run, &config.recorded_paths(), &opts.given)?;
+    if writer && !notes.is_empty() {
+        crate::checkpoint::write_atomic(&config_path(run), config.to_toml().as_bytes())?;
+    }
+    Ok(OpenedRun {
+        resuming,
+        config,
+        saved: Some(saved),
+        lock,
+    })
+}

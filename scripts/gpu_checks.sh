@@ -29,7 +29,9 @@
 #   DEVICE   cuda (cuda:N for another GPU; cpu to try the script itself on a machine without
 #            one: every step then runs on the CPU)
 #
-# Writes $OUT/summary.txt last: one line per measurement, the ratios
+# Writes $OUT/summary.txt last, and $OUT.tgz: everything under $OUT but the full run's weights and
+# the decoded ids (a few hundred kB, to bring back from a machine that keeps nothing). The
+# summary has one line per measurement, the ratios
 #   cuda_mt_train_vs_pytorch=X, cuda_mt_train_bf16_vs_pytorch_bf16=X (default model),
 #   cuda_mt_train_base_vs_pytorch=X, cuda_mt_train_base_bf16_vs_pytorch_bf16=X (base model),
 #   cuda_lm_train_vs_pytorch=X, cuda_beam_vs_pytorch=X (PyTorch's time / ours: >1 we are faster)
@@ -274,4 +276,6 @@ if do and dt:
     if dt.get("seconds"):
         print(f"cuda_beam_vs_pytorch={dt['seconds'] / do['seconds']:.2f}")
 EOF
-say "done; summary in $SUMMARY"
+tar czf "$OUT.tgz" --exclude="$(basename "$OUT")/run" --exclude="$(basename "$OUT")/dump" \
+    --exclude="$(basename "$OUT")/dump_cpu" -C "$(dirname "$OUT")" "$(basename "$OUT")"
+say "done; summary in $SUMMARY, everything in $OUT.tgz"

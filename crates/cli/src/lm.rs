@@ -125,7 +125,8 @@ pub struct TrainArgs {
     /// Output-layer products in training: f32 (the tutorial's) or bf16 (mixed precision on
     /// the CPU's AMX units or AVX512-BF16: a step about 1.5-1.7x faster where they pay). A
     /// fresh run times the output layer both ways first and trains in bf16 only if it was
-    /// faster on this CPU (the log says what it measured; config.toml keeps the choice).
+    /// faster on this CPU (the log says what it measured; config.toml keeps the choice). On
+    /// a GPU (--device cuda), autocast: every product in bf16, f32 master weights, as asked.
     /// Validation and test are always f32 [default: f32]
     #[arg(long)]
     precision: Option<Precision>,

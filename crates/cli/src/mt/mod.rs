@@ -273,13 +273,16 @@ pub struct TrainArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Decay per step of a moving average of the weights, validated beside the trained
-    /// weights every epoch (the better by BLEU is kept); 0 turns it off [default: 0.999]
+    /// weights every epoch (the better by BLEU, chrF into Korean, is kept); 0 turns it off
+    /// [default: 0.999]
     #[arg(long, allow_negative_numbers = true)]
     average_decay: Option<f64>,
-    /// The output layer's products in training: f32, or bf16 (mixed precision on the AMX
-    /// units or AVX512-BF16). A fresh run times the output layer both ways first and trains
-    /// in bf16 only if it was faster on this CPU (the log says what it measured; config.toml
-    /// keeps the choice) [default: f32]
+    /// The products in training: f32, or bf16 mixed precision. On the CPU, the output
+    /// layer's and the layers' products on the AMX units or AVX512-BF16: a fresh run times
+    /// the output layer both ways first and trains in bf16 only if it was faster on this CPU
+    /// (the log says what it measured; config.toml keeps the choice). On a GPU (--device
+    /// cuda), autocast: every product in bf16 on the tensor cores, f32 master weights, as
+    /// asked [default: f32]
     #[arg(long)]
     precision: Option<transformer_model::Precision>,
     /// With --precision bf16: train in bf16 without first timing it against f32 on this CPU

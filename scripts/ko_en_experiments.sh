@@ -2,21 +2,27 @@
 # The Korean-English experiments of docs/MT.md, every run resumable: run this script
 # again after an interruption (or to continue a stage split across sittings) and each run
 # continues from its last checkpoint; a finished run (its test.hyp written) is skipped.
+# The stages run in the order STAGES names them:
 #
-#   1. tokenizer choice, chosen by validation chrF (news-v1 dev) of English -> Korean runs
-#      of TOK_EPOCHS epochs on ko-en-all: bpe, bpe-bytes, unigram, unigram-bytes;
-#   2. the Transformer (default size) Korean -> English and English -> Korean on ko-en-all
-#      with the chosen tokenizer, EPOCHS epochs;
-#   3. gru-bahdanau Korean -> English on the same data and tokenizer;
-#   4. fine-tuning: the Korean -> English run continued on Tatoeba's training sentences
-#      (scripts/split_ko_en_tatoeba.py; the held-out Tatoeba sentences stay unseen);
-#   5. every run scored on every held-out set (`mt eval --test-set all --json`), one JSON
-#      line per (run, set) in $RUNS/scores.jsonl, translations in $RUNS/<run>/hyps/.
+#   tokenizer  the tokenizer choice, by validation chrF (news-v1 dev) of English -> Korean
+#              runs of TOK_EPOCHS epochs on ko-en-all: bpe, bpe-bytes, unigram, unigram-bytes;
+#   ko-en      the Transformer (default size), Korean -> English on ko-en-all with the
+#              chosen tokenizer, EPOCHS epochs;
+#   en-ko      the same, English -> Korean;
+#   gru        gru-bahdanau Korean -> English on the same data and tokenizer;
+#   finetune   the Korean -> English run continued on Tatoeba's training sentences
+#              (scripts/split_ko_en_tatoeba.py; the held-out Tatoeba sentences stay unseen);
+#   scores     every finished run scored on every held-out set (`mt eval --test-set all
+#              --json`), one JSON line per (run, set) in $RUNS/scores.jsonl, translations in
+#              $RUNS/<run>/hyps/; a run scored before is not scored again.
 #
-# Environment: BIN (target/release/transformer), RUNS (runs/ko-en), DATA (../shared/data), EPOCHS (12), TOK_EPOCHS (2),
-# TOKENIZER (the stage-1 winner; set it to skip stage 1), FT_EPOCHS (5), STAGES (1 2 3 4 5),
-# EXTRA (flags added to every fresh run, e.g. "--max-batches 20 --max-valid 50" for a quick
-# check of the whole script).
+# EPOCHS is read when a run starts; a resumed run keeps the epochs it was started with.
+#
+# Environment: BIN (target/release/transformer), RUNS (runs/ko-en), DATA (../shared/data),
+# EPOCHS (12), TOK_EPOCHS (2), TOKENIZER (the tokenizer stage's winner; set it to skip that
+# stage), FT_EPOCHS (5), STAGES ("tokenizer ko-en en-ko gru finetune scores"), EXTRA (flags
+# added to every fresh run, e.g. "--max-batches 20 --max-valid 50" for a quick check of the
+# whole script).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,12 +32,11 @@ DATA="${DATA:-../shared/data}"
 EPOCHS="${EPOCHS:-12}"
 TOK_EPOCHS="${TOK_EPOCHS:-2}"
 FT_EPOCHS="${FT_EPOCHS:-5}"
-STAGES="${STAGES:-1 2 3 4 5}"
+STAGES="${STAGES:-tokenizer ko-en en-ko gru finetune scores}"
 BIN="${BIN:-$ROOT/target/release/transformer}"
 mkdir -p "$RUNS"
 
 say() { echo "[ko-en] $*" >&2; }
-stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 [ -x "$BIN" ] || cargo build --release -p transformer-cli
 
@@ -58,7 +63,8 @@ valid_chrf() {
         python3 -c "import json,sys; print(round(json.loads(sys.stdin.readline())['chrf'], 2))"
 }
 
-if stage 1 && [ -z "${TOKENIZER:-}" ]; then
+stage_tokenizer() {
+    [ -z "${TOKENIZER:-}" ] || return 0
     # The choice is made on validation; each run's closing test is cut to the news test's
     # first 200 pairs (a short model's beam search runs to its length limit on news).
     head -n 200 "$DATA/ko-en/news-v1/korean-english-park.test.ko" >"$RUNS/news-test-200.ko"
@@ -80,36 +86,46 @@ if stage 1 && [ -z "${TOKENIZER:-}" ]; then
     done
     echo "$best" >"$RUNS/tokenizer.txt"
     say "chosen tokenizer: $best (validation chrF $best_score)"
-fi
-TOKENIZER="${TOKENIZER:-$(cat "$RUNS/tokenizer.txt" 2>/dev/null || echo bpe)}"
+}
+tokenizer() { echo "${TOKENIZER:-$(cat "$RUNS/tokenizer.txt" 2>/dev/null || echo bpe)}"; }
 
-if stage 2; then
-    train "$RUNS/ko-en" --corpus ko-en-all --data "$DATA" --tokenizer "$TOKENIZER" \
+stage_ko-en() {
+    train "$RUNS/ko-en" --corpus ko-en-all --data "$DATA" --tokenizer "$(tokenizer)" \
         --epochs "$EPOCHS"
-    train "$RUNS/en-ko" --corpus ko-en-all --reverse --data "$DATA" --tokenizer "$TOKENIZER" \
+}
+stage_en-ko() {
+    train "$RUNS/en-ko" --corpus ko-en-all --reverse --data "$DATA" --tokenizer "$(tokenizer)" \
         --epochs "$EPOCHS"
-fi
-if stage 3; then
-    train "$RUNS/ko-en-gru" --corpus ko-en-all --data "$DATA" --tokenizer "$TOKENIZER" \
+}
+stage_gru() {
+    train "$RUNS/ko-en-gru" --corpus ko-en-all --data "$DATA" --tokenizer "$(tokenizer)" \
         --arch gru-bahdanau --epochs "$EPOCHS"
-fi
-if stage 4; then
+}
+stage_finetune() {
     split="$RUNS/tatoeba-split"
     [ -f "$split/train.ko" ] || python3 scripts/split_ko_en_tatoeba.py "$DATA/ko-en" "$split" >&2
     train "$RUNS/ko-en-ft-tatoeba" --init-from "$RUNS/ko-en" \
         --train-src "$split/train.ko" --train-tgt "$split/train.en" \
         --valid-src "$split/valid.ko" --valid-tgt "$split/valid.en" \
         --test-src "$split/test.ko" --test-tgt "$split/test.en" --epochs "$FT_EPOCHS"
-fi
-if stage 5; then
-    : >"$RUNS/scores.jsonl"
+}
+stage_scores() {
+    local run
     for run in ko-en en-ko ko-en-gru ko-en-ft-tatoeba; do
         [ -f "$RUNS/$run/test.hyp" ] || { say "not finished, not scored: $run"; continue; }
+        [ -s "$RUNS/$run/scores.jsonl" ] && continue
         "$BIN" mt eval --run "$RUNS/$run" --corpus ko-en-all --data "$DATA" --test-set all \
             --json --hyp-out "$RUNS/$run/hyps" |
             python3 -c "import json,sys
 for l in sys.stdin:
-    v = json.loads(l); v['run'] = '$run'; print(json.dumps(v))" >>"$RUNS/scores.jsonl"
+    v = json.loads(l); v['run'] = '$run'; print(json.dumps(v))" >"$RUNS/$run/scores.jsonl.part"
+        mv "$RUNS/$run/scores.jsonl.part" "$RUNS/$run/scores.jsonl"
     done
+    cat "$RUNS"/*/scores.jsonl >"$RUNS/scores.jsonl" 2>/dev/null || true
     say "scores: $RUNS/scores.jsonl"
-fi
+}
+
+for s in $STAGES; do
+    declare -F "stage_$s" >/dev/null || { say "no stage named $s (stages: tokenizer ko-en en-ko gru finetune scores)"; exit 2; }
+    "stage_$s"
+done

@@ -6,6 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use clap::{Args, Subcommand};
 use std::time::Instant;
 use transformer_decode::{generate_lm, Sampling};
+use transformer_model::Backprop;
 use transformer_model::{bf16, Precision};
 use transformer_model::{LmConfig, ParamBuilder, Rng, TransformerLm};
 use transformer_train::lm::LmStep;
@@ -334,7 +335,13 @@ fn lm(a: LmBenchArgs) -> Result<()> {
     let (eval_input, eval_target) = random_window(&data_rng, a.eval_batch, a.bptt, a.vocab, &dev)?;
     // As transformer_train::lm::evaluate takes it (PyTorch's side runs under no_grad).
     let eval = time(a.warmup, a.repeats, || {
-        let loss = model.loss_no_grad(&eval_input, &eval_target)?;
+        let loss = model.loss(
+            &eval_input,
+            &eval_target,
+            transformer_model::Mode::Eval,
+            Backprop::Off,
+            Precision::F32,
+        )?;
         loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         Ok(())
     })?;
@@ -610,15 +617,11 @@ fn mt_phases(
     for _ in 0..a.repeats {
         dev.synchronize()?;
         let t = Instant::now();
-        let l = model.loss_direct(
-            src,
-            tgt_in,
-            tgt_out,
-            0,
-            cfg.label_smoothing,
-            Precision::F32,
+        let l = model.loss(
+            [src, tgt_in, tgt_out],
+            (0, cfg.label_smoothing),
             Mode::Train(rng),
-            direct,
+            transformer_model::Backprop::Direct(direct, Precision::F32),
         )?;
         dev.synchronize()?;
         let t1 = Instant::now();

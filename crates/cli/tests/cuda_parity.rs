@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use transformer_model::seq2seq::Seq2SeqConfig;
 use transformer_model::{
-    Activation, DirectGrads, FeedForward, LayerNorm, Mask, Mode, MultiHeadAttention, ParamBuilder,
-    Rng, TransformerConfig,
+    Activation, Backprop, DirectGrads, FeedForward, LayerNorm, Mask, Mode, MultiHeadAttention,
+    ParamBuilder, Rng, TransformerConfig,
 };
 use transformer_train::mt::{train_step, MtModel, MtModelConfig};
 use transformer_train::optim::Adam;
@@ -191,8 +191,12 @@ fn translation_loss_and_every_gradient_match_the_cpu() -> Result<()> {
         };
         let [s, ti, to] = batch(&Device::Cpu)?;
         let [sg, tig, tog] = batch(&g)?;
-        let la = cpu.loss(&s, &ti, &to, 0, 0.1, Mode::Eval)?.loss;
-        let lb = cuda.loss(&sg, &tig, &tog, 0, 0.1, Mode::Eval)?.loss;
+        let la = cpu
+            .loss([&s, &ti, &to], (0, 0.1), Mode::Eval, Backprop::Graph)?
+            .loss;
+        let lb = cuda
+            .loss([&sg, &tig, &tog], (0, 0.1), Mode::Eval, Backprop::Graph)?
+            .loss;
         assert_close("loss", &la, &lb, dtype)?;
         let (ga, gb) = (la.backward()?, lb.backward()?);
         let params_cpu = pb_cpu.params();

@@ -1,5 +1,6 @@
 //! Token embeddings (section 3.4): a lookup table of learned vectors.
 
+use crate::backend::Backprop;
 use crate::grads::DirectGrads;
 use crate::params::{Init, ParamBuilder};
 use crate::Result;
@@ -38,16 +39,19 @@ impl Embedding {
             .reshape(self.out_dims(ids))
     }
 
-    /// [`Self::forward`] whose backward pass records the gradient of the used rows only, in
-    /// `grads` (see [`crate::grads`]), instead of a dense `(V, C)` gradient in candle's
-    /// `GradStore`. For a weight that is not a CPU f32 variable this is [`Self::forward`].
+    /// [`Self::forward`] with the gradient going where `backprop` says: with
+    /// `Backprop::Direct`, the backward pass records the gradient of the used rows only, in
+    /// its `DirectGrads` (see [`crate::grads`]), instead of a dense `(V, C)` gradient in
+    /// candle's `GradStore` (for a weight that is not a CPU f32 variable, and otherwise, this
+    /// is [`Self::forward`]).
     ///
     /// # Shapes
     /// ids (...) u32 -> (..., C)
-    pub fn forward_direct(&self, ids: &Tensor, grads: &DirectGrads) -> Result<Tensor> {
-        if !DirectGrads::accepts(&self.weight) {
-            return self.forward(ids);
-        }
+    pub fn forward_as(&self, ids: &Tensor, backprop: Backprop) -> Result<Tensor> {
+        let grads = match backprop {
+            Backprop::Direct(grads, _) if DirectGrads::accepts(&self.weight) => grads,
+            _ => return self.forward(ids),
+        };
         let ids_vec = self.checked_ids(ids)?.to_vec1::<u32>()?;
         let op = RowLookup {
             ids: ids_vec,

@@ -37,7 +37,8 @@
 //! use candle_core::{DType, Device, Tensor};
 //! use transformer_model::seq2seq::Seq2SeqMasks;
 //! use transformer_model::{
-//!     LmConfig, Mode, ParamBuilder, Rng, Seq2Seq, TransformerConfig, TransformerLm,
+//!     Backprop, LmConfig, Mode, ParamBuilder, Precision, Rng, Seq2Seq, TransformerConfig,
+//!     TransformerLm,
 //! };
 //!
 //! let device = Device::Cpu;
@@ -57,10 +58,11 @@
 //! let logits = lm.forward(&ids, Mode::Eval)?;
 //! assert_eq!(logits.dims(), &[2, 4, 50]); // (B, T, V)
 //!
-//! // A training loss (dropout drawn from `rng`) and its gradients.
+//! // A training loss (dropout drawn from `rng`) and its gradients, through candle's graph
+//! // (`Backprop::Direct` sends most of them to the fused layers' buffers instead).
 //! let targets = Tensor::new(&[[2u32, 3, 4, 5], [6, 7, 8, 9]], &device)?;
 //! let rng = Rng::new(1);
-//! let loss = lm.loss(&ids, &targets, Mode::Train(&rng))?;
+//! let loss = lm.loss(&ids, &targets, Mode::Train(&rng), Backprop::Graph, Precision::F32)?;
 //! let grads = loss.backward()?;
 //! let params = pb.params();
 //! assert!(params.vars().iter().all(|v| grads.get(v.as_tensor()).is_some()));
@@ -110,6 +112,7 @@ pub use transformer_kernels::grads;
 pub use transformer_kernels::rng;
 
 pub use attention::{scaled_dot_product_attention, softmax_last_dim};
+pub use backend::Backprop;
 pub use config::{Activation, LmConfig, TransformerConfig};
 pub use decoder::{Decoder, DecoderLayer};
 pub use dropout::{Dropout, Mode};

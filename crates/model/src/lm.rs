@@ -9,7 +9,6 @@ use crate::config::{Activation, LmConfig};
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
 use crate::encoder::{Encoder, LayerSpec};
-use crate::grads::DirectGrads;
 use crate::kernels::Precision;
 use crate::linear::Linear;
 use crate::mask::Mask;
@@ -96,10 +95,7 @@ impl TransformerLm {
     /// at all.
     fn hidden_with(&self, ids: &Tensor, mode: Mode, backprop: Backprop) -> Result<Tensor> {
         let (_b, t) = ids.dims2()?;
-        let e = match backprop {
-            Backprop::Direct(d, _) => self.embedding.forward_direct(ids, d)?,
-            Backprop::Graph | Backprop::Off => self.embedding.forward(ids)?,
-        };
+        let e = self.embedding.forward_as(ids, backprop)?;
         let x = (e * (self.d_model as f64).sqrt())?;
         let x = self.pos_encoder.forward(&x, 0, mode)?;
         let causal = Mask::causal(t, ids.device())?;
@@ -186,82 +182,62 @@ impl TransformerLm {
     }
 
     /// Mean cross-entropy of `targets` given `ids`, without materialising the logits
-    /// (the output layer is fused with the log-softmax, [`crate::kernels::linear_cross_entropy`]).
+    /// (the output layer is fused with the log-softmax, [`crate::kernels::linear_cross_entropy`]),
+    /// with the output layer's products in `precision` (bf16 on the AMX units where the CPU
+    /// has them: mixed precision, see [`crate::kernels::linear_cross_entropy_with`]).
+    ///
+    /// `backprop` says where the gradients go ([`Backprop`]):
+    /// - `Graph`: through candle's graph, the composed model (the reference);
+    /// - `Direct`: the gradients of the embedding, of the encoder layers and of the output
+    ///   layer go to its `DirectGrads` instead of candle's `GradStore`: the output layer's
+    ///   written once into buffers kept between steps, the embedding's as the used rows only
+    ///   (see [`crate::grads`]), each encoder layer's from one fused op in the arithmetic
+    ///   `Direct` names (a layer the backend does not fuse keeps its gradients in the
+    ///   `GradStore`, so an optimizer reads both). The same gradients (summed in another order
+    ///   inside the encoder layers), without the allocations, zeroing and adds of two dense
+    ///   `(V, C)` gradients per step or candle's graph of about 60 small ops per encoder layer;
+    /// - `Off`: none, for evaluation, like PyTorch under `torch.no_grad()`: the result tracks
+    ///   no gradient, which lets the fused loss skip keeping its exponentiated logits for a
+    ///   backward pass (one block per thread in cache instead of all `N x V` of them written
+    ///   to memory).
     ///
     /// # Shapes
     /// ids (B, T) u32, targets (B, T) or (B * T,) u32 -> scalar
-    pub fn loss(&self, ids: &Tensor, targets: &Tensor, mode: Mode) -> Result<Tensor> {
-        self.loss_with(ids, targets, mode, Precision::F32)
-    }
-
-    /// [`Self::loss`] with the output layer's products in `precision` (bf16 on the AMX
-    /// units where the CPU has them: mixed precision, see
-    /// [`crate::kernels::linear_cross_entropy_with`]).
-    pub fn loss_with(
+    pub fn loss(
         &self,
         ids: &Tensor,
         targets: &Tensor,
         mode: Mode,
+        backprop: Backprop,
         precision: Precision,
     ) -> Result<Tensor> {
-        let h = self.hidden(ids, mode)?;
         let bias = self
             .linear
             .bias()
             .expect("the language model's output layer has a bias");
         let w = self.linear.weight();
-        crate::kernels::linear_cross_entropy_with(&h, w, bias, targets, None, precision)
-    }
-
-    /// [`Self::loss_with`] whose backward pass delivers the gradients of the embedding, of
-    /// the encoder layers and of the output layer to `grads` instead of candle's
-    /// `GradStore`: the output layer's written once into buffers kept between steps, the
-    /// embedding's as the used rows only (see [`crate::grads`]), each encoder layer's from
-    /// one fused op ([`crate::kernels::encoder_layer`]; a layer the op does not cover keeps
-    /// its gradients in the `GradStore`, so an optimizer reads both). The same gradients
-    /// (summed in another order inside the encoder layers), without the allocations,
-    /// zeroing and adds of two dense `(V, C)` gradients per step or candle's graph of about
-    /// 60 small ops per encoder layer.
-    ///
-    /// # Shapes
-    /// ids (B, T) u32, targets (B, T) or (B * T,) u32 -> scalar
-    pub fn loss_direct(
-        &self,
-        ids: &Tensor,
-        targets: &Tensor,
-        mode: Mode,
-        precision: Precision,
-        grads: &DirectGrads,
-    ) -> Result<Tensor> {
-        // bf16 products where the backend lowers the composed layers' (off the CPU).
-        let _products = self
-            .transformer_encoder
-            .backend()
-            .mixed_precision(precision);
-        let h = self.hidden_with(ids, mode, Backprop::Direct(grads, Precision::F32))?;
-        let bias = self
-            .linear
-            .bias()
-            .expect("the language model's output layer has a bias");
-        let w = self.linear.weight();
-        crate::kernels::linear_cross_entropy_direct(&h, w, bias, targets, None, precision, grads)
-    }
-
-    /// [`Self::loss`] in evaluation mode for evaluation only, like PyTorch under
-    /// `torch.no_grad()`: the result tracks no gradient, which lets the fused loss skip
-    /// keeping its exponentiated logits for a backward pass (one block per thread in cache
-    /// instead of all `N x V` of them written to memory).
-    ///
-    /// # Shapes
-    /// ids (B, T) u32, targets (B, T) or (B * T,) u32 -> scalar
-    pub fn loss_no_grad(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let h = self.hidden_with(ids, Mode::Eval, Backprop::Off)?.detach();
-        let bias = self
-            .linear
-            .bias()
-            .expect("the language model's output layer has a bias");
-        let w = self.linear.weight().detach();
-        crate::kernels::linear_cross_entropy(&h, &w, &bias.detach(), targets, None)
+        match backprop {
+            Backprop::Graph => {
+                let h = self.hidden_with(ids, mode, backprop)?;
+                crate::kernels::linear_cross_entropy_with(&h, w, bias, targets, None, precision)
+            }
+            Backprop::Direct(grads, _) => {
+                // bf16 products where the backend lowers the composed layers' (off the CPU).
+                let _products = self
+                    .transformer_encoder
+                    .backend()
+                    .mixed_precision(precision);
+                let h = self.hidden_with(ids, mode, backprop)?;
+                crate::kernels::linear_cross_entropy_direct(
+                    &h, w, bias, targets, None, precision, grads,
+                )
+            }
+            Backprop::Off => {
+                let h = self.hidden_with(ids, mode, backprop)?.detach();
+                let (w, bias) = (w.detach(), bias.detach());
+                crate::kernels::linear_cross_entropy_with(&h, &w, &bias, targets, None, precision)
+            }
+        }
     }
 
     /// Runs each encoder layer through `backend` from now on (see [`crate::backend`]).

@@ -11,6 +11,7 @@
 //!   and the self-attention keys and values of earlier positions cached ([`DecodeState`]).
 //!   The two give the same logits (tested).
 
+use crate::backend::Backprop;
 use crate::config::TransformerConfig;
 pub use crate::decode_state::{DecodeState, PreparedDecoding};
 use crate::decoder::DecoderWeights;
@@ -406,68 +407,52 @@ impl Seq2Seq {
     /// not `pad_id`, with label smoothing `eps` (Szegedy et al. 2016; section 5.4 uses 0.1);
     /// see [`label_smoothed_loss`].
     ///
+    /// `backprop` says where the gradients go ([`Backprop`]): through candle's graph (the
+    /// composed model, the reference); or, for training, most parameter gradients delivered
+    /// to `DirectGrads` instead of candle's `GradStore` (see [`crate::grads`]): the
+    /// embeddings' rows, every encoder and decoder layer the backend runs as one fused op, and
+    /// the output layer's weight and bias, with their products in the precision it names; the
+    /// rest (the final norms, layers the backend does not fuse) through the graph as usual, and
+    /// an optimizer reads both. The same loss with the same dropout either way, summed in
+    /// another order. With `DirectGrads` the fused layers also skip padding rows: each
+    /// sequence's positions after its last token (source; decoder input or target) are not
+    /// computed, since the masks hide them and the loss ignores them
+    /// ([`Mask::with_lengths`]).
+    ///
     /// # Shapes
     /// src (B, S), tgt_in (B, T), tgt_out (B, T) u32 -> scalars
+    #[allow(clippy::too_many_arguments)]
     pub fn loss(
         &self,
         src: &Tensor,
         tgt_in: &Tensor,
         tgt_out: &Tensor,
         masks: &Seq2SeqMasks,
-        pad_id: u32,
-        eps: f64,
+        (pad_id, eps): (u32, f64),
         mode: Mode,
+        backprop: Backprop,
     ) -> Result<Seq2SeqLoss> {
-        let memory = self.encode(src, Some(&masks.src), mode)?;
-        let h = self.decode_hidden(tgt_in, &memory, Some(&masks.tgt), Some(&masks.memory), mode)?;
-        let (b, t, c) = h.dims3()?;
-        label_smoothed_loss(
-            &h.reshape((b * t, c))?,
-            &self.generator,
-            &tgt_out.flatten_all()?,
-            pad_id,
-            eps,
-        )
-    }
-
-    /// [`Self::loss`] whose backward pass delivers most parameter gradients to `grads`
-    /// instead of candle's `GradStore` (see [`crate::grads`]): the embeddings' rows, every
-    /// encoder and decoder layer that runs as one fused op, and the output layer's weight and
-    /// bias; the rest (the final norms, layers the fused ops do not cover) through the graph
-    /// as usual. An optimizer reads both. The same loss as [`Self::loss`] with the same
-    /// dropout, summed in another order. `(pad_id, eps, precision)`: the padding id, the label
-    /// smoothing and the arithmetic of the output layer's products
-    /// ([`crate::kernels::Precision`]).
-    ///
-    /// The fused layers skip padding rows: each sequence's positions after its last token
-    /// (source; decoder input or target) are not computed, since the masks hide them and the
-    /// loss ignores them ([`Mask::with_lengths`]).
-    ///
-    /// # Shapes
-    /// src (B, S), tgt_in (B, T), tgt_out (B, T) u32 -> scalars
-    #[allow(clippy::too_many_arguments)]
-    pub fn loss_direct(
-        &self,
-        src: &Tensor,
-        tgt_in: &Tensor,
-        tgt_out: &Tensor,
-        masks: &Seq2SeqMasks,
-        (pad_id, eps, precision): (u32, f64, crate::kernels::Precision),
-        mode: Mode,
-        grads: &DirectGrads,
-    ) -> Result<Seq2SeqLoss> {
+        let direct = match backprop {
+            Backprop::Direct(grads, precision) => Some((grads, precision)),
+            Backprop::Graph | Backprop::Off => None,
+        };
         // bf16 products where the backend lowers the composed layers' (off the CPU).
-        let _products = self.transformer.backend().mixed_precision(precision);
-        let src_len = crate::mask::padded_lengths(&[src], pad_id)?;
-        let tgt_len = crate::mask::padded_lengths(&[tgt_in, tgt_out], pad_id)?;
-        let src_mask = masks.src.clone().with_lengths(src_len.clone());
-        let tgt_mask = masks.tgt.clone().with_lengths(tgt_len);
-        let memory_mask = masks.memory.clone().with_lengths(src_len);
-        let x = self.embed_direct(&self.src_embedding, src, mode, grads)?;
-        let backprop = crate::backend::Backprop::Direct(grads, precision);
+        let _products = direct.and_then(|(_, p)| self.transformer.backend().mixed_precision(p));
+        let (src_mask, tgt_mask, memory_mask) = if direct.is_some() {
+            let src_len = crate::mask::padded_lengths(&[src], pad_id)?;
+            let tgt_len = crate::mask::padded_lengths(&[tgt_in, tgt_out], pad_id)?;
+            (
+                masks.src.clone().with_lengths(src_len.clone()),
+                masks.tgt.clone().with_lengths(tgt_len),
+                masks.memory.clone().with_lengths(src_len),
+            )
+        } else {
+            (masks.src.clone(), masks.tgt.clone(), masks.memory.clone())
+        };
         let tr = &self.transformer;
+        let x = self.embed_as(&self.src_embedding, src, mode, backprop)?;
         let memory = tr.encode_as(&x, Some(&src_mask), mode, backprop)?;
-        let y = self.embed_direct(&self.tgt_embedding, tgt_in, mode, grads)?;
+        let y = self.embed_as(&self.tgt_embedding, tgt_in, mode, backprop)?;
         let (tm, mm) = (Some(&tgt_mask), Some(&memory_mask));
         let h = tr.decode_as(&y, &memory, tm, mm, mode, backprop)?;
         let (b, t, c) = h.dims3()?;
@@ -477,19 +462,20 @@ impl Seq2Seq {
             &tgt_out.flatten_all()?,
             pad_id,
             eps,
-            Some((grads, precision)),
+            direct,
         )
     }
 
-    /// [`Self::embed`] with the embedding's row gradients going to `grads`.
-    fn embed_direct(
+    /// [`Self::embed`] from position 0, the embedding's row gradients going where `backprop`
+    /// says ([`Embedding::forward_as`]).
+    fn embed_as(
         &self,
         emb: &Embedding,
         ids: &Tensor,
         mode: Mode,
-        grads: &DirectGrads,
+        backprop: Backprop,
     ) -> Result<Tensor> {
-        let x = (emb.forward_direct(ids, grads)? * (self.d_model as f64).sqrt())?;
+        let x = (emb.forward_as(ids, backprop)? * (self.d_model as f64).sqrt())?;
         self.pos_encoder.forward(&x, 0, mode)
     }
 }

@@ -74,7 +74,13 @@ fn every_encoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
 
     // The evaluation loss goes through it too (three more layer calls).
     let targets = Tensor::new(&[[2u32, 3, 4, 5, 6], [7, 8, 9, 10, 11]], &Device::Cpu)?;
-    model.loss_no_grad(&ids, &targets)?;
+    model.loss(
+        &ids,
+        &targets,
+        Mode::Eval,
+        Backprop::Off,
+        transformer_model::Precision::F32,
+    )?;
     assert_eq!(counting.calls.load(Ordering::SeqCst), 6);
     Ok(())
 }
@@ -159,11 +165,25 @@ fn the_composed_backend_lowers_a_bf16_pass_to_bf16_products() -> Result<()> {
     let loss = |p: Precision| -> Result<f32> {
         let direct = DirectGrads::new();
         model
-            .loss_direct(&ids, &targets, Mode::Eval, p, &direct)?
+            .loss(
+                &ids,
+                &targets,
+                Mode::Eval,
+                Backprop::Direct(&direct, Precision::F32),
+                p,
+            )?
             .to_scalar::<f32>()
     };
     let (full, half) = (loss(Precision::F32)?, loss(Precision::Bf16)?);
-    let plain = model.loss_no_grad(&ids, &targets)?.to_scalar::<f32>()?;
+    let plain = model
+        .loss(
+            &ids,
+            &targets,
+            Mode::Eval,
+            Backprop::Off,
+            transformer_model::Precision::F32,
+        )?
+        .to_scalar::<f32>()?;
     assert!(
         (full - plain).abs() <= 1e-6 * plain.abs(),
         "{full} vs {plain}"

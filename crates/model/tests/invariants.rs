@@ -322,12 +322,24 @@ fn tied_lm_shares_the_embedding_with_the_output_layer() -> Result<()> {
 
 /// The evaluation-only loss is the evaluation-mode loss, and tracks no gradient.
 #[test]
-fn loss_no_grad_equals_the_eval_loss() -> Result<()> {
+fn loss_without_gradients_equals_the_eval_loss() -> Result<()> {
     let (lm, _) = tiny_lm(12)?;
     let x = ids(&[&[3, 7, 1, 9, 4], &[1, 2, 3, 4, 5]])?;
     let t = ids(&[&[7, 1, 9, 4, 4], &[2, 3, 4, 5, 29]])?;
-    let with_graph = lm.loss(&x, &t, Mode::Eval)?;
-    let plain = lm.loss_no_grad(&x, &t)?;
+    let with_graph = lm.loss(
+        &x,
+        &t,
+        Mode::Eval,
+        Backprop::Graph,
+        transformer_model::Precision::F32,
+    )?;
+    let plain = lm.loss(
+        &x,
+        &t,
+        Mode::Eval,
+        Backprop::Off,
+        transformer_model::Precision::F32,
+    )?;
     assert!(with_graph.track_op() && !plain.track_op());
     let diff = (with_graph.to_scalar::<f64>()? - plain.to_scalar::<f64>()?).abs();
     assert!(diff < 1e-12, "differs by {diff}");
@@ -381,7 +393,7 @@ fn encoder_without_weights_equals_the_composed_path() -> Result<()> {
     Ok(())
 }
 
-/// `loss_direct` delivers the gradients of the embedding, the output layer and every
+/// `loss` with `Backprop::Direct` delivers the gradients of the embedding, the output layer and every
 /// encoder layer's parameters to `DirectGrads` (and none of them to the `GradStore`), equal
 /// to the plain `GradStore` gradients with and without tied weights. Equal to rounding, not
 /// bit for bit: the fused encoder layers (`kernels::encoder_layer`) sum their products and
@@ -418,11 +430,17 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
         .enumerate()
         {
             let y = x.flatten_all()?;
-            let plain_loss = lm.loss_with(x, &y, Mode::Train(&Rng::new(9)), precision)?;
+            let plain_loss =
+                lm.loss(x, &y, Mode::Train(&Rng::new(9)), Backprop::Graph, precision)?;
             let plain = plain_loss.backward()?;
             direct.clear();
-            let direct_loss =
-                lm.loss_direct(x, &y, Mode::Train(&Rng::new(9)), precision, &direct)?;
+            let direct_loss = lm.loss(
+                x,
+                &y,
+                Mode::Train(&Rng::new(9)),
+                Backprop::Direct(&direct, Precision::F32),
+                precision,
+            )?;
             let store = direct_loss.backward()?;
             let (a, b) = (
                 plain_loss.to_scalar::<f32>()?,

@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, D};
 use transformer_model::seq2seq::Seq2SeqMasks;
-use transformer_model::{Mode, ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
+use transformer_model::{Backprop, Mode, ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
 
 const PAD: u32 = 0;
 
@@ -48,7 +48,15 @@ fn label_smoothed_loss_and_gradients_match_the_definition() -> Result<()> {
         let tgt_out = Tensor::new(&[[8u32, 9, 10, 2], [4, 2, 0, 0]], &dev)?;
         let masks = Seq2SeqMasks::new(&src, &tgt_in, PAD)?;
         for eps in [0.0, 0.1, 0.3] {
-            let ours = model.loss(&src, &tgt_in, &tgt_out, &masks, PAD, eps, Mode::Eval)?;
+            let ours = model.loss(
+                &src,
+                &tgt_in,
+                &tgt_out,
+                &masks,
+                (PAD, eps),
+                Mode::Eval,
+                Backprop::Graph,
+            )?;
             let logits = model.forward(&src, &tgt_in, &masks, Mode::Eval)?;
             let reference =
                 smoothed_reference(&logits.reshape((8, 11))?, &tgt_out.flatten_all()?, eps)?;
@@ -127,7 +135,7 @@ fn shared_embedding_starts_at_unit_scale() -> Result<()> {
     Ok(())
 }
 
-/// `loss_direct` (the training path: embeddings' rows, fused encoder layers and the output
+/// `loss` with `Backprop::Direct` (the training path: embeddings' rows, fused encoder layers and the output
 /// layer's gradients into `DirectGrads`) gives the loss and every gradient of `loss` (the
 /// plain `GradStore`), with dropout drawn from the same RNG, shared and separate embeddings,
 /// padded sources and targets; equal to rounding (the fused layers sum in another order).
@@ -155,19 +163,19 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
                 &tgt_in,
                 &tgt_out,
                 &masks,
-                PAD,
-                0.1,
+                (PAD, 0.1),
                 Mode::Train(&rng()),
+                Backprop::Graph,
             )?;
             direct.clear();
-            let fast = model.loss_direct(
+            let fast = model.loss(
                 &src,
                 &tgt_in,
                 &tgt_out,
                 &masks,
-                (PAD, 0.1, transformer_model::kernels::Precision::F32),
+                (PAD, 0.1),
                 Mode::Train(&rng()),
-                &direct,
+                Backprop::Direct(&direct, transformer_model::Precision::F32),
             )?;
             let (a, b) = (
                 plain.loss.to_scalar::<f32>()?,

@@ -127,7 +127,13 @@ fn main() -> candle_core::Result<()> {
             // EVAL=1: evaluation forwards on the tutorial's 10 x 35 instead.
             let ids = ids.narrow(0, 0, 10)?;
             for _ in 0..steps {
-                model.loss_no_grad(&ids, &ids)?;
+                model.loss(
+                    &ids,
+                    &ids,
+                    Mode::Eval,
+                    Backprop::Off,
+                    transformer_model::Precision::F32,
+                )?;
             }
             return Ok(());
         }
@@ -182,26 +188,52 @@ fn main() -> candle_core::Result<()> {
             enc.fused(&rng).unwrap()
         });
         time("  loss (eval, fused)", 5, || {
-            model.loss(&ids, &targets, Mode::Eval).unwrap()
+            model
+                .loss(
+                    &ids,
+                    &targets,
+                    Mode::Eval,
+                    Backprop::Graph,
+                    transformer_model::Precision::F32,
+                )
+                .unwrap()
         });
         time("  logits (eval, unfused)", 5, || {
             model.forward(&ids, Mode::Eval).unwrap()
         });
         time("  loss (train) forward", 5, || {
             model
-                .loss_with(&ids, &targets, Mode::Train(&rng), precision)
+                .loss(
+                    &ids,
+                    &targets,
+                    Mode::Train(&rng),
+                    Backprop::Graph,
+                    precision,
+                )
                 .unwrap()
         });
         time("  loss (train) forward+backward", 5, || {
             model
-                .loss_with(&ids, &targets, Mode::Train(&rng), precision)
+                .loss(
+                    &ids,
+                    &targets,
+                    Mode::Train(&rng),
+                    Backprop::Graph,
+                    precision,
+                )
                 .unwrap()
                 .backward()
                 .unwrap()
         });
         let vars = params.vars();
         let loss = model
-            .loss_with(&ids, &targets, Mode::Train(&rng), precision)
+            .loss(
+                &ids,
+                &targets,
+                Mode::Train(&rng),
+                Backprop::Graph,
+                precision,
+            )
             .unwrap();
         let grads = transformer_train::Gradients::backward(&loss, &vars).unwrap();
         time("  clip + sgd (in place)", 5, || {
@@ -211,7 +243,13 @@ fn main() -> candle_core::Result<()> {
         });
         time("  full step, all gradients in GradStore", 5, || {
             let loss = model
-                .loss_with(&ids, &targets, Mode::Train(&rng), precision)
+                .loss(
+                    &ids,
+                    &targets,
+                    Mode::Train(&rng),
+                    Backprop::Graph,
+                    precision,
+                )
                 .unwrap();
             let g = transformer_train::Gradients::backward(&loss, &vars).unwrap();
             let (_, coef) = transformer_train::clip::clip_coefficient(&g, 0.5).unwrap();

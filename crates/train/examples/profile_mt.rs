@@ -6,6 +6,7 @@
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
 use transformer_model::seq2seq::Seq2SeqMasks;
+use transformer_model::Backprop;
 use transformer_model::DirectGrads;
 use transformer_model::Precision;
 use transformer_model::{Mode, ParamBuilder, Rng, Seq2Seq};
@@ -71,46 +72,85 @@ fn main() -> candle_core::Result<()> {
     });
     time("loss forward, no smoothing (eval mode)", reps, || {
         model
-            .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.0, Mode::Eval)
+            .loss(
+                &src,
+                &tgt_in,
+                &tgt_out,
+                &masks,
+                (0, 0.0),
+                Mode::Eval,
+                Backprop::Graph,
+            )
             .unwrap()
     });
     time("loss forward, smoothing 0.1 (eval mode)", reps, || {
         model
-            .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Eval)
+            .loss(
+                &src,
+                &tgt_in,
+                &tgt_out,
+                &masks,
+                (0, 0.1),
+                Mode::Eval,
+                Backprop::Graph,
+            )
             .unwrap()
     });
     time("loss forward (train mode)", reps, || {
         model
-            .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))
+            .loss(
+                &src,
+                &tgt_in,
+                &tgt_out,
+                &masks,
+                (0, 0.1),
+                Mode::Train(&rng),
+                Backprop::Graph,
+            )
             .unwrap()
     });
     time("loss forward + backward", reps, || {
         let l = model
-            .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))
+            .loss(
+                &src,
+                &tgt_in,
+                &tgt_out,
+                &masks,
+                (0, 0.1),
+                Mode::Train(&rng),
+                Backprop::Graph,
+            )
             .unwrap();
         l.loss.backward().unwrap()
     });
     let mut opt = Adam::new(vars.clone(), 1e-4)?;
     time("whole step, graph gradients (+ clip, Adam)", reps, || {
         let l = model
-            .loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))
+            .loss(
+                &src,
+                &tgt_in,
+                &tgt_out,
+                &masks,
+                (0, 0.1),
+                Mode::Train(&rng),
+                Backprop::Graph,
+            )
             .unwrap();
         let mut g = Gradients::backward(&l.loss, &vars).unwrap();
         clip_grad_norm(&mut g, 1.0).unwrap();
         opt.step(&g, 1.0).unwrap();
     });
     let direct = DirectGrads::new();
-    let loss_cfg = (0, 0.1, Precision::F32);
     time("loss forward + backward, direct gradients", reps, || {
         let l = model
-            .loss_direct(
+            .loss(
                 &src,
                 &tgt_in,
                 &tgt_out,
                 &masks,
-                loss_cfg,
+                (0, 0.1),
                 Mode::Train(&rng),
-                &direct,
+                Backprop::Direct(&direct, Precision::F32),
             )
             .unwrap();
         drop(Gradients::from_backward(&l.loss, &vars, &direct).unwrap());
@@ -135,7 +175,15 @@ fn main() -> candle_core::Result<()> {
             .unwrap();
         },
     );
-    let l = model.loss(&src, &tgt_in, &tgt_out, &masks, 0, 0.1, Mode::Train(&rng))?;
+    let l = model.loss(
+        &src,
+        &tgt_in,
+        &tgt_out,
+        &masks,
+        (0, 0.1),
+        Mode::Train(&rng),
+        Backprop::Graph,
+    )?;
     let mut g = Gradients::backward(&l.loss, &vars)?;
     time("clip", reps, || clip_grad_norm(&mut g, 1.0).unwrap());
     time("Adam (three in-place passes)", reps, || {

@@ -344,11 +344,16 @@ mod tests {
         fn loss(&self, ids: &[u32], tie: f64, direct: Option<&DirectGrads>) -> Result<Tensor> {
             let dev = Device::Cpu;
             let idt = Tensor::new(ids, &dev)?;
-            let h = match direct {
-                Some(d) => self.emb.forward_direct(&idt, d),
-                None => self.emb.forward(&idt),
-            }
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            let backprop = match direct {
+                Some(d) => {
+                    transformer_model::Backprop::Direct(d, transformer_model::Precision::F32)
+                }
+                None => transformer_model::Backprop::Graph,
+            };
+            let h = self
+                .emb
+                .forward_as(&idt, backprop)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
             let c = Tensor::arange(0f32, (ids.len() * 4) as f32, &dev)?
                 .reshape((ids.len(), 4))?
                 .affine(0.37, -1.1)?

@@ -5,9 +5,9 @@ use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
 use transformer_decode::{StepModel, StepOutput};
 use transformer_model::seq2seq::Seq2SeqMasks;
-use transformer_model::Precision;
+
 use transformer_model::{
-    DecodePrecision, DecodeState, DirectGrads, Mode, ParamBuilder, PreparedDecoding, RnnAttention,
+    Backprop, DecodePrecision, DecodeState, Mode, ParamBuilder, PreparedDecoding, RnnAttention,
     RnnSeq2Seq, RnnSeq2SeqConfig, RnnState, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,
 };
 
@@ -184,18 +184,15 @@ pub trait Architecture: std::fmt::Debug + Send + Sync {
     fn max_positions(&self) -> Option<usize>;
     /// Label-smoothed cross-entropy of `tgt_out` over its non-padding positions, and the plain
     /// negative log-likelihood.
-    fn loss(&self, batch: [&Tensor; 3], pad: u32, eps: f64, mode: Mode) -> Result<Seq2SeqLoss>;
-    /// [`Self::loss`] for training, gradients of fused ops going to `direct`, products in
-    /// `precision` where the model has such ops; by default [`Self::loss`].
-    fn loss_direct(
+    /// `backprop`: where the gradients go ([`Backprop`]); a model without fused ops sends
+    /// them all through candle's graph whatever it says.
+    fn loss(
         &self,
         batch: [&Tensor; 3],
-        (pad, eps, _precision): (u32, f64, Precision),
+        pad_eps: (u32, f64),
         mode: Mode,
-        _direct: &DirectGrads,
-    ) -> Result<Seq2SeqLoss> {
-        self.loss(batch, pad, eps, mode)
-    }
+        backprop: Backprop,
+    ) -> Result<Seq2SeqLoss>;
     /// Encodes a batch of sources and returns the state before the first decoding step,
     /// with the decoding weights `prepared` made ready once where the model has them.
     fn start(
@@ -297,22 +294,12 @@ impl Architecture for Seq2Seq {
     fn loss(
         &self,
         [src, tgt_in, tgt_out]: [&Tensor; 3],
-        pad: u32,
-        eps: f64,
+        pad_eps: (u32, f64),
         mode: Mode,
+        backprop: Backprop,
     ) -> Result<Seq2SeqLoss> {
-        let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
-        Seq2Seq::loss(self, src, tgt_in, tgt_out, &masks, pad, eps, mode)
-    }
-    fn loss_direct(
-        &self,
-        [src, tgt_in, tgt_out]: [&Tensor; 3],
-        l: (u32, f64, Precision),
-        mode: Mode,
-        direct: &DirectGrads,
-    ) -> Result<Seq2SeqLoss> {
-        let masks = Seq2SeqMasks::new(src, tgt_in, l.0)?;
-        Seq2Seq::loss_direct(self, src, tgt_in, tgt_out, &masks, l, mode, direct)
+        let masks = Seq2SeqMasks::new(src, tgt_in, pad_eps.0)?;
+        Seq2Seq::loss(self, src, tgt_in, tgt_out, &masks, pad_eps, mode, backprop)
     }
     fn start(
         &self,
@@ -381,9 +368,9 @@ impl Architecture for RnnSeq2Seq {
     fn loss(
         &self,
         [src, tgt_in, tgt_out]: [&Tensor; 3],
-        pad: u32,
-        eps: f64,
+        (pad, eps): (u32, f64),
         mode: Mode,
+        _: Backprop,
     ) -> Result<Seq2SeqLoss> {
         RnnSeq2Seq::loss(self, src, tgt_in, tgt_out, pad, eps, mode)
     }
@@ -466,39 +453,21 @@ impl MtModel {
     }
 
     /// Label-smoothed cross-entropy of `tgt_out` over its non-padding positions, and the plain
-    /// negative log-likelihood.
+    /// negative log-likelihood, with the gradients going where `backprop` says: with
+    /// `Backprop::Direct`, the Transformer's embedding, encoder-layer and output-layer
+    /// gradients go to its `DirectGrads` ([`Seq2Seq::loss`]); the recurrent models' all go
+    /// to candle's `GradStore`.
     ///
     /// # Shapes
     /// src (B, S), tgt_in (B, T), tgt_out (B, T) u32 -> scalars
     pub fn loss(
         &self,
-        src: &Tensor,
-        tgt_in: &Tensor,
-        tgt_out: &Tensor,
-        pad: u32,
-        eps: f64,
+        batch: [&Tensor; 3],
+        pad_eps: (u32, f64),
         mode: Mode,
+        backprop: Backprop,
     ) -> Result<Seq2SeqLoss> {
-        self.0.loss([src, tgt_in, tgt_out], pad, eps, mode)
-    }
-
-    /// [`Self::loss`] for training, with the Transformer's embedding, encoder-layer and
-    /// output-layer gradients going to `direct` (`Seq2Seq::loss_direct`); the recurrent
-    /// models' all go to candle's `GradStore`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn loss_direct(
-        &self,
-        src: &Tensor,
-        tgt_in: &Tensor,
-        tgt_out: &Tensor,
-        pad: u32,
-        eps: f64,
-        precision: Precision,
-        mode: Mode,
-        direct: &DirectGrads,
-    ) -> Result<Seq2SeqLoss> {
-        self.0
-            .loss_direct([src, tgt_in, tgt_out], (pad, eps, precision), mode, direct)
+        self.0.loss(batch, pad_eps, mode, backprop)
     }
 
     /// Decodes in `p` from now on ([`Seq2Seq::set_decode_precision`]); int8 covers the

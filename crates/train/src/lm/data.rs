@@ -7,6 +7,7 @@ use crate::grads::Gradients;
 use crate::optim::Sgd;
 use candle_core::{DType, Device, Tensor, Var};
 use std::path::Path;
+use transformer_model::Backprop;
 use transformer_model::Precision;
 use transformer_model::{DirectGrads, Mode, Rng, TransformerLm};
 use transformer_text::batch::{batchify, Batch, Batched};
@@ -69,7 +70,7 @@ pub fn window_tensors(w: &Batch, device: &Device) -> Result<(Tensor, Tensor)> {
 /// `clip_grad_norm_` coefficient, SGD scaled by it.
 ///
 /// The embedding's, the encoder layers' and the output layer's gradients bypass candle's
-/// `GradStore` ([`TransformerLm::loss_direct`], `transformer_model::grads`): the output
+/// `GradStore` ([`TransformerLm::loss`] with `Backprop::Direct`, `transformer_model::grads`): the output
 /// layer's are written once into buffers kept from step to step, the embedding's are its
 /// used rows, each encoder layer is one fused op, and the norm and the update read them
 /// where they are ([`Gradients`]). The same result, to rounding, as the model's composed
@@ -105,7 +106,13 @@ impl LmStep {
         rng: &Rng,
         precision: Precision,
     ) -> Result<f64> {
-        let loss = model.loss_direct(input, target, Mode::Train(rng), precision, &self.direct)?;
+        let loss = model.loss(
+            input,
+            target,
+            Mode::Train(rng),
+            Backprop::Direct(&self.direct, Precision::F32),
+            precision,
+        )?;
         let grads = Gradients::from_backward(&loss, self.opt.vars(), &self.direct)?;
         let (_, coef) = clip_coefficient(&grads, self.clip)?;
         self.opt.step(&grads, coef)?;
@@ -139,7 +146,7 @@ pub fn evaluate_on(
     for w in &windows[dist.shard(windows.len())] {
         let (input, target) = window_tensors(w, device)?;
         // No backward follows (the tutorial evaluates under torch.no_grad()).
-        let loss = model.loss_no_grad(&input, &target)?;
+        let loss = model.loss(&input, &target, Mode::Eval, Backprop::Off, Precision::F32)?;
         total += w.seq_len as f64 * loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     }
     let mut sum = [total];

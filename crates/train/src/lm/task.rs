@@ -8,6 +8,7 @@ use crate::metrics::{Metric, Weights};
 use crate::runner::{LogWindow, RunState, StepStats, Task, Validation};
 use candle_core::{DType, Device};
 use std::path::Path;
+use transformer_model::Backprop;
 use transformer_model::{LmConfig, Mode, ParamBuilder, Params, Rng, TransformerLm};
 
 /// The language model as a task on the [`crate::runner`]: the tutorial's windows, step,
@@ -84,12 +85,12 @@ impl Task for LmTask {
     fn backward(&mut self, index: usize, rng: &Rng) -> Result<(Gradients, StepStats)> {
         let w = self.data.train.window(index, self.cfg.bptt);
         let (input, target) = window_tensors(&w, &self.device)?;
-        let loss = self.model.loss_direct(
+        let loss = self.model.loss(
             &input,
             &target,
             Mode::Train(rng),
+            Backprop::Direct(&self.step.direct, Precision::F32),
             self.cfg.precision,
-            &self.step.direct,
         )?;
         let grads = Gradients::from_backward(&loss, self.step.opt.vars(), &self.step.direct)?;
         let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;

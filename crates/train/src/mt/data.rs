@@ -8,6 +8,7 @@ use crate::optim::Adam;
 use crate::runner::RunState;
 use candle_core::{DType, Device, Tensor};
 use std::path::{Path, PathBuf};
+use transformer_model::Backprop;
 use transformer_model::Precision;
 use transformer_model::{DirectGrads, Mode, Rng};
 use transformer_text::bucket::{pair_batches, PairBatch};
@@ -104,7 +105,12 @@ pub fn evaluate_loss_on(
     let (mut total, mut tokens) = (0.0, 0usize);
     for b in &batches[dist.shard(batches.len())] {
         let (src, tgt_in, tgt_out) = batch_tensors(b, dev)?;
-        let l = model.loss(&src, &tgt_in, &tgt_out, sp.pad, 0.0, Mode::Eval)?;
+        let l = model.loss(
+            [&src, &tgt_in, &tgt_out],
+            (sp.pad, 0.0),
+            Mode::Eval,
+            Backprop::Graph,
+        )?;
         total += l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()? * b.tgt_tokens as f64;
         tokens += b.tgt_tokens;
     }
@@ -140,7 +146,7 @@ pub fn word_perplexity(loss_per_token: f64, data: &EncodedSplit) -> f64 {
 /// exactly this step.
 ///
 /// `direct` takes the gradients that fused ops write outside candle's graph
-/// (`MtModel::loss_direct`); [`Gradients::from_backward`] joins them with the autograd's,
+/// (`MtModel::loss` with `Backprop::Direct`); [`Gradients::from_backward`] joins them with the autograd's,
 /// and `direct` is empty again when the step returns, its buffers kept for the next one.
 #[allow(clippy::too_many_arguments)]
 pub fn train_step(
@@ -156,15 +162,12 @@ pub fn train_step(
     rng: &Rng,
 ) -> Result<(f64, f64)> {
     let mode = Mode::Train(rng);
-    let l = model.loss_direct(
-        src,
-        tgt_in,
-        tgt_out,
-        pad,
-        label_smoothing,
-        precision,
+    let backprop = Backprop::Direct(direct, precision);
+    let l = model.loss(
+        [src, tgt_in, tgt_out],
+        (pad, label_smoothing),
         mode,
-        direct,
+        backprop,
     )?;
     let grads = Gradients::from_backward(&l.loss, vars, direct)?;
     let (_, coef) = clip_coefficient(&grads, clip)?;

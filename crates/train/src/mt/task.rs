@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
+use transformer_model::Backprop;
 use transformer_model::{DirectGrads, Mode, ParamBuilder, Params, Rng};
 use transformer_text::bucket::{pair_batches, PairBatch};
 use transformer_text::parallel::PairSource;
@@ -144,15 +145,11 @@ impl Task for MtTask {
         let pad = self.tokenizer.specials().pad;
         let b = &self.batches[index];
         let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
-        let l = self.model.loss_direct(
-            &src,
-            &tgt_in,
-            &tgt_out,
-            pad,
-            self.cfg.label_smoothing,
-            self.cfg.precision,
+        let l = self.model.loss(
+            [&src, &tgt_in, &tgt_out],
+            (pad, self.cfg.label_smoothing),
             Mode::Train(rng),
-            &self.direct,
+            Backprop::Direct(&self.direct, self.cfg.precision),
         )?;
         let grads = Gradients::from_backward(&l.loss, &self.vars, &self.direct)?;
         let stats = StepStats {

@@ -216,6 +216,20 @@ fn killed_runs_resume_to_the_uninterrupted_result() {
         std::fs::read_to_string(whole.join("test.hyp")).unwrap()
     );
     assert!(hyps.join("valid.hyp").is_file());
+    // Beside each set's translations, its sources and references, line for line.
+    for (name, file) in [("test.src", "test.de"), ("test.ref", "test.en")] {
+        let lines = |p: &std::path::Path| -> Vec<String> {
+            let text = std::fs::read_to_string(p).unwrap();
+            text.lines().map(|l| l.trim().to_string()).collect()
+        };
+        assert_eq!(lines(&hyps.join(name)), lines(&dir.join(file)), "{name}");
+    }
+    let valid_lines = |ext: &str| {
+        let p = hyps.join(format!("valid.{ext}"));
+        std::fs::read_to_string(p).unwrap().lines().count()
+    };
+    assert_eq!(valid_lines("src"), valid_lines("hyp"));
+    assert_eq!(valid_lines("ref"), valid_lines("hyp"));
     // A restricted output vocabulary: refused without a map, with the command that writes
     // one; with every token a candidate it translates exactly as the full vocabulary.
     let restricted = |extra: &[&str]| {

@@ -35,8 +35,9 @@ pub struct EvalArgs {
     /// (with --test-set).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Also write the translations: to this file for one set, into this folder as
-    /// NAME.hyp for several.
+    /// Also write the translations: to this file for one set; into this folder for several,
+    /// as NAME.hyp beside the set's sources and references (NAME.src, NAME.ref, in the run's
+    /// direction), line i of each the same sentence.
     #[arg(long)]
     hyp_out: Option<PathBuf>,
     /// Print one JSON object per set.
@@ -153,8 +154,15 @@ pub(super) fn run(args: &EvalArgs, device: &Device) -> Result<()> {
         let hyps = translate_with_bar(&run, &set.src, &opts, device)?;
         let secs = t.elapsed().as_secs_f64();
         if let Some(p) = hyp_path {
-            std::fs::write(p, hyps.join("\n") + "\n")
-                .with_context(|| format!("--hyp-out {}: cannot write it", p.display()))?;
+            let write = |p: &std::path::Path, lines: &[String]| {
+                std::fs::write(p, lines.join("\n") + "\n")
+                    .with_context(|| format!("--hyp-out {}: cannot write it", p.display()))
+            };
+            write(p, &hyps)?;
+            if sets.len() > 1 {
+                write(&p.with_extension("src"), &set.src)?;
+                write(&p.with_extension("ref"), &set.refs)?;
+            }
         }
         score_set(
             &run,

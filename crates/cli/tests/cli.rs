@@ -10,6 +10,17 @@ fn transformer(args: &[&str]) -> Output {
         .expect("runs")
 }
 
+/// Runs the binary and asserts it succeeded (its stderr in the message otherwise).
+fn succeeds(args: &[&str]) -> Output {
+    let out = transformer(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/lm_import")
@@ -31,7 +42,7 @@ fn s(p: &Path) -> &str {
 #[test]
 fn imported_torch_model_matches_pytorch_perplexity() {
     let run = temp_dir("import");
-    let out = transformer(&[
+    succeeds(&[
         "lm",
         "import-torch",
         "--state-dict",
@@ -43,13 +54,8 @@ fn imported_torch_model_matches_pytorch_perplexity() {
         "--out",
         s(&run),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 
-    let out = transformer(&[
+    let out = succeeds(&[
         "lm",
         "eval",
         "--run",
@@ -58,11 +64,6 @@ fn imported_torch_model_matches_pytorch_perplexity() {
         s(&fixture("text.txt")),
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let want: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
@@ -75,7 +76,7 @@ fn imported_torch_model_matches_pytorch_perplexity() {
         assert!(((g - w) / w).abs() < 1e-6, "{key}: ours {g}, PyTorch {w}");
     }
 
-    let out = transformer(&[
+    let out = succeeds(&[
         "lm",
         "generate",
         "--run",
@@ -87,18 +88,13 @@ fn imported_torch_model_matches_pytorch_perplexity() {
         "--seed",
         "1",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("the history of "), "{text}");
     assert_eq!(text.split_whitespace().count(), 3 + 12, "{text}");
 
     // Its self-attention as a picture: one cell per (word, word) of the 4 tokens.
     let (svg, html) = (run.join("a.svg"), run.join("a.html"));
-    let out = transformer(&[
+    succeeds(&[
         "lm",
         "attention",
         "--run",
@@ -110,11 +106,6 @@ fn imported_torch_model_matches_pytorch_perplexity() {
         "--html",
         s(&html),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert_eq!(svg.matches("class=\"cell\"").count(), 16);
     assert!(svg.contains("average of 4 heads"), "{svg}");
@@ -205,7 +196,7 @@ fn older_tutorial_layout_imports_to_the_same_model() {
     let path = dir.join("older.safetensors");
     candle_core::safetensors::save(&older, &path).unwrap();
     let run = dir.join("run");
-    let out = transformer(&[
+    let out = succeeds(&[
         "lm",
         "import-torch",
         "--state-dict",
@@ -217,13 +208,8 @@ fn older_tutorial_layout_imports_to_the_same_model() {
         "--out",
         s(&run),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("older tutorial's layout"));
-    let out = transformer(&[
+    let out = succeeds(&[
         "lm",
         "eval",
         "--run",
@@ -232,11 +218,6 @@ fn older_tutorial_layout_imports_to_the_same_model() {
         s(&fixture("text.txt")),
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let want: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();

@@ -165,20 +165,8 @@ fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             assert_eq!(run.groups, 3);
             let (fy, fdx, fg) = (run.y, run.dx, run.grads);
 
-            let close = |what: &str, want: &Tensor, got: &[f64]| -> Result<()> {
-                let want = want.flatten_all()?.to_vec1::<f64>()?;
-                assert_eq!(want.len(), got.len(), "{what}");
-                let size = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-                let diff = want
-                    .iter()
-                    .zip(got)
-                    .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-                assert!(
-                    diff <= 1e-12 * size,
-                    "norm_first {norm_first}, gelu {gelu}, {mask_kind}: {what} differs by {diff} (size {size})"
-                );
-                Ok(())
-            };
+            let case = format!("norm_first {norm_first}, gelu {gelu}, {mask_kind}");
+            let close = |what: &str, want: &Tensor, got: &[f64]| close_f64(&case, what, want, got);
             close("y", &y, &fy)?;
             close("dx", store.get(x.as_tensor()).expect("dx"), &fdx)?;
             for (i, n) in names.iter().enumerate() {
@@ -189,6 +177,23 @@ fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// Asserts `got` equals `want` to 1e-12 of the largest magnitude (at least 1e-3); `case` and
+/// `what` name the comparison in the message.
+fn close_f64(case: &str, what: &str, want: &Tensor, got: &[f64]) -> Result<()> {
+    let want = want.flatten_all()?.to_vec1::<f64>()?;
+    assert_eq!(want.len(), got.len(), "{case}: {what}");
+    let size = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+    let diff = want
+        .iter()
+        .zip(got)
+        .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        diff <= 1e-12 * size,
+        "{case}: {what} differs by {diff} (size {size})"
+    );
     Ok(())
 }
 
@@ -451,20 +456,8 @@ fn fused_decoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             assert_eq!(run.groups, 3);
             let (fy, fdx, fdm, fg) = (run.y, run.dx, run.dmemory, run.grads);
 
-            let close = |what: &str, want: &Tensor, got: &[f64]| -> Result<()> {
-                let want = want.flatten_all()?.to_vec1::<f64>()?;
-                assert_eq!(want.len(), got.len(), "{what}");
-                let size = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-                let diff = want
-                    .iter()
-                    .zip(got)
-                    .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-                assert!(
-                    diff <= 1e-12 * size,
-                    "norm_first {norm_first}, gelu {gelu}, p {p}, skip {skip}: {what} differs by {diff} (size {size})"
-                );
-                Ok(())
-            };
+            let case = format!("norm_first {norm_first}, gelu {gelu}, p {p}, skip {skip}");
+            let close = |what: &str, want: &Tensor, got: &[f64]| close_f64(&case, what, want, got);
             close("y", &y, &fy)?;
             close("dx", store.get(x.as_tensor()).expect("dx"), &fdx)?;
             close("dmemory", store.get(mem.as_tensor()).expect("dmem"), &fdm)?;

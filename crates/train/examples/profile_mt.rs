@@ -70,89 +70,38 @@ fn main() -> candle_core::Result<()> {
             )
             .unwrap()
     });
-    time("loss forward, no smoothing (eval mode)", reps, || {
+    let loss = |eps: f64, mode: Mode, backprop: Backprop| {
         model
-            .loss(
-                &src,
-                &tgt_in,
-                &tgt_out,
-                &masks,
-                (0, 0.0),
-                Mode::Eval,
-                Backprop::Graph,
-            )
+            .loss(&src, &tgt_in, &tgt_out, &masks, (0, eps), mode, backprop)
             .unwrap()
+    };
+    time("loss forward, no smoothing (eval mode)", reps, || {
+        loss(0.0, Mode::Eval, Backprop::Graph)
     });
     time("loss forward, smoothing 0.1 (eval mode)", reps, || {
-        model
-            .loss(
-                &src,
-                &tgt_in,
-                &tgt_out,
-                &masks,
-                (0, 0.1),
-                Mode::Eval,
-                Backprop::Graph,
-            )
-            .unwrap()
+        loss(0.1, Mode::Eval, Backprop::Graph)
     });
     time("loss forward (train mode)", reps, || {
-        model
-            .loss(
-                &src,
-                &tgt_in,
-                &tgt_out,
-                &masks,
-                (0, 0.1),
-                Mode::Train(&rng),
-                Backprop::Graph,
-            )
-            .unwrap()
+        loss(0.1, Mode::Train(&rng), Backprop::Graph)
     });
     time("loss forward + backward", reps, || {
-        let l = model
-            .loss(
-                &src,
-                &tgt_in,
-                &tgt_out,
-                &masks,
-                (0, 0.1),
-                Mode::Train(&rng),
-                Backprop::Graph,
-            )
-            .unwrap();
+        let l = loss(0.1, Mode::Train(&rng), Backprop::Graph);
         l.loss.backward().unwrap()
     });
     let mut opt = Adam::new(vars.clone(), 1e-4)?;
     time("whole step, graph gradients (+ clip, Adam)", reps, || {
-        let l = model
-            .loss(
-                &src,
-                &tgt_in,
-                &tgt_out,
-                &masks,
-                (0, 0.1),
-                Mode::Train(&rng),
-                Backprop::Graph,
-            )
-            .unwrap();
+        let l = loss(0.1, Mode::Train(&rng), Backprop::Graph);
         let mut g = Gradients::backward(&l.loss, &vars).unwrap();
         clip_grad_norm(&mut g, 1.0).unwrap();
         opt.step(&g, 1.0).unwrap();
     });
     let direct = DirectGrads::new();
     time("loss forward + backward, direct gradients", reps, || {
-        let l = model
-            .loss(
-                &src,
-                &tgt_in,
-                &tgt_out,
-                &masks,
-                (0, 0.1),
-                Mode::Train(&rng),
-                Backprop::Direct(&direct, Precision::F32),
-            )
-            .unwrap();
+        let l = loss(
+            0.1,
+            Mode::Train(&rng),
+            Backprop::Direct(&direct, Precision::F32),
+        );
         drop(Gradients::from_backward(&l.loss, &vars, &direct).unwrap());
     });
     let mt_model = MtModel::from(model.clone());
@@ -175,15 +124,7 @@ fn main() -> candle_core::Result<()> {
             .unwrap();
         },
     );
-    let l = model.loss(
-        &src,
-        &tgt_in,
-        &tgt_out,
-        &masks,
-        (0, 0.1),
-        Mode::Train(&rng),
-        Backprop::Graph,
-    )?;
+    let l = loss(0.1, Mode::Train(&rng), Backprop::Graph);
     let mut g = Gradients::backward(&l.loss, &vars)?;
     time("clip", reps, || clip_grad_norm(&mut g, 1.0).unwrap());
     time("Adam (three in-place passes)", reps, || {

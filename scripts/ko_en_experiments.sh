@@ -9,7 +9,8 @@
 #   ko-en      the Transformer (default size), Korean -> English on ko-en-all with the
 #              chosen tokenizer, EPOCHS epochs;
 #   en-ko      the same, English -> Korean;
-#   gru        gru-bahdanau Korean -> English on the same data and tokenizer;
+#   gru        gru-bahdanau Korean -> English on the same data and tokenizer, EPOCHS
+#              epochs, and the Transformer for as many (ko-en-EPOCHS-epochs) beside it;
 #   finetune   the Korean -> English run continued on Tatoeba's training sentences
 #              (scripts/split_ko_en_tatoeba.py; the held-out Tatoeba sentences stay unseen),
 #              FT_EPOCHS epochs, 100 warm-up steps and a quarter of the default
@@ -24,7 +25,8 @@
 # EPOCHS (12), TOK_EPOCHS (2), TOKENIZER (the tokenizer stage's winner; set it to skip that
 # stage), FT_EPOCHS (10), STAGES ("tokenizer ko-en en-ko gru finetune scores"), EXTRA (flags
 # added to every fresh run, e.g. "--max-batches 20 --max-valid 50" for a quick check of the
-# whole script).
+# whole script), RESUME_EXTRA (flags added to every resumed run, e.g. "--epochs 8" to end a
+# run sooner than it was started for).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,7 +52,8 @@ train() {
         say "finished already: $out"
     elif [ -f "$out/checkpoint.safetensors" ]; then
         say "resuming $out"
-        "$BIN" mt train --out "$out" --resume 2>&1 | tee -a "$out.log"
+        # shellcheck disable=SC2086
+        "$BIN" mt train --out "$out" --resume ${RESUME_EXTRA:-} 2>&1 | tee -a "$out.log"
     else
         say "training $out: $*"
         # shellcheck disable=SC2086
@@ -102,6 +105,9 @@ stage_en-ko() {
 stage_gru() {
     train "$RUNS/ko-en-gru" --corpus ko-en-all --data "$DATA" --tokenizer "$(tokenizer)" \
         --arch gru-bahdanau --epochs "$EPOCHS"
+    # The Transformer trained for as many epochs, to compare the two like for like.
+    train "$RUNS/ko-en-$EPOCHS-epochs" --corpus ko-en-all --data "$DATA" \
+        --tokenizer "$(tokenizer)" --epochs "$EPOCHS"
 }
 stage_finetune() {
     split="$RUNS/tatoeba-split"
@@ -114,7 +120,9 @@ stage_finetune() {
 }
 stage_scores() {
     local run
-    for run in ko-en en-ko ko-en-gru ko-en-ft-tatoeba; do
+    for dir in "$RUNS"/*/; do
+        run=$(basename "$dir")
+        [[ $run == tok-* || $run == tatoeba-split ]] && continue
         [ -f "$RUNS/$run/test.hyp" ] || { say "not finished, not scored: $run"; continue; }
         [ -s "$RUNS/$run/scores.jsonl" ] && continue
         "$BIN" mt eval --run "$RUNS/$run" --corpus ko-en-all --data "$DATA" --test-set all \

@@ -8,10 +8,10 @@ use crate::clip::clip_grad_norm;
 use crate::error::Result;
 use crate::grads::Gradients;
 use crate::loss::cross_entropy;
-use crate::metrics::{Metric, Weights};
+use crate::metrics::Metric;
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
-    self, save_tagged, LogWindow, Progress, RunOptions, RunState, StepStats, Task, Validation,
+    self, save_tagged, Progress, RunOptions, RunState, StepStats, Task, Validation,
 };
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
@@ -133,9 +133,6 @@ impl Task for CopyTask {
     fn epochs(&self) -> usize {
         1
     }
-    fn checkpoint_interval(&self) -> usize {
-        0
-    }
     fn config_toml(&self) -> String {
         toml::to_string(&self.cfg).expect("config serializes")
     }
@@ -172,31 +169,12 @@ impl Task for CopyTask {
         })
     }
 
-    fn log_due(&self, index: usize, batches: usize) -> bool {
-        index == 0 || (index + 1).is_multiple_of(self.cfg.log_every.max(1)) || index + 1 == batches
+    fn log_interval(&self) -> usize {
+        self.cfg.log_every
     }
 
-    fn log_line(&self, w: &LogWindow) -> (String, Metric) {
-        let loss = w.loss_sum / w.count.max(1) as f64;
-        let ms = w.seconds * 1e3 / w.count.max(1) as f64;
-        let lr = self.opt.lr;
-        (
-            format!(
-                "step {:>5}/{} | lr {lr:.2e} | loss {loss:.4} | {ms:.1} ms/step",
-                w.index + 1,
-                w.batches
-            ),
-            Metric::Train {
-                step: w.step,
-                epoch: w.epoch,
-                batch: w.index + 1,
-                batches: w.batches,
-                lr,
-                ms_per_batch: ms,
-                loss,
-                ppl: loss.exp(),
-            },
-        )
+    fn learning_rate(&self) -> f64 {
+        self.opt.lr
     }
 
     fn validate(&self, model: &Seq2Seq, _dist: &crate::dist::Dist) -> Result<Validation> {
@@ -205,25 +183,6 @@ impl Task for CopyTask {
             loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
             score: None,
         })
-    }
-
-    fn epoch_lines(
-        &self,
-        _epoch: usize,
-        secs: f64,
-        _train_seconds: f64,
-        validated: &[(Weights, Validation)],
-    ) -> Vec<String> {
-        validated
-            .iter()
-            .map(|(w, v)| {
-                format!(
-                    "trained in {secs:.1}s; held-out loss of {}: {:.4}",
-                    w.describe(),
-                    v.loss
-                )
-            })
-            .collect()
     }
 
     fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {

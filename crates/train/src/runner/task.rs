@@ -183,8 +183,10 @@ pub trait Task {
 
     /// The number of epochs to train.
     fn epochs(&self) -> usize;
-    /// Batches between resumable checkpoints (0: at epoch ends only).
-    fn checkpoint_interval(&self) -> usize;
+    /// Batches between resumable checkpoints (0, the default: at epoch ends only).
+    fn checkpoint_interval(&self) -> usize {
+        0
+    }
     /// The task's configuration as saved in checkpoints.
     fn config_toml(&self) -> String;
     /// The model being trained and its parameters.
@@ -231,10 +233,43 @@ pub trait Task {
         0
     }
 
-    /// Whether a log line is due after batch `index` (0-based) of `batches`.
-    fn log_due(&self, index: usize, batches: usize) -> bool;
-    /// The log line for the batches since the last one, and its record.
-    fn log_line(&self, w: &LogWindow) -> (String, Metric);
+    /// Batches between log lines (the default [`Self::log_due`] reads it; 100 by default).
+    fn log_interval(&self) -> usize {
+        100
+    }
+    /// The learning rate of the last step, for the default [`Self::log_line`].
+    fn learning_rate(&self) -> f64 {
+        f64::NAN
+    }
+    /// Whether a log line is due after batch `index` (0-based) of `batches`; by default
+    /// after the first batch, every [`Self::log_interval`] batches and the last.
+    fn log_due(&self, index: usize, batches: usize) -> bool {
+        index == 0 || (index + 1).is_multiple_of(self.log_interval().max(1)) || index + 1 == batches
+    }
+    /// The log line for the batches since the last one, and its record; by default
+    /// `step I/N | lr | loss | ms/step`, the loss being the window's mean.
+    fn log_line(&self, w: &LogWindow) -> (String, Metric) {
+        let loss = w.loss_sum / w.count.max(1) as f64;
+        let ms = w.seconds * 1e3 / w.count.max(1) as f64;
+        let lr = self.learning_rate();
+        (
+            format!(
+                "step {:>5}/{} | lr {lr:.2e} | loss {loss:.4} | {ms:.1} ms/step",
+                w.index + 1,
+                w.batches
+            ),
+            Metric::Train {
+                step: w.step,
+                epoch: w.epoch,
+                batch: w.index + 1,
+                batches: w.batches,
+                lr,
+                ms_per_batch: ms,
+                loss,
+                ppl: loss.exp(),
+            },
+        )
+    }
 
     /// Validation loss (and score) of a model; with several processes each computes its
     /// share (`dist`) and every one returns the gathered figures.
@@ -243,14 +278,26 @@ pub trait Task {
     fn selection(&self) -> Selection {
         Selection::LowerLoss
     }
-    /// The end-of-epoch log lines.
+    /// The end-of-epoch log lines; by default one per validated set of weights, with the
+    /// epoch's seconds and its validation loss.
     fn epoch_lines(
         &self,
-        epoch: usize,
+        _epoch: usize,
         seconds: f64,
-        train_seconds: f64,
+        _train_seconds: f64,
         validated: &[(Weights, Validation)],
-    ) -> Vec<String>;
+    ) -> Vec<String> {
+        validated
+            .iter()
+            .map(|(w, v)| {
+                format!(
+                    "trained in {seconds:.1}s; held-out loss of {}: {:.4}",
+                    w.describe(),
+                    v.loss
+                )
+            })
+            .collect()
+    }
 
     /// Optimizer state for checkpoints: tensors and metadata (none for plain SGD).
     fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {

@@ -29,9 +29,10 @@
 use super::attention::masked_softmax_rows;
 use super::float::{self, simd};
 use super::int8::{Int8Kernel, QuantizedLinear};
-use super::layer_norm;
 use super::linear::rows_forward;
 use super::matmul::{gemm, unpacked_row_chunks, Mat};
+use super::shared::ln_rows;
+use super::sublayer::{residual_sum, sublayer_input};
 use super::{num_threads, run_parallel};
 use candle_core::{bail, CpuStorage, DType, Result, Storage, Tensor};
 use std::sync::Arc;
@@ -589,44 +590,6 @@ fn transpose<T>(v: Vec<Vec<T>>) -> Vec<Vec<T>> {
     out
 }
 
-/// Layer norm of each row of `x` in place.
-#[inline(always)]
-fn ln_rows(x: &mut [f32], w: &[f32], b: &[f32], eps: f32, tmp: &mut [f32]) {
-    let c = w.len();
-    for row in x.chunks_exact_mut(c) {
-        layer_norm::forward_row(row, w, b, eps, tmp, None);
-        row.copy_from_slice(tmp);
-    }
-}
-
-/// A sub-layer's input: `x` itself (post-norm) or its layer norm `norm` (pre-norm), made in
-/// `a`.
-#[inline(always)]
-fn sublayer_input<'a>(
-    d: &Dims,
-    x: &'a [f32],
-    a: &'a mut [f32],
-    lw: LayerW,
-    norm: usize,
-    tmp: &mut [f32],
-) -> &'a [f32] {
-    if d.norm_first {
-        a.copy_from_slice(x);
-        ln_rows(a, lw[norm], lw[norm + 1], d.eps, tmp);
-        a
-    } else {
-        x
-    }
-}
-
-/// After a sub-layer's residual `x += f(..)`: the layer norm `norm` in place (post-norm).
-#[inline(always)]
-fn sublayer_output(d: &Dims, x: &mut [f32], lw: LayerW, norm: usize, tmp: &mut [f32]) {
-    if !d.norm_first {
-        ln_rows(x, lw[norm], lw[norm + 1], d.eps, tmp);
-    }
-}
-
 /// The stack for the rows `r` of this step (`x` their inputs, overwritten with the output;
 /// `k`, `v` their new keys and values per layer; `sw`, `cw` their attention weights per layer
 /// when asked for).
@@ -655,10 +618,9 @@ fn step_group(
     let mut y = vec![0f32; n * c];
     let mut hid = vec![0f32; n * f];
     let mut p = vec![0f32; (t + 1).max(s)];
-    let mut tmp = vec![0f32; c];
     for (l, lw) in w.iter().enumerate() {
         // Masked self-attention over the row's own history.
-        let src = sublayer_input(d, x, &mut a, lw, slot::N1_W, &mut tmp);
+        let src = sublayer_input(d.norm_first, d.eps, lw, slot::N1_W, x, &mut a, None);
         project_layer(cache, lw, l, slot::SQ_W, &mut q, src, (n, c, c));
         project_layer(cache, lw, l, slot::SK_W, k[l], src, (n, c, c));
         project_layer(cache, lw, l, slot::SV_W, v[l], src, (n, c, c));
@@ -697,10 +659,10 @@ fn step_group(
             }
         }
         project_layer(cache, lw, l, slot::SO_W, &mut y, &o, (n, c, c));
-        float::add_inplace(x, &y);
-        sublayer_output(d, x, lw, slot::N1_W, &mut tmp);
+        residual_sum((d.norm_first, d.eps), lw, slot::N1_W, x, &mut y, None);
+        x.copy_from_slice(&y);
         // Encoder-decoder attention over the row's sentence.
-        let src = sublayer_input(d, x, &mut a, lw, slot::N2_W, &mut tmp);
+        let src = sublayer_input(d.norm_first, d.eps, lw, slot::N2_W, x, &mut a, None);
         project_layer(cache, lw, l, slot::CQ_W, &mut q, src, (n, c, c));
         o.fill(0.0);
         for i in 0..n {
@@ -729,19 +691,20 @@ fn step_group(
             }
         }
         project_layer(cache, lw, l, slot::CO_W, &mut y, &o, (n, c, c));
-        float::add_inplace(x, &y);
-        sublayer_output(d, x, lw, slot::N2_W, &mut tmp);
+        residual_sum((d.norm_first, d.eps), lw, slot::N2_W, x, &mut y, None);
+        x.copy_from_slice(&y);
         // Feed-forward network (ReLU).
-        let src = sublayer_input(d, x, &mut a, lw, slot::N3_W, &mut tmp);
+        let src = sublayer_input(d.norm_first, d.eps, lw, slot::N3_W, x, &mut a, None);
         project_layer(cache, lw, l, slot::L1_W, &mut hid, src, (n, f, c));
         for hv in hid.iter_mut() {
             *hv = hv.max(0.0);
         }
         project_layer(cache, lw, l, slot::L2_W, &mut y, &hid, (n, c, f));
-        float::add_inplace(x, &y);
-        sublayer_output(d, x, lw, slot::N3_W, &mut tmp);
+        residual_sum((d.norm_first, d.eps), lw, slot::N3_W, x, &mut y, None);
+        x.copy_from_slice(&y);
     }
     if let Some((nw, nb)) = final_norm {
-        ln_rows(x, nw, nb, d.eps, &mut tmp);
+        let out = x.to_vec();
+        ln_rows(&out, nw, nb, d.eps, x, None);
     }
 }

@@ -109,6 +109,28 @@ pub(crate) fn linear_grads<T: Float>(
     bias_grad_add(db, dy);
 }
 
+/// Layer norm of the rows of `x` into `y`; `norm`, when given, keeps the normalised rows and
+/// `1 / std` for a backward pass ([`ln_fwd`]), else nothing is kept (decoding).
+#[inline(always)]
+pub(crate) fn ln_rows<T: Float>(
+    x: &[T],
+    g: &[T],
+    b: &[T],
+    eps: T,
+    y: &mut [T],
+    norm: Option<&mut Norm<T>>,
+) {
+    match norm {
+        Some(norm) => ln_fwd(x, g, b, eps, y, norm),
+        None => {
+            let c = g.len();
+            for (xr, yr) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)) {
+                layer_norm::forward_row(xr, g, b, eps, yr, None);
+            }
+        }
+    }
+}
+
 /// Layer norm of the rows of `x` into `y`, keeping the normalised rows and `1 / std` in
 /// `norm` ([`super::layer_norm`]'s row arithmetic).
 #[inline(always)]

@@ -18,7 +18,7 @@ use super::float::{self, Float};
 use super::linear::{bias_grad_add, bias_rows, rows_forward, rows_input_grad};
 use super::matmul::{gemm, Mat};
 use super::shared::{
-    drop_inplace, drop_into, linear_grads, ln_bwd, ln_fwd, two, Activation, EncoderLayerOptions,
+    drop_inplace, drop_into, linear_grads, ln_bwd, ln_rows, two, Activation, EncoderLayerOptions,
     LayerShape, Norm,
 };
 
@@ -167,27 +167,53 @@ fn lin_grads<T: Float>(
     linear_grads(dw, db, dy, x, n, k)
 }
 
-/// A sub-layer's input as its first products read it: with pre-norm, the input's layer norm
-/// (returned, its statistics in `nrm`); with post-norm nothing (empty: the input itself).
+/// A sub-layer's input as its first products read it: with pre-norm (`norm_first`) the layer
+/// norm `norm` of `x`, made in `normed` (its statistics in `nrm` when kept for a backward
+/// pass); with post-norm `x` itself. The training layers' sub-layers and the decoding step
+/// ([`super::decoder_step`]) share it.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn pre_norm<T: Float>(sh: &SubDims, w: &[&[T]], norm: usize, x: &[T], nrm: &mut Norm<T>) -> Vec<T> {
-    if !sh.norm_first {
-        return Vec::new();
+pub(super) fn sublayer_input<'a, T: Float>(
+    norm_first: bool,
+    eps: T,
+    w: &[&[T]],
+    norm: usize,
+    x: &'a [T],
+    normed: &'a mut Vec<T>,
+    nrm: Option<&mut Norm<T>>,
+) -> &'a [T] {
+    if !norm_first {
+        return x;
     }
-    let mut normed = vec![T::ZERO; x.len()];
-    ln_fwd(
-        x,
-        w[norm],
-        w[norm + 1],
-        T::from_f64(sh.eps),
-        &mut normed,
-        nrm,
-    );
+    normed.resize(x.len(), T::ZERO);
+    ln_rows(x, w[norm], w[norm + 1], eps, normed, nrm);
     normed
 }
 
-/// A sub-layer's end, on its branch's output `out`: dropout (`drop`), the residual `x`
-/// added, and with post-norm the layer norm of the sum (its statistics in `nrm`).
+/// A sub-layer's end once its branch's output is in `out`: the residual `x` added
+/// (`out = x + out`), and with post-norm the layer norm `norm` of the sum in place (its
+/// statistics in `nrm` when kept). The training layers' sub-layers (after their dropout) and
+/// the decoding step share it.
+#[inline(always)]
+pub(super) fn residual_sum<T: Float>(
+    (norm_first, eps): (bool, T),
+    w: &[&[T]],
+    norm: usize,
+    x: &[T],
+    out: &mut [T],
+    nrm: Option<&mut Norm<T>>,
+) {
+    for (r, &xv) in out.iter_mut().zip(x) {
+        *r = xv + *r;
+    }
+    if !norm_first {
+        let sum = out.to_vec();
+        ln_rows(&sum, w[norm], w[norm + 1], eps, out, nrm);
+    }
+}
+
+/// A sub-layer's end, on its branch's output `out`: dropout (`drop`), then
+/// [`residual_sum`] (its statistics in `nrm`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn residual_fwd<T: Float>(
@@ -203,13 +229,8 @@ fn residual_fwd<T: Float>(
     if let Some(m) = drop {
         drop_rows(out, m, rows, sh.c, dscale);
     }
-    for (r, &xv) in out.iter_mut().zip(x) {
-        *r = xv + *r;
-    }
-    if !sh.norm_first {
-        let sum = out.to_vec();
-        ln_fwd(&sum, w[norm], w[norm + 1], T::from_f64(sh.eps), out, nrm);
-    }
+    let how = (sh.norm_first, T::from_f64(sh.eps));
+    residual_sum(how, w, norm, x, out, Some(nrm));
 }
 
 /// [`residual_fwd`]'s backward pass: from the gradient of the sub-layer's output `dout`,
@@ -563,8 +584,9 @@ pub(super) fn attn_fwd<'k, T: Float>(
     let dh = c / h;
     let scale = T::from_f64(1.0 / (dh as f64).sqrt());
     let mut nrm = Norm::default();
-    let a_in = pre_norm(sh, w, norm, x, &mut nrm);
-    let a_src: &[T] = if sh.norm_first { &a_in } else { x };
+    let mut a_in = Vec::new();
+    let eps = T::from_f64(sh.eps);
+    let a_src = sublayer_input(sh.norm_first, eps, w, norm, x, &mut a_in, Some(&mut nrm));
     let (kv_src, k_rows) = kv.unwrap_or((a_src, q_rows));
     let nk = k_rows.n();
     let mut q = vec![T::ZERO; n * c];
@@ -783,8 +805,9 @@ pub(super) fn ff_fwd<T: Float>(
     let (c, f) = (sh.c, sh.f);
     let n = x.len() / c;
     let mut nrm = Norm::default();
-    let f_in = pre_norm(sh, w, norm, x, &mut nrm);
-    let f_src: &[T] = if sh.norm_first { &f_in } else { x };
+    let mut f_in = Vec::new();
+    let eps = T::from_f64(sh.eps);
+    let f_src = sublayer_input(sh.norm_first, eps, w, norm, x, &mut f_in, Some(&mut nrm));
     let mut hid = vec![T::ZERO; n * f];
     lin_forward(sh, &mut hid, f_src, w[l1], w[l1 + 1], n, f, c);
     let mut pre = Vec::new();

@@ -166,6 +166,26 @@ pub fn time_output_layer(rows: usize, d_model: usize, vocab: usize) -> Result<(f
     Ok((median(f), median(h)))
 }
 
+/// The precision a run trains in and the log line that says why: a resumed run keeps the one
+/// its `config.toml` records (said in the log when it is bf16, [`resumed_line`]); a fresh run
+/// [`choose`]s, for an output layer of `shape` (rows, d_model, vocabulary).
+pub fn settle(
+    device: &Device,
+    resuming: bool,
+    requested: Precision,
+    measure: bool,
+    (rows, d_model, vocab): (usize, usize, usize),
+    covers: &str,
+) -> Result<Choice> {
+    if resuming {
+        return Ok(Choice {
+            precision: requested,
+            line: (requested == Precision::Bf16).then(|| resumed_line(covers)),
+        });
+    }
+    choose(device, requested, measure, rows, d_model, vocab, covers)
+}
+
 /// The log line of a resumed run configured for bf16 (measured when the run started);
 /// `covers` as in [`choose`].
 pub fn resumed_line(covers: &str) -> String {

@@ -79,23 +79,12 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         ..cfg
     };
     // bf16 only where it measures faster here (fresh runs; a resumed run keeps its choice).
-    let precision_line = if resuming {
-        (cfg.precision == Precision::Bf16).then(|| crate::precision::resumed_line(BF16_COVERS))
-    } else {
-        let rows = cfg.batch_size * cfg.bptt;
-        let (p, measure) = (cfg.precision, cfg.measure_precision);
-        let choice = crate::precision::choose(
-            dev,
-            p,
-            measure,
-            rows,
-            cfg.emsize,
-            data.vocab.len(),
-            BF16_COVERS,
-        )?;
-        cfg.precision = choice.precision;
-        choice.line
-    };
+    let rows = cfg.batch_size * cfg.bptt;
+    let (p, measure) = (cfg.precision, cfg.measure_precision);
+    let shape = (rows, cfg.emsize, data.vocab.len());
+    let choice = crate::precision::settle(dev, resuming, p, measure, shape, BF16_COVERS)?;
+    cfg.precision = choice.precision;
+    let precision_line = choice.line;
     if writer && !resuming {
         checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
         data.vocab.save(&vocab_path(run))?;

@@ -318,18 +318,15 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     // its choice; the recurrent models train in f32).
     let mut cfg = cfg;
     let precision_line = match (cfg.precision, cfg.arch) {
-        (Precision::F32, _) => None,
-        (_, Arch::Gru | Arch::GruDot | Arch::GruBahdanau) => Some(
+        (Precision::Bf16, Arch::Gru | Arch::GruDot | Arch::GruBahdanau) => Some(
             "precision: bf16 applies to the Transformer's output layer only: training in f32"
                 .to_string(),
         ),
-        _ if resuming => Some(crate::precision::resumed_line(BF16_COVERS)),
         _ => {
             // The output layer runs on a batch's target tokens (at most the token budget).
-            let rows = cfg.max_tokens.min(2048);
+            let shape = (cfg.max_tokens.min(2048), cfg.d_model, vocab);
             let (p, measure) = (cfg.precision, cfg.measure_precision);
-            let choice =
-                crate::precision::choose(dev, p, measure, rows, cfg.d_model, vocab, BF16_COVERS)?;
+            let choice = crate::precision::settle(dev, resuming, p, measure, shape, BF16_COVERS)?;
             cfg.precision = choice.precision;
             choice.line
         }

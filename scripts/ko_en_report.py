@@ -122,7 +122,7 @@ def samples(runs_dir):
                 continue
             picks = [ranked[-1], ranked[len(ranked) // 2], ranked[0]]
             for (_, i), kind in zip(picks, ("best", "median", "worst")):
-                cell = lambda t: t.replace("|", "\\|")
+                cell = lambda t: t.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
                 out.append(f"| {name} | {kind} | {cell(src[i])} | {cell(ref[i])} | {cell(hyp[i])} |")
         out.append("")
     return "\n".join(out)

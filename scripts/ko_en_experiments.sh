@@ -26,7 +26,8 @@
 # stage), FT_EPOCHS (10), STAGES ("tokenizer ko-en en-ko gru finetune scores"), EXTRA (flags
 # added to every fresh run, e.g. "--max-batches 20 --max-valid 50" for a quick check of the
 # whole script), RESUME_EXTRA (flags added to every resumed run, e.g. "--epochs 8" to end a
-# run sooner than it was started for).
+# run sooner than it was started for), SCORE_SETS (the sets the scores stage names, as
+# `mt eval --test-set` takes them; default all).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -125,7 +126,9 @@ stage_scores() {
         [[ $run == tok-* || $run == tatoeba-split ]] && continue
         [ -f "$RUNS/$run/test.hyp" ] || { say "not finished, not scored: $run"; continue; }
         [ -s "$RUNS/$run/scores.jsonl" ] && continue
-        "$BIN" mt eval --run "$RUNS/$run" --corpus ko-en-all --data "$DATA" --test-set all \
+        local sets=()
+        for set in ${SCORE_SETS:-all}; do sets+=(--test-set "$set"); done
+        "$BIN" mt eval --run "$RUNS/$run" --corpus ko-en-all --data "$DATA" "${sets[@]}" \
             --json --hyp-out "$RUNS/$run/hyps" |
             python3 -c "import json,sys
 for l in sys.stdin:

@@ -65,7 +65,8 @@ def label_of(runs_dir, run, label):
         with open(os.path.join(runs_dir, run, "config.toml"), encoding="utf-8") as f:
             for line in f:
                 if line.startswith("epochs ="):
-                    return f"{label}, {line.split('=')[1].strip()} epochs"
+                    n = line.split("=")[1].strip()
+                    return f"{label}, {n} epoch{'' if n == '1' else 's'}"
     except OSError:
         pass
     return label

@@ -10,9 +10,7 @@
 #              chosen tokenizer, EPOCHS epochs;
 #   en-ko      the same, English -> Korean;
 #   gru        gru-bahdanau Korean -> English on the same data and tokenizer, EPOCHS
-#              epochs, and the Transformer for as many (ko-en-EPOCHS-epochs) beside it
-#              (scoring the GRU on python-docs-heldout took over 24 GB: leave it out of
-#              SCORE_SETS on such a machine);
+#              epochs, and the Transformer for as many (ko-en-EPOCHS-epochs) beside it;
 #   finetune   the Korean -> English run continued on Tatoeba's training sentences
 #              (scripts/split_ko_en_tatoeba.py; the held-out Tatoeba sentences stay unseen),
 #              FT_EPOCHS epochs, 100 warm-up steps and a quarter of the default

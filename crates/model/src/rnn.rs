@@ -149,6 +149,15 @@ impl RnnState {
         self.src_lens.len()
     }
 
+    /// Cuts every tensor of the state from candle's graph (decoding: the values only).
+    fn detach(&mut self) {
+        self.outputs = self.outputs.detach();
+        self.keys = self.keys.as_ref().map(Tensor::detach);
+        self.mask = self.mask.detach();
+        self.summary = self.summary.detach();
+        self.state = self.state.detach();
+    }
+
     /// Keeps rows `rows` in that order (repeats allowed).
     ///
     /// # Shapes
@@ -255,9 +264,13 @@ impl RnnSeq2Seq {
         })
     }
 
-    /// Encodes a batch of sources for decoding (evaluation mode).
+    /// Encodes a batch of sources for decoding (evaluation mode). The state is detached from
+    /// candle's graph, as every step's is ([`Self::step`]): decoding keeps no graph, so a
+    /// long output's memory does not grow with every step's gates.
     pub fn start(&self, src: &Tensor, pad_id: u32) -> Result<RnnState> {
-        self.start_with(src, pad_id, Mode::Eval)
+        let mut st = self.start_with(src, pad_id, Mode::Eval)?;
+        st.detach();
+        Ok(st)
     }
 
     /// Attention of `query` (B, 2H) over the state's encoder outputs: weights (B, S) and
@@ -396,7 +409,9 @@ impl RnnSeq2Seq {
     ) -> Result<(Tensor, Option<Tensor>)> {
         let y = self.tgt_embedding.forward(tokens)?;
         let (f, w) = self.advance(state, &y)?;
-        let f = crate::kernels::tanh(&self.output.forward(&f)?)?;
+        // The next step starts from values, not from this step's graph (see `start`).
+        state.detach();
+        let f = crate::kernels::tanh(&self.output.forward(&f)?)?.detach();
         let bias = self.generator.bias().expect("the output layer has a bias");
         let logits = crate::kernels::linear_few_rows(&f, self.generator.weight(), bias)?;
         Ok((logits, if need_weights { w } else { None }))

@@ -156,3 +156,34 @@ fn training_reaches_every_parameter() -> Result<()> {
     }
     Ok(())
 }
+
+/// Decoding keeps no graph through the recurrent state: the state `start` makes and every
+/// step's are cut from candle's graph, so a step's logits reach only that step's own
+/// parameters (the decoder's, the output layers'), never the encoder's, and memory does
+/// not grow with the output's length.
+#[test]
+fn decoding_keeps_no_graph_through_the_state() -> Result<()> {
+    let encoder_side = ["src_embedding.", "encoder.", "bridge.", "attention.keys."];
+    for kind in KINDS {
+        let (m, params) = model(5, kind)?;
+        let src = sources(2, 4)?;
+        let mut st = m.start(&src, PAD)?;
+        for t in 0..3u32 {
+            let ids = Tensor::new(&[3 + t, 4 + t], &Device::Cpu)?;
+            let grads = m.step(&mut st, &ids, false)?.0.sum_all()?.backward()?;
+            for (name, var) in params.iter() {
+                let reached = grads.get(var.as_tensor()).is_some();
+                if encoder_side.iter().any(|p| name.starts_with(p)) {
+                    assert!(
+                        !reached,
+                        "{kind:?} step {t}: {name} reached from the logits"
+                    );
+                }
+                if name.starts_with("generator.") {
+                    assert!(reached, "{kind:?} step {t}: {name}");
+                }
+            }
+        }
+    }
+    Ok(())
+}

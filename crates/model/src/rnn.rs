@@ -411,7 +411,7 @@ impl RnnSeq2Seq {
         let (f, w) = self.advance(state, &y)?;
         // The next step starts from values, not from this step's graph (see `start`).
         state.detach();
-        let f = crate::kernels::tanh(&self.output.forward(&f)?)?.detach();
+        let f = crate::kernels::tanh(&self.output.forward(&f)?)?;
         let bias = self.generator.bias().expect("the output layer has a bias");
         let logits = crate::kernels::linear_few_rows(&f, self.generator.weight(), bias)?;
         Ok((logits, if need_weights { w } else { None }))

@@ -659,8 +659,8 @@ fn step_group(
             }
         }
         project_layer(cache, lw, l, slot::SO_W, &mut y, &o, (n, c, c));
-        residual_sum((d.norm_first, d.eps), lw, slot::N1_W, x, &mut y, None);
-        x.copy_from_slice(&y);
+        // x = y + x (IEEE addition commutes: the same sum as x + y), then the post-norm.
+        residual_sum((d.norm_first, d.eps), lw, slot::N1_W, &y, x, None);
         // Encoder-decoder attention over the row's sentence.
         let src = sublayer_input(d.norm_first, d.eps, lw, slot::N2_W, x, &mut a, None);
         project_layer(cache, lw, l, slot::CQ_W, &mut q, src, (n, c, c));
@@ -691,8 +691,8 @@ fn step_group(
             }
         }
         project_layer(cache, lw, l, slot::CO_W, &mut y, &o, (n, c, c));
-        residual_sum((d.norm_first, d.eps), lw, slot::N2_W, x, &mut y, None);
-        x.copy_from_slice(&y);
+        // x = y + x, then the post-norm.
+        residual_sum((d.norm_first, d.eps), lw, slot::N2_W, &y, x, None);
         // Feed-forward network (ReLU).
         let src = sublayer_input(d.norm_first, d.eps, lw, slot::N3_W, x, &mut a, None);
         project_layer(cache, lw, l, slot::L1_W, &mut hid, src, (n, f, c));
@@ -700,8 +700,8 @@ fn step_group(
             *hv = hv.max(0.0);
         }
         project_layer(cache, lw, l, slot::L2_W, &mut y, &hid, (n, c, f));
-        residual_sum((d.norm_first, d.eps), lw, slot::N3_W, x, &mut y, None);
-        x.copy_from_slice(&y);
+        // x = y + x, then the post-norm.
+        residual_sum((d.norm_first, d.eps), lw, slot::N3_W, &y, x, None);
     }
     if let Some((nw, nb)) = final_norm {
         let out = x.to_vec();

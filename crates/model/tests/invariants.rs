@@ -326,20 +326,8 @@ fn loss_without_gradients_equals_the_eval_loss() -> Result<()> {
     let (lm, _) = tiny_lm(12)?;
     let x = ids(&[&[3, 7, 1, 9, 4], &[1, 2, 3, 4, 5]])?;
     let t = ids(&[&[7, 1, 9, 4, 4], &[2, 3, 4, 5, 29]])?;
-    let with_graph = lm.loss(
-        &x,
-        &t,
-        Mode::Eval,
-        Backprop::Graph,
-        transformer_model::Precision::F32,
-    )?;
-    let plain = lm.loss(
-        &x,
-        &t,
-        Mode::Eval,
-        Backprop::Off,
-        transformer_model::Precision::F32,
-    )?;
+    let eval_loss = |b| lm.loss(&x, &t, Mode::Eval, b, transformer_model::Precision::F32);
+    let (with_graph, plain) = (eval_loss(Backprop::Graph)?, eval_loss(Backprop::Off)?);
     assert!(with_graph.track_op() && !plain.track_op());
     let diff = (with_graph.to_scalar::<f64>()? - plain.to_scalar::<f64>()?).abs();
     assert!(diff < 1e-12, "differs by {diff}");

@@ -201,7 +201,8 @@ fn main() -> candle_core::Result<()> {
         time("  logits (eval, unfused)", 5, || {
             model.forward(&ids, Mode::Eval).unwrap()
         });
-        time("  loss (train) forward", 5, || {
+        // The training loss through candle's graph, in the run's precision.
+        let train_loss = || {
             model
                 .loss(
                     &ids,
@@ -211,30 +212,13 @@ fn main() -> candle_core::Result<()> {
                     precision,
                 )
                 .unwrap()
-        });
+        };
+        time("  loss (train) forward", 5, &train_loss);
         time("  loss (train) forward+backward", 5, || {
-            model
-                .loss(
-                    &ids,
-                    &targets,
-                    Mode::Train(&rng),
-                    Backprop::Graph,
-                    precision,
-                )
-                .unwrap()
-                .backward()
-                .unwrap()
+            train_loss().backward().unwrap()
         });
         let vars = params.vars();
-        let loss = model
-            .loss(
-                &ids,
-                &targets,
-                Mode::Train(&rng),
-                Backprop::Graph,
-                precision,
-            )
-            .unwrap();
+        let loss = train_loss();
         let grads = transformer_train::Gradients::backward(&loss, &vars).unwrap();
         time("  clip + sgd (in place)", 5, || {
             let (_, coef) = transformer_train::clip::clip_coefficient(&grads, 0.5).unwrap();
@@ -242,15 +226,7 @@ fn main() -> candle_core::Result<()> {
             sgd.step(&grads, coef).unwrap();
         });
         time("  full step, all gradients in GradStore", 5, || {
-            let loss = model
-                .loss(
-                    &ids,
-                    &targets,
-                    Mode::Train(&rng),
-                    Backprop::Graph,
-                    precision,
-                )
-                .unwrap();
+            let loss = train_loss();
             let g = transformer_train::Gradients::backward(&loss, &vars).unwrap();
             let (_, coef) = transformer_train::clip::clip_coefficient(&g, 0.5).unwrap();
             let mut sgd = transformer_train::Sgd::new(vars.clone(), 0.0);

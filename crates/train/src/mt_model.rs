@@ -5,7 +5,6 @@ use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
 use transformer_decode::{StepModel, StepOutput};
 use transformer_model::seq2seq::Seq2SeqMasks;
-
 use transformer_model::{
     Backprop, DecodePrecision, DecodeState, Mode, ParamBuilder, PreparedDecoding, RnnAttention,
     RnnSeq2Seq, RnnSeq2SeqConfig, RnnState, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,

@@ -62,6 +62,7 @@ mod linear;
 mod matmul;
 pub mod rng;
 mod shared;
+pub mod small_rows;
 mod smoothing;
 mod softmax;
 mod sublayer;
@@ -217,7 +218,7 @@ fn run_parallel<A: Send, R: Send>(items: Vec<A>, f: impl Fn(A) -> R + Sync) -> V
                 .unwrap()
                 .take()
                 .expect("each item runs once");
-            let r = f(item);
+            let r = in_parallel_item(|| f(item));
             *results[i].lock().unwrap() = Some(r);
         }
     });
@@ -225,6 +226,27 @@ fn run_parallel<A: Send, R: Send>(items: Vec<A>, f: impl Fn(A) -> R + Sync) -> V
         .into_iter()
         .map(|m| m.into_inner().unwrap().expect("the pool ran every item"))
         .collect()
+}
+
+thread_local! {
+    /// How many parallel items ([`run_parallel`], [`run_threads`]) this thread is inside.
+    static IN_ITEM: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// `f()`, marked as one item of a parallel run on this thread ([`threads_are_free`]).
+fn in_parallel_item<R>(f: impl FnOnce() -> R) -> R {
+    IN_ITEM.with(|c| c.set(c.get() + 1));
+    let r = f();
+    IN_ITEM.with(|c| c.set(c.get() - 1));
+    r
+}
+
+/// Whether work on this thread may be split between the pool's threads: there is more than
+/// one, and this thread is not itself running one item of a parallel run (then the others
+/// are busy with theirs). The encoder of one sentence runs as a single group of rows, on
+/// the calling thread, and splits its products' columns instead.
+fn threads_are_free() -> bool {
+    IN_ITEM.with(|c| c.get()) == 0 && num_threads() > 1
 }
 
 /// Runs `f` on every item, the first on the calling thread and each other one on a scoped
@@ -240,10 +262,12 @@ fn run_threads<A: Send, R: Send>(items: Vec<A>, f: impl Fn(A) -> R + Sync) -> Ve
         let f = &f;
         let mut items = items.into_iter();
         let first = items.next();
-        let handles: Vec<_> = items.map(|a| s.spawn(move || f(a))).collect();
+        let handles: Vec<_> = items
+            .map(|a| s.spawn(move || in_parallel_item(|| f(a))))
+            .collect();
         let mut out = Vec::with_capacity(handles.len() + 1);
         if let Some(a) = first {
-            out.push(f(a));
+            out.push(in_parallel_item(|| f(a)));
         }
         for h in handles {
             out.push(h.join().expect("kernel worker thread panicked"));

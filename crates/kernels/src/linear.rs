@@ -17,6 +17,7 @@
 
 use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
+use super::small_rows;
 use super::{cpu_fwd3, fused_applies, num_threads, run_parallel, with_slice, Forward3};
 use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
@@ -168,7 +169,8 @@ fn forward<T: Float>(x: &[T], w: &[T], b: &[T], n: usize, m: usize) -> Vec<T> {
 }
 
 /// One thread's share of the layer: `y = b + x W^T` for `n` rows, x (n x k), W (m x k),
-/// y (n x m), single-threaded (also the fused encoder layer's projections).
+/// y (n x m), single-threaded (also the fused encoder layer's projections). f32 with 2 to
+/// [`small_rows::MAX_ROWS`] rows runs [`small_rows`], which reads `W` without gemm's packing.
 pub(super) fn rows_forward<T: Float>(
     y: &mut [T],
     x: &[T],
@@ -178,6 +180,14 @@ pub(super) fn rows_forward<T: Float>(
     m: usize,
     k: usize,
 ) {
+    if T::DTYPE == DType::F32 && (2..=small_rows::MAX_ROWS).contains(&n) && small_rows::available()
+    {
+        // SAFETY: T is f32 (its DTYPE says so), so the slices are f32 slices.
+        let f = |s: &[T]| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) };
+        // SAFETY: as above, and `y` is exclusively borrowed.
+        let y = unsafe { std::slice::from_raw_parts_mut(y.as_mut_ptr().cast::<f32>(), y.len()) };
+        return small_rows::forward(y, f(x), f(w), f(b), n, m, k);
+    }
     bias_rows(y, b);
     gemm(
         Mat::new_mut(y, n, m, m, 1),

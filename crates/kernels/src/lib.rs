@@ -62,7 +62,7 @@ mod linear;
 mod matmul;
 pub mod rng;
 mod shared;
-pub mod small_rows;
+mod small_rows;
 mod smoothing;
 mod softmax;
 mod sublayer;

@@ -18,8 +18,8 @@
 //! on the calling thread alone), the blocks of `W` are split between the threads.
 //!
 //! Each output is `b[j]` plus the products in order of `kk`, each one fused multiply-add:
-//! the sums of `x W^T + b` in another order than gemm's. `examples/kernels_bench.rs`
-//! measures both.
+//! the sums of `x W^T + b` in another order than gemm's. `examples/kernels_timing.rs
+//! small-rows` measures both.
 
 use super::{num_threads, run_parallel, threads_are_free};
 
@@ -31,7 +31,7 @@ const COLS: usize = 8;
 
 /// Most rows the kernel is used for: above, gemm's packing of `W` is repaid by its
 /// blocked products.
-pub const MAX_ROWS: usize = 48;
+pub(crate) const MAX_ROWS: usize = 48;
 
 /// Weights (`m x k`) from which a call's columns are split between free threads
 /// ([`super::threads_are_free`]): one 256 x 256 projection and up.
@@ -56,7 +56,15 @@ pub(crate) fn available() -> bool {
 ///
 /// # Panics
 /// If a slice is shorter than the sizes say, or the CPU lacks AVX-512 ([`available`]).
-pub fn forward(y: &mut [f32], x: &[f32], w: &[f32], b: &[f32], n: usize, m: usize, k: usize) {
+pub(crate) fn forward(
+    y: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    n: usize,
+    m: usize,
+    k: usize,
+) {
     assert!(
         x.len() >= n * k && w.len() >= m * k && b.len() >= m && y.len() >= n * m,
         "small_rows: slices shorter than {n} x {k} @ ({m} x {k})^T"

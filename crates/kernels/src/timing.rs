@@ -8,6 +8,7 @@ use super::dropout::MaskSpec;
 use super::linear::{rows_forward, rows_input_grad, weight_grad_rows};
 use super::matmul::{gemm, Mat};
 use super::shared::drop_inplace;
+use super::small_rows;
 use std::time::Instant;
 
 fn best(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -229,6 +230,57 @@ pub fn bf16_shapes_of_the_lm_loss() {
                 "{name} ({m}x{n}x{k}) ldc {ldc}: {:.0} GFLOP/s, {:.3} ms",
                 2.0 * (m * n * k) as f64 / s / 1e9,
                 s * 1e3
+            );
+        }
+    }
+}
+
+/// A 256 x 256 and a 512 x 256 projection (`x W^T + b`, `W` as stored) for 2 to 48 rows:
+/// gemm, which packs `W` at every call, against the `small_rows` kernel, which reads it in place.
+/// Each call reads another of 48 copies of the weight (more than the L2 cache holds), as the
+/// encoder's products for one sentence do. Run with `RAYON_NUM_THREADS=1` for one thread's
+/// figures (otherwise `small_rows` splits its columns between the threads).
+pub fn small_rows_or_gemm() {
+    if !small_rows::available() {
+        println!("no AVX-512 on this CPU: the small-rows kernel is not used here");
+        return;
+    }
+    for (m, k) in [(256, 256), (512, 256)] {
+        let copies = 48;
+        let ws: Vec<Vec<f32>> = (0..copies)
+            .map(|c| {
+                (0..m * k)
+                    .map(|i| ((i * 7 + c) % 23) as f32 * 0.01 - 0.1)
+                    .collect()
+            })
+            .collect();
+        let b: Vec<f32> = (0..m).map(|i| (i % 5) as f32 * 0.1).collect();
+        for n in [2, 4, 16, 30, 48] {
+            let x: Vec<f32> = (0..n * k).map(|i| (i % 11) as f32 * 0.1 - 0.5).collect();
+            let mut y = vec![0f32; n * m];
+            let g = best(20, || {
+                for w in &ws {
+                    super::linear::bias_rows(&mut y, &b);
+                    gemm(
+                        Mat::new_mut(&mut y, n, m, m, 1),
+                        true,
+                        Mat::new(&x, n, k, k, 1),
+                        Mat::new(w, k, m, 1, k),
+                        1.0,
+                    );
+                }
+            });
+            let s = best(20, || {
+                for w in &ws {
+                    small_rows::forward(&mut y, &x, w, &b, n, m, k);
+                }
+            });
+            let per = 1e3 / copies as f64;
+            println!(
+                "{n:2} rows x {m} x {k}: gemm {:6.1} us, small_rows {:6.1} us ({:.2}x)",
+                g * per,
+                s * per,
+                g / s
             );
         }
     }

@@ -9,7 +9,7 @@ use candle_core::Tensor;
 /// Softmax over the last dimension, with a backward pass: the fused kernel on CPU f32/f64,
 /// the composition of primitives elsewhere (max-subtracted, the max detached).
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    crate::kernels::softmax_last_dim(x)
+    crate::ops::softmax_last_dim(x)
 }
 
 /// Attention of queries over keys and values; returns `(output, weights)`.
@@ -44,7 +44,7 @@ pub fn scaled_dot_product_attention(
     }
     let q = (q * (1.0 / (d as f64).sqrt()))?;
     // (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
-    let scores = crate::kernels::autocast::matmul(&q, &k.transpose(2, 3)?)?;
+    let scores = crate::ops::matmul(&q, &k.transpose(2, 3)?)?;
     let weights = match mask {
         None => softmax_last_dim(&scores)?,
         Some(mask) => {
@@ -61,12 +61,12 @@ pub fn scaled_dot_product_attention(
     };
     let dropped = dropout.forward(&weights, mode)?;
     // (B, H, T, S) @ (B, H, S, Dv) -> (B, H, T, Dv)
-    let out = crate::kernels::autocast::matmul(&dropped, v)?;
+    let out = crate::ops::matmul(&dropped, v)?;
     Ok((out, weights))
 }
 
 /// The output of [`scaled_dot_product_attention`] without its weights, as one fused op with a
-/// hand-written backward on CPU f32/f64 ([`crate::kernels::attention`]: 2x the composed op's
+/// hand-written backward on CPU f32/f64 ([`crate::ops::attention`]: 2x the composed op's
 /// forward + backward at the tutorial's sizes, because nothing of the (B, H, T, S) weights is
 /// kept). Same masking (rows with no key get zeros) and the same dropout mask, drawn from the
 /// same RNG stream.
@@ -84,7 +84,7 @@ pub fn attention_output(
     let (b, h, t, d) = q.dims4()?;
     let s = k.dim(2)?;
     let drop = dropout.multiplier((b, h, t, s), q.dtype(), q.device(), mode)?;
-    crate::kernels::attention(
+    crate::ops::attention(
         q,
         k,
         v,

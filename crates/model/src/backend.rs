@@ -424,3 +424,13 @@ fn kernel_params(l: &DecoderLayerParts) -> Option<(kernels::DecoderLayerParams, 
 fn pair(p: &(Tensor, Tensor)) -> (&Tensor, &Tensor) {
     (&p.0, &p.1)
 }
+
+impl From<Activation> for transformer_kernels::Activation {
+    /// The fused kernels' own name for the activation.
+    fn from(a: Activation) -> Self {
+        match a {
+            Activation::Relu => Self::Relu,
+            Activation::Gelu => Self::Gelu,
+        }
+    }
+}

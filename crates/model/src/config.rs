@@ -14,16 +14,6 @@ pub enum Activation {
     Gelu,
 }
 
-impl From<Activation> for transformer_kernels::Activation {
-    /// The fused kernels' own name for the activation.
-    fn from(a: Activation) -> Self {
-        match a {
-            Activation::Relu => Self::Relu,
-            Activation::Gelu => Self::Gelu,
-        }
-    }
-}
-
 impl std::str::FromStr for Activation {
     type Err = ConfigError;
     fn from_str(s: &str) -> Result<Self, ConfigError> {

@@ -42,7 +42,7 @@ impl Dropout {
     }
 
     /// Each call in training draws one fresh RNG stream; element `i` is kept where
-    /// `uniform_at(seed, stream, i) >= p` ([`crate::kernels::dropout`], which regenerates the
+    /// `uniform_at(seed, stream, i) >= p` ([`crate::ops::dropout`], which regenerates the
     /// mask in the backward pass instead of storing it).
     ///
     /// # Shapes
@@ -51,7 +51,7 @@ impl Dropout {
         match mode {
             Mode::Train(rng) if self.p > 0.0 => {
                 let (seed, _) = rng.state();
-                crate::kernels::dropout(x, self.p, seed, rng.next_stream())
+                crate::ops::dropout(x, self.p, seed, rng.next_stream())
             }
             _ => Ok(x.clone()),
         }

@@ -1,6 +1,6 @@
 //! Position-wise feed-forward network (section 3.3, equation 2):
 //! `FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`, with dropout on the hidden layer as PyTorch's
-//! `nn.TransformerEncoderLayer` applies it.
+//! `nn.TransformerEncoderLayer` uses it.
 
 use crate::config::Activation;
 use crate::dropout::{Dropout, Mode};

@@ -30,9 +30,9 @@ use crate::params::{Init, ParamBuilder};
 use crate::Result;
 use candle_core::{Tensor, D};
 
-/// The logistic function (fused on the CPU: [`crate::kernels::sigmoid`]).
+/// The logistic function (fused on the CPU: [`crate::ops::sigmoid`]).
 pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
-    crate::kernels::sigmoid(x)
+    crate::ops::sigmoid(x)
 }
 
 /// One direction of one layer.
@@ -92,8 +92,7 @@ impl GruDirection {
             .broadcast_add(&self.bias_hh)?;
         let r = sigmoid(&(gi.narrow(1, 0, hs)? + gh.narrow(1, 0, hs)?)?)?;
         let z = sigmoid(&(gi.narrow(1, hs, hs)? + gh.narrow(1, hs, hs)?)?)?;
-        let n =
-            crate::kernels::tanh(&(gi.narrow(1, 2 * hs, hs)? + (r * gh.narrow(1, 2 * hs, hs)?)?)?)?;
+        let n = crate::ops::tanh(&(gi.narrow(1, 2 * hs, hs)? + (r * gh.narrow(1, 2 * hs, hs)?)?)?)?;
         // (1 - z) n + z h = n + z (h - n)
         &n + (z * (h - &n)?)?
     }
@@ -163,7 +162,7 @@ pub struct Gru {
 }
 
 impl Gru {
-    /// `num_layers` layers of `hidden` units; `dropout` applies to each layer's output except
+    /// `num_layers` layers of `hidden` units; `dropout` acts on each layer's output except
     /// the last, in training (PyTorch's `dropout` argument).
     pub fn new(
         pb: &ParamBuilder,

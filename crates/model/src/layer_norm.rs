@@ -3,7 +3,7 @@
 //! `y = (x - mean) / sqrt(var + eps) * weight + bias` over the last dimension, with the
 //! biased variance and `eps` inside the square root, exactly as PyTorch's `nn.LayerNorm`
 //! (some implementations add eps to the standard deviation instead; that differs).
-//! Runs the fused kernel with a hand-written backward ([`crate::kernels::layer_norm`]), or
+//! Runs the fused kernel with a hand-written backward ([`crate::ops::layer_norm`]), or
 //! its composition from candle primitives where the kernel does not apply.
 
 use crate::params::{Init, ParamBuilder};
@@ -41,6 +41,6 @@ impl LayerNorm {
     /// (..., C) -> (..., C)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // The fused kernel on CPU f32/f64; the composed primitives elsewhere.
-        crate::kernels::layer_norm(x, &self.weight, &self.bias, self.eps)
+        crate::ops::layer_norm(x, &self.weight, &self.bias, self.eps)
     }
 }

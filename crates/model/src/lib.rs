@@ -97,6 +97,7 @@ pub mod linear;
 pub mod lm;
 pub mod mask;
 pub mod multi_head;
+pub mod ops;
 pub mod params;
 pub mod positional;
 pub mod restrict;

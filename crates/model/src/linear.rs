@@ -66,12 +66,12 @@ impl Linear {
         }
         if let Some(b) = &self.bias {
             // Fused forward and backward: no transposed gradient, no bias reduction through
-            // candle's strided paths (the composed form is `kernels::linear_reference`).
-            return crate::kernels::linear(x, &self.weight, b);
+            // candle's strided paths (the composed form is the kernels' `linear_reference`).
+            return crate::ops::linear(x, &self.weight, b);
         }
         let rows = x.elem_count() / in_dim;
         // (..., in) -> (N, in) @ (in, out) -> (N, out); W^T is a strided view, not a copy.
-        let y = crate::kernels::autocast::matmul(&x.reshape((rows, in_dim))?, &self.weight.t()?)?;
+        let y = crate::ops::matmul(&x.reshape((rows, in_dim))?, &self.weight.t()?)?;
         let mut out_dims = dims.to_vec();
         *out_dims.last_mut().unwrap() = out_dim;
         y.reshape(out_dims)

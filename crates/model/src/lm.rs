@@ -9,10 +9,10 @@ use crate::config::{Activation, LmConfig};
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
 use crate::encoder::{Encoder, LayerSpec};
-use crate::kernels::Precision;
 use crate::linear::Linear;
 use crate::mask::Mask;
 use crate::multi_head::KvCache;
+use crate::ops::{self, Precision};
 use crate::params::{Init, ParamBuilder};
 use crate::positional::PositionalEncoding;
 use crate::Result;
@@ -162,7 +162,7 @@ impl TransformerLm {
             .bias()
             .expect("the language model's output layer has a bias");
         // A few rows against the whole vocabulary: a kernel that reads W once, in place.
-        crate::kernels::linear_few_rows(&last, self.linear.weight(), bias)
+        ops::linear_few_rows(&last, self.linear.weight(), bias)
     }
 
     /// The last layer's hidden states for new tokens continuing `cache` (extended with them).
@@ -182,9 +182,9 @@ impl TransformerLm {
     }
 
     /// Mean cross-entropy of `targets` given `ids`, without materialising the logits
-    /// (the output layer is fused with the log-softmax, [`crate::kernels::linear_cross_entropy`]),
+    /// (the output layer is fused with the log-softmax, [`crate::ops::output_cross_entropy`]),
     /// with the output layer's products in `precision` (bf16 on the AMX units where the CPU
-    /// has them: mixed precision, see [`crate::kernels::linear_cross_entropy_with`]).
+    /// has them: mixed precision, see [`crate::ops::output_cross_entropy`]).
     ///
     /// `backprop` says where the gradients go ([`Backprop`]):
     /// - `Graph`: through candle's graph, the composed model (the reference);
@@ -219,7 +219,7 @@ impl TransformerLm {
         match backprop {
             Backprop::Graph => {
                 let h = self.hidden_with(ids, mode, backprop)?;
-                crate::kernels::linear_cross_entropy_with(&h, w, bias, targets, None, precision)
+                ops::output_cross_entropy(&h, w, bias, targets, None, precision, None)
             }
             Backprop::Direct(grads, _) => {
                 // bf16 products where the backend lowers the composed layers' (off the CPU).
@@ -228,14 +228,12 @@ impl TransformerLm {
                     .backend()
                     .mixed_precision(precision);
                 let h = self.hidden_with(ids, mode, backprop)?;
-                crate::kernels::linear_cross_entropy_direct(
-                    &h, w, bias, targets, None, precision, grads,
-                )
+                ops::output_cross_entropy(&h, w, bias, targets, None, precision, Some(grads))
             }
             Backprop::Off => {
                 let h = self.hidden_with(ids, mode, backprop)?.detach();
                 let (w, bias) = (w.detach(), bias.detach());
-                crate::kernels::linear_cross_entropy_with(&h, &w, &bias, targets, None, precision)
+                ops::output_cross_entropy(&h, &w, &bias, targets, None, precision, None)
             }
         }
     }

@@ -81,7 +81,7 @@ pub struct MultiHeadAttention {
 impl MultiHeadAttention {
     /// PyTorch's `nn.MultiheadAttention` initialisation: Xavier-uniform over the packed
     /// `(3C, C)` input projection, zero input and output biases, default `Linear` init for
-    /// the output weight. `dropout` applies to the attention weights.
+    /// the output weight. `dropout` acts on the attention weights.
     pub fn new(
         pb: &ParamBuilder,
         d_model: usize,

@@ -55,7 +55,7 @@ impl PositionalEncoding {
     }
 
     /// Adds the encodings of positions `offset .. offset + T` (offset > 0 when decoding step
-    /// by step with a cache), then applies dropout.
+    /// by step with a cache), then drops out.
     ///
     /// # Shapes
     /// x (B, T, C) -> (B, T, C)

@@ -246,7 +246,7 @@ impl RnnSeq2Seq {
         let (outputs, finals) = self.encoder.forward(&x, Some(&src_lens), None, mode)?;
         // (2, B, H) -> (B, 2H): the forward direction's last state beside the reverse one's.
         let last = Tensor::cat(&[finals.get(0)?, finals.get(1)?], D::Minus1)?;
-        let state = crate::kernels::tanh(&self.bridge.forward(&last)?)?;
+        let state = crate::ops::tanh(&self.bridge.forward(&last)?)?;
         let mask = Mask::key_padding_from_ids(src, pad_id)?
             .additive(outputs.dtype())?
             .reshape((b, s))?;
@@ -280,7 +280,7 @@ impl RnnSeq2Seq {
             (Some(a), Some(keys)) => {
                 // (B, S, 2H) + (B, 1, 2H) -> tanh -> v -> (B, S)
                 let q = a.query.forward(query)?.unsqueeze(1)?;
-                a.v.forward(&crate::kernels::tanh(&keys.broadcast_add(&q)?)?)?
+                a.v.forward(&crate::ops::tanh(&keys.broadcast_add(&q)?)?)?
                     .squeeze(2)?
             }
             // (B, S, 2H) @ (B, 2H, 1) -> (B, S)
@@ -352,7 +352,7 @@ impl RnnSeq2Seq {
             Some(Tensor::stack(&weights, 1)?)
         };
         // W_o and tanh for every position at once: one product instead of T.
-        let o = crate::kernels::tanh(&self.output.forward(&Tensor::stack(&feats, 1)?)?)?;
+        let o = crate::ops::tanh(&self.output.forward(&Tensor::stack(&feats, 1)?)?)?;
         Ok((o, weights))
     }
 
@@ -411,9 +411,9 @@ impl RnnSeq2Seq {
         let (f, w) = self.advance(state, &y)?;
         // The next step starts from values, not from this step's graph (see `start`).
         state.detach();
-        let f = crate::kernels::tanh(&self.output.forward(&f)?)?;
+        let f = crate::ops::tanh(&self.output.forward(&f)?)?;
         let bias = self.generator.bias().expect("the output layer has a bias");
-        let logits = crate::kernels::linear_few_rows(&f, self.generator.weight(), bias)?;
+        let logits = crate::ops::linear_few_rows(&f, self.generator.weight(), bias)?;
         Ok((logits, if need_weights { w } else { None }))
     }
 }

@@ -114,7 +114,7 @@ pub enum DecodePrecision {
     #[default]
     F32,
     /// The decoder layers' projections and feed-forward products in int8
-    /// ([`crate::kernels::int8`]), and the output layer's too when `output_layer`.
+    /// ([`crate::backend`]'s int8 decoding), and the output layer's too when `output_layer`.
     Int8 {
         /// Whether the output layer (d_model x vocabulary) is int8 as well.
         output_layer: bool,
@@ -137,11 +137,11 @@ pub struct Seq2SeqLoss {
 /// ends in it (the Transformer and the recurrent baselines).
 ///
 /// Computed without the (N, V) logits in memory: the output layer, log-softmax and negative
-/// log-likelihood are one fused op ([`crate::kernels::linear_cross_entropy`]), and the
+/// log-likelihood are one fused op ([`crate::ops::output_cross_entropy`]), and the
 /// smoothing term needs no softmax, because
 /// `(1 - eps) (lse - z_y) + eps mean_j (lse - z_j) = nll + eps (z_y - mean_j z_j)`,
 /// where `z_y = h . W_y + b_y` and `mean_j z_j = h . mean_j W_j + mean_j b_j`
-/// ([`crate::kernels::label_smoothing_term`]).
+/// ([`crate::ops::label_smoothing_term`]).
 ///
 /// # Shapes
 /// h (N, C), targets (N,) u32 -> scalars
@@ -164,9 +164,9 @@ pub fn label_smoothed_loss_with(
     targets: &Tensor,
     pad_id: u32,
     eps: f64,
-    direct: Option<(&DirectGrads, crate::kernels::Precision)>,
+    direct: Option<(&DirectGrads, crate::ops::Precision)>,
 ) -> Result<Seq2SeqLoss> {
-    use crate::kernels;
+    use crate::ops::{self, Precision};
     let w = generator.weight();
     let bias = generator.bias().expect("the output layer has a bias");
     // Padding rows count for nothing, so the output layer runs on the other rows only: its
@@ -186,9 +186,9 @@ pub fn label_smoothed_loss_with(
     let (h, targets) = (&h, &targets);
     let nll = match direct {
         Some((d, precision)) => {
-            kernels::linear_cross_entropy_direct(h, w, bias, targets, Some(pad_id), precision, d)?
+            ops::output_cross_entropy(h, w, bias, targets, Some(pad_id), precision, Some(d))?
         }
-        None => kernels::linear_cross_entropy(h, w, bias, targets, Some(pad_id))?,
+        None => ops::output_cross_entropy(h, w, bias, targets, Some(pad_id), Precision::F32, None)?,
     };
     let direct = direct.map(|(d, _)| d);
     if eps == 0.0 {
@@ -197,7 +197,7 @@ pub fn label_smoothed_loss_with(
             loss: nll,
         });
     }
-    let smooth = kernels::label_smoothing_term(h, w, bias, targets, pad_id, eps, direct)?;
+    let smooth = ops::label_smoothing_term(h, w, bias, targets, pad_id, eps, direct)?;
     Ok(Seq2SeqLoss {
         nll: nll.detach(),
         loss: (nll + smooth)?,
@@ -283,7 +283,7 @@ impl Seq2Seq {
     }
 
     /// Restricts decoding's output vocabulary to what `c` names for each batch (`None`: the
-    /// whole vocabulary, the default); applies to batches started from now on.
+    /// whole vocabulary, the default); for batches started from now on.
     pub fn set_candidate_vocab(&mut self, c: Option<Arc<dyn CandidateVocab>>) {
         self.candidates = c;
     }

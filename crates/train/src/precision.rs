@@ -2,7 +2,7 @@
 //!
 //! On a GPU bf16 is always taken as asked: the composed layers' products run in bf16 on the
 //! tensor cores with f32 master weights, PyTorch's autocast
-//! ([`transformer_model::kernels::autocast`]).
+//! ([`transformer_model::ops::matmul`]).
 //!
 //! bf16 products are not faster everywhere: on a Zen 4 with AVX512-BF16 the output layer's
 //! products run about 1.45x the fp32 rate, while on an Intel Emerald Rapids without AMX

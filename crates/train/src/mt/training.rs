@@ -319,7 +319,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     let mut cfg = cfg;
     let precision_line = match (cfg.precision, cfg.arch) {
         (Precision::Bf16, Arch::Gru | Arch::GruDot | Arch::GruBahdanau) => Some(
-            "precision: bf16 applies to the Transformer's output layer only: training in f32"
+            "precision: bf16 covers the Transformer's output layer only: training in f32"
                 .to_string(),
         ),
         _ => {

@@ -249,7 +249,7 @@ pub struct OpenedRun<C> {
 }
 
 /// Opens `opts.out` for training: rank 0 creates and locks it (the other ranks read it); on
-/// resume, loads the checkpoint (tagged `format`), takes its configuration, applies what may
+/// resume, loads the checkpoint (tagged `format`), takes its configuration, accepts what may
 /// change from this invocation (each change a log line), checks the global batch and the
 /// recorded input paths, and rewrites `config.toml` when something changed. What every task's
 /// training starts with.

@@ -1,0 +1,110 @@
+//! The operations the paper's modules are written in, and the one place those modules reach
+//! the kernels crate ([`transformer_kernels`]). Whole layers are chosen in
+//! [`crate::backend`]; the single ops below are chosen per call by their tensors: the fused
+//! CPU kernel for f32/f64 tensors on the CPU (one pass, a hand-written backward, tested
+//! against the composition it replaces in the kernels' tests), candle's composed ops
+//! elsewhere (CUDA, bf16). An op of another device plugs in here, not in the modules.
+
+use crate::grads::DirectGrads;
+use crate::Result;
+use candle_core::Tensor;
+use transformer_kernels as kernels;
+
+/// The arithmetic of the fused layers' large products ([`kernels::Precision`]).
+pub use kernels::Precision;
+
+/// Softmax over the last dimension, with a backward pass (composed: max-subtracted, the max
+/// detached).
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    kernels::softmax_last_dim(x)
+}
+
+/// `a @ b` (batched), with bf16 operands inside a mixed-precision pass
+/// ([`crate::backend::Backend::mixed_precision`]), f32 otherwise.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    kernels::autocast::matmul(a, b)
+}
+
+/// Attention's output `softmax(q k^T * scale, masked) v` without its weights, dropout
+/// multiplier `drop` on the weights; rows with no key get zeros
+/// ([`crate::attention::attention_output`]).
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    keep: Option<&Tensor>,
+    drop: Option<&Tensor>,
+    scale: f64,
+) -> Result<Tensor> {
+    kernels::attention(q, k, v, keep, drop, scale)
+}
+
+/// Inverted dropout with mask element `i` kept where `uniform_at(seed, stream, i) >= p`.
+pub fn dropout(x: &Tensor, p: f64, seed: u64, stream: u64) -> Result<Tensor> {
+    kernels::dropout(x, p, seed, stream)
+}
+
+/// The logistic function.
+pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    kernels::sigmoid(x)
+}
+
+/// The hyperbolic tangent.
+pub fn tanh(x: &Tensor) -> Result<Tensor> {
+    kernels::tanh(x)
+}
+
+/// Layer normalisation over the last dimension with gain `w` and bias `b`.
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
+    kernels::layer_norm(x, w, b, eps)
+}
+
+/// `x W^T + b` with gradients for all three.
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    kernels::linear(x, w, b)
+}
+
+/// `x W^T + b` for a few rows of `x` (a decoding step's output layer), reading `W` in place.
+pub fn linear_few_rows(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    kernels::linear_few_rows(x, w, b)
+}
+
+/// `x Wt + b` with the weight given transposed (`Wt = W^T`, kept by the caller for the
+/// steps of a batch); forward only.
+pub fn linear_wt(x: &Tensor, wt: &Tensor, b: &Tensor) -> Result<Tensor> {
+    kernels::linear_wt(x, wt, b)
+}
+
+/// The output layer and its mean cross-entropy over the targets as one op (`ignore`: a
+/// target that counts for nothing), the products in `precision`. With `grads` the weight's
+/// and bias's gradients go there (CPU f32 variables), not to candle's `GradStore`; the
+/// values are the same either way.
+pub fn output_cross_entropy(
+    h: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    targets: &Tensor,
+    ignore: Option<u32>,
+    precision: Precision,
+    grads: Option<&DirectGrads>,
+) -> Result<Tensor> {
+    match grads {
+        Some(g) => kernels::linear_cross_entropy_direct(h, w, b, targets, ignore, precision, g),
+        None => kernels::linear_cross_entropy_with(h, w, b, targets, ignore, precision),
+    }
+}
+
+/// The label-smoothing term of the loss, `eps` times the mean over the kept targets of
+/// minus the mean log-probability over the vocabulary (its weight and bias gradients to
+/// `grads` when given).
+pub fn label_smoothing_term(
+    h: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    targets: &Tensor,
+    pad: u32,
+    eps: f64,
+    grads: Option<&DirectGrads>,
+) -> Result<Tensor> {
+    kernels::label_smoothing_term(h, w, b, targets, pad, eps, grads)
+}

@@ -61,6 +61,7 @@ mod layer_norm;
 mod linear;
 mod matmul;
 pub mod rng;
+mod rows;
 mod shared;
 mod small_rows;
 mod smoothing;

@@ -23,7 +23,8 @@ use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
 use super::softmax::softmax_last_dim_reference;
 use super::{fused_applies, run_parallel, with_slice};
-use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
+use super::{CpuArgs3, Grads3, Kernel3, Op3};
+use candle_core::{bail, CpuStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 /// Fused scaled dot-product attention with a hand-written backward pass (gradients of `q`,
 /// `k` and `v`).
@@ -80,11 +81,11 @@ pub fn attention(
     rows(q)?.apply_op3(
         &rows(k)?,
         &rows(v)?,
-        Attention {
+        Op3(Attention {
             scale,
             keep,
             dropout,
-        },
+        }),
     )
 }
 
@@ -395,20 +396,10 @@ impl Attention {
     }
 }
 
-impl CustomOp3 for Attention {
-    fn name(&self) -> &'static str {
-        "kernels-attention"
-    }
+impl Kernel3 for Attention {
+    const NAME: &'static str = "kernels-attention";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward(&self, [(s1, l1), (s2, l2), (s3, l3)]: CpuArgs3) -> Result<(CpuStorage, Shape)> {
         let [b, h, t, _] = l1.dims().try_into().map_err(|_| {
             candle_core::Error::Msg("kernels-attention: q must have 4 dimensions".into())
         })?;
@@ -433,14 +424,7 @@ impl CustomOp3 for Attention {
         Ok((storage, Shape::from((b, h, t, dv))))
     }
 
-    fn bwd(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        _out: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn backward(&self, [q, k, v]: [&Tensor; 3], _out: &Tensor, grad: &Tensor) -> Result<Grads3> {
         fn run<T: Float>(
             op: &Attention,
             q: &Tensor,

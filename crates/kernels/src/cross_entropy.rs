@@ -83,8 +83,9 @@ use super::bf16::{self, pad32};
 use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
 use super::{cpu_slice, fused_applies, run_threads, with_slice, Precision};
+use super::{CpuArgs3, Grads3, Kernel3, Op3};
 use crate::grads::DirectGrads;
-use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{bail, CpuStorage, DType, Result, Shape, Tensor, D};
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -217,7 +218,7 @@ fn fused(
         saved: Mutex::new(None),
         direct: direct.cloned(),
     };
-    h.apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
+    h.apply_op3(&weight.contiguous()?, &bias.contiguous()?, Op3(op))
 }
 
 /// The same loss composed of candle primitives with backward passes: matmul, broadcast add,
@@ -320,20 +321,10 @@ struct LinearCrossEntropy {
     direct: Option<DirectGrads>,
 }
 
-impl CustomOp3 for LinearCrossEntropy {
-    fn name(&self) -> &'static str {
-        "kernels-linear-cross-entropy"
-    }
+impl Kernel3 for LinearCrossEntropy {
+    const NAME: &'static str = "kernels-linear-cross-entropy";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward(&self, [(s1, l1), (s2, l2), (s3, l3)]: CpuArgs3) -> Result<(CpuStorage, Shape)> {
         let (n, c) = match l1.dims() {
             &[n, c] => (n, c),
             d => bail!("kernels-linear-cross-entropy: hidden {d:?} is not (N, C)"),
@@ -368,14 +359,12 @@ impl CustomOp3 for LinearCrossEntropy {
         Ok((storage, Shape::from(())))
     }
 
-    fn bwd(
+    fn backward(
         &self,
-        hidden: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
+        [hidden, weight, bias]: [&Tensor; 3],
         _loss: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<Grads3> {
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let saved = self.saved.lock().unwrap().take();
         let direct = self

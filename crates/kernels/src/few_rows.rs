@@ -16,7 +16,8 @@
 use super::float::{simd, Float};
 use super::matmul::{gemm, unpacked_row_chunks, Mat};
 use super::{cpu_fwd3, fused_applies, run_parallel, Forward3};
-use candle_core::{bail, CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use super::{CpuArgs3, Grads3, Kernel3, Op3};
+use candle_core::{bail, CpuStorage, Result, Shape, Tensor};
 
 /// Rows up to which [`linear_few_rows`] runs its own kernel (above, candle's matmul).
 pub(crate) const MAX_ROWS: usize = 8;
@@ -42,7 +43,7 @@ pub fn linear_few_rows(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
         return linear_few_rows_reference(x, w, b);
     }
     x.contiguous()?
-        .apply_op3(&w.contiguous()?, &b.contiguous()?, FewRows)
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, Op3(FewRows))
 }
 
 /// The same with candle primitives: `x.matmul(w.t()) + b`.
@@ -52,34 +53,21 @@ pub fn linear_few_rows_reference(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<T
 
 struct FewRows;
 
-impl CustomOp3 for FewRows {
-    fn name(&self) -> &'static str {
-        "kernels-linear-few-rows"
-    }
+impl Kernel3 for FewRows {
+    const NAME: &'static str = "kernels-linear-few-rows";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward(&self, [(s1, l1), (s2, l2), (s3, l3)]: CpuArgs3) -> Result<(CpuStorage, Shape)> {
         let (n, c) = (l1.dims()[0], l1.dims()[1]);
         let v = l2.dims()[0];
-        let storage = cpu_fwd3(&Dims { n, c, v }, self.name(), s1, l1, s2, l2, s3, l3)?;
+        let storage = cpu_fwd3(
+            &Dims { n, c, v },
+            Self::NAME,
+            [(s1, l1), (s2, l2), (s3, l3)],
+        )?;
         Ok((storage, Shape::from((n, v))))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _b: &Tensor,
-        _out: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn backward(&self, [x, w, _b]: [&Tensor; 3], _out: &Tensor, grad: &Tensor) -> Result<Grads3> {
         Ok((
             Some(grad.matmul(w)?),
             Some(grad.t()?.matmul(x)?),
@@ -159,7 +147,7 @@ pub fn linear_wt(x: &Tensor, wt: &Tensor, b: &Tensor) -> Result<Tensor> {
         wt.contiguous()?.detach(),
         b.detach(),
     );
-    x.apply_op3_no_bwd(&wt, &b.contiguous()?, &Transposed { n, c, v })
+    x.apply_op3_no_bwd(&wt, &b.contiguous()?, &Op3(Transposed { n, c, v }))
 }
 
 /// [`linear_wt`]'s op (forward only: decoding takes no gradient).
@@ -215,21 +203,11 @@ impl Forward3 for Transposed {
     }
 }
 
-impl CustomOp3 for Transposed {
-    fn name(&self) -> &'static str {
-        "kernels-linear-wt"
-    }
+impl Kernel3 for Transposed {
+    const NAME: &'static str = "kernels-linear-wt";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let storage = cpu_fwd3(self, self.name(), s1, l1, s2, l2, s3, l3)?;
+    fn forward(&self, [(s1, l1), (s2, l2), (s3, l3)]: CpuArgs3) -> Result<(CpuStorage, Shape)> {
+        let storage = cpu_fwd3(self, Self::NAME, [(s1, l1), (s2, l2), (s3, l3)])?;
         Ok((storage, Shape::from((self.n, self.v))))
     }
 }

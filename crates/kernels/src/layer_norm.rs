@@ -15,7 +15,8 @@
 
 use super::float::{self, simd, Float};
 use super::{cpu_slice, fused_applies, par_rows, with_slice};
-use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use super::{CpuArgs3, Grads3, Kernel3, Op3};
+use candle_core::{bail, CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 
 /// Layer normalisation over the last dimension with a hand-written backward pass giving the
 /// gradients of `x`, `weight` and `bias`.
@@ -41,7 +42,7 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
     x.contiguous()?.apply_op3(
         &weight.contiguous()?,
         &bias.contiguous()?,
-        LayerNormOp { eps },
+        Op3(LayerNormOp { eps }),
     )
 }
 
@@ -70,20 +71,10 @@ struct LayerNormOp {
     eps: f64,
 }
 
-impl CustomOp3 for LayerNormOp {
-    fn name(&self) -> &'static str {
-        "kernels-layer-norm"
-    }
+impl Kernel3 for LayerNormOp {
+    const NAME: &'static str = "kernels-layer-norm";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward(&self, [(s1, l1), (s2, l2), (s3, l3)]: CpuArgs3) -> Result<(CpuStorage, Shape)> {
         let out = match s1 {
             CpuStorage::F32(_) => forward::<f32>(s1, l1, s2, l2, s3, l3, self.eps)?,
             CpuStorage::F64(_) => forward::<f64>(s1, l1, s2, l2, s3, l3, self.eps)?,
@@ -92,14 +83,12 @@ impl CustomOp3 for LayerNormOp {
         Ok((out, l1.shape().clone()))
     }
 
-    fn bwd(
+    fn backward(
         &self,
-        x: &Tensor,
-        weight: &Tensor,
-        _bias: &Tensor,
+        [x, weight, _bias]: [&Tensor; 3],
         _y: &Tensor,
         dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<Grads3> {
         let (dx, dw, db) = match x.dtype() {
             DType::F32 => backward::<f32>(x, weight, dy, self.eps)?,
             DType::F64 => backward::<f64>(x, weight, dy, self.eps)?,

@@ -146,6 +146,57 @@ fn cpu_slice<'a, T: WithDType>(s: &'a candle_core::CpuStorage, layout: &Layout) 
     }
 }
 
+/// The inputs of a three-tensor op's CPU forward pass: each storage with its layout.
+type CpuArgs3<'a> = [(&'a candle_core::CpuStorage, &'a Layout); 3];
+
+/// The gradients of a three-tensor op's inputs, in order.
+type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
+
+/// A fused op of three tensors: its name, its CPU forward pass and its backward pass (by
+/// default none: a forward-only op). [`Op3`] makes it a candle `CustomOp3`.
+trait Kernel3: Send + Sync {
+    /// The op's name in candle's errors and in this crate's.
+    const NAME: &'static str;
+    /// The output storage and shape from the three inputs.
+    fn forward(&self, args: CpuArgs3) -> Result<(candle_core::CpuStorage, candle_core::Shape)>;
+    /// The inputs' gradients from the output's, `grad`.
+    fn backward(&self, _inputs: [&Tensor; 3], _out: &Tensor, _grad: &Tensor) -> Result<Grads3> {
+        Err(candle_core::Error::BackwardNotSupported { op: Self::NAME })
+    }
+}
+
+/// candle's `CustomOp3` for a [`Kernel3`]: the one place its signatures are written.
+struct Op3<K>(K);
+
+impl<K: Kernel3> candle_core::CustomOp3 for Op3<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &Layout,
+        s3: &candle_core::CpuStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        self.0.forward([(s1, l1), (s2, l2), (s3, l3)])
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<Grads3> {
+        self.0.backward([a, b, c], out, grad)
+    }
+}
+
 /// A forward pass generic over the element type, on three slices of one type: what
 /// [`cpu_fwd3`] runs for a `CustomOp3` whose kernel exists for f32 and f64.
 trait Forward3 {
@@ -154,16 +205,10 @@ trait Forward3 {
 
 /// The body of such a `CustomOp3::cpu_fwd`: the three contiguous slices in their common type
 /// (f32 or f64, else an error naming the op), the kernel, its output as a storage.
-#[allow(clippy::too_many_arguments)]
 fn cpu_fwd3(
     kernel: &impl Forward3,
     name: &str,
-    s1: &candle_core::CpuStorage,
-    l1: &Layout,
-    s2: &candle_core::CpuStorage,
-    l2: &Layout,
-    s3: &candle_core::CpuStorage,
-    l3: &Layout,
+    [(s1, l1), (s2, l2), (s3, l3)]: CpuArgs3,
 ) -> Result<candle_core::CpuStorage> {
     use candle_core::CpuStorage;
     Ok(match s1 {

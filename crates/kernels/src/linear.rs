@@ -19,7 +19,8 @@ use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
 use super::small_rows;
 use super::{cpu_fwd3, fused_applies, num_threads, run_parallel, with_slice, Forward3};
-use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use super::{CpuArgs3, Grads3, Kernel3, Op3};
+use candle_core::{bail, CpuStorage, DType, Result, Shape, Tensor};
 
 /// Multiply-adds per thread below which the kernel stays on the calling thread.
 const MIN_PARALLEL_WORK: usize = 1 << 20;
@@ -49,7 +50,7 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: &Tensor) -> Result<Tensor> {
     let rows = x.elem_count() / k.max(1);
     x.reshape((rows, k))?
         .contiguous()?
-        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, LinearOp)?
+        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, Op3(LinearOp))?
         .reshape(out_dims)
 }
 
@@ -68,33 +69,21 @@ pub fn linear_reference(x: &Tensor, weight: &Tensor, bias: &Tensor) -> Result<Te
 
 struct LinearOp;
 
-impl CustomOp3 for LinearOp {
-    fn name(&self) -> &'static str {
-        "kernels-linear"
-    }
+impl Kernel3 for LinearOp {
+    const NAME: &'static str = "kernels-linear";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward(&self, [(s1, l1), (s2, l2), (s3, l3)]: CpuArgs3) -> Result<(CpuStorage, Shape)> {
         let (n, m) = (l1.dims()[0], l2.dims()[0]);
-        let out = cpu_fwd3(&Dims { n, m }, self.name(), s1, l1, s2, l2, s3, l3)?;
+        let out = cpu_fwd3(&Dims { n, m }, Self::NAME, [(s1, l1), (s2, l2), (s3, l3)])?;
         Ok((out, Shape::from((n, m))))
     }
 
-    fn bwd(
+    fn backward(
         &self,
-        x: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
+        [x, weight, bias]: [&Tensor; 3],
         _y: &Tensor,
         dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<Grads3> {
         let (dx, dw, db) = match x.dtype() {
             DType::F32 => tensors(backward::<f32>(x, weight, dy)?, x, weight, bias)?,
             DType::F64 => tensors(backward::<f64>(x, weight, dy)?, x, weight, bias)?,

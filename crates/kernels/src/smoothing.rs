@@ -19,8 +19,9 @@
 //! `db_j = k count_j - k count / V`. Sums over rows run in f64.
 
 use super::{cpu_slice, fused_applies};
+use super::{CpuArgs3, Grads3, Kernel3, Op3};
 use crate::grads::DirectGrads;
-use candle_core::{bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{bail, CpuStorage, DType, Result, Shape, Tensor, D};
 
 /// `eps / count * sum over rows n whose target is not `ignore_index` of (z_{n, y_n} - mean_j
 /// z_{n, j})`, `z = hidden W^T + b`; 0 when no row counts. Added to the output layer's
@@ -70,7 +71,7 @@ pub fn label_smoothing_term(
     };
     hidden
         .contiguous()?
-        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
+        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, Op3(op))
 }
 
 /// [`label_smoothing_term`] composed of candle ops (the plain version the fused op is
@@ -211,20 +212,10 @@ fn backward<T: super::float::Float>(
     (dh, dw, db)
 }
 
-impl CustomOp3 for SmoothingTerm {
-    fn name(&self) -> &'static str {
-        "kernels-label-smoothing-term"
-    }
+impl Kernel3 for SmoothingTerm {
+    const NAME: &'static str = "kernels-label-smoothing-term";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward(&self, [(s1, l1), (s2, l2), (s3, l3)]: CpuArgs3) -> Result<(CpuStorage, Shape)> {
         let out = match s1 {
             CpuStorage::F32(_) => {
                 let x = forward::<f32>(
@@ -246,14 +237,12 @@ impl CustomOp3 for SmoothingTerm {
         Ok((out, Shape::from(())))
     }
 
-    fn bwd(
+    fn backward(
         &self,
-        hidden: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
+        [hidden, weight, bias]: [&Tensor; 3],
         _out: &Tensor,
         grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    ) -> Result<Grads3> {
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let (dh, dw, db) = match hidden.dtype() {
             DType::F32 => self.grads::<f32>(g, hidden, weight, bias)?,

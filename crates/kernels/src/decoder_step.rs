@@ -31,6 +31,7 @@ use super::float::{self, simd};
 use super::int8::{Int8Kernel, QuantizedLinear};
 use super::linear::rows_forward;
 use super::matmul::{gemm, unpacked_row_chunks, Mat};
+use super::one_row;
 use super::shared::ln_rows;
 use super::sublayer::{residual_sum, sublayer_input};
 use super::{num_threads, run_parallel};
@@ -518,6 +519,11 @@ fn transpose_matrix(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// `y = x W^T + b` for `n` rows from `wt = W^T` (`k x m`), single-threaded.
 #[inline(always)]
 fn project(y: &mut [f32], x: &[f32], wt: &[f32], b: &[f32], n: usize, m: usize, k: usize) {
+    if n == 1 && one_row::available() {
+        // One row reads each weight once: the step's speed is how fast the weights stream
+        // in (`one_row`). Splitting the columns between the threads did not pay here.
+        return one_row::wt_row(y, x, wt, b, (m, k), 0..m);
+    }
     for row in y.chunks_exact_mut(m) {
         row.copy_from_slice(b);
     }

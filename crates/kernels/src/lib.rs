@@ -60,6 +60,7 @@ pub mod int8;
 mod layer_norm;
 mod linear;
 mod matmul;
+mod one_row;
 pub mod rng;
 mod rows;
 mod shared;

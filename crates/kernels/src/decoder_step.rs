@@ -522,7 +522,7 @@ fn project(y: &mut [f32], x: &[f32], wt: &[f32], b: &[f32], n: usize, m: usize, 
     if n == 1 && one_row::available() {
         // One row reads each weight once: the step's speed is how fast the weights stream
         // in (`one_row`). Splitting the columns between the threads did not pay here.
-        return one_row::wt_row(y, x, wt, b, (m, k), 0..m);
+        return one_row::wt_row(y, x, wt, b, m, k);
     }
     for row in y.chunks_exact_mut(m) {
         row.copy_from_slice(b);

@@ -456,7 +456,7 @@ pub(crate) fn add_inplace<T: Float>(x: &mut [T], y: &[T]) {
 
 /// f32 row primitives in AVX-512 intrinsics, where the auto-vectorised ones fall short.
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 
 // ---------------------------------------------------------------------------------------------
 // Dispatch

@@ -362,3 +362,39 @@ fn par_rows<T: Send, R: Send>(
     }
     run_parallel(items, |(r0, c)| f(r0, c))
 }
+
+/// What the hand-written product kernels' unit tests compare with.
+#[cfg(test)]
+mod plain {
+    /// `len` values in [-1, 1], fixed by `seed`.
+    pub(crate) fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001)
+            .map(|v| v as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    /// Asserts that `y` (`n x m`) is `b[j] + sum_kk x[i][kk] * w(j, kk)` summed in f64 in
+    /// plain order, within the rounding of `k` f32 terms.
+    pub(crate) fn assert_sums(
+        name: &str,
+        y: &[f32],
+        x: &[f32],
+        b: &[f32],
+        (n, m, k): (usize, usize, usize),
+        w: impl Fn(usize, usize) -> f32,
+    ) {
+        for i in 0..n {
+            for j in 0..m {
+                let dot: f64 = (0..k)
+                    .map(|kk| x[i * k + kk] as f64 * w(j, kk) as f64)
+                    .sum();
+                let (got, want) = (y[i * m + j] as f64, b[j] as f64 + dot);
+                assert!(
+                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt(),
+                    "{name} ({n}, {m}, {k}) y[{i}][{j}] = {got}, want {want}"
+                );
+            }
+        }
+    }
+}

@@ -28,34 +28,20 @@ pub(crate) fn available() -> bool {
     super::small_rows::available()
 }
 
-/// `y = (b + x W^T)[cols]` for one row `x` (`k`), from `wt = W^T` (`k x m`, row-major) and
-/// `b` (`m`); `y` holds the outputs `cols`.
+/// `y = b + x W^T` for one row `x` (`k`), from `wt = W^T` (`k x m`, row-major), `b` (`m`).
 ///
 /// # Panics
 /// If a slice is shorter than the sizes say, or the CPU lacks AVX-512 ([`available`]).
-pub(crate) fn wt_row(
-    y: &mut [f32],
-    x: &[f32],
-    wt: &[f32],
-    b: &[f32],
-    (m, k): (usize, usize),
-    cols: std::ops::Range<usize>,
-) {
+pub(crate) fn wt_row(y: &mut [f32], x: &[f32], wt: &[f32], b: &[f32], m: usize, k: usize) {
     assert!(
-        x.len() >= k && wt.len() >= k * m && b.len() >= m && cols.end <= m,
+        x.len() >= k && wt.len() >= k * m && b.len() >= m && y.len() >= m,
         "one_row: slices shorter than 1 x {k} @ {k} x {m}"
-    );
-    assert_eq!(
-        y.len(),
-        cols.len(),
-        "one_row: outputs {cols:?} into {}",
-        y.len()
     );
     assert!(available(), "one_row: this CPU has no AVX-512");
     // SAFETY: AVX-512 F is present and the slices hold the sizes (both asserted).
     #[cfg(target_arch = "x86_64")]
     unsafe {
-        avx512::wt_row(y, x, wt, b, (m, k), cols)
+        avx512::wt_row(y, x, wt, b, m, k)
     }
 }
 
@@ -78,6 +64,7 @@ pub(crate) fn w_rows(y: &mut [f32], x: &[f32], w: &[f32], b: &[f32], v: usize, k
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use crate::float::avx512::mask;
     use std::arch::x86_64::*;
 
     /// Outputs per block of [`wt_row`]: sixteen registers of 16 lanes.
@@ -85,32 +72,20 @@ mod avx512 {
     /// Rows of `W` per group of [`w_rows`].
     const GROUP: usize = 8;
 
-    /// Lanes `0..r` (all 16 when `r >= 16`).
-    #[inline(always)]
-    fn mask(r: usize) -> __mmask16 {
-        if r >= 16 {
-            0xffff
-        } else {
-            ((1u32 << r) - 1) as __mmask16
-        }
-    }
-
     /// # Safety
-    /// AVX-512 F; the slices hold `k`, `k x m`, `m` and `cols.len()` values, `cols` within `m`.
+    /// AVX-512 F; the slices hold `k`, `k x m`, `m` and `m` values.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn wt_row(
         y: &mut [f32],
         x: &[f32],
         wt: &[f32],
         b: &[f32],
-        (m, k): (usize, usize),
-        cols: std::ops::Range<usize>,
+        m: usize,
+        k: usize,
     ) {
-        // `yp` addresses output `j` at `yp.add(j)`.
-        let (xp, wp, bp) = (x.as_ptr(), wt.as_ptr(), b.as_ptr());
-        let yp = y.as_mut_ptr().wrapping_sub(cols.start);
-        let (mut j, m_end) = (cols.start, cols.end);
-        while j + BLOCK <= m_end {
+        let (xp, wp, bp, yp) = (x.as_ptr(), wt.as_ptr(), b.as_ptr(), y.as_mut_ptr());
+        let mut j = 0;
+        while j + BLOCK <= m {
             let mut acc = [_mm512_setzero_ps(); BLOCK / 16];
             for (q, a) in acc.iter_mut().enumerate() {
                 *a = _mm512_loadu_ps(bp.add(j + 16 * q));
@@ -128,8 +103,8 @@ mod avx512 {
             j += BLOCK;
         }
         // The last outputs, 16 at a time.
-        while j < m_end {
-            let r = mask(m_end - j);
+        while j < m {
+            let r = mask(m - j);
             let mut a = _mm512_maskz_loadu_ps(r, bp.add(j));
             for kk in 0..k {
                 let w = _mm512_maskz_loadu_ps(r, wp.add(kk * m + j));
@@ -188,17 +163,7 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        (0..len)
-            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001)
-            .map(|v| v as f32 / 1000.0 - 1.0)
-            .collect()
-    }
-
-    fn close(got: f32, want: f64, k: usize) -> bool {
-        (got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt()
-    }
+    use crate::plain::{assert_sums, values};
 
     /// Both kernels against the plain sums in f64, at sizes with and without partial blocks.
     #[test]
@@ -218,36 +183,11 @@ mod tests {
             let (x, w, b) = (values(k, 1), values(m * k, 2), values(m, 3));
             // w read as W^T (k x m) by wt_row, as W (m x k) by w_rows.
             let mut y = vec![f32::NAN; m];
-            wt_row(&mut y, &x, &w, &b, (m, k), 0..m);
-            // Any range of the outputs alone gives the same values.
-            let part = m / 3..m - m / 5;
-            let mut y2 = vec![f32::NAN; part.len()];
-            wt_row(&mut y2, &x, &w, &b, (m, k), part.clone());
-            assert_eq!(&y[part], &y2[..]);
-            for j in 0..m {
-                let want = b[j] as f64
-                    + (0..k)
-                        .map(|i| x[i] as f64 * w[i * m + j] as f64)
-                        .sum::<f64>();
-                assert!(
-                    close(y[j], want, k),
-                    "wt_row ({m}, {k})[{j}]: {} vs {want}",
-                    y[j]
-                );
-            }
+            wt_row(&mut y, &x, &w, &b, m, k);
+            assert_sums("wt_row", &y, &x, &b, (1, m, k), |j, kk| w[kk * m + j]);
             let mut y = vec![f32::NAN; m];
             w_rows(&mut y, &x, &w, &b, m, k);
-            for j in 0..m {
-                let want = b[j] as f64
-                    + (0..k)
-                        .map(|i| x[i] as f64 * w[j * k + i] as f64)
-                        .sum::<f64>();
-                assert!(
-                    close(y[j], want, k),
-                    "w_rows ({m}, {k})[{j}]: {} vs {want}",
-                    y[j]
-                );
-            }
+            assert_sums("w_rows", &y, &x, &b, (1, m, k), |j, kk| w[j * k + kk]);
         }
     }
 }

@@ -174,13 +174,7 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        (0..len)
-            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001)
-            .map(|v| v as f32 / 1000.0 - 1.0)
-            .collect()
-    }
+    use crate::plain::{assert_sums, values};
 
     /// Against the plain sums in f64, at row counts below, at and above one pass, and
     /// output counts that leave a partial block.
@@ -200,19 +194,7 @@ mod tests {
             let (x, w, b) = (values(n * k, 1), values(m * k, 2), values(m, 3));
             let mut y = vec![f32::NAN; n * m];
             forward(&mut y, &x, &w, &b, n, m, k);
-            for i in 0..n {
-                for j in 0..m {
-                    let want = b[j] as f64
-                        + (0..k)
-                            .map(|kk| x[i * k + kk] as f64 * w[j * k + kk] as f64)
-                            .sum::<f64>();
-                    let got = y[i * m + j] as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt(),
-                        "({n}, {m}, {k}) y[{i}][{j}] = {got}, want {want}"
-                    );
-                }
-            }
+            assert_sums("small_rows", &y, &x, &b, (n, m, k), |j, kk| w[j * k + kk]);
         }
     }
 }

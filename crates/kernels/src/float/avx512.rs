@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 
 /// Lanes `0..r` (all 16 when `r >= 16`).
 #[inline(always)]
-fn mask(r: usize) -> __mmask16 {
+pub(crate) fn mask(r: usize) -> __mmask16 {
     if r >= 16 {
         0xffff
     } else {

@@ -181,12 +181,12 @@ impl StepModel for Recompute<'_> {
         let masks = Seq2SeqMasks::new(&state.src, &tgt, state.pad)?;
         // The prefix holds no padding (every row gets a token each step): causal mask only.
         let causal = Mask::causal(t, tgt.device())?;
-        let (logits, weights) = self.0.decode_with_weights(
+        let (logits, weights) = self.0.decode_as(
             &tgt,
             &state.memory,
             Some(&causal),
             Some(&masks.memory),
-            Mode::Eval,
+            transformer_model::Pass::new(Mode::Eval).weights(),
         )?;
         // (B, T, V) -> (B, V) at the last position.
         let logits = logits.narrow(1, t - 1, 1)?.squeeze(1)?;

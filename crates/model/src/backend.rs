@@ -40,6 +40,43 @@ pub enum Backprop<'a> {
     Off,
 }
 
+/// One forward pass through a stack: train or eval (with the dropout RNG), how it will be
+/// differentiated, and whether each layer's attention weights are returned.
+#[derive(Debug, Clone, Copy)]
+pub struct Pass<'a> {
+    /// Train (with the dropout RNG) or eval.
+    pub mode: Mode<'a>,
+    /// How the pass will be differentiated.
+    pub backprop: Backprop<'a>,
+    /// Whether each layer's attention weights are returned (the fused layers keep none, so
+    /// those layers run composed).
+    pub weights: bool,
+}
+
+impl<'a> Pass<'a> {
+    /// A pass in `mode` through candle's graph, without the attention weights.
+    pub fn new(mode: Mode<'a>) -> Self {
+        Self {
+            mode,
+            backprop: Backprop::Graph,
+            weights: false,
+        }
+    }
+
+    /// The same pass, differentiated as `backprop` says.
+    pub fn backprop(self, backprop: Backprop<'a>) -> Self {
+        Self { backprop, ..self }
+    }
+
+    /// The same pass, returning each layer's attention weights.
+    pub fn weights(self) -> Self {
+        Self {
+            weights: true,
+            ..self
+        }
+    }
+}
+
 /// What a backend reads of an encoder layer (`EncoderLayer`'s parts): the backend sits
 /// below the layers, which call it.
 #[derive(Debug, Clone, Copy)]

@@ -247,10 +247,8 @@ impl Seq2Seq {
             let x = self
                 .embed(&self.src_embedding, src, 0, Mode::Eval)?
                 .detach();
-            let off = crate::backend::Backprop::Off;
-            let memory = self
-                .transformer
-                .encode_as(&x, Some(&mask), Mode::Eval, off)?;
+            let pass = crate::Pass::new(Mode::Eval).backprop(crate::Backprop::Off);
+            let (memory, _) = self.transformer.encode_as(&x, Some(&mask), pass)?;
             let keep = src.ne(pad_id)?.flatten_all()?.to_vec1::<u8>()?;
             return Ok(DecodeState {
                 caches: Caches::Fused(stack.start(&memory, &keep)?, stack),

@@ -2,7 +2,7 @@
 //! the encoder output (encoder-decoder attention, section 3.2.3) and a feed-forward network,
 //! each wrapped in a residual connection with layer normalisation.
 
-use crate::backend::{self, Backend, Backprop, DecoderLayerCall, DecoderLayerParts};
+use crate::backend::{self, Backend, Backprop, DecoderLayerCall, DecoderLayerParts, Pass};
 use crate::dropout::{Dropout, Mode};
 use crate::encoder::{residual, LayerSpec};
 use crate::feed_forward::FeedForward;
@@ -86,26 +86,11 @@ impl DecoderLayer {
         }
     }
 
-    /// [`Self::forward`] without the attention weights: both attentions run as the fused
-    /// attention op, which keeps nothing of the (B, H, T, S) weights (training).
-    ///
-    /// # Shapes
-    /// x (B, T, C), memory (B, S, C) -> (B, T, C)
-    pub fn forward_no_weights(
-        &self,
-        x: &Tensor,
-        memory: &Tensor,
-        self_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
-        mode: Mode,
-    ) -> Result<Tensor> {
-        let memory = Memory::Full(memory);
-        Ok(self
-            .run(x, memory, None, self_mask, memory_mask, mode, false)?
-            .0)
-    }
-
-    /// Runs the layer on all target positions at once and returns both attentions' weights.
+    /// Runs the layer, composed, on all target positions at once; returns both attentions'
+    /// weights when `pass` asks for them (without them both attentions run as the fused
+    /// attention op, which keeps nothing of the (B, H, T, S) weights). The composed layer is
+    /// differentiated through candle's graph: `pass.backprop` matters to the stack, whose
+    /// backend may run the layer another way.
     ///
     /// # Shapes
     /// - x (B, T, C), memory (B, S, C)
@@ -117,11 +102,18 @@ impl DecoderLayer {
         memory: &Tensor,
         self_mask: Option<&Mask>,
         memory_mask: Option<&Mask>,
-        mode: Mode,
-    ) -> Result<(Tensor, DecoderWeights)> {
+        pass: Pass,
+    ) -> Result<(Tensor, Option<DecoderWeights>)> {
         let memory = Memory::Full(memory);
-        let (x, w) = self.run(x, memory, None, self_mask, memory_mask, mode, true)?;
-        Ok((x, w.expect("weights were asked for")))
+        self.run(
+            x,
+            memory,
+            None,
+            self_mask,
+            memory_mask,
+            pass.mode,
+            pass.weights,
+        )
     }
 
     /// Projects the encoder output into this layer's encoder-decoder keys and values, once
@@ -264,41 +256,36 @@ impl Decoder {
         memory_mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<Tensor> {
-        self.forward_as(x, memory, self_mask, memory_mask, mode, Backprop::Graph)
+        let pass = Pass::new(mode);
+        Ok(self.forward_as(x, memory, self_mask, memory_mask, pass)?.0)
     }
 
-    /// [`Self::forward`] differentiated as `backprop` says: through the graph, or with the
+    /// [`Self::forward`] differentiated as `pass.backprop` says: through the graph, or with the
     /// parameter gradients of each layer the backend runs as one fused op delivered to
-    /// `DirectGrads` (the others, and the final norm, through candle's graph).
+    /// `DirectGrads` (the others, and the final norm, through candle's graph). Every layer's
+    /// attention weights come back when `pass` asks for them ([`Pass::weights`]).
     ///
     /// # Shapes
-    /// x (B, T, C), memory (B, S, C) -> (B, T, C)
+    /// x (B, T, C), memory (B, S, C) -> (B, T, C) and the weights
     pub fn forward_as(
         &self,
         x: &Tensor,
         memory: &Tensor,
         self_mask: Option<&Mask>,
         memory_mask: Option<&Mask>,
-        mode: Mode,
-        backprop: Backprop,
-    ) -> Result<Tensor> {
-        let masks = (self_mask, memory_mask);
-        let memory = MemoryPerLayer::Full(memory);
-        Ok(self.run(x, memory, None, masks, mode, false, backprop)?.0)
-    }
-
-    /// Also returns every layer's attention weights.
-    pub fn forward_with_weights(
-        &self,
-        x: &Tensor,
-        memory: &Tensor,
-        self_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
-        mode: Mode,
+        pass: Pass,
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
         let masks = (self_mask, memory_mask);
         let memory = MemoryPerLayer::Full(memory);
-        self.run(x, memory, None, masks, mode, true, Backprop::Graph)
+        self.run(
+            x,
+            memory,
+            None,
+            masks,
+            pass.mode,
+            pass.weights,
+            pass.backprop,
+        )
     }
 
     /// Number of layers.

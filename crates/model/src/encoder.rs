@@ -2,7 +2,7 @@
 //! and a feed-forward sub-layer, each wrapped as `LayerNorm(x + Dropout(Sublayer(x)))`
 //! (post-norm, the paper) or `x + Dropout(Sublayer(LayerNorm(x)))` (`norm_first`).
 
-use crate::backend::{self, Backend, Backprop, EncoderLayerParts, LayerCall};
+use crate::backend::{self, Backend, Backprop, EncoderLayerParts, LayerCall, Pass};
 use crate::config::Activation;
 use crate::dropout::{Dropout, Mode};
 use crate::feed_forward::FeedForward;
@@ -208,36 +208,26 @@ impl Encoder {
     /// # Shapes
     /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
     pub fn forward(&self, x: &Tensor, mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
-        self.forward_as(x, mask, mode, Backprop::Graph)
+        Ok(self.forward_as(x, mask, Pass::new(mode))?.0)
     }
 
-    /// [`Self::forward`] differentiated as `backprop` says: through the graph; with the
+    /// [`Self::forward`] differentiated as `pass.backprop` says: through the graph; with the
     /// parameter gradients of each layer the backend runs as one fused op delivered to
     /// `DirectGrads` instead of candle's `GradStore` (the input's gradient, and any composed
     /// layer's and the final norm's, go through the graph as usual; the same result summed in
     /// another order); or not at all (evaluation: a fused layer builds no graph and keeps
-    /// nothing for a backward pass).
+    /// nothing for a backward pass). Each layer's self-attention weights, (B, H, S, S), come
+    /// back when `pass` asks for them ([`Pass::weights`]; those layers run composed).
     ///
     /// # Shapes
-    /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C)
+    /// x (B, S, C), mask broadcastable to (B, H, S, S) -> (B, S, C) and the weights
     pub fn forward_as(
         &self,
         x: &Tensor,
         mask: Option<&Mask>,
-        mode: Mode,
-        backprop: Backprop,
-    ) -> Result<Tensor> {
-        Ok(self.run(x, mask, None, mode, false, backprop)?.0)
-    }
-
-    /// Also returns each layer's self-attention weights, (B, H, S, S) each.
-    pub fn forward_with_weights(
-        &self,
-        x: &Tensor,
-        mask: Option<&Mask>,
-        mode: Mode,
+        pass: Pass,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        self.run(x, mask, None, mode, true, Backprop::Graph)
+        self.run(x, mask, None, pass.mode, pass.weights, pass.backprop)
     }
 
     /// Runs new positions over `caches` (one per layer, extended in place); the mask covers

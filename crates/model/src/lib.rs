@@ -113,7 +113,7 @@ pub use transformer_kernels::grads;
 pub use transformer_kernels::rng;
 
 pub use attention::{scaled_dot_product_attention, softmax_last_dim};
-pub use backend::Backprop;
+pub use backend::{Backprop, Pass};
 pub use config::{Activation, LmConfig, TransformerConfig};
 pub use decoder::{Decoder, DecoderLayer};
 pub use dropout::{Dropout, Mode};

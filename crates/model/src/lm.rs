@@ -4,7 +4,7 @@
 //! vocabulary. Parameter names are the tutorial's (`embedding.weight`,
 //! `transformer_encoder.layers.0.linear1.weight`, `linear.bias`).
 
-use crate::backend::{Backend, Backprop};
+use crate::backend::{Backend, Backprop, Pass};
 use crate::config::{Activation, LmConfig};
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
@@ -104,7 +104,8 @@ impl TransformerLm {
             Backprop::Off => x.detach(),
             Backprop::Graph | Backprop::Direct(..) => x,
         };
-        enc.forward_as(&x, Some(&causal), mode, backprop)
+        let pass = Pass::new(mode).backprop(backprop);
+        Ok(enc.forward_as(&x, Some(&causal), pass)?.0)
     }
 
     /// Every layer's causal self-attention weights over `ids` (evaluation mode), for
@@ -119,7 +120,7 @@ impl TransformerLm {
         let causal = Mask::causal(t, ids.device())?;
         Ok(self
             .transformer_encoder
-            .forward_with_weights(&x, Some(&causal), Mode::Eval)?
+            .forward_as(&x, Some(&causal), Pass::new(Mode::Eval).weights())?
             .1)
     }
 

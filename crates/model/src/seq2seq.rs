@@ -11,7 +11,7 @@
 //!   and the self-attention keys and values of earlier positions cached ([`DecodeState`]).
 //!   The two give the same logits (tested).
 
-use crate::backend::Backprop;
+use crate::backend::{Backprop, Pass};
 use crate::config::TransformerConfig;
 pub use crate::decode_state::{DecodeState, PreparedDecoding};
 use crate::decoder::DecoderWeights;
@@ -324,15 +324,16 @@ impl Seq2Seq {
         self.transformer.encode(&x, src_mask, mode)
     }
 
-    /// The encoder's output and every encoder layer's self-attention weights (B, H, S, S).
-    pub fn encode_with_weights(
+    /// The encoder's output, and every encoder layer's self-attention weights (B, H, S, S)
+    /// when `pass` asks for them ([`Pass::weights`]).
+    pub fn encode_as(
         &self,
         src: &Tensor,
         src_mask: Option<&Mask>,
-        mode: Mode,
+        pass: Pass,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        let x = self.embed(&self.src_embedding, src, 0, mode)?;
-        self.transformer.encode_with_weights(&x, src_mask, mode)
+        let x = self.embed_as(&self.src_embedding, src, pass.mode, pass.backprop)?;
+        self.transformer.encode_as(&x, src_mask, pass)
     }
 
     /// The last decoder layer's output for every target position.
@@ -368,22 +369,23 @@ impl Seq2Seq {
         self.generator.forward(&h)
     }
 
-    /// Logits and every decoder layer's attention weights for every target position.
+    /// Logits for every target position, and every decoder layer's attention weights when
+    /// `pass` asks for them ([`Pass::weights`]).
     ///
     /// # Shapes
     /// tgt (B, T) u32, memory (B, S, C) -> (B, T, V), per layer (B, H, T, T) and (B, H, T, S)
-    pub fn decode_with_weights(
+    pub fn decode_as(
         &self,
         tgt: &Tensor,
         memory: &Tensor,
         tgt_mask: Option<&Mask>,
         memory_mask: Option<&Mask>,
-        mode: Mode,
+        pass: Pass,
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
-        let y = self.embed(&self.tgt_embedding, tgt, 0, mode)?;
-        let (h, w) =
-            self.transformer
-                .decode_with_weights(&y, memory, tgt_mask, memory_mask, mode)?;
+        let y = self.embed_as(&self.tgt_embedding, tgt, pass.mode, pass.backprop)?;
+        let (h, w) = self
+            .transformer
+            .decode_as(&y, memory, tgt_mask, memory_mask, pass)?;
         Ok((self.generator.forward(&h)?, w))
     }
 
@@ -451,10 +453,11 @@ impl Seq2Seq {
         };
         let tr = &self.transformer;
         let x = self.embed_as(&self.src_embedding, src, mode, backprop)?;
-        let memory = tr.encode_as(&x, Some(&src_mask), mode, backprop)?;
+        let pass = Pass::new(mode).backprop(backprop);
+        let (memory, _) = tr.encode_as(&x, Some(&src_mask), pass)?;
         let y = self.embed_as(&self.tgt_embedding, tgt_in, mode, backprop)?;
         let (tm, mm) = (Some(&tgt_mask), Some(&memory_mask));
-        let h = tr.decode_as(&y, &memory, tm, mm, mode, backprop)?;
+        let (h, _) = tr.decode_as(&y, &memory, tm, mm, pass)?;
         let (b, t, c) = h.dims3()?;
         label_smoothed_loss_with(
             &h.reshape((b * t, c))?,

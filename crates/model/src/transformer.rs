@@ -2,7 +2,7 @@
 //! layer), equivalent to `torch.nn.Transformer`: an encoder and a decoder stack, each with a
 //! final LayerNorm.
 
-use crate::backend::Backprop;
+use crate::backend::Pass;
 use crate::config::TransformerConfig;
 use crate::decoder::{Decoder, DecoderWeights};
 use crate::dropout::Mode;
@@ -41,9 +41,10 @@ impl Transformer {
         self.encoder.forward(src, src_mask, mode)
     }
 
-    /// [`Self::encode`] differentiated as `backprop` says ([`Encoder::forward_as`]): with the
+    /// [`Self::encode`] differentiated as `pass.backprop` says ([`Encoder::forward_as`]): with the
     /// parameter gradients of the layers the backend fuses going to `DirectGrads`, or for
-    /// evaluation without a graph ([`Backprop::Off`]; pass a detached `src`).
+    /// evaluation without a graph ([`crate::Backprop::Off`]; pass a detached `src`), with each
+    /// layer's self-attention weights when `pass` asks for them ([`Pass::weights`]).
     ///
     /// # Shapes
     /// src (B, S, C), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)
@@ -51,13 +52,12 @@ impl Transformer {
         &self,
         src: &Tensor,
         src_mask: Option<&Mask>,
-        mode: Mode,
-        backprop: Backprop,
-    ) -> Result<Tensor> {
-        self.encoder.forward_as(src, src_mask, mode, backprop)
+        pass: Pass,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        self.encoder.forward_as(src, src_mask, pass)
     }
 
-    /// [`Self::decode`] differentiated as `backprop` says
+    /// [`Self::decode`] differentiated as `pass.backprop` says
     /// ([`crate::decoder::Decoder::forward_as`]).
     ///
     /// # Shapes
@@ -68,11 +68,10 @@ impl Transformer {
         memory: &Tensor,
         tgt_mask: Option<&Mask>,
         memory_mask: Option<&Mask>,
-        mode: Mode,
-        backprop: Backprop,
-    ) -> Result<Tensor> {
+        pass: Pass,
+    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
         self.decoder
-            .forward_as(tgt, memory, tgt_mask, memory_mask, mode, backprop)
+            .forward_as(tgt, memory, tgt_mask, memory_mask, pass)
     }
 
     /// Runs the decoder stack over the embedded targets, attending to `memory`.
@@ -107,29 +106,6 @@ impl Transformer {
     /// [`Decoder::forward_step`]).
     pub fn decoder(&self) -> &Decoder {
         &self.decoder
-    }
-
-    /// Encodes and returns every encoder layer's self-attention weights, (B, H, S, S) each.
-    pub fn encode_with_weights(
-        &self,
-        src: &Tensor,
-        src_mask: Option<&Mask>,
-        mode: Mode,
-    ) -> Result<(Tensor, Vec<Tensor>)> {
-        self.encoder.forward_with_weights(src, src_mask, mode)
-    }
-
-    /// Decodes and returns every decoder layer's attention weights too.
-    pub fn decode_with_weights(
-        &self,
-        tgt: &Tensor,
-        memory: &Tensor,
-        tgt_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
-        mode: Mode,
-    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
-        self.decoder
-            .forward_with_weights(tgt, memory, tgt_mask, memory_mask, mode)
     }
 
     /// The whole model. Each mask already includes its key padding (combine them with

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use transformer_model::backend::{
     self, Backend, Backprop, Composed, DecoderLayerCall, DecoderLayerParts, EncoderLayerParts,
-    LayerCall,
+    LayerCall, Pass,
 };
 use transformer_model::{
     DirectGrads, LmConfig, Mode, ParamBuilder, Transformer, TransformerConfig, TransformerLm,
@@ -142,7 +142,8 @@ fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
     let memory = model.encode(&src, None, Mode::Eval)?;
     let direct = DirectGrads::new();
     let backprop = Backprop::Direct(&direct, transformer_model::kernels::Precision::F32);
-    model.decode_as(&tgt, &memory, None, None, Mode::Eval, backprop)?;
+    let pass = Pass::new(Mode::Eval).backprop(backprop);
+    model.decode_as(&tgt, &memory, None, None, pass)?;
     let layers = TransformerConfig::tiny().num_decoder_layers;
     assert_eq!(counting.decoder.load(Ordering::SeqCst), layers);
     assert_eq!(

@@ -12,6 +12,7 @@ use transformer_model::encoder::{EncoderLayer, LayerSpec};
 use transformer_model::mask::Mask;
 use transformer_model::params::ParamBuilder;
 use transformer_model::rng::Rng;
+use transformer_model::Pass;
 
 /// For the fused layers' tests against the composed ones: with `skip`, the reference's output
 /// `y` and incoming gradient `dy` (`(B, T, C)`) with the rows from each sequence's length on
@@ -381,12 +382,12 @@ fn fused_decoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             )?)?)?;
             let mem_mask = Mask::key_valid(&Tensor::from_vec(src_valid, (b, s), &dev)?)?;
             let rng = Rng::new(11);
-            let y = layer.forward_no_weights(
+            let (y, _) = layer.forward(
                 x.as_tensor(),
                 mem.as_tensor(),
                 Some(&tgt_mask),
                 Some(&mem_mask),
-                Mode::Train(&rng),
+                Pass::new(Mode::Train(&rng)),
             )?;
             let dy = Tensor::randn(0f64, 1.0, (b, t, c), &dev)?;
             let tgt_lens: Vec<usize> = (0..b).map(|i| t - i % 3).collect();

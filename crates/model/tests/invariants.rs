@@ -1,7 +1,7 @@
 //! Properties every Transformer must have, checked on small random models.
 
 use candle_core::{DType, Device, Result, Tensor};
-use transformer_model::backend::Backprop;
+use transformer_model::backend::{Backprop, Pass};
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{
     LmConfig, Mode, ParamBuilder, Params, Rng, Seq2Seq, TransformerConfig, TransformerLm,
@@ -364,7 +364,7 @@ fn encoder_without_weights_equals_the_composed_path() -> Result<()> {
                 None => (Mode::Eval, Mode::Eval),
             };
             let fused = enc.forward(&x, Some(&mask), m1)?;
-            let (composed, weights) = enc.forward_with_weights(&x, Some(&mask), m2)?;
+            let (composed, weights) = enc.forward_as(&x, Some(&mask), Pass::new(m2).weights())?;
             assert_eq!(weights.len(), 2);
             let diff = (fused - composed)?.abs()?.max_all()?.to_scalar::<f64>()?;
             assert!(
@@ -526,14 +526,10 @@ fn declared_lengths_skip_padding_rows_and_are_checked() -> Result<()> {
     let src = ids(&[&[5, 6, 7, 8, 9], &[5, 6, 0, 0, 0], &[7, 0, 0, 0, 0]])?;
     let x = Tensor::randn(0f64, 1.0, (3, 5, 8), &dev)?;
     let mask = Mask::key_padding_from_ids(&src, 0)?;
-    let plain = enc.forward_as(&x, Some(&mask), Mode::Eval, Backprop::Off)?;
+    let off = Pass::new(Mode::Eval).backprop(Backprop::Off);
+    let (plain, _) = enc.forward_as(&x, Some(&mask), off)?;
     let lens = vec![5, 2, 1];
-    let skipped = enc.forward_as(
-        &x,
-        Some(&mask.clone().with_lengths(lens.clone())),
-        Mode::Eval,
-        Backprop::Off,
-    )?;
+    let (skipped, _) = enc.forward_as(&x, Some(&mask.clone().with_lengths(lens.clone())), off)?;
     for (b, &len) in lens.iter().enumerate() {
         let (want, got) = (plain.get(b)?, skipped.get(b)?);
         let diff = (want.narrow(0, 0, len)? - got.narrow(0, 0, len)?)?
@@ -550,20 +546,14 @@ fn declared_lengths_skip_padding_rows_and_are_checked() -> Result<()> {
     }
     // Sequence 1 has 2 tokens, but a length of 1 leaves its second key visible to row 0.
     let bad = mask.clone().with_lengths(vec![5, 1, 1]);
-    let err = enc
-        .forward_as(&x, Some(&bad), Mode::Eval, Backprop::Off)
-        .unwrap_err()
-        .to_string();
+    let err = enc.forward_as(&x, Some(&bad), off).unwrap_err().to_string();
     assert!(err.contains("sequence 1") && err.contains("key 1"), "{err}");
     // A causal mask hides every key after a length from the rows before it...
     let causal = Mask::causal(5, &dev)?.with_lengths(vec![5, 3, 4]);
-    enc.forward_as(&x, Some(&causal), Mode::Eval, Backprop::Off)?;
+    enc.forward_as(&x, Some(&causal), off)?;
     // ... a mask that keeps every key does not.
     let all = Mask::key_valid(&Tensor::ones((3, 5), DType::U8, &dev)?)?.with_lengths(vec![5, 5, 4]);
-    let err = enc
-        .forward_as(&x, Some(&all), Mode::Eval, Backprop::Off)
-        .unwrap_err()
-        .to_string();
+    let err = enc.forward_as(&x, Some(&all), off).unwrap_err().to_string();
     assert!(err.contains("sequence 2") && err.contains("key 4"), "{err}");
     Ok(())
 }

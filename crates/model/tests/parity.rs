@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Result};
 use common::{assert_close, check_gradients, Fixture};
 use transformer_model::encoder::LayerSpec;
 use transformer_model::{
-    Activation, DecoderLayer, EncoderLayer, Mask, Mode, MultiHeadAttention, ParamBuilder,
+    Activation, DecoderLayer, EncoderLayer, Mask, Mode, MultiHeadAttention, ParamBuilder, Pass,
     PositionalEncoding, Transformer, TransformerConfig,
 };
 
@@ -130,7 +130,7 @@ fn decoder_layers_post_norm_relu_and_pre_norm_gelu() -> Result<()> {
                 &memory,
                 Some(&self_mask),
                 Some(&memory_mask),
-                Mode::Eval,
+                Pass::new(Mode::Eval).weights(),
             )?;
             assert_close(&format!("{file} out"), &out, &fx.t("output.out"), dtype);
             check_gradients(&fx, &out, &params, &[("tgt", &tgt), ("memory", &memory)])?;

@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use std::time::Instant;
-use transformer_model::backend::Backprop;
+use transformer_model::backend::{Backprop, Pass};
 use transformer_model::encoder::{Encoder, LayerSpec};
 use transformer_model::{
     Activation, DirectGrads, LmConfig, Mask, Mode, ParamBuilder, Rng, TransformerLm,
@@ -67,12 +67,9 @@ impl EncoderBench {
     /// parameters' gradients into `DirectGrads`.
     fn fused(&self, rng: &Rng) -> candle_core::Result<candle_core::backprop::GradStore> {
         self.direct.clear();
-        let y = self.enc.forward_as(
-            &self.x,
-            Some(&self.mask),
-            Mode::Train(rng),
-            Backprop::Direct(&self.direct, transformer_model::Precision::F32),
-        )?;
+        let direct = Backprop::Direct(&self.direct, transformer_model::Precision::F32);
+        let pass = Pass::new(Mode::Train(rng)).backprop(direct);
+        let (y, _) = self.enc.forward_as(&self.x, Some(&self.mask), pass)?;
         (y * &self.cot)?.sum_all()?.backward()
     }
 
@@ -167,7 +164,11 @@ fn main() -> candle_core::Result<()> {
         });
         time("  encoder (eval, fused layers, no graph)", 5, || {
             enc.enc
-                .forward_as(&enc.x, Some(&enc.mask), Mode::Eval, Backprop::Off)
+                .forward_as(
+                    &enc.x,
+                    Some(&enc.mask),
+                    Pass::new(Mode::Eval).backprop(Backprop::Off),
+                )
                 .unwrap()
         });
         time("  encoder (train) fwd+bwd, composed", 5, || {
@@ -179,8 +180,10 @@ fn main() -> candle_core::Result<()> {
                 .forward_as(
                     &enc.x,
                     Some(&enc.mask),
-                    Mode::Train(&rng),
-                    Backprop::Direct(&enc.direct, transformer_model::Precision::F32),
+                    Pass::new(Mode::Train(&rng)).backprop(Backprop::Direct(
+                        &enc.direct,
+                        transformer_model::Precision::F32,
+                    )),
                 )
                 .unwrap()
         });

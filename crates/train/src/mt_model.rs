@@ -321,14 +321,10 @@ impl Architecture for Seq2Seq {
     }
     fn attention(&self, src: &Tensor, tgt_in: &Tensor, pad: u32) -> Result<AttentionWeights> {
         let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
-        let (memory, encoder) = self.encode_with_weights(src, Some(&masks.src), Mode::Eval)?;
-        let (_, dec) = self.decode_with_weights(
-            tgt_in,
-            &memory,
-            Some(&masks.tgt),
-            Some(&masks.memory),
-            Mode::Eval,
-        )?;
+        let pass = transformer_model::Pass::new(Mode::Eval).weights();
+        let (memory, encoder) = self.encode_as(src, Some(&masks.src), pass)?;
+        let (_, dec) =
+            self.decode_as(tgt_in, &memory, Some(&masks.tgt), Some(&masks.memory), pass)?;
         Ok(AttentionWeights {
             encoder,
             decoder: dec.iter().map(|w| w.self_attn.clone()).collect(),

@@ -8,24 +8,19 @@
 //! Here each vocabulary row of `W` is read in place, once, by one AVX-512 dot product per row
 //! of `x`, the vocabulary split between candle's pool threads. At one row, C 200, V 33,278:
 //! 0.84 ms against 1.39 ms for candle's matmul + bias (`W` read at 32 GB/s;
-//! `examples/kernels_bench.rs`). One row of f32 on an AVX-512 CPU runs `one_row::w_rows`
-//! on each chunk of the vocabulary, eight rows of `W` at a time.
+//! `examples/kernels_bench.rs`).
 //!
 //! The backward pass is the usual one, composed of candle matmuls (decoding never takes it,
 //! but the op must not drop gradients).
 
 use super::float::{simd, Float};
 use super::matmul::{gemm, unpacked_row_chunks, Mat};
-use super::one_row;
 use super::{cpu_fwd3, fused_applies, run_parallel, Forward3};
 use super::{CpuArgs3, Grads3, Kernel3, Op3};
-use candle_core::{bail, CpuStorage, DType, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, Result, Shape, Tensor};
 
 /// Rows up to which [`linear_few_rows`] runs its own kernel (above, candle's matmul).
 pub(crate) const MAX_ROWS: usize = 8;
-
-/// Vocabulary rows per work item with one row of `x` (512 KB of `W` at C = 256).
-const ONE_ROW_CHUNK: usize = 128;
 
 /// Vocabulary rows per work item (about 100 KB of `W` at C = 200).
 const CHUNK: usize = 128;
@@ -95,22 +90,6 @@ impl Forward3 for Dims {
 }
 
 fn forward<T: Float>(x: &[T], w: &[T], b: &[T], n: usize, c: usize, v: usize) -> Vec<T> {
-    if n == 1 && T::DTYPE == DType::F32 && one_row::available() {
-        // SAFETY: T is f32 (its DTYPE says so), so these are f32 slices.
-        let f = |s: &[T]| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) };
-        let (x, w, b) = (f(x), f(w), f(b));
-        let mut y = vec![T::ZERO; v];
-        let parts: Vec<(usize, &mut [T])> = y.chunks_mut(ONE_ROW_CHUNK).enumerate().collect();
-        run_parallel(parts, |(i, out)| {
-            let j = i * ONE_ROW_CHUNK;
-            let len = out.len();
-            // SAFETY: as above; `out` is this item's part of `y`.
-            let out =
-                unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<f32>(), len) };
-            one_row::w_rows(out, x, &w[j * c..(j + len) * c], &b[j..j + len], len, c);
-        });
-        return y;
-    }
     let chunks: Vec<usize> = (0..v.div_ceil(CHUNK)).collect();
     // Each item: its vocabulary rows' outputs, (rows of the chunk) x N.
     let parts = run_parallel(chunks, |k| {

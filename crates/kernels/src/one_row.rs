@@ -1,29 +1,24 @@
-//! `y = x W^T + b` for one row of `x`, f32, AVX-512: greedy decoding's products, one
-//! sentence at a time. [`wt_row`] reads the weight stored transposed (`W^T`, `k x m`: the
-//! decoder stack's projections), [`w_rows`] as the model stores it (`W`, `v x k`: the output
-//! layer).
+//! `y = x W^T + b` for one row of `x`, f32, AVX-512, with the weight stored transposed
+//! (`W^T`, `k x m`): the decoder stack's products at a greedy decoding step, one sentence at
+//! a time.
 //!
 //! # Why
 //! With one row each weight is read once for one multiply-add, so a step's speed is the
-//! speed its weights (16 MB of f32 for the default model) stream in. The gemm crate's
-//! one-row path read the decoder's `W^T` at 59-66 GB/s from the L3 cache on the 2-vCPU
-//! Zen 4, these loops at 73-97 GB/s; the output layer's dot products 62 GB/s on the pool's
-//! threads, [`w_rows`] 80 GB/s on one. In greedy decoding (where a step's weights are partly
-//! evicted between steps) the decoder stack went from 3.3 to 2.3 ms a sentence and the output
-//! layer, [`w_rows`] on the pool's threads in chunks of 128 rows, from 2.1 to 1.8 ms.
-//! Splitting the stack's products between the two threads did not pay (slower in 5 of 6
-//! alternating rounds).
-
-//! # How
-//! - [`wt_row`]: per block of 256 outputs, sixteen AVX-512 accumulators hold `y`; for each
-//!   input `kk`, `x[kk]` broadcast times the block of row `kk` of `W^T` (1 KB, contiguous).
-//! - [`w_rows`]: per group of 8 rows of `W`, eight accumulators, each a dot product of
-//!   `x` with its row in 16-lane pieces, summed across lanes at the end.
+//! speed its weights (8 MB of f32 for the default model's decoder) stream in. The gemm
+//! crate's one-row path read `W^T` at 59-66 GB/s from the L3 cache on the 2-vCPU Zen 4,
+//! this loop at 73-97 GB/s; in greedy decoding the decoder stack went from 3.3 to 2.3 ms a
+//! sentence. Splitting the products' columns between the two threads did not pay (slower in
+//! 5 of 6 alternating rounds). The same register scheme for the output layer's dot products
+//! (eight rows of `W` at a time) was slower than `few_rows`' one row at a time for the
+//! language model's 28,782 x 200 layer, and is not used.
 //!
-//! Each output is the bias plus the products in another order than gemm's (per lane, then
-//! across lanes for [`w_rows`]).
+//! # How
+//! Per block of 256 outputs, sixteen AVX-512 accumulators hold `y`; for each input `kk`,
+//! `x[kk]` broadcast times the block of row `kk` of `W^T` (1 KB, contiguous). Each output
+//! is the bias plus the products in order of `kk`, each one fused multiply-add: the sums of
+//! `x W^T + b` in another order than gemm's.
 
-/// Whether this CPU runs these kernels (AVX-512; elsewhere the callers keep their paths).
+/// Whether this CPU runs the kernel (AVX-512; elsewhere the caller keeps gemm's path).
 pub(crate) fn available() -> bool {
     super::small_rows::available()
 }
@@ -45,23 +40,6 @@ pub(crate) fn wt_row(y: &mut [f32], x: &[f32], wt: &[f32], b: &[f32], m: usize, 
     }
 }
 
-/// `y[j] = b[j] + x . W[j]` for the `v` rows of `w` (`v x k`, row-major), one row `x` (`k`).
-///
-/// # Panics
-/// If a slice is shorter than the sizes say, or the CPU lacks AVX-512 ([`available`]).
-pub(crate) fn w_rows(y: &mut [f32], x: &[f32], w: &[f32], b: &[f32], v: usize, k: usize) {
-    assert!(
-        x.len() >= k && w.len() >= v * k && b.len() >= v && y.len() >= v,
-        "one_row: slices shorter than 1 x {k} @ ({v} x {k})^T"
-    );
-    assert!(available(), "one_row: this CPU has no AVX-512");
-    // SAFETY: AVX-512 F is present and the slices hold the sizes (both asserted).
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        avx512::w_rows(y, x, w, b, v, k)
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use crate::float::avx512::mask;
@@ -69,9 +47,6 @@ mod avx512 {
 
     /// Outputs per block of [`wt_row`]: sixteen registers of 16 lanes.
     const BLOCK: usize = 256;
-    /// Rows of `W` per group of [`w_rows`].
-    const GROUP: usize = 8;
-
     /// # Safety
     /// AVX-512 F; the slices hold `k`, `k x m`, `m` and `m` values.
     #[target_feature(enable = "avx512f")]
@@ -114,50 +89,6 @@ mod avx512 {
             j += 16;
         }
     }
-
-    /// # Safety
-    /// AVX-512 F; the slices hold `k`, `v x k`, `v` and `v` values.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn w_rows(
-        y: &mut [f32],
-        x: &[f32],
-        w: &[f32],
-        b: &[f32],
-        v: usize,
-        k: usize,
-    ) {
-        let (xp, wp) = (x.as_ptr(), w.as_ptr());
-        let mut j = 0;
-        while j + GROUP <= v {
-            let mut acc = [_mm512_setzero_ps(); GROUP];
-            let mut c = 0;
-            while c < k {
-                let r = mask(k - c);
-                let xv = _mm512_maskz_loadu_ps(r, xp.add(c));
-                for (g, a) in acc.iter_mut().enumerate() {
-                    let wv = _mm512_maskz_loadu_ps(r, wp.add((j + g) * k + c));
-                    *a = _mm512_fmadd_ps(xv, wv, *a);
-                }
-                c += 16;
-            }
-            for (g, a) in acc.iter().enumerate() {
-                y[j + g] = b[j + g] + _mm512_reduce_add_ps(*a);
-            }
-            j += GROUP;
-        }
-        while j < v {
-            let mut a = _mm512_setzero_ps();
-            let mut c = 0;
-            while c < k {
-                let r = mask(k - c);
-                let wv = _mm512_maskz_loadu_ps(r, wp.add(j * k + c));
-                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(r, xp.add(c)), wv, a);
-                c += 16;
-            }
-            y[j] = b[j] + _mm512_reduce_add_ps(a);
-            j += 1;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -165,11 +96,11 @@ mod tests {
     use super::*;
     use crate::plain::{assert_sums, values};
 
-    /// Both kernels against the plain sums in f64, at sizes with and without partial blocks.
+    /// Against the plain sums in f64, at sizes with and without partial blocks.
     #[test]
-    fn agree_with_the_plain_sums() {
+    fn agrees_with_the_plain_sums() {
         if !available() {
-            eprintln!("no AVX-512 on this CPU: the kernels are not used here, nothing to check");
+            eprintln!("no AVX-512 on this CPU: the kernel is not used here, nothing to check");
             return;
         }
         for &(m, k) in &[
@@ -181,13 +112,9 @@ mod tests {
             (1, 1),
         ] {
             let (x, w, b) = (values(k, 1), values(m * k, 2), values(m, 3));
-            // w read as W^T (k x m) by wt_row, as W (m x k) by w_rows.
             let mut y = vec![f32::NAN; m];
             wt_row(&mut y, &x, &w, &b, m, k);
             assert_sums("wt_row", &y, &x, &b, (1, m, k), |j, kk| w[kk * m + j]);
-            let mut y = vec![f32::NAN; m];
-            w_rows(&mut y, &x, &w, &b, m, k);
-            assert_sums("w_rows", &y, &x, &b, (1, m, k), |j, kk| w[j * k + kk]);
         }
     }
 }

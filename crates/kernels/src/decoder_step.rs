@@ -519,7 +519,7 @@ fn transpose_matrix(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// `y = x W^T + b` for `n` rows from `wt = W^T` (`k x m`), single-threaded.
 #[inline(always)]
 fn project(y: &mut [f32], x: &[f32], wt: &[f32], b: &[f32], n: usize, m: usize, k: usize) {
-    if n == 1 && one_row::available() {
+    if n == 1 && float::avx512() {
         // One row reads each weight once: the step's speed is how fast the weights stream
         // in (`one_row`). Splitting the columns between the threads did not pay here.
         return one_row::wt_row(y, x, wt, b, m, k);

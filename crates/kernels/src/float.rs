@@ -478,6 +478,16 @@ pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether [`simd`] runs AVX-512 on this CPU (the hand-written AVX-512 kernels' test too).
+pub(crate) fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        level() == Level::Avx512
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Level {

@@ -282,10 +282,16 @@ thread_local! {
 
 /// `f()`, marked as one item of a parallel run on this thread ([`threads_are_free`]).
 fn in_parallel_item<R>(f: impl FnOnce() -> R) -> R {
+    /// Leaves the item on drop, so a panicking item leaves the count right too.
+    struct Inside;
+    impl Drop for Inside {
+        fn drop(&mut self) {
+            IN_ITEM.with(|c| c.set(c.get() - 1));
+        }
+    }
     IN_ITEM.with(|c| c.set(c.get() + 1));
-    let r = f();
-    IN_ITEM.with(|c| c.set(c.get() - 1));
-    r
+    let _inside = Inside;
+    f()
 }
 
 /// Whether work on this thread may be split between the pool's threads: there is more than
@@ -366,6 +372,16 @@ fn par_rows<T: Send, R: Send>(
 /// What the hand-written product kernels' unit tests compare with.
 #[cfg(test)]
 mod plain {
+    /// True (and says so) where this CPU lacks AVX-512: the AVX-512 kernels are not used
+    /// there, so their tests have nothing to check.
+    pub(crate) fn no_avx512() -> bool {
+        let none = !crate::float::avx512();
+        if none {
+            eprintln!("no AVX-512 on this CPU: the kernel is not used here, nothing to check");
+        }
+        none
+    }
+
     /// `len` values in [-1, 1], fixed by `seed`.
     pub(crate) fn values(len: usize, seed: u32) -> Vec<f32> {
         (0..len)

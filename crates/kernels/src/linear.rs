@@ -169,8 +169,7 @@ pub(super) fn rows_forward<T: Float>(
     m: usize,
     k: usize,
 ) {
-    if T::DTYPE == DType::F32 && (2..=small_rows::MAX_ROWS).contains(&n) && small_rows::available()
-    {
+    if T::DTYPE == DType::F32 && (2..=small_rows::MAX_ROWS).contains(&n) && float::avx512() {
         // SAFETY: T is f32 (its DTYPE says so), so the slices are f32 slices.
         let f = |s: &[T]| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) };
         // SAFETY: as above, and `y` is exclusively borrowed.

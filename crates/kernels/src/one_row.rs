@@ -18,21 +18,18 @@
 //! is the bias plus the products in order of `kk`, each one fused multiply-add: the sums of
 //! `x W^T + b` in another order than gemm's.
 
-/// Whether this CPU runs the kernel (AVX-512; elsewhere the caller keeps gemm's path).
-pub(crate) fn available() -> bool {
-    super::small_rows::available()
-}
+use super::float;
 
 /// `y = b + x W^T` for one row `x` (`k`), from `wt = W^T` (`k x m`, row-major), `b` (`m`).
 ///
 /// # Panics
-/// If a slice is shorter than the sizes say, or the CPU lacks AVX-512 ([`available`]).
+/// If a slice is shorter than the sizes say, or the CPU lacks AVX-512 ([`float::avx512`]).
 pub(crate) fn wt_row(y: &mut [f32], x: &[f32], wt: &[f32], b: &[f32], m: usize, k: usize) {
     assert!(
         x.len() >= k && wt.len() >= k * m && b.len() >= m && y.len() >= m,
         "one_row: slices shorter than 1 x {k} @ {k} x {m}"
     );
-    assert!(available(), "one_row: this CPU has no AVX-512");
+    assert!(float::avx512(), "one_row: this CPU has no AVX-512");
     // SAFETY: AVX-512 F is present and the slices hold the sizes (both asserted).
     #[cfg(target_arch = "x86_64")]
     unsafe {
@@ -94,13 +91,12 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plain::{assert_sums, values};
+    use crate::plain::{self, assert_sums, values};
 
     /// Against the plain sums in f64, at sizes with and without partial blocks.
     #[test]
     fn agrees_with_the_plain_sums() {
-        if !available() {
-            eprintln!("no AVX-512 on this CPU: the kernel is not used here, nothing to check");
+        if plain::no_avx512() {
             return;
         }
         for &(m, k) in &[

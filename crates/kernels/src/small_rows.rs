@@ -21,6 +21,7 @@
 //! the sums of `x W^T + b` in another order than gemm's. `examples/kernels_timing.rs
 //! small-rows` measures both.
 
+use super::float;
 use super::{num_threads, run_parallel, threads_are_free};
 
 /// Rows of `x` per pass over `W` (one AVX-512 register of f32).
@@ -37,25 +38,10 @@ pub(crate) const MAX_ROWS: usize = 48;
 /// ([`super::threads_are_free`]): one 256 x 256 projection and up.
 const MIN_SPLIT: usize = 1 << 16;
 
-/// Whether this CPU runs the kernel (AVX-512; elsewhere gemm's path stays).
-pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static YES: OnceLock<bool> = OnceLock::new();
-        *YES.get_or_init(|| {
-            std::env::var_os("TRANSFORMER_KERNELS_NO_SIMD").is_none()
-                && is_x86_feature_detected!("avx512f")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 /// `y = b + x W^T` for `n` rows: x (n x k), W (m x k), b (m), y (n x m).
 ///
 /// # Panics
-/// If a slice is shorter than the sizes say, or the CPU lacks AVX-512 ([`available`]).
+/// If a slice is shorter than the sizes say, or the CPU lacks AVX-512 ([`float::avx512`]).
 pub(crate) fn forward(
     y: &mut [f32],
     x: &[f32],
@@ -69,7 +55,7 @@ pub(crate) fn forward(
         x.len() >= n * k && w.len() >= m * k && b.len() >= m && y.len() >= n * m,
         "small_rows: slices shorter than {n} x {k} @ ({m} x {k})^T"
     );
-    assert!(available(), "small_rows: this CPU has no AVX-512");
+    assert!(float::avx512(), "small_rows: this CPU has no AVX-512");
     let mut xt = vec![0f32; k * LANES];
     let mut yt = vec![0f32; m * LANES];
     for r0 in (0..n).step_by(LANES) {
@@ -174,14 +160,13 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plain::{assert_sums, values};
+    use crate::plain::{self, assert_sums, values};
 
     /// Against the plain sums in f64, at row counts below, at and above one pass, and
     /// output counts that leave a partial block.
     #[test]
     fn agrees_with_the_plain_sums() {
-        if !available() {
-            eprintln!("no AVX-512 on this CPU: the kernel is not used here, nothing to check");
+        if plain::no_avx512() {
             return;
         }
         for &(n, m, k) in &[

@@ -241,7 +241,7 @@ pub fn bf16_shapes_of_the_lm_loss() {
 /// encoder's products for one sentence do. Run with `RAYON_NUM_THREADS=1` for one thread's
 /// figures (otherwise `small_rows` splits its columns between the threads).
 pub fn small_rows_or_gemm() {
-    if !small_rows::available() {
+    if !super::float::avx512() {
         println!("no AVX-512 on this CPU: the small-rows kernel is not used here");
         return;
     }

@@ -92,9 +92,7 @@ def main():
     def limit(src):
         return int(math.floor(max_a * len(src) + max_b))
 
-    sources = mt_run.read_id_lines(a.src_ids)
-    if a.max_sentences is not None:
-        sources = sources[: a.max_sentences]
+    sources = mt_run.read_sources(a.src_ids, a.max_sentences)
     tokens_of = [[str(i) for i in s] for s in sources]
 
     translator = ctranslate2.Translator(a.model, device="cpu", inter_threads=1,
@@ -126,17 +124,7 @@ def main():
         )
         return [[int(t) for t in r.hypotheses[0]] for r in res]
 
-    # Longest first, in batches of --batch; an empty line (no ids) translates to nothing.
-    order = sorted((i for i in range(len(sources)) if sources[i]),
-                   key=lambda i: -len(sources[i]))
-
-    def translate_all(beam_size):
-        hyps = [[] for _ in sources]
-        for b in range(0, len(order), a.batch):
-            idx = order[b: b + a.batch]
-            for i, h in zip(idx, translate(idx, beam_size)):
-                hyps[i] = h
-        return hyps
+    order, translate_all = mt_run.batched_translator(sources, a.batch, translate)
 
     t0 = time.perf_counter()
     hyps = translate_all(beam)
@@ -153,19 +141,10 @@ def main():
             ms.append((time.perf_counter() - t1) * 1e3)
         latency = statistics.median(ms)
 
-    same = same_greedy = None
-    if a.ref_ids:
-        same = mt_run.same_fraction(hyps, mt_run.read_id_lines(a.ref_ids))
-        if beam == 1:
-            same_greedy = same
-    if a.ref_greedy_ids:
-        greedy_hyps = hyps if beam == 1 else translate_all(1)
-        same_greedy = mt_run.same_fraction(greedy_hyps, mt_run.read_id_lines(a.ref_greedy_ids))
+    same, same_greedy = mt_run.agreement(hyps, beam, a.ref_ids, a.ref_greedy_ids, translate_all)
     if a.out_ids:
         mt_run.write_id_lines(a.out_ids, hyps)
 
-    n = len(sources)
-    tokens = sum(len(h) for h in hyps)
     out = {
         "impl": "ctranslate2",
         "ct2_version": ctranslate2.__version__,
@@ -179,17 +158,9 @@ def main():
         "max_len_b": max_b,
         "length_limit": ("per sentence (greedy, callback)" if beam == 1 and not a.no_callback else
                          "per call: the largest floor(a * src_len + b) of the batch"),
-        "sentences": n,
-        "tokens": tokens,
-        "seconds": seconds,
-        "sentences_per_s": n / seconds,
-        "tokens_per_s": tokens / seconds,
-        "greedy_latency_ms": latency,
-        "greedy_latency_sentences": n_lat,
-        "peak_rss_mb": rss,
-        "same_as_ref": same,
-        "same_as_ref_greedy": same_greedy,
+        **mt_run.decode_figures(hyps, seconds, latency, n_lat, rss, same, same_greedy),
     }
+    n = out["sentences"]
     if a.json:
         print(json.dumps(out))
         return

@@ -491,22 +491,9 @@ def cmd_decode(a):
     model = model_from_run(run).to(device)
     searcher = Searcher(model, run, device)
     beam = a.beam if a.beam is not None else run.beam
-    sources = mt_run.read_id_lines(a.src_ids)
-    if a.max_sentences is not None:
-        sources = sources[: a.max_sentences]
-    refs = mt_run.read_id_lines(a.ref_ids) if a.ref_ids else None
-    # Sentences sorted by length (longest first) and cut into batches of --batch, as
-    # translation tools batch; an empty line (no ids) translates to nothing.
-    order = sorted((i for i in range(len(sources)) if sources[i]),
-                   key=lambda i: -len(sources[i]))
-
-    def translate_all(beam_size):
-        hyps = [[] for _ in sources]
-        for b in range(0, len(order), a.batch):
-            idx = order[b: b + a.batch]
-            for i, h in zip(idx, searcher.translate([sources[i] for i in idx], beam_size)):
-                hyps[i] = h
-        return hyps
+    sources = mt_run.read_sources(a.src_ids, a.max_sentences)
+    order, translate_all = mt_run.batched_translator(
+        sources, a.batch, lambda idx, k: searcher.translate([sources[i] for i in idx], k))
 
     with torch.inference_mode():
         if device.type == "cuda":
@@ -530,17 +517,8 @@ def cmd_decode(a):
                 synchronize(device)
                 ms.append((time.perf_counter() - t1) * 1e3)
             latency = statistics.median(ms)
-        same = same_greedy = None
-        if refs is not None:
-            same = mt_run.same_fraction(hyps, refs)
-            if beam <= 1:
-                same_greedy = same
-        if a.ref_greedy_ids:
-            greedy_hyps = hyps if beam <= 1 else translate_all(1)
-            same_greedy = mt_run.same_fraction(greedy_hyps,
-                                               mt_run.read_id_lines(a.ref_greedy_ids))
-    tokens = sum(len(h) for h in hyps)
-    n = len(sources)
+        same, same_greedy = mt_run.agreement(hyps, beam, a.ref_ids, a.ref_greedy_ids,
+                                             translate_all)
     out = {
         "impl": "pytorch",
         "torch": torch.__version__,
@@ -552,17 +530,9 @@ def cmd_decode(a):
         "length_penalty": run.length_penalty,
         "max_len_a": run.max_len_a,
         "max_len_b": run.max_len_b,
-        "sentences": n,
-        "tokens": tokens,
-        "seconds": seconds,
-        "sentences_per_s": n / seconds,
-        "tokens_per_s": tokens / seconds,
-        "greedy_latency_ms": latency,
-        "greedy_latency_sentences": n_lat,
-        "peak_rss_mb": rss,
-        "same_as_ref": same,
-        "same_as_ref_greedy": same_greedy,
+        **mt_run.decode_figures(hyps, seconds, latency, n_lat, rss, same, same_greedy),
     }
+    n = out["sentences"]
     if gpu_mem is not None:
         out["gpu_peak_mem_mb"] = gpu_mem
     if a.out_ids:

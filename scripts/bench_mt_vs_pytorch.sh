@@ -46,42 +46,16 @@
 #              missing.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+translation_defaults
 ROUNDS="${ROUNDS:-3}"
 REPEATS="${REPEATS:-10}"
 BEAM="${BEAM:-5}"
 BATCH="${BATCH:-25}"
-THREADS="${THREADS:-$(nproc)}"
-SENTENCES="${SENTENCES:-1000}"
 LATENCY="${LATENCY:-50}"
-SRC="${SRC:-../shared/data/multi30k/task1/raw/test_2016_flickr.de.gz}"
-RUN="${RUN:-runs/de-en}"
 
-say() { echo "[bench] $*" >&2; }
-
-say "building: cargo build --release -p transformer-cli"
-cargo build --release -p transformer-cli >&2
-BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/transformer"
-
-if [[ -n "${PYTHON:-}" ]]; then
-    PY="$PYTHON"
-else
-    PY="$ROOT/.venv/bin/python"
-    if [[ ! -x "$PY" ]]; then
-        say "no PYTHON set and no .venv: creating one with python3 -m venv .venv"
-        python3 -m venv "$ROOT/.venv"
-    fi
-fi
-if ! "$PY" -c "import torch, ctranslate2, safetensors" 2>/dev/null; then
-    if [[ "$PY" == "$ROOT/.venv/bin/python" ]]; then
-        say "installing torch, numpy, safetensors and ctranslate2 into .venv (a large download)"
-        "$ROOT/.venv/bin/pip" install torch numpy safetensors ctranslate2 >&2
-    else
-        echo "error: $PY cannot import torch, ctranslate2 and safetensors" >&2
-        exit 1
-    fi
-fi
+build_cli
+python_with torch numpy safetensors ctranslate2
 
 if [[ ! -f "$RUN/config.toml" ]]; then
     RUN=runs/bench-de-en

@@ -18,33 +18,17 @@
 # Python with ctranslate2, numpy and safetensors; otherwise .venv, created when missing).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-RUN="${RUN:-runs/de-en}"
-SRC="${SRC:-../shared/data/multi30k/task1/raw/test_2016_flickr.de.gz}"
-SENTENCES="${SENTENCES:-1000}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+translation_defaults
 CLIENTS="${CLIENTS:-1,64}"
 SECONDS_EACH="${SECONDS:-20}"
-THREADS="${THREADS:-$(nproc)}"
 
-say() { echo "[bench] $*" >&2; }
-
-cargo build --release -p transformer-cli >&2
-BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/transformer"
+build_cli
 if [[ ! -f "$RUN/config.toml" ]]; then
     echo "error: $RUN is not a trained run (train one: transformer mt train --corpus multi30k-de-en --out $RUN)" >&2
     exit 1
 fi
-if [[ -n "${PYTHON:-}" ]]; then
-    PY="$PYTHON"
-else
-    PY="$ROOT/.venv/bin/python"
-    [[ -x "$PY" ]] || python3 -m venv "$ROOT/.venv"
-fi
-if ! "$PY" -c "import ctranslate2, numpy, safetensors" 2>/dev/null; then
-    say "installing ctranslate2, numpy and safetensors into $PY's environment"
-    "$PY" -m pip install -q ctranslate2 numpy safetensors >&2
-fi
+python_with ctranslate2 numpy safetensors
 BEAM="${BEAM:-$(sed -n 's/^beam = //p' "$RUN/config.toml")}"
 BEAM="${BEAM:-5}"
 

@@ -21,13 +21,10 @@
 #            created (python3 -m venv .venv; pip install torch numpy) when missing.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 REPEATS="${REPEATS:-10}"
 WARMUP="${WARMUP:-2}"
 ROUNDS="${ROUNDS:-3}"
-
-say() { echo "[bench] $*" >&2; }
 
 # Percent of all CPU time that was busy during one second (other work on the machine).
 busy_pct() {
@@ -41,33 +38,10 @@ busy_pct() {
 }
 
 # ---- our binary ----------------------------------------------------------------------------
-say "building: cargo build --release -p transformer-cli"
-cargo build --release -p transformer-cli >&2
-TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
-BIN="$TARGET_DIR/release/transformer"
-[[ -x "$BIN" ]] || { echo "error: $BIN was not built" >&2; exit 1; }
+build_cli
 
 # ---- Python with torch ---------------------------------------------------------------------
-if [[ -n "${PYTHON:-}" ]]; then
-    PY="$PYTHON"
-    say "using PYTHON=$PY"
-elif [[ -x "$ROOT/.venv/bin/python" ]]; then
-    PY="$ROOT/.venv/bin/python"
-    say "using $PY"
-else
-    say "no PYTHON set and no .venv: creating one with python3 -m venv .venv"
-    python3 -m venv "$ROOT/.venv"
-    PY="$ROOT/.venv/bin/python"
-fi
-if ! "$PY" -c "import torch" 2>/dev/null; then
-    if [[ "$PY" == "$ROOT/.venv/bin/python" ]]; then
-        say "installing torch and numpy into .venv (pip install torch numpy; a large download, several minutes)"
-        "$ROOT/.venv/bin/pip" install torch numpy >&2
-    else
-        echo "error: $PY cannot import torch (install it there, or unset PYTHON to use .venv)" >&2
-        exit 1
-    fi
-fi
+python_with torch numpy
 
 # ---- run both sides ------------------------------------------------------------------------
 TMP="$(mktemp -d)"

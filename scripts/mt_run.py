@@ -177,6 +177,65 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def read_sources(path: str, max_sentences) -> list:
+    """The source id lines of `path`, the first `max_sentences` of them when that is not None."""
+    sources = read_id_lines(path)
+    return sources if max_sentences is None else sources[:max_sentences]
+
+
+def batched_translator(sources: list, batch: int, translate_batch):
+    """Sentences sorted by length (longest first) and cut into batches of `batch`, as
+    translation tools batch; an empty line (no ids) translates to nothing.
+
+    `translate_batch(idx, beam_size)` translates the sentences of indices `idx` in one call.
+    Returns (order, translate_all): the non-empty sentences' indices, longest first, and a
+    function of the beam size giving every sentence's output ids in the input's order."""
+    order = sorted((i for i in range(len(sources)) if sources[i]),
+                   key=lambda i: -len(sources[i]))
+
+    def translate_all(beam_size):
+        hyps = [[] for _ in sources]
+        for b in range(0, len(order), batch):
+            idx = order[b: b + batch]
+            for i, h in zip(idx, translate_batch(idx, beam_size)):
+                hyps[i] = h
+        return hyps
+
+    return order, translate_all
+
+
+def agreement(hyps, beam, ref_ids, ref_greedy_ids, translate_all):
+    """(same, same_greedy): the shares of sentences whose output ids equal the reference
+    files' (None without one). The greedy share reuses `hyps` when the search was greedy,
+    otherwise translates everything again greedily (untimed)."""
+    same = same_greedy = None
+    if ref_ids:
+        same = same_fraction(hyps, read_id_lines(ref_ids))
+        if beam <= 1:
+            same_greedy = same
+    if ref_greedy_ids:
+        greedy_hyps = hyps if beam <= 1 else translate_all(1)
+        same_greedy = same_fraction(greedy_hyps, read_id_lines(ref_greedy_ids))
+    return same, same_greedy
+
+
+def decode_figures(hyps, seconds, latency, n_lat, rss, same, same_greedy) -> dict:
+    """The JSON fields every decoding benchmark reports, from its outputs and measurements."""
+    tokens = sum(len(h) for h in hyps)
+    return {
+        "sentences": len(hyps),
+        "tokens": tokens,
+        "seconds": seconds,
+        "sentences_per_s": len(hyps) / seconds,
+        "tokens_per_s": tokens / seconds,
+        "greedy_latency_ms": latency,
+        "greedy_latency_sentences": n_lat,
+        "peak_rss_mb": rss,
+        "same_as_ref": same,
+        "same_as_ref_greedy": same_greedy,
+    }
+
+
 def print_agreement(latency, n_lat, same, same_greedy):
     """The human-readable lines after a decoding benchmark's timing: greedy latency and the
     share of sentences translated exactly as the reference ids."""

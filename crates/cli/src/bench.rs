@@ -64,18 +64,11 @@ pub struct MtBenchArgs {
     /// Joint vocabulary size.
     #[arg(long, default_value_t = 8000)]
     vocab: usize,
-    /// Untimed repetitions before the measurement.
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
-    /// Timed repetitions (min and median are reported).
-    #[arg(long, default_value_t = 10)]
-    repeats: usize,
     /// Seed for initialisation and dropout.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    timing: Timing,
     #[command(flatten)]
     device: crate::device::DeviceArg,
 }
@@ -195,18 +188,11 @@ pub struct LmBenchArgs {
     /// Gradient-norm clipping threshold.
     #[arg(long, default_value_t = 0.5)]
     clip: f64,
-    /// Untimed repetitions before each measurement.
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
-    /// Timed repetitions of each measurement (min and median are reported).
-    #[arg(long, default_value_t = 10)]
-    repeats: usize,
     /// Seed for initialisation, token ids and dropout.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    timing: Timing,
     #[command(flatten)]
     device: crate::device::DeviceArg,
 }
@@ -244,18 +230,39 @@ impl Stats {
     }
 }
 
-/// Runs `f` `warmup` times untimed, then `repeats` times timed (milliseconds each).
-fn time(warmup: usize, repeats: usize, mut f: impl FnMut() -> Result<()>) -> Result<Stats> {
-    for _ in 0..warmup {
-        f()?;
+/// How the step benchmarks (`bench lm`, `bench mt`) repeat and report their measurements.
+#[derive(Args)]
+pub struct Timing {
+    /// Untimed repetitions before each measurement.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Timed repetitions of each measurement (min and median are reported).
+    #[arg(long, default_value_t = 10)]
+    repeats: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Timing {
+    fn check(&self) -> Result<()> {
+        anyhow::ensure!(self.repeats >= 1, "--repeats must be at least 1");
+        Ok(())
     }
-    let mut ms = Vec::with_capacity(repeats);
-    for _ in 0..repeats {
-        let start = Instant::now();
-        f()?;
-        ms.push(start.elapsed().as_secs_f64() * 1e3);
+
+    /// Runs `f` `warmup` times untimed, then `repeats` times timed (milliseconds each).
+    fn time(&self, mut f: impl FnMut() -> Result<()>) -> Result<Stats> {
+        for _ in 0..self.warmup {
+            f()?;
+        }
+        let mut ms = Vec::with_capacity(self.repeats);
+        for _ in 0..self.repeats {
+            let start = Instant::now();
+            f()?;
+            ms.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(Stats::of(ms))
     }
-    Ok(Stats::of(ms))
 }
 
 /// The process's peak resident set size in MiB (`VmHWM` in /proc/self/status; Linux only).
@@ -290,7 +297,7 @@ fn random_window(
 }
 
 fn lm(a: LmBenchArgs) -> Result<()> {
-    anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
+    a.timing.check()?;
     anyhow::ensure!(
         a.vocab >= 1 && a.batch >= 1 && a.bptt >= 1 && a.eval_batch >= 1 && a.gen_prompt >= 1,
         "--vocab, --batch, --bptt, --eval-batch and --gen-prompt must be positive"
@@ -321,20 +328,20 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         last_loss = lm_step.run(&model, &input, &target, &dropout_rng, precision)?;
         Ok(())
     };
-    let train = time(a.warmup, a.repeats, || step(Precision::F32))?;
+    let train = a.timing.time(|| step(Precision::F32))?;
     let peak_rss = peak_rss_mb();
     // The same step with the output layer's products in bf16 (mixed precision), where the
     // CPU has AMX or AVX512-BF16; on a GPU, every product of the composed layers (autocast).
     let bf16_unit = bf16_training(&dev);
     let train_bf16 = match bf16_unit {
-        Some(_) => Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?),
+        Some(_) => Some(a.timing.time(|| step(Precision::Bf16))?),
         None => None,
     };
 
     // b. Evaluation forward on the tutorial's evaluate batch.
     let (eval_input, eval_target) = random_window(&data_rng, a.eval_batch, a.bptt, a.vocab, &dev)?;
     // As transformer_train::lm::evaluate takes it (PyTorch's side runs under no_grad).
-    let eval = time(a.warmup, a.repeats, || {
+    let eval = a.timing.time(|| {
         let loss = model.loss(
             &eval_input,
             &eval_target,
@@ -353,7 +360,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         top_k: None,
     };
     let gen_rng = Rng::new(a.seed);
-    let gen = time(a.warmup, a.repeats, || {
+    let gen = a.timing.time(|| {
         let out = generate_lm(&model, &prompt, a.gen_tokens, greedy, &gen_rng, &dev)?;
         anyhow::ensure!(out.len() == a.gen_tokens, "generated {} tokens", out.len());
         Ok(())
@@ -373,10 +380,10 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         "eval_batch": a.eval_batch,
         "gen_prompt": a.gen_prompt,
         "gen_tokens": a.gen_tokens,
-        "warmup": a.warmup,
-        "repeats": a.repeats,
+        "warmup": a.timing.warmup,
+        "repeats": a.timing.repeats,
     });
-    if a.json {
+    if a.timing.json {
         let out = serde_json::json!({
             "impl": "transformer (candle-core 0.11, fp32)",
             "device": crate::device::name_of(&dev),
@@ -401,7 +408,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         );
         println!(
             "{} warm-up + {} timed repetitions each",
-            a.warmup, a.repeats
+            a.timing.warmup, a.timing.repeats
         );
         println!("{:<44} {:>10} {:>10}", "measurement", "best", "median");
         println!(
@@ -475,7 +482,7 @@ fn mt_batch(a: &MtBenchArgs, dev: &Device) -> Result<(Tensor, Tensor, Tensor, us
 fn mt(a: MtBenchArgs) -> Result<()> {
     use transformer_train::mt::{train_step, MtModel, MtTrainConfig};
     use transformer_train::optim::Adam;
-    anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
+    a.timing.check()?;
     anyhow::ensure!(
         a.batch >= 1 && a.src_len >= 6 && a.tgt_len >= 7 && a.vocab > 4,
         "--batch must be positive, --src-len at least 6, --tgt-len at least 7, --vocab above 4"
@@ -513,14 +520,14 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         )?;
         Ok(())
     };
-    let train = time(a.warmup, a.repeats, || step(Precision::F32))?;
+    let train = a.timing.time(|| step(Precision::F32))?;
     let peak_rss = peak_rss_mb();
     // The output layer's and the encoder and decoder layers' projection and feed-forward
     // products in bf16 (mixed precision), where the CPU has AMX or AVX512-BF16; on a GPU,
     // every product of the composed layers (autocast).
     let bf16_unit = bf16_training(&dev);
     let train_bf16 = match bf16_unit {
-        Some(_) => Some(time(a.warmup, a.repeats, || step(Precision::Bf16))?),
+        Some(_) => Some(a.timing.time(|| step(Precision::Bf16))?),
         None => None,
     };
     let phases = mt_phases(
@@ -535,7 +542,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         &rng,
     )?;
     let threads = candle_core::utils::get_num_threads();
-    if a.json {
+    if a.timing.json {
         let out = serde_json::json!({
             "impl": "transformer (candle-core 0.11, fp32)",
             "device": crate::device::name_of(&dev),
@@ -552,7 +559,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
             "parameters": params.num_elements(),
             "final_loss": last.0,
             "shapes": {"batch": a.batch, "src_len": a.src_len, "tgt_len": a.tgt_len,
-                       "vocab": a.vocab, "warmup": a.warmup, "repeats": a.repeats},
+                       "vocab": a.vocab, "warmup": a.timing.warmup, "repeats": a.timing.repeats},
         });
         println!("{out}");
     } else {
@@ -614,7 +621,7 @@ fn mt_phases(
     use transformer_model::Mode;
     use transformer_train::{clip::clip_coefficient, Gradients};
     let mut ms = [Vec::new(), Vec::new(), Vec::new()];
-    for _ in 0..a.repeats {
+    for _ in 0..a.timing.repeats {
         dev.synchronize()?;
         let t = Instant::now();
         let l = model.loss(

@@ -15,36 +15,27 @@ use transformer_train::lm::LmStep;
 pub enum BenchCommand {
     /// The PyTorch tutorial's language model: training step, evaluation forward, generation
     /// and peak memory on random token ids (no data needed).
-    #[command(
-        after_help = "Examples:\n  transformer bench lm\n  transformer bench lm --repeats 5 --json\n  scripts/bench_vs_pytorch.sh   # the same measurements for PyTorch, side by side"
-    )]
     Lm(LmBenchArgs),
     /// The default translation model (3 + 3 layers, d_model 256, 8 heads, FFN 512, joint
     /// vocabulary 8000 with shared embeddings): one training step (label smoothing 0.1,
     /// clipping, Adam) on a fixed padded batch that `scripts/bench_mt_torch.py train` builds
     /// identically (no data needed).
-    #[command(
-        after_help = "Examples:\n  transformer bench mt\n  transformer bench mt --batch 64 --repeats 5 --json\n  scripts/bench_mt_vs_pytorch.sh   # PyTorch and CTranslate2 side by side"
-    )]
     Mt(MtBenchArgs),
     /// Translation speed of a trained run: beam search (and greedy single-sentence latency)
     /// over a source file, batched as `transformer mt translate` batches; with --dump, the
     /// source and output token ids for the PyTorch and CTranslate2 scripts to decode and
     /// compare against.
-    #[command(
-        after_help = "Example:\n  M=../shared/data/multi30k/task1/raw\n  transformer bench mt-decode --run runs/de-en --src $M/test_2016_flickr.de.gz --beam 5 --dump runs/bench --json"
-    )]
     MtDecode(MtDecodeBenchArgs),
     /// Load on a running `transformer serve`: concurrent clients posting one sentence per
     /// request to /translate for a fixed time; sentences per second and latency p50/p99 per
     /// number of clients, and the throughput ratio to the first.
-    #[command(
-        after_help = "Example:\n  M=../shared/data/multi30k/task1/raw\n  transformer bench serve --url http://127.0.0.1:5000 --src $M/test_2016_flickr.de.gz --source de --target en --clients 1,64\n  scripts/bench_serve.sh   # starts the server, runs this, and CTranslate2's translate_batch beside it"
-    )]
     Serve(crate::serve::ServeBenchArgs),
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  transformer bench mt\n  transformer bench mt --batch 64 --repeats 5 --json\n  scripts/bench_mt_vs_pytorch.sh   # PyTorch and CTranslate2 side by side"
+)]
 #[command(args_override_self = true)]
 pub struct MtBenchArgs {
     /// The model: `default` (3 + 3 layers, d_model 256, FFN 512) or `base`, the paper's base
@@ -102,6 +93,9 @@ fn bf16_training(dev: &Device) -> Option<String> {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Example:\n  M=../shared/data/multi30k/task1/raw\n  transformer bench mt-decode --run runs/de-en --src $M/test_2016_flickr.de.gz --beam 5 --dump runs/bench --json"
+)]
 #[command(args_override_self = true)]
 pub struct MtDecodeBenchArgs {
     /// Run directory of a trained translation model.
@@ -145,6 +139,9 @@ pub struct MtDecodeBenchArgs {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  transformer bench lm\n  transformer bench lm --repeats 5 --json\n  scripts/bench_vs_pytorch.sh   # the same measurements for PyTorch, side by side"
+)]
 // A later flag overrides an earlier one (scripts/bench_vs_pytorch.sh passes its own
 // --warmup/--repeats before the user's flags).
 #[command(args_override_self = true)]

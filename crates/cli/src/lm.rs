@@ -19,34 +19,22 @@ use transformer_train::viz;
 #[derive(Subcommand)]
 pub enum LmCommand {
     /// Train the tutorial's language model (defaults: the tutorial's settings on WikiText-2).
-    #[command(
-        after_help = "Examples:\n  transformer lm train --out runs/lm\n  transformer lm train --out runs/lm --resume          # continue after an interruption\n  transformer lm train --config lm.toml --epochs 6    # flags override the file\n  transformer lm train --out runs/quick --max-batches 100 --epochs 1\n  transformer lm train --out runs/tutorial --average-decay 0   # the tutorial's read-out only"
-    )]
     Train(Box<TrainArgs>),
     /// Loss and perplexity of a text file under a trained model (the tutorial's evaluate).
-    #[command(
-        after_help = "Example:\n  transformer lm eval --run runs/lm --text ../shared/data/wikitext-2/test.txt --json"
-    )]
     Eval(EvalArgs),
     /// Generate text from a prompt with a key/value cache.
-    #[command(
-        after_help = "Example:\n  transformer lm generate --run runs/lm --prompt \"the game\" --max-tokens 40 --temperature 0.8 --top-k 40"
-    )]
     Generate(GenerateArgs),
     /// Import the tutorial's PyTorch model (`safetensors.torch.save_file(model.state_dict(), FILE)`).
-    #[command(
-        after_help = "Example:\n  transformer lm import-torch --state-dict model.safetensors --vocab vocab.txt --nhead 2 --out runs/torch"
-    )]
     ImportTorch(ImportArgs),
     /// Show attention: a heatmap (SVG) of which earlier words each word attends to, and an
     /// HTML page to explore every layer and head.
-    #[command(
-        after_help = "Examples:\n  transformer lm attention --run runs/lm --text \"the game began in the first quarter\" --out lm-attention.svg\n  transformer lm attention --run runs/lm --text \"the game began\" --layer 1 --head 2 --out l1h2.svg --html lm-attention.html"
-    )]
     Attention(AttentionArgs),
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  transformer lm train --out runs/lm\n  transformer lm train --out runs/lm --resume          # continue after an interruption\n  transformer lm train --config lm.toml --epochs 6    # flags override the file\n  transformer lm train --out runs/quick --max-batches 100 --epochs 1\n  transformer lm train --out runs/tutorial --average-decay 0   # the tutorial's read-out only"
+)]
 pub struct TrainArgs {
     /// Folder with train.txt, valid.txt and test.txt [default: ../shared/data/wikitext-2]
     #[arg(long)]
@@ -220,6 +208,9 @@ impl TrainArgs {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Example:\n  transformer lm eval --run runs/lm --text ../shared/data/wikitext-2/test.txt --json"
+)]
 pub struct EvalArgs {
     /// Run directory (from `lm train` or `lm import-torch`).
     #[arg(long)]
@@ -241,6 +232,9 @@ pub struct EvalArgs {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  transformer lm attention --run runs/lm --text \"the game began in the first quarter\" --out lm-attention.svg\n  transformer lm attention --run runs/lm --text \"the game began\" --layer 1 --head 2 --out l1h2.svg --html lm-attention.html"
+)]
 pub struct AttentionArgs {
     /// Run directory of a trained (or imported) model.
     #[arg(long)]
@@ -335,6 +329,9 @@ impl PictureArgs {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Example:\n  transformer lm generate --run runs/lm --prompt \"the game\" --max-tokens 40 --temperature 0.8 --top-k 40"
+)]
 pub struct GenerateArgs {
     /// Run directory of a trained (or imported) model.
     #[arg(long)]
@@ -359,6 +356,9 @@ pub struct GenerateArgs {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Example:\n  transformer lm import-torch --state-dict model.safetensors --vocab vocab.txt --nhead 2 --out runs/torch"
+)]
 pub struct ImportArgs {
     /// safetensors file of the tutorial model's state_dict.
     #[arg(long)]

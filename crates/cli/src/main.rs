@@ -58,18 +58,12 @@ enum Command {
     /// Serve trained translation runs over HTTP with LibreTranslate's API (its clients work
     /// unchanged), a native API with scores and alignments, and a web page; requests that
     /// arrive together are translated in one batch.
-    #[command(
-        after_help = "Examples:\n  transformer serve --run runs/de-en\n  transformer serve --run de:en=runs/de-en --run ko:en=runs/ko-en --port 8080\n  curl -s localhost:5000/translate -H 'Content-Type: application/json' \\\n       -d '{\"q\": \"Ein Mann fährt Fahrrad.\", \"source\": \"de\", \"target\": \"en\"}'\n\nOpen http://127.0.0.1:5000/ for the web page. A LibreTranslate client takes the same\naddress, e.g. in Python: LibreTranslateAPI(\"http://127.0.0.1:5000/\").translate(\"Hallo\", \"de\", \"en\").\nSIGTERM or Ctrl-C stops accepting, finishes the requests in flight, and prints a summary."
-    )]
     Serve(serve::ServeArgs),
     /// Benchmark our implementation at fixed shapes (compare with PyTorch:
     /// scripts/bench_vs_pytorch.sh).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Print a model configuration and its parameter count (checks the configuration).
-    #[command(
-        after_help = "Examples:\n  transformer info --preset base\n  transformer info --preset lm --json\n  transformer info --preset base --nhead 6   # an error that says what to change"
-    )]
     Info(InfoArgs),
     /// Score a translation: corpus BLEU and chrF as sacreBLEU computes them, with signatures.
     Bleu(bleu::BleuArgs),
@@ -83,13 +77,13 @@ enum ShowCommand {
     /// The sinusoidal positional encoding (section 3.5) as a heatmap: one row per position,
     /// one column per dimension; sines in even columns, cosines in odd ones, each pair a
     /// lower frequency than the one before.
-    #[command(
-        after_help = "Example:\n  transformer show positional-encoding --d-model 128 --max-len 100 --out pe.svg"
-    )]
     PositionalEncoding(PeArgs),
 }
 
 #[derive(clap::Args)]
+#[command(
+    after_help = "Example:\n  transformer show positional-encoding --d-model 128 --max-len 100 --out pe.svg"
+)]
 struct PeArgs {
     /// Model width: columns of the picture (even).
     #[arg(long, default_value_t = 128)]
@@ -183,6 +177,9 @@ enum Preset {
 }
 
 #[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  transformer info --preset base\n  transformer info --preset lm --json\n  transformer info --preset base --nhead 6   # an error that says what to change"
+)]
 struct InfoArgs {
     /// The configuration to start from; the flags below override single values.
     #[arg(long, value_enum, default_value_t = Preset::Base)]

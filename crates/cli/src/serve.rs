@@ -9,6 +9,9 @@ use transformer_serve::{EngineOptions, Limits, RunSpec, ServeOptions};
 use transformer_text::parallel::read_lines;
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  transformer serve --run runs/de-en\n  transformer serve --run de:en=runs/de-en --run ko:en=runs/ko-en --port 8080\n  curl -s localhost:5000/translate -H 'Content-Type: application/json' \\\n       -d '{\"q\": \"Ein Mann fährt Fahrrad.\", \"source\": \"de\", \"target\": \"en\"}'\n\nOpen http://127.0.0.1:5000/ for the web page. A LibreTranslate client takes the same\naddress, e.g. in Python: LibreTranslateAPI(\"http://127.0.0.1:5000/\").translate(\"Hallo\", \"de\", \"en\").\nSIGTERM or Ctrl-C stops accepting, finishes the requests in flight, and prints a summary."
+)]
 pub struct ServeArgs {
     /// A trained translation run to serve: DIR (its language codes come from the run:
     /// --src-lang/--tgt-lang or --corpus at training), or SRC:TGT=DIR to name them
@@ -137,6 +140,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Example:\n  M=../shared/data/multi30k/task1/raw\n  transformer bench serve --url http://127.0.0.1:5000 --src $M/test_2016_flickr.de.gz --source de --target en --clients 1,64\n  scripts/bench_serve.sh   # starts the server, runs this, and CTranslate2's translate_batch beside it"
+)]
 pub struct ServeBenchArgs {
     /// The server's address.
     #[arg(long, default_value = "http://127.0.0.1:5000")]

@@ -12,6 +12,11 @@ use transformer_text::score::chrf::{corpus_chrf, ChrfOptions};
 use transformer_train::mt;
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  transformer mt eval --run runs/de-en --src test.de --ref test.en --beam 5 --json\n  \
+                  transformer mt eval --run runs/de-en --test-set test\n  \
+                  transformer mt eval --run runs/ko-en-all --test-set all --hyp-out runs/ko-en-all/hyps"
+)]
 pub struct EvalArgs {
     #[command(flatten)]
     pub(super) decode: DecodeArgs,

@@ -18,46 +18,29 @@ pub use eval::EvalArgs;
 pub enum MtCommand {
     /// Train a translation model: joint BPE tokens, Adam with warm-up, label smoothing;
     /// validation loss, perplexity and BLEU every epoch; beam-search BLEU on the test set.
-    #[command(
-        after_help = "Examples:\n  transformer mt train --corpus multi30k-de-en --out runs/de-en\n  transformer mt train --corpus ko-en --out runs/ko-en\n  transformer mt train --corpus ko-en-all --reverse --out runs/en-ko-all\n  transformer mt train --corpus ko-en-all --init-from runs/ko-en --warmup 100 --epochs 5 --out runs/ko-en-ft\n  transformer mt train --corpus multi30k-de-en --arch gru-bahdanau --epochs 10 --out runs/gru-bahdanau\n  transformer mt train --train-src train.de --train-tgt train.en --valid-src val.de --valid-tgt val.en --out runs/mine\n  transformer mt train --out runs/de-en --resume      # continue after an interruption\n  transformer mt train --corpus multi30k-de-en --out runs/quick --epochs 1 --max-batches 50"
-    )]
     Train(Box<TrainArgs>),
     /// Translate sentences, one per line (stdin, or --src FILE), to stdout in the same order.
-    #[command(
-        after_help = "Examples:\n  echo \"Ein Mann fährt Fahrrad.\" | transformer mt translate --run runs/de-en\n  transformer mt translate --run runs/de-en --src test.de --beam 5 > test.hyp"
-    )]
     Translate(TranslateArgs),
     /// Translate a file and score it against references: BLEU and chrF (sacreBLEU's
     /// defaults) and lowercased-token BLEU.
-    #[command(
-        after_help = "Examples:\n  transformer mt eval --run runs/de-en --src test.de --ref test.en --beam 5 --json\n  \
-                      transformer mt eval --run runs/de-en --test-set test\n  \
-                      transformer mt eval --run runs/ko-en-all --test-set all --hyp-out runs/ko-en-all/hyps"
-    )]
     Eval(EvalArgs),
     /// Show attention: a heatmap (SVG) of which source tokens each target token attends to,
     /// and an HTML page to explore every layer and head of a translation.
-    #[command(
-        after_help = "Examples:\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --out attention.svg\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --layer 2 --head 5 --out l2h5.svg\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --html attention.html\n\nFor the Transformer the heatmap is the encoder-decoder attention of one decoder layer\n(default: the last) averaged over its heads, or one --head; for gru-dot and gru-bahdanau\nit is their attention over the source. Open the SVG or HTML file in a browser."
-    )]
     Attention(AttentionArgs),
     /// Write a copy of a run with its weight matrices in int8 (one scale per row; a quarter
     /// of the f32 size on disk); translate, eval, attention, bench mt-decode and serve load
     /// it as any run and decode it in int8.
-    #[command(
-        after_help = "Example:\n  transformer mt quantize --run runs/de-en --out runs/de-en-int8\n  echo \"Ein Mann fährt Fahrrad.\" | transformer mt translate --run runs/de-en-int8"
-    )]
     Quantize(QuantizeArgs),
     /// Learn a run's vocabulary map from its training pairs (`vocab_map.json` in the run):
     /// for each source token the target tokens it is translated by, and the most frequent
     /// ones; decoding with --restrict-vocab scores only a batch's candidates.
-    #[command(
-        after_help = "Example:\n  transformer mt vocab-map --run runs/de-en\n  transformer mt eval --run runs/de-en --test-set test --restrict-vocab"
-    )]
     VocabMap(VocabMapArgs),
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Example:\n  transformer mt vocab-map --run runs/de-en\n  transformer mt eval --run runs/de-en --test-set test --restrict-vocab"
+)]
 pub struct VocabMapArgs {
     /// The trained run (its config.toml names the training pairs).
     #[arg(long)]
@@ -71,6 +54,9 @@ pub struct VocabMapArgs {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Example:\n  transformer mt quantize --run runs/de-en --out runs/de-en-int8\n  echo \"Ein Mann fährt Fahrrad.\" | transformer mt translate --run runs/de-en-int8"
+)]
 pub struct QuantizeArgs {
     /// The trained run to quantize (its best weights).
     #[arg(long)]
@@ -81,6 +67,9 @@ pub struct QuantizeArgs {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --out attention.svg\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --layer 2 --head 5 --out l2h5.svg\n  transformer mt attention --run runs/de-en --src \"Ein Mann fährt Fahrrad.\" --html attention.html\n\nFor the Transformer the heatmap is the encoder-decoder attention of one decoder layer\n(default: the last) averaged over its heads, or one --head; for gru-dot and gru-bahdanau\nit is their attention over the source. Open the SVG or HTML file in a browser."
+)]
 pub struct AttentionArgs {
     #[command(flatten)]
     decode: DecodeArgs,
@@ -119,6 +108,9 @@ fn cross_heatmap(
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  transformer mt train --corpus multi30k-de-en --out runs/de-en\n  transformer mt train --corpus ko-en --out runs/ko-en\n  transformer mt train --corpus ko-en-all --reverse --out runs/en-ko-all\n  transformer mt train --corpus ko-en-all --init-from runs/ko-en --warmup 100 --epochs 5 --out runs/ko-en-ft\n  transformer mt train --corpus multi30k-de-en --arch gru-bahdanau --epochs 10 --out runs/gru-bahdanau\n  transformer mt train --train-src train.de --train-tgt train.en --valid-src val.de --valid-tgt val.en --out runs/mine\n  transformer mt train --out runs/de-en --resume      # continue after an interruption\n  transformer mt train --corpus multi30k-de-en --out runs/quick --epochs 1 --max-batches 50"
+)]
 pub struct TrainArgs {
     /// A bundled corpus read from --data: multi30k-de-en, ko-en (Tatoeba + JHE, 7,189
     /// pairs), or ko-en-all (every Korean-English pair not held out for testing: ko-en plus
@@ -544,6 +536,9 @@ pub(crate) fn apply_quantize(
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  echo \"Ein Mann fährt Fahrrad.\" | transformer mt translate --run runs/de-en\n  transformer mt translate --run runs/de-en --src test.de --beam 5 > test.hyp"
+)]
 pub struct TranslateArgs {
     #[command(flatten)]
     decode: DecodeArgs,

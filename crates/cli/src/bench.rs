@@ -55,13 +55,8 @@ pub struct MtBenchArgs {
     /// Joint vocabulary size.
     #[arg(long, default_value_t = 8000)]
     vocab: usize,
-    /// Seed for initialisation and dropout.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     #[command(flatten)]
     timing: Timing,
-    #[command(flatten)]
-    device: crate::device::DeviceArg,
 }
 
 /// The translation model `bench mt` times.
@@ -185,13 +180,8 @@ pub struct LmBenchArgs {
     /// Gradient-norm clipping threshold.
     #[arg(long, default_value_t = 0.5)]
     clip: f64,
-    /// Seed for initialisation, token ids and dropout.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     #[command(flatten)]
     timing: Timing,
-    #[command(flatten)]
-    device: crate::device::DeviceArg,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -227,9 +217,13 @@ impl Stats {
     }
 }
 
-/// How the step benchmarks (`bench lm`, `bench mt`) repeat and report their measurements.
+/// What the step benchmarks (`bench lm`, `bench mt`) share: their seed, how they repeat and
+/// report their measurements, and the device.
 #[derive(Args)]
 pub struct Timing {
+    /// Seed for initialisation and dropout (and `bench lm`'s random token ids).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     /// Untimed repetitions before each measurement.
     #[arg(long, default_value_t = 2)]
     warmup: usize,
@@ -239,6 +233,8 @@ pub struct Timing {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
 }
 
 impl Timing {
@@ -259,6 +255,27 @@ impl Timing {
             ms.push(start.elapsed().as_secs_f64() * 1e3);
         }
         Ok(Stats::of(ms))
+    }
+}
+
+impl Timing {
+    /// Times `step` in f32, then in bf16 where the CPU has AMX or AVX512-BF16 (on a GPU:
+    /// autocast, every product of the composed layers in bf16). Returns the f32 times, the
+    /// peak memory after them, what bf16 training runs on here ([`bf16_training`]) and the
+    /// bf16 times.
+    fn precisions(
+        &self,
+        dev: &Device,
+        mut step: impl FnMut(Precision) -> Result<()>,
+    ) -> Result<(Stats, Option<f64>, Option<String>, Option<Stats>)> {
+        let f32 = self.time(|| step(Precision::F32))?;
+        let peak_rss = peak_rss_mb();
+        let bf16_unit = bf16_training(dev);
+        let bf16 = match bf16_unit {
+            Some(_) => Some(self.time(|| step(Precision::Bf16))?),
+            None => None,
+        };
+        Ok((f32, peak_rss, bf16_unit, bf16))
     }
 }
 
@@ -299,7 +316,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         a.vocab >= 1 && a.batch >= 1 && a.bptt >= 1 && a.eval_batch >= 1 && a.gen_prompt >= 1,
         "--vocab, --batch, --bptt, --eval-batch and --gen-prompt must be positive"
     );
-    let dev = a.device.open()?;
+    let dev = a.timing.device.open()?;
     let cfg = LmConfig {
         ntoken: a.vocab,
         d_model: a.emsize,
@@ -310,12 +327,12 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         ..LmConfig::default()
     };
     cfg.validate()?;
-    let pb = ParamBuilder::new(DType::F32, &dev, a.seed);
+    let pb = ParamBuilder::new(DType::F32, &dev, a.timing.seed);
     let model = TransformerLm::new(&pb, &cfg).context("building the model")?;
     let params = pb.params();
     let vars = params.vars();
-    let data_rng = Rng::new(a.seed ^ 0x5eed_da7a);
-    let dropout_rng = Rng::new(a.seed.wrapping_add(1));
+    let data_rng = Rng::new(a.timing.seed ^ 0x5eed_da7a);
+    let dropout_rng = Rng::new(a.timing.seed.wrapping_add(1));
 
     // a. Training step, as the loop in transformer_train::lm::train takes it.
     let (input, target) = random_window(&data_rng, a.batch, a.bptt, a.vocab, &dev)?;
@@ -325,15 +342,8 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         last_loss = lm_step.run(&model, &input, &target, &dropout_rng, precision)?;
         Ok(())
     };
-    let train = a.timing.time(|| step(Precision::F32))?;
-    let peak_rss = peak_rss_mb();
-    // The same step with the output layer's products in bf16 (mixed precision), where the
-    // CPU has AMX or AVX512-BF16; on a GPU, every product of the composed layers (autocast).
-    let bf16_unit = bf16_training(&dev);
-    let train_bf16 = match bf16_unit {
-        Some(_) => Some(a.timing.time(|| step(Precision::Bf16))?),
-        None => None,
-    };
+    // In bf16, the output layer's products (mixed precision).
+    let (train, peak_rss, bf16_unit, train_bf16) = a.timing.precisions(&dev, &mut step)?;
 
     // b. Evaluation forward on the tutorial's evaluate batch.
     let (eval_input, eval_target) = random_window(&data_rng, a.eval_batch, a.bptt, a.vocab, &dev)?;
@@ -356,7 +366,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         temperature: 0.0,
         top_k: None,
     };
-    let gen_rng = Rng::new(a.seed);
+    let gen_rng = Rng::new(a.timing.seed);
     let gen = a.timing.time(|| {
         let out = generate_lm(&model, &prompt, a.gen_tokens, greedy, &gen_rng, &dev)?;
         anyhow::ensure!(out.len() == a.gen_tokens, "generated {} tokens", out.len());
@@ -484,7 +494,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         a.batch >= 1 && a.src_len >= 6 && a.tgt_len >= 7 && a.vocab > 4,
         "--batch must be positive, --src-len at least 6, --tgt-len at least 7, --vocab above 4"
     );
-    let dev = a.device.open()?;
+    let dev = a.timing.device.open()?;
     let mut cfg = MtTrainConfig::default();
     if a.model == BenchModel::Base {
         cfg.d_model = 512;
@@ -493,14 +503,14 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         cfg.decoder_layers = 6;
     }
     let model_cfg = cfg.model_config(a.vocab);
-    let pb = ParamBuilder::new(DType::F32, &dev, a.seed);
+    let pb = ParamBuilder::new(DType::F32, &dev, a.timing.seed);
     let model = MtModel::build(&pb, &model_cfg).context("building the model")?;
     let params = pb.params();
     let vars = params.vars();
     let mut opt = Adam::new(vars.clone(), 5e-4)?;
     let direct = transformer_model::DirectGrads::new();
     let (src, tgt_in, tgt_out, tokens) = mt_batch(&a, &dev)?;
-    let rng = Rng::new(a.seed.wrapping_add(1));
+    let rng = Rng::new(a.timing.seed.wrapping_add(1));
     let mut last = (f64::NAN, f64::NAN);
     let mut step = |precision: Precision| -> Result<()> {
         last = train_step(
@@ -517,16 +527,9 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         )?;
         Ok(())
     };
-    let train = a.timing.time(|| step(Precision::F32))?;
-    let peak_rss = peak_rss_mb();
-    // The output layer's and the encoder and decoder layers' projection and feed-forward
-    // products in bf16 (mixed precision), where the CPU has AMX or AVX512-BF16; on a GPU,
-    // every product of the composed layers (autocast).
-    let bf16_unit = bf16_training(&dev);
-    let train_bf16 = match bf16_unit {
-        Some(_) => Some(a.timing.time(|| step(Precision::Bf16))?),
-        None => None,
-    };
+    // In bf16, the output layer's and the encoder and decoder layers' projection and
+    // feed-forward products (mixed precision).
+    let (train, peak_rss, bf16_unit, train_bf16) = a.timing.precisions(&dev, &mut step)?;
     let phases = mt_phases(
         &a,
         &dev,

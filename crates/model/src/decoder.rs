@@ -2,17 +2,17 @@
 //! the encoder output (encoder-decoder attention, section 3.2.3) and a feed-forward network,
 //! each wrapped in a residual connection with layer normalisation.
 
-use crate::backend::{self, Backend, Backprop, DecoderLayerCall, DecoderLayerParts, Pass};
+use crate::backend::{self, Backprop, DecoderLayerCall, DecoderLayerParts, Pass};
 use crate::dropout::{Dropout, Mode};
-use crate::encoder::{residual, LayerSpec};
+use crate::encoder::{residual, residual_with, LayerSpec};
 use crate::feed_forward::FeedForward;
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
 use crate::multi_head::{KvCache, MultiHeadAttention};
 use crate::params::ParamBuilder;
+use crate::stack::Stack;
 use crate::Result;
 use candle_core::Tensor;
-use std::sync::Arc;
 
 /// The attention weights of one decoder layer.
 #[derive(Debug, Clone)]
@@ -163,34 +163,25 @@ impl DecoderLayer {
         mode: Mode,
         need_weights: bool,
     ) -> Result<(Tensor, Option<DecoderWeights>)> {
-        let (mut self_w, mut cross_w) = (None, None);
-        let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
-            if !need_weights {
-                return self
-                    .self_attn
-                    .self_attention_output(h, cache, self_mask, mode);
-            }
-            let (out, w) = match cache {
-                Some(cache) => self.self_attn.forward_cached(h, cache, self_mask, mode)?,
-                None => self.self_attn.forward(h, h, h, self_mask, mode)?,
-            };
-            self_w = Some(w);
-            Ok(out)
-        })?;
-        let x = residual(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
-            let attn = &self.multihead_attn;
-            let (out, w) = match memory {
-                Memory::Full(m) if !need_weights => {
-                    return attn.cross_attention_output(h, m, memory_mask, mode)
-                }
-                Memory::Full(m) => attn.forward(h, m, m, memory_mask, mode)?,
-                Memory::Projected((k, v)) => {
-                    attn.attend(&attn.project_q(h)?, k, v, memory_mask, mode)?
-                }
-            };
-            cross_w = Some(w);
-            Ok(out)
-        })?;
+        let (x, self_w) =
+            residual_with(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
+                self.self_attn
+                    .self_attention(h, cache, self_mask, mode, need_weights)
+            })?;
+        let (x, cross_w) =
+            residual_with(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
+                let attn = &self.multihead_attn;
+                let (out, w) = match memory {
+                    Memory::Full(m) if !need_weights => {
+                        return Ok((attn.cross_attention_output(h, m, memory_mask, mode)?, None))
+                    }
+                    Memory::Full(m) => attn.forward(h, m, m, memory_mask, mode)?,
+                    Memory::Projected((k, v)) => {
+                        attn.attend(&attn.project_q(h)?, k, v, memory_mask, mode)?
+                    }
+                };
+                Ok((out, Some(w)))
+            })?;
         let x = residual(&x, &self.norm3, self.norm_first, self.dropout, mode, |h| {
             self.ff.forward(h, mode)
         })?;
@@ -205,45 +196,13 @@ impl DecoderLayer {
     }
 }
 
-/// N decoder layers and an optional final LayerNorm (`nn.TransformerDecoder`'s `norm`). Each
-/// layer call goes through the stack's [`Backend`] (chosen when the stack is built,
-/// [`backend::choose`]), which runs it or leaves it to the composed layer; the backend also
-/// makes the fused decoding step ([`Self::fused_stack`]).
-#[derive(Debug, Clone)]
-pub struct Decoder {
-    layers: Vec<DecoderLayer>,
-    norm: Option<LayerNorm>,
-    backend: Arc<dyn Backend>,
-}
+/// N decoder layers and an optional final LayerNorm ([`Stack`]: `nn.TransformerDecoder`'s
+/// `norm`). Each layer call goes through the stack's backend, which runs it or leaves it to
+/// the composed layer; the backend also makes the fused decoding step
+/// ([`Decoder::fused_stack`]).
+pub type Decoder = Stack<DecoderLayer>;
 
-impl Decoder {
-    /// Layers are named `<pb>.layers.<i>`, the final norm `<pb>.norm`.
-    pub fn new(
-        pb: &ParamBuilder,
-        spec: &LayerSpec,
-        num_layers: usize,
-        final_norm: bool,
-    ) -> Result<Self> {
-        let layers = (0..num_layers)
-            .map(|i| DecoderLayer::new(&pb.pp("layers").pp(i), spec))
-            .collect::<Result<_>>()?;
-        let norm = if final_norm {
-            Some(LayerNorm::new(
-                &pb.pp("norm"),
-                spec.d_model,
-                spec.layer_norm_eps,
-            )?)
-        } else {
-            None
-        };
-        let backend = backend::choose(&pb.device());
-        Ok(Self {
-            layers,
-            norm,
-            backend,
-        })
-    }
-
+impl Stack<DecoderLayer> {
     /// Runs every layer, then the final norm if any, on all target positions at once.
     ///
     /// # Shapes
@@ -286,16 +245,6 @@ impl Decoder {
             pass.weights,
             pass.backprop,
         )
-    }
-
-    /// Number of layers.
-    pub fn num_layers(&self) -> usize {
-        self.layers.len()
-    }
-
-    /// Runs each layer through `backend` from now on (see [`crate::backend`]).
-    pub fn set_backend(&mut self, backend: Arc<dyn Backend>) {
-        self.backend = backend;
     }
 
     /// Every layer's encoder-decoder keys and values ([`DecoderLayer::project_memory`]).
@@ -394,10 +343,7 @@ impl Decoder {
             x = y;
             weights.extend(w);
         }
-        if let Some(norm) = &self.norm {
-            x = norm.forward(&x)?;
-        }
-        Ok((x, weights))
+        Ok((self.finish(x)?, weights))
     }
 }
 

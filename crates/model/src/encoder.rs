@@ -2,7 +2,7 @@
 //! and a feed-forward sub-layer, each wrapped as `LayerNorm(x + Dropout(Sublayer(x)))`
 //! (post-norm, the paper) or `x + Dropout(Sublayer(LayerNorm(x)))` (`norm_first`).
 
-use crate::backend::{self, Backend, Backprop, EncoderLayerParts, LayerCall, Pass};
+use crate::backend::{Backprop, EncoderLayerParts, LayerCall, Pass};
 use crate::config::Activation;
 use crate::dropout::{Dropout, Mode};
 use crate::feed_forward::FeedForward;
@@ -10,9 +10,9 @@ use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
 use crate::multi_head::{KvCache, MultiHeadAttention};
 use crate::params::ParamBuilder;
+use crate::stack::Stack;
 use crate::Result;
 use candle_core::Tensor;
-use std::sync::Arc;
 
 /// The sizes and options one layer needs (a view of the model configs).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,10 +57,26 @@ pub(crate) fn residual(
     mode: Mode,
     f: impl FnOnce(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
+    let (y, ()) = residual_with(x, norm, norm_first, dropout, mode, |h| Ok((f(h)?, ())))?;
+    Ok(y)
+}
+
+/// [`residual`] around a sub-layer that also gives something beside its output (attention
+/// its weights), which comes back untouched.
+pub(crate) fn residual_with<W>(
+    x: &Tensor,
+    norm: &LayerNorm,
+    norm_first: bool,
+    dropout: Dropout,
+    mode: Mode,
+    f: impl FnOnce(&Tensor) -> Result<(Tensor, W)>,
+) -> Result<(Tensor, W)> {
     if norm_first {
-        x + dropout.forward(&f(&norm.forward(x)?)?, mode)?
+        let (y, w) = f(&norm.forward(x)?)?;
+        Ok(((x + dropout.forward(&y, mode)?)?, w))
     } else {
-        norm.forward(&(x + dropout.forward(&f(x)?, mode)?)?)
+        let (y, w) = f(x)?;
+        Ok((norm.forward(&(x + dropout.forward(&y, mode)?)?)?, w))
     }
 }
 
@@ -145,18 +161,11 @@ impl EncoderLayer {
         mode: Mode,
         need_weights: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        let mut weights = None;
-        let x = residual(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
-            if !need_weights {
-                return self.self_attn.self_attention_output(h, cache, mask, mode);
-            }
-            let (out, w) = match cache {
-                Some(cache) => self.self_attn.forward_cached(h, cache, mask, mode)?,
-                None => self.self_attn.forward(h, h, h, mask, mode)?,
-            };
-            weights = Some(w);
-            Ok(out)
-        })?;
+        let (x, weights) =
+            residual_with(x, &self.norm1, self.norm_first, self.dropout, mode, |h| {
+                self.self_attn
+                    .self_attention(h, cache, mask, mode, need_weights)
+            })?;
         let x = residual(&x, &self.norm2, self.norm_first, self.dropout, mode, |h| {
             self.ff.forward(h, mode)
         })?;
@@ -164,45 +173,12 @@ impl EncoderLayer {
     }
 }
 
-/// N encoder layers and an optional final LayerNorm (`nn.TransformerEncoder`'s `norm`;
-/// `nn.Transformer` has one, the tutorial language model does not). Each layer call goes
-/// through the stack's [`Backend`] (chosen when the stack is built, [`backend::choose`]),
-/// which runs it or leaves it to the composed layer.
-#[derive(Debug, Clone)]
-pub struct Encoder {
-    layers: Vec<EncoderLayer>,
-    norm: Option<LayerNorm>,
-    backend: Arc<dyn Backend>,
-}
+/// N encoder layers and an optional final LayerNorm ([`Stack`]: `nn.TransformerEncoder`'s
+/// `norm`; `nn.Transformer` has one, the tutorial language model does not). Each layer call
+/// goes through the stack's backend, which runs it or leaves it to the composed layer.
+pub type Encoder = Stack<EncoderLayer>;
 
-impl Encoder {
-    /// Layers are named `<pb>.layers.<i>`, the final norm `<pb>.norm`.
-    pub fn new(
-        pb: &ParamBuilder,
-        spec: &LayerSpec,
-        num_layers: usize,
-        final_norm: bool,
-    ) -> Result<Self> {
-        let layers = (0..num_layers)
-            .map(|i| EncoderLayer::new(&pb.pp("layers").pp(i), spec))
-            .collect::<Result<_>>()?;
-        let norm = if final_norm {
-            Some(LayerNorm::new(
-                &pb.pp("norm"),
-                spec.d_model,
-                spec.layer_norm_eps,
-            )?)
-        } else {
-            None
-        };
-        let backend = backend::choose(&pb.device());
-        Ok(Self {
-            layers,
-            norm,
-            backend,
-        })
-    }
-
+impl Stack<EncoderLayer> {
     /// Runs every layer, then the final norm if any.
     ///
     /// # Shapes
@@ -250,21 +226,6 @@ impl Encoder {
             .0)
     }
 
-    /// Runs each layer through `backend` from now on (see [`crate::backend`]).
-    pub fn set_backend(&mut self, backend: Arc<dyn Backend>) {
-        self.backend = backend;
-    }
-
-    /// The backend each layer call goes through.
-    pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
-    }
-
-    /// The number of layers N in the stack.
-    pub fn num_layers(&self) -> usize {
-        self.layers.len()
-    }
-
     /// The stack; each layer's attention weights only with `need_weights` (else empty).
     fn run(
         &self,
@@ -294,9 +255,6 @@ impl Encoder {
             x = y;
             weights.extend(w);
         }
-        if let Some(norm) = &self.norm {
-            x = norm.forward(&x)?;
-        }
-        Ok((x, weights))
+        Ok((self.finish(x)?, weights))
     }
 }

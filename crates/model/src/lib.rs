@@ -103,6 +103,7 @@ pub mod positional;
 pub mod restrict;
 pub mod rnn;
 pub mod seq2seq;
+pub mod stack;
 pub mod transformer;
 
 /// The fused CPU kernels, a crate of their own below the model ([`transformer_kernels`]).

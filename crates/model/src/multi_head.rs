@@ -199,6 +199,31 @@ impl MultiHeadAttention {
         self.merge_heads_and_project(&out)
     }
 
+    /// The self-attention sub-layer of the encoder and decoder layers: `x` over itself (and
+    /// over `cache` when given, which is extended with `x`'s keys and values), with the
+    /// attention weights (B, H, T, S + T) only when `need_weights` asks for them (without
+    /// them, the fused attention op of [`Self::self_attention_output`]).
+    ///
+    /// # Shapes
+    /// x (B, T, C) -> (B, T, C) and the weights
+    pub fn self_attention(
+        &self,
+        x: &Tensor,
+        cache: Option<&mut KvCache>,
+        mask: Option<&Mask>,
+        mode: Mode,
+        need_weights: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        if !need_weights {
+            return Ok((self.self_attention_output(x, cache, mask, mode)?, None));
+        }
+        let (out, w) = match cache {
+            Some(cache) => self.forward_cached(x, cache, mask, mode)?,
+            None => self.forward(x, x, x, mask, mode)?,
+        };
+        Ok((out, Some(w)))
+    }
+
     /// Attention of `query` over `memory` (encoder-decoder attention) without the weights:
     /// the fused attention op ([`attention_output`]).
     ///

@@ -1,0 +1,96 @@
+//! A stack of N identical layers and an optional final LayerNorm: the shape the encoder
+//! ([`crate::Encoder`]) and the decoder ([`crate::Decoder`]) share. What a layer computes and
+//! how the stack runs it live with each layer kind; building the stack, its final norm and
+//! the backend each layer call goes through live here once.
+
+use crate::backend::{self, Backend};
+use crate::decoder::DecoderLayer;
+use crate::encoder::{EncoderLayer, LayerSpec};
+use crate::layer_norm::LayerNorm;
+use crate::params::ParamBuilder;
+use crate::Result;
+use candle_core::Tensor;
+use std::sync::Arc;
+
+/// A layer kind a [`Stack`] can hold.
+pub trait StackLayer: Sized {
+    /// A layer with its parameters under `pb`.
+    fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self>;
+}
+
+impl StackLayer for EncoderLayer {
+    fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
+        EncoderLayer::new(pb, spec)
+    }
+}
+
+impl StackLayer for DecoderLayer {
+    fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
+        DecoderLayer::new(pb, spec)
+    }
+}
+
+/// N layers of one kind and an optional final LayerNorm (`nn.TransformerEncoder`'s and
+/// `nn.TransformerDecoder`'s `norm`; `nn.Transformer` has one, the tutorial language model
+/// does not). Each layer call goes through the stack's [`Backend`] (chosen when the stack is
+/// built, [`backend::choose`]), which runs it or leaves it to the composed layer.
+#[derive(Debug, Clone)]
+pub struct Stack<L> {
+    pub(crate) layers: Vec<L>,
+    pub(crate) norm: Option<LayerNorm>,
+    pub(crate) backend: Arc<dyn Backend>,
+}
+
+impl<L: StackLayer> Stack<L> {
+    /// Layers are named `<pb>.layers.<i>`, the final norm `<pb>.norm`.
+    pub fn new(
+        pb: &ParamBuilder,
+        spec: &LayerSpec,
+        num_layers: usize,
+        final_norm: bool,
+    ) -> Result<Self> {
+        let layers = (0..num_layers)
+            .map(|i| L::build(&pb.pp("layers").pp(i), spec))
+            .collect::<Result<_>>()?;
+        let norm = if final_norm {
+            Some(LayerNorm::new(
+                &pb.pp("norm"),
+                spec.d_model,
+                spec.layer_norm_eps,
+            )?)
+        } else {
+            None
+        };
+        let backend = backend::choose(&pb.device());
+        Ok(Self {
+            layers,
+            norm,
+            backend,
+        })
+    }
+}
+
+impl<L> Stack<L> {
+    /// The number of layers N in the stack.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Runs each layer through `backend` from now on (see [`crate::backend`]).
+    pub fn set_backend(&mut self, backend: Arc<dyn Backend>) {
+        self.backend = backend;
+    }
+
+    /// The backend each layer call goes through.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The final norm applied to the last layer's output, where the stack has one.
+    pub(crate) fn finish(&self, x: Tensor) -> Result<Tensor> {
+        match &self.norm {
+            Some(norm) => norm.forward(&x),
+            None => Ok(x),
+        }
+    }
+}

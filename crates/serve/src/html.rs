@@ -6,8 +6,8 @@
 //! whitespace collapsed to single spaces, its leading and trailing whitespace kept around the
 //! translation. Tags are written back with their attributes (values re-escaped), in the same
 //! order and nesting; the contents of `<script>` and `<style>` are kept as they are and
-//! never translated; translated text is escaped (`&`, `<`, `>`, and the no-break space as
-//! `&nbsp;`).
+//! never translated; translated text is escaped (`&`, `<`, `>`, the quotes, and the no-break
+//! space as `&nbsp;`).
 //!
 //! A sentence split by inline markup (`Ein <b>Mann</b> fährt`) is translated piece by
 //! piece, as LibreTranslate's own HTML mode does: the markup stays exactly where it was, at
@@ -62,7 +62,7 @@ impl Sink {
 fn text_piece(text: &str) -> Piece {
     let core = text.trim_matches(is_html_space);
     if core.is_empty() {
-        return Piece::Markup(escape_text(text));
+        return Piece::Markup(escape(text));
     }
     let start = text.len() - text.trim_start_matches(is_html_space).len();
     let end = text.trim_end_matches(is_html_space).len();
@@ -105,7 +105,7 @@ impl TokenSink for Sink {
                             }
                             s.push_str(&a.name.local);
                             s.push_str("=\"");
-                            s.push_str(&escape_attr(&a.value));
+                            s.push_str(&escape(&a.value));
                             s.push('"');
                         }
                         s.push_str(if tag.self_closing { " />" } else { ">" });
@@ -182,9 +182,9 @@ pub fn join<'a>(pieces: &[Piece], translations: impl IntoIterator<Item = &'a str
         match p {
             Piece::Markup(m) => out.push_str(m),
             Piece::Text { lead, text, trail } => {
-                out.push_str(&escape_text(lead));
-                out.push_str(&escape_text(tr.next().unwrap_or(text)));
-                out.push_str(&escape_text(trail));
+                out.push_str(&escape(lead));
+                out.push_str(&escape(tr.next().unwrap_or(text)));
+                out.push_str(&escape(trail));
             }
         }
     }
@@ -202,33 +202,11 @@ pub fn texts(pieces: &[Piece]) -> Vec<&str> {
         .collect()
 }
 
-fn escape_text(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '\u{a0}' => out.push_str("&nbsp;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-fn escape_attr(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '"' => out.push_str("&quot;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '\u{a0}' => out.push_str("&nbsp;"),
-            c => out.push(c),
-        }
-    }
-    out
+/// `s` escaped for HTML text and attribute values alike: the XML special characters
+/// ([`transformer_train::viz::escape`]) and the no-break space as `&nbsp;`, so that a
+/// translated `&nbsp;` stays visible in the markup.
+fn escape(s: &str) -> String {
+    transformer_train::viz::escape(s).replace('\u{a0}', "&nbsp;")
 }
 
 #[cfg(test)]

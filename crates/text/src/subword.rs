@@ -167,8 +167,8 @@ impl Subword {
             .unk_token(SPECIAL_TOKENS[3].to_string())
             .build()
             .map_err(|e| tok_err(origin, e))?;
-        let mut tokenizer = subword_pipeline(model, origin)?;
-        let mut trainer = TrainerWrapper::BpeTrainer(
+        let tokenizer = subword_pipeline(model, origin)?;
+        let trainer = TrainerWrapper::BpeTrainer(
             BpeTrainerBuilder::new()
                 .vocab_size(opts.vocab_size)
                 .min_frequency(opts.min_frequency)
@@ -176,10 +176,7 @@ impl Subword {
                 .special_tokens(special_tokens())
                 .build(),
         );
-        tokenizer
-            .train(&mut trainer, texts)
-            .map_err(|e| tok_err(origin, e))?;
-        Self::checked(tokenizer, origin)
+        Self::trained(tokenizer, trainer, texts, origin)
     }
 
     /// Trains a unigram language-model tokenizer (Kudo 2018, SentencePiece's default) on
@@ -191,8 +188,8 @@ impl Subword {
         origin: &Path,
     ) -> Result<Self> {
         check_vocab_size(opts.vocab_size, origin)?;
-        let mut tokenizer = subword_pipeline(Unigram::default(), origin)?;
-        let mut trainer = TrainerWrapper::UnigramTrainer(
+        let tokenizer = subword_pipeline(Unigram::default(), origin)?;
+        let trainer = TrainerWrapper::UnigramTrainer(
             UnigramTrainerBuilder::default()
                 .vocab_size(opts.vocab_size as u32)
                 .unk_token(Some(SPECIAL_TOKENS[3].to_string()))
@@ -201,10 +198,7 @@ impl Subword {
                 .build()
                 .map_err(|e| tok_err(origin, e))?,
         );
-        tokenizer
-            .train(&mut trainer, texts)
-            .map_err(|e| tok_err(origin, e))?;
-        Self::checked(tokenizer, origin)
+        Self::trained(tokenizer, trainer, texts, origin)
     }
 
     /// The same tokenizer with byte fallback: 256 pieces `<0x00>` ... `<0xFF>` added after its
@@ -292,7 +286,7 @@ impl Subword {
             WhitespaceSplit.into(),
             Punctuation::default().into(),
         ])));
-        let mut trainer = TrainerWrapper::WordLevelTrainer(
+        let trainer = TrainerWrapper::WordLevelTrainer(
             WordLevelTrainerBuilder::default()
                 .min_frequency(min_frequency)
                 .vocab_size(usize::MAX)
@@ -301,6 +295,16 @@ impl Subword {
                 .build()
                 .map_err(|e| tok_err(origin, e))?,
         );
+        Self::trained(tokenizer, trainer, texts, origin)
+    }
+
+    /// `tokenizer` trained by `trainer` on `texts`, its specials checked.
+    fn trained<S: AsRef<str> + Send>(
+        mut tokenizer: Tokenizer,
+        mut trainer: TrainerWrapper,
+        texts: impl Iterator<Item = S> + Send,
+        origin: &Path,
+    ) -> Result<Self> {
         tokenizer
             .train(&mut trainer, texts)
             .map_err(|e| tok_err(origin, e))?;

@@ -149,6 +149,31 @@ def collect_params_and_grads(model: nn.Module, tensors: dict):
         tensors[f"grad.{n}"] = p.grad.detach().clone()
 
 
+def backward_and_record(module: nn.Module, out: Tensor, inputs: dict, masks: dict,
+                        outputs: dict = None) -> dict:
+    """Backpropagates `loss = (out * cotangent).sum()` with a random cotangent, and records the
+    module's parameters and gradients, the `inputs` (by name) with their gradients, the
+    `masks` as u8, `out` with any further `outputs`, the loss and the cotangent."""
+    cot = torch.randn_like(out)
+    loss = (out * cot).sum()
+    loss.backward()
+
+    t = {}
+    collect_params_and_grads(module, t)
+    for name, x in inputs.items():
+        t[f"input.{name}"] = x.detach().clone()
+    for name, x in inputs.items():
+        t[f"grad_input.{name}"] = x.grad.clone()
+    for name, m in masks.items():
+        t[f"mask.{name}"] = to_mask_u8(m)
+    t["output.out"] = out.detach().clone()
+    for name, x in (outputs or {}).items():
+        t[f"output.{name}"] = x.detach().clone()
+    t["output.loss"] = loss.detach().clone()
+    t["cotangent.out"] = cot
+    return t
+
+
 def save(name: str, tensors: dict, metadata: dict):
     check_finite(tensors)
     for k, v in tensors.items():
@@ -322,24 +347,11 @@ def make_mha():
         need_weights=True, average_attn_weights=False,
     )
     assert out.shape == (2, 5, E) and attn_weights.shape == (2, H, 5, 6)
-    cot = torch.randn_like(out)
-    loss = (out * cot).sum()
-    loss.backward()
-
-    t = {}
-    collect_params_and_grads(mha, t)
-    t["input.query"] = query.detach().clone()
-    t["input.key"] = key.detach().clone()
-    t["input.value"] = value.detach().clone()
-    t["grad_input.query"] = query.grad.clone()
-    t["grad_input.key"] = key.grad.clone()
-    t["grad_input.value"] = value.grad.clone()
-    t["mask.key_padding_mask"] = to_mask_u8(key_padding_mask)
-    t["mask.attn_mask"] = to_mask_u8(attn_mask)
-    t["output.out"] = out.detach().clone()
-    t["output.attn_weights"] = attn_weights.detach().clone()
-    t["output.loss"] = loss.detach().clone()
-    t["cotangent.out"] = cot
+    t = backward_and_record(
+        mha, out, {"query": query, "key": key, "value": value},
+        {"key_padding_mask": key_padding_mask, "attn_mask": attn_mask},
+        {"attn_weights": attn_weights},
+    )
 
     # Second case: self-attention, no masks, no gradients.
     self_x = torch.randn(2, 5, E)
@@ -389,19 +401,8 @@ def make_encoder_layer(fname, seed, activation, norm_first, eps):
 
     out = layer(src, src_mask=src_mask, src_key_padding_mask=src_kpm)
     assert out.shape == (2, 5, 16)
-    cot = torch.randn_like(out)
-    loss = (out * cot).sum()
-    loss.backward()
-
-    t = {}
-    collect_params_and_grads(layer, t)
-    t["input.src"] = src.detach().clone()
-    t["grad_input.src"] = src.grad.clone()
-    t["mask.src_mask"] = to_mask_u8(src_mask)
-    t["mask.src_key_padding_mask"] = to_mask_u8(src_kpm)
-    t["output.out"] = out.detach().clone()
-    t["output.loss"] = loss.detach().clone()
-    t["cotangent.out"] = cot
+    t = backward_and_record(
+        layer, out, {"src": src}, {"src_mask": src_mask, "src_key_padding_mask": src_kpm})
 
     check_against_ref(
         t, fname,
@@ -439,23 +440,11 @@ def make_decoder_layer(fname, seed, activation, norm_first, eps):
         tgt_key_padding_mask=tgt_kpm, memory_key_padding_mask=mem_kpm,
     )
     assert out.shape == (2, 4, 16)
-    cot = torch.randn_like(out)
-    loss = (out * cot).sum()
-    loss.backward()
-
-    t = {}
-    collect_params_and_grads(layer, t)
-    t["input.tgt"] = tgt.detach().clone()
-    t["input.memory"] = memory.detach().clone()
-    t["grad_input.tgt"] = tgt.grad.clone()
-    t["grad_input.memory"] = memory.grad.clone()
-    t["mask.tgt_mask"] = to_mask_u8(tgt_mask)
-    t["mask.memory_mask"] = to_mask_u8(memory_mask)
-    t["mask.tgt_key_padding_mask"] = to_mask_u8(tgt_kpm)
-    t["mask.memory_key_padding_mask"] = to_mask_u8(mem_kpm)
-    t["output.out"] = out.detach().clone()
-    t["output.loss"] = loss.detach().clone()
-    t["cotangent.out"] = cot
+    t = backward_and_record(
+        layer, out, {"tgt": tgt, "memory": memory},
+        {"tgt_mask": tgt_mask, "memory_mask": memory_mask, "tgt_key_padding_mask": tgt_kpm,
+         "memory_key_padding_mask": mem_kpm},
+    )
 
     check_against_ref(
         t, fname,
@@ -500,25 +489,12 @@ def make_transformer():
         src_key_padding_mask=src_kpm, tgt_key_padding_mask=tgt_kpm, memory_key_padding_mask=mem_kpm,
     )
     assert out.shape == (2, 4, 16)
-    cot = torch.randn_like(out)
-    loss = (out * cot).sum()
-    loss.backward()
-
-    t = {}
-    collect_params_and_grads(model, t)
-    t["input.src"] = src.detach().clone()
-    t["input.tgt"] = tgt.detach().clone()
-    t["grad_input.src"] = src.grad.clone()
-    t["grad_input.tgt"] = tgt.grad.clone()
-    t["mask.src_mask"] = to_mask_u8(src_mask)
-    t["mask.tgt_mask"] = to_mask_u8(tgt_mask)
-    t["mask.memory_mask"] = to_mask_u8(memory_mask)
-    t["mask.src_key_padding_mask"] = to_mask_u8(src_kpm)
-    t["mask.tgt_key_padding_mask"] = to_mask_u8(tgt_kpm)
-    t["mask.memory_key_padding_mask"] = to_mask_u8(mem_kpm)
-    t["output.out"] = out.detach().clone()
-    t["output.loss"] = loss.detach().clone()
-    t["cotangent.out"] = cot
+    t = backward_and_record(
+        model, out, {"src": src, "tgt": tgt},
+        {"src_mask": src_mask, "tgt_mask": tgt_mask, "memory_mask": memory_mask,
+         "src_key_padding_mask": src_kpm, "tgt_key_padding_mask": tgt_kpm,
+         "memory_key_padding_mask": mem_kpm},
+    )
 
     def ref(P, X):
         m = X["src"]

@@ -382,17 +382,24 @@ def make_mha():
     return save("mha.safetensors", t, meta)
 
 
-# --------------------------------------------------------------------------------------------
-# 2/3. TransformerEncoderLayer
-# --------------------------------------------------------------------------------------------
-def make_encoder_layer(fname, seed, activation, norm_first, eps):
+def fixture_layer(cls, seed, activation, norm_first, eps):
+    """A randomized layer of `cls` (nn.TransformerEncoderLayer or nn.TransformerDecoderLayer)
+    at the fixtures' sizes (d_model 16, 4 heads, FFN 32, no dropout), seeded with `seed`."""
     torch.manual_seed(seed)
-    layer = nn.TransformerEncoderLayer(
+    layer = cls(
         d_model=16, nhead=4, dim_feedforward=32, dropout=0.0, activation=activation,
         layer_norm_eps=eps, batch_first=True, norm_first=norm_first,
     )
     randomize_module(layer)
     layer.train()
+    return layer
+
+
+# --------------------------------------------------------------------------------------------
+# 2/3. TransformerEncoderLayer
+# --------------------------------------------------------------------------------------------
+def make_encoder_layer(fname, seed, activation, norm_first, eps):
+    layer = fixture_layer(nn.TransformerEncoderLayer, seed, activation, norm_first, eps)
 
     src = torch.randn(2, 5, 16, requires_grad=True)
     src_mask = torch.triu(torch.ones(5, 5), diagonal=1).bool()
@@ -416,13 +423,7 @@ def make_encoder_layer(fname, seed, activation, norm_first, eps):
 # 4. TransformerDecoderLayer
 # --------------------------------------------------------------------------------------------
 def make_decoder_layer(fname, seed, activation, norm_first, eps):
-    torch.manual_seed(seed)
-    layer = nn.TransformerDecoderLayer(
-        d_model=16, nhead=4, dim_feedforward=32, dropout=0.0, activation=activation,
-        layer_norm_eps=eps, batch_first=True, norm_first=norm_first,
-    )
-    randomize_module(layer)
-    layer.train()
+    layer = fixture_layer(nn.TransformerDecoderLayer, seed, activation, norm_first, eps)
 
     tgt = torch.randn(2, 4, 16, requires_grad=True)
     memory = torch.randn(2, 5, 16, requires_grad=True)

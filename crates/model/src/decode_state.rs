@@ -248,7 +248,10 @@ impl Seq2Seq {
                 .embed(&self.src_embedding, src, 0, Mode::Eval)?
                 .detach();
             let pass = crate::Pass::new(Mode::Eval).backprop(crate::Backprop::Off);
-            let (memory, _) = self.transformer.encode_as(&x, Some(&mask), pass)?;
+            let (memory, _) = self
+                .transformer
+                .encoder()
+                .forward_as(&x, Some(&mask), pass)?;
             let keep = src.ne(pad_id)?.flatten_all()?.to_vec1::<u8>()?;
             return Ok(DecodeState {
                 caches: Caches::Fused(stack.start(&memory, &keep)?, stack),

@@ -320,8 +320,7 @@ impl Seq2Seq {
     /// # Shapes
     /// src (B, S) u32 -> memory (B, S, C)
     pub fn encode(&self, src: &Tensor, src_mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
-        let x = self.embed(&self.src_embedding, src, 0, mode)?;
-        self.transformer.encode(&x, src_mask, mode)
+        Ok(self.encode_as(src, src_mask, Pass::new(mode))?.0)
     }
 
     /// The encoder's output, and every encoder layer's self-attention weights (B, H, S, S)
@@ -333,7 +332,7 @@ impl Seq2Seq {
         pass: Pass,
     ) -> Result<(Tensor, Vec<Tensor>)> {
         let x = self.embed_as(&self.src_embedding, src, pass.mode, pass.backprop)?;
-        self.transformer.encode_as(&x, src_mask, pass)
+        self.transformer.encoder().forward_as(&x, src_mask, pass)
     }
 
     /// The last decoder layer's output for every target position.
@@ -348,9 +347,8 @@ impl Seq2Seq {
         memory_mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<Tensor> {
-        let y = self.embed(&self.tgt_embedding, tgt, 0, mode)?;
-        self.transformer
-            .decode(&y, memory, tgt_mask, memory_mask, mode)
+        let pass = Pass::new(mode);
+        Ok(self.hidden_as(tgt, memory, tgt_mask, memory_mask, pass)?.0)
     }
 
     /// Logits for every target position.
@@ -365,8 +363,9 @@ impl Seq2Seq {
         memory_mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<Tensor> {
-        let h = self.decode_hidden(tgt, memory, tgt_mask, memory_mask, mode)?;
-        self.generator.forward(&h)
+        Ok(self
+            .decode_as(tgt, memory, tgt_mask, memory_mask, Pass::new(mode))?
+            .0)
     }
 
     /// Logits for every target position, and every decoder layer's attention weights when
@@ -382,11 +381,24 @@ impl Seq2Seq {
         memory_mask: Option<&Mask>,
         pass: Pass,
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
-        let y = self.embed_as(&self.tgt_embedding, tgt, pass.mode, pass.backprop)?;
-        let (h, w) = self
-            .transformer
-            .decode_as(&y, memory, tgt_mask, memory_mask, pass)?;
+        let (h, w) = self.hidden_as(tgt, memory, tgt_mask, memory_mask, pass)?;
         Ok((self.generator.forward(&h)?, w))
+    }
+
+    /// [`Self::decode_hidden`] differentiated as `pass` says, with the attention weights
+    /// when it asks for them.
+    fn hidden_as(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_mask: Option<&Mask>,
+        memory_mask: Option<&Mask>,
+        pass: Pass,
+    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
+        let y = self.embed_as(&self.tgt_embedding, tgt, pass.mode, pass.backprop)?;
+        self.transformer
+            .decoder()
+            .forward_as(&y, memory, tgt_mask, memory_mask, pass)
     }
 
     /// Next-token logits at every target position (teacher forcing): encode, then decode
@@ -454,10 +466,10 @@ impl Seq2Seq {
         let tr = &self.transformer;
         let x = self.embed_as(&self.src_embedding, src, mode, backprop)?;
         let pass = Pass::new(mode).backprop(backprop);
-        let (memory, _) = tr.encode_as(&x, Some(&src_mask), pass)?;
+        let (memory, _) = tr.encoder().forward_as(&x, Some(&src_mask), pass)?;
         let y = self.embed_as(&self.tgt_embedding, tgt_in, mode, backprop)?;
         let (tm, mm) = (Some(&tgt_mask), Some(&memory_mask));
-        let (h, _) = tr.decode_as(&y, &memory, tm, mm, pass)?;
+        let (h, _) = tr.decoder().forward_as(&y, &memory, tm, mm, pass)?;
         let (b, t, c) = h.dims3()?;
         label_smoothed_loss_with(
             &h.reshape((b * t, c))?,

@@ -2,9 +2,8 @@
 //! layer), equivalent to `torch.nn.Transformer`: an encoder and a decoder stack, each with a
 //! final LayerNorm.
 
-use crate::backend::Pass;
 use crate::config::TransformerConfig;
-use crate::decoder::{Decoder, DecoderWeights};
+use crate::decoder::Decoder;
 use crate::dropout::Mode;
 use crate::encoder::{Encoder, LayerSpec};
 use crate::mask::Mask;
@@ -33,63 +32,6 @@ impl Transformer {
         Ok(Self { encoder, decoder })
     }
 
-    /// Encodes the source once (reused by every decoding step).
-    ///
-    /// # Shapes
-    /// src (B, S, C), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)
-    pub fn encode(&self, src: &Tensor, src_mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
-        self.encoder.forward(src, src_mask, mode)
-    }
-
-    /// [`Self::encode`] differentiated as `pass.backprop` says ([`Encoder::forward_as`]): with the
-    /// parameter gradients of the layers the backend fuses going to `DirectGrads`, or for
-    /// evaluation without a graph ([`crate::Backprop::Off`]; pass a detached `src`), with each
-    /// layer's self-attention weights when `pass` asks for them ([`Pass::weights`]).
-    ///
-    /// # Shapes
-    /// src (B, S, C), src_mask broadcastable to (B, H, S, S) -> memory (B, S, C)
-    pub fn encode_as(
-        &self,
-        src: &Tensor,
-        src_mask: Option<&Mask>,
-        pass: Pass,
-    ) -> Result<(Tensor, Vec<Tensor>)> {
-        self.encoder.forward_as(src, src_mask, pass)
-    }
-
-    /// [`Self::decode`] differentiated as `pass.backprop` says
-    /// ([`crate::decoder::Decoder::forward_as`]).
-    ///
-    /// # Shapes
-    /// tgt (B, T, C), memory (B, S, C) -> (B, T, C)
-    pub fn decode_as(
-        &self,
-        tgt: &Tensor,
-        memory: &Tensor,
-        tgt_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
-        pass: Pass,
-    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
-        self.decoder
-            .forward_as(tgt, memory, tgt_mask, memory_mask, pass)
-    }
-
-    /// Runs the decoder stack over the embedded targets, attending to `memory`.
-    ///
-    /// # Shapes
-    /// tgt (B, T, C), memory (B, S, C) -> (B, T, C)
-    pub fn decode(
-        &self,
-        tgt: &Tensor,
-        memory: &Tensor,
-        tgt_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
-        mode: Mode,
-    ) -> Result<Tensor> {
-        self.decoder
-            .forward(tgt, memory, tgt_mask, memory_mask, mode)
-    }
-
     /// Runs each encoder and decoder layer through `backend` from now on (see
     /// [`crate::backend`]).
     pub fn set_backend(&mut self, backend: std::sync::Arc<dyn crate::backend::Backend>) {
@@ -102,8 +44,16 @@ impl Transformer {
         self.encoder.backend()
     }
 
-    /// The decoder stack (for incremental decoding: [`Decoder::project_memory`],
-    /// [`Decoder::forward_step`]).
+    /// The encoder stack (`nn.Transformer.encoder`): [`Encoder::forward`] encodes the source
+    /// once, reused by every decoding step; [`Encoder::forward_as`] differentiates it as a
+    /// [`crate::Pass`] says, with each layer's self-attention weights when asked.
+    pub fn encoder(&self) -> &Encoder {
+        &self.encoder
+    }
+
+    /// The decoder stack (`nn.Transformer.decoder`): [`Decoder::forward`] and
+    /// [`Decoder::forward_as`] over embedded targets and the memory; for incremental decoding
+    /// [`Decoder::project_memory`] and [`Decoder::forward_step`].
     pub fn decoder(&self) -> &Decoder {
         &self.decoder
     }
@@ -123,7 +73,8 @@ impl Transformer {
         memory_mask: Option<&Mask>,
         mode: Mode,
     ) -> Result<Tensor> {
-        let memory = self.encode(src, src_mask, mode)?;
-        self.decode(tgt, &memory, tgt_mask, memory_mask, mode)
+        let memory = self.encoder.forward(src, src_mask, mode)?;
+        self.decoder
+            .forward(tgt, &memory, tgt_mask, memory_mask, mode)
     }
 }

@@ -139,11 +139,13 @@ fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
     );
     let src = Tensor::randn(0f32, 1.0, (2, 5, 32), &dev)?;
     let tgt = Tensor::randn(0f32, 1.0, (2, 4, 32), &dev)?;
-    let memory = model.encode(&src, None, Mode::Eval)?;
+    let memory = model.encoder().forward(&src, None, Mode::Eval)?;
     let direct = DirectGrads::new();
     let backprop = Backprop::Direct(&direct, transformer_model::kernels::Precision::F32);
     let pass = Pass::new(Mode::Eval).backprop(backprop);
-    model.decode_as(&tgt, &memory, None, None, pass)?;
+    model
+        .decoder()
+        .forward_as(&tgt, &memory, None, None, pass)?;
     let layers = TransformerConfig::tiny().num_decoder_layers;
     assert_eq!(counting.decoder.load(Ordering::SeqCst), layers);
     assert_eq!(

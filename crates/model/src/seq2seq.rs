@@ -335,39 +335,6 @@ impl Seq2Seq {
         self.transformer.encoder().forward_as(&x, src_mask, pass)
     }
 
-    /// The last decoder layer's output for every target position.
-    ///
-    /// # Shapes
-    /// tgt (B, T) u32, memory (B, S, C) -> (B, T, C)
-    pub fn decode_hidden(
-        &self,
-        tgt: &Tensor,
-        memory: &Tensor,
-        tgt_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
-        mode: Mode,
-    ) -> Result<Tensor> {
-        let pass = Pass::new(mode);
-        Ok(self.hidden_as(tgt, memory, tgt_mask, memory_mask, pass)?.0)
-    }
-
-    /// Logits for every target position.
-    ///
-    /// # Shapes
-    /// tgt (B, T) u32, memory (B, S, C) -> (B, T, V)
-    pub fn decode(
-        &self,
-        tgt: &Tensor,
-        memory: &Tensor,
-        tgt_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
-        mode: Mode,
-    ) -> Result<Tensor> {
-        Ok(self
-            .decode_as(tgt, memory, tgt_mask, memory_mask, Pass::new(mode))?
-            .0)
-    }
-
     /// Logits for every target position, and every decoder layer's attention weights when
     /// `pass` asks for them ([`Pass::weights`]).
     ///
@@ -381,13 +348,16 @@ impl Seq2Seq {
         memory_mask: Option<&Mask>,
         pass: Pass,
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
-        let (h, w) = self.hidden_as(tgt, memory, tgt_mask, memory_mask, pass)?;
+        let (h, w) = self.decode_hidden(tgt, memory, tgt_mask, memory_mask, pass)?;
         Ok((self.generator.forward(&h)?, w))
     }
 
-    /// [`Self::decode_hidden`] differentiated as `pass` says, with the attention weights
-    /// when it asks for them.
-    fn hidden_as(
+    /// The last decoder layer's output for every target position, and every decoder layer's
+    /// attention weights when `pass` asks for them.
+    ///
+    /// # Shapes
+    /// tgt (B, T) u32, memory (B, S, C) -> (B, T, C)
+    pub fn decode_hidden(
         &self,
         tgt: &Tensor,
         memory: &Tensor,
@@ -414,7 +384,8 @@ impl Seq2Seq {
         mode: Mode,
     ) -> Result<Tensor> {
         let memory = self.encode(src, Some(&masks.src), mode)?;
-        self.decode(tgt_in, &memory, Some(&masks.tgt), Some(&masks.memory), mode)
+        let (tm, mm) = (Some(&masks.tgt), Some(&masks.memory));
+        Ok(self.decode_as(tgt_in, &memory, tm, mm, Pass::new(mode))?.0)
     }
 
     /// Cross-entropy of `tgt_out` given `src` and `tgt_in`, over the positions whose target is

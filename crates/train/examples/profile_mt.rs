@@ -66,7 +66,7 @@ fn main() -> candle_core::Result<()> {
                 &memory,
                 Some(&masks.tgt),
                 Some(&masks.memory),
-                Mode::Eval,
+                transformer_model::Pass::new(Mode::Eval),
             )
             .unwrap()
     });

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{bin, temp_dir as temp, write_tiny_config, write_toy_corpus, GERMAN};
+use common::{bin, json_lines, temp_dir as temp, write_toy_run_files};
 
 fn temp_dir(name: &str) -> PathBuf {
     temp("run-dir", name)
@@ -23,10 +23,10 @@ fn text(b: &[u8]) -> String {
 /// A toy language pair (each source word maps to one target word, order reversed) and a
 /// `config.toml` naming its files relative to `dir`: runs are started from `dir`.
 fn write_corpus(dir: &Path, epochs: usize) {
-    write_toy_corpus(dir, &GERMAN, &[("train", 200), ("valid", 12), ("test", 12)]);
-    write_tiny_config(
+    let splits = [("train", 200), ("valid", 12), ("test", 12)];
+    write_toy_run_files(
         dir,
-        true,
+        &splits,
         true,
         &format!(
             "lr_factor = 0.1\nepochs = {epochs}\nmax_tokens = 160\nmax_batches = 10\n\
@@ -58,11 +58,9 @@ fn spawn(mut c: Command) -> Child {
 
 /// Every record of metrics.jsonl as (kind, step, epoch, weights, loss).
 fn records(run: &Path) -> Vec<(String, u64, u64, String, String)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+    json_lines(&std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default())
+        .into_iter()
+        .map(|v| {
             (
                 v["kind"].as_str().unwrap().to_string(),
                 v["step"].as_u64().unwrap(),

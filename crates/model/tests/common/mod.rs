@@ -4,6 +4,8 @@
 use candle_core::{DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use transformer_model::config::Activation;
+use transformer_model::encoder::LayerSpec;
 use transformer_model::{import, Mask};
 
 pub fn fixture_path(name: &str) -> PathBuf {
@@ -157,4 +159,26 @@ pub fn check_gradients(
         );
     }
     Ok(())
+}
+
+/// An encoder or decoder layer of width `d_model` with `nhead` heads, a feed-forward layer
+/// of `dim_feedforward` with `activation`, `dropout`, the norms first when `norm_first`, and
+/// LayerNorm's eps of 1e-5 (PyTorch's default).
+pub fn layer_spec(
+    d_model: usize,
+    nhead: usize,
+    dim_feedforward: usize,
+    dropout: f64,
+    activation: Activation,
+    norm_first: bool,
+) -> LayerSpec {
+    LayerSpec {
+        d_model,
+        nhead,
+        dim_feedforward,
+        dropout,
+        activation,
+        layer_norm_eps: 1e-5,
+        norm_first,
+    }
 }

@@ -12,6 +12,9 @@ use transformer_train::metrics::{self, Metric, Weights};
 
 mod common;
 use common::{fresh, remove_dirs, Quiet};
+#[path = "../../model/tests/common/mod.rs"]
+mod model_common;
+use model_common::lm_config;
 
 /// A fresh, empty folder for one of these tests.
 fn temp_dir(name: &str) -> PathBuf {
@@ -365,13 +368,8 @@ fn trainer_step_equals_the_plain_step() -> CResult<()> {
     use transformer_train::lm::LmStep;
     use transformer_train::Sgd;
     let cfg = LmConfig {
-        ntoken: 40,
-        d_model: 16,
-        nhead: 2,
-        d_hid: 32,
-        nlayers: 2,
         dropout: 0.2,
-        ..LmConfig::default()
+        ..lm_config(40, 16, 32, 2)
     };
     let dev = Device::Cpu;
     let (pb_a, pb_b) = (

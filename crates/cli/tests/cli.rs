@@ -3,6 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+use common::{assert_mentions, failure_stderr};
+
 fn transformer(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_transformer"))
         .args(args)
@@ -10,15 +13,53 @@ fn transformer(args: &[&str]) -> Output {
         .expect("runs")
 }
 
-/// Runs the binary and asserts it succeeded (its stderr in the message otherwise).
-fn succeeds(args: &[&str]) -> Output {
-    let out = transformer(args);
+/// Asserts that a run of the binary succeeded (its stderr in the message otherwise).
+fn assert_success(out: Output) -> Output {
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// Runs the binary and asserts it succeeded.
+fn succeeds(args: &[&str]) -> Output {
+    assert_success(transformer(args))
+}
+
+/// `lm import-torch` of a state dict with a vocabulary file and the tutorial's 4 heads.
+fn import_torch(state_dict: &Path, vocab: &Path, out: &Path) -> Output {
+    transformer(&[
+        "lm",
+        "import-torch",
+        "--state-dict",
+        s(state_dict),
+        "--vocab",
+        s(vocab),
+        "--nhead",
+        "4",
+        "--out",
+        s(out),
+    ])
+}
+
+/// `lm eval --json` of `run` on the fixture's text, and PyTorch's own figures for that text
+/// (`expected.json`).
+fn eval_against_pytorch(run: &Path) -> (serde_json::Value, serde_json::Value) {
+    let out = succeeds(&[
+        "lm",
+        "eval",
+        "--run",
+        s(run),
+        "--text",
+        s(&fixture("text.txt")),
+        "--json",
+    ]);
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
+    (got, want)
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -42,31 +83,13 @@ fn s(p: &Path) -> &str {
 #[test]
 fn imported_torch_model_matches_pytorch_perplexity() {
     let run = temp_dir("import");
-    succeeds(&[
-        "lm",
-        "import-torch",
-        "--state-dict",
-        s(&fixture("state_dict.safetensors")),
-        "--vocab",
-        s(&fixture("vocab.txt")),
-        "--nhead",
-        "4",
-        "--out",
-        s(&run),
-    ]);
+    assert_success(import_torch(
+        &fixture("state_dict.safetensors"),
+        &fixture("vocab.txt"),
+        &run,
+    ));
 
-    let out = succeeds(&[
-        "lm",
-        "eval",
-        "--run",
-        s(&run),
-        "--text",
-        s(&fixture("text.txt")),
-        "--json",
-    ]);
-    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let want: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
+    let (got, want) = eval_against_pytorch(&run);
     assert_eq!(got["tokens"], want["tokens"]);
     for key in ["loss", "ppl"] {
         let (g, w) = (
@@ -117,33 +140,25 @@ fn imported_torch_model_matches_pytorch_perplexity() {
 
 #[test]
 fn bad_input_gives_errors_that_say_what_to_do() {
-    let out = transformer(&["lm", "eval", "--run", "/nonexistent/run", "--text", "x.txt"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("/nonexistent/run") && err.contains("lm train"),
-        "{err}"
-    );
-
-    let out = transformer(&[
+    let err = failure_stderr(&transformer(&[
         "lm",
-        "import-torch",
-        "--state-dict",
-        s(&fixture("state_dict.safetensors")),
-        "--vocab",
-        s(&fixture("text.txt")),
-        "--nhead",
-        "4",
-        "--out",
-        "/tmp/never",
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+        "eval",
+        "--run",
+        "/nonexistent/run",
+        "--text",
+        "x.txt",
+    ]));
+    assert_mentions(&err, &["/nonexistent/run", "lm train"]);
+
+    let err = failure_stderr(&import_torch(
+        &fixture("state_dict.safetensors"),
+        &fixture("text.txt"),
+        Path::new("/tmp/never"),
+    ));
     assert!(err.contains("text.txt"), "{err}");
 
-    let out = transformer(&["info", "--preset", "base", "--nhead", "7"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("divisors of 512"));
+    let err = failure_stderr(&transformer(&["info", "--preset", "base", "--nhead", "7"]));
+    assert!(err.contains("divisors of 512"));
 
     let out = transformer(&["lm", "train", "--help"]);
     assert!(out.status.success());
@@ -151,22 +166,15 @@ fn bad_input_gives_errors_that_say_what_to_do() {
 
     // A data folder that does not exist: the folder, what it must hold, and the flag.
     let run = std::env::temp_dir().join(format!("cli-nodata-{}", std::process::id()));
-    let out = transformer(&[
+    let err = failure_stderr(&transformer(&[
         "lm",
         "train",
         "--data",
         "/nonexistent/wikitext",
         "--out",
         s(&run),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("/nonexistent/wikitext")
-            && err.contains("train.txt")
-            && err.contains("--data"),
-        "{err}"
-    );
+    ]));
+    assert_mentions(&err, &["/nonexistent/wikitext", "train.txt", "--data"]);
     let _ = std::fs::remove_dir_all(run);
 }
 
@@ -196,31 +204,9 @@ fn older_tutorial_layout_imports_to_the_same_model() {
     let path = dir.join("older.safetensors");
     candle_core::safetensors::save(&older, &path).unwrap();
     let run = dir.join("run");
-    let out = succeeds(&[
-        "lm",
-        "import-torch",
-        "--state-dict",
-        s(&path),
-        "--vocab",
-        s(&fixture("vocab.txt")),
-        "--nhead",
-        "4",
-        "--out",
-        s(&run),
-    ]);
+    let out = assert_success(import_torch(&path, &fixture("vocab.txt"), &run));
     assert!(String::from_utf8_lossy(&out.stdout).contains("older tutorial's layout"));
-    let out = succeeds(&[
-        "lm",
-        "eval",
-        "--run",
-        s(&run),
-        "--text",
-        s(&fixture("text.txt")),
-        "--json",
-    ]);
-    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let want: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
+    let (got, want) = eval_against_pytorch(&run);
     let (g, w) = (
         got["ppl"].as_f64().unwrap(),
         want["ppl_f64"].as_f64().unwrap(),
@@ -234,26 +220,12 @@ fn older_tutorial_layout_imports_to_the_same_model() {
         .collect();
     let path = dir.join("unknown.safetensors");
     candle_core::safetensors::save(&unknown, &path).unwrap();
-    let out = transformer(&[
-        "lm",
-        "import-torch",
-        "--state-dict",
-        s(&path),
-        "--vocab",
-        s(&fixture("vocab.txt")),
-        "--nhead",
-        "4",
-        "--out",
-        s(&dir.join("never")),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("embedding.weight")
-            && err.contains("encoder.weight")
-            && err.contains("emb.weight"),
-        "{err}"
-    );
+    let err = failure_stderr(&import_torch(
+        &path,
+        &fixture("vocab.txt"),
+        &dir.join("never"),
+    ));
+    assert_mentions(&err, &["embedding.weight", "encoder.weight", "emb.weight"]);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -271,8 +243,7 @@ fn training_under_a_launcher_without_mpi_is_refused() {
             .env("OMPI_COMM_WORLD_RANK", "1")
             .output()
             .expect("runs");
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success());
+        let err = failure_stderr(&o);
         assert!(
             err.contains("built without MPI")
                 && err.contains("cargo build --release -p transformer-cli --features mpi"),

@@ -86,6 +86,15 @@ fn assert_close(what: &str, cpu: &Tensor, cuda: &Tensor, dtype: DType) -> Result
     Ok(())
 }
 
+/// The parameters of `pb` by name (their tensors, shared), to give the same weights to a
+/// model built by another builder.
+fn weights_of(pb: &ParamBuilder) -> HashMap<String, Tensor> {
+    pb.params()
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
+        .collect()
+}
+
 /// A module built on the CPU and the same module, with the same weights, on the GPU.
 fn both<M>(
     dtype: DType,
@@ -95,12 +104,7 @@ fn both<M>(
     let cpu = build(&pb_cpu)?;
     let pb_gpu = ParamBuilder::new(dtype, &gpu(), SEED);
     let cuda = build(&pb_gpu)?;
-    let weights: HashMap<String, Tensor> = pb_cpu
-        .params()
-        .iter()
-        .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
-        .collect();
-    pb_gpu.params().assign(&weights)?;
+    pb_gpu.params().assign(&weights_of(&pb_cpu))?;
     Ok((cpu, cuda, pb_gpu.params()))
 }
 
@@ -181,12 +185,7 @@ fn translation_loss_and_every_gradient_match_the_cpu() -> Result<()> {
         let (cuda, params_gpu) = {
             let pb = ParamBuilder::new(dtype, &g, SEED);
             let m = MtModel::build(&pb, &tiny_mt(0.0))?;
-            let w: HashMap<String, Tensor> = pb_cpu
-                .params()
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
-                .collect();
-            pb.params().assign(&w)?;
+            pb.params().assign(&weights_of(&pb_cpu))?;
             (m, pb.params())
         };
         let [s, ti, to] = batch(&Device::Cpu)?;
@@ -275,11 +274,7 @@ fn fifty_training_steps_follow_the_cpu() -> Result<()> {
 fn tiny_init() -> Result<HashMap<String, Tensor>> {
     let pb = ParamBuilder::new(DType::F32, &Device::Cpu, SEED);
     MtModel::build(&pb, &tiny_mt(0.1))?;
-    Ok(pb
-        .params()
-        .iter()
-        .map(|(n, v)| (n.to_string(), v.as_tensor().clone()))
-        .collect())
+    Ok(weights_of(&pb))
 }
 
 /// bf16 mixed precision on the GPU (autocast: the products in bf16, f32 master weights)

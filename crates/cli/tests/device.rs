@@ -2,12 +2,11 @@
 //! CUDA, or a device name that is not one, is refused with a message that says what to do;
 //! and `--device cpu` is the default exactly (same translations, same training losses).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 
 mod common;
-use common::{bin, temp_dir as temp, write_tiny_config, write_toy_corpus, GERMAN};
+use common::{bin, mt_translate_stdin, temp_dir as temp, write_toy_run_files};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -165,33 +164,12 @@ fn device_cpu_trains_exactly_as_the_default() {
 
 /// A toy language pair (order reversed, one word for one) and a config naming its files.
 fn write_corpus(dir: &Path) {
-    write_toy_corpus(dir, &GERMAN, &[("train", 120), ("valid", 8), ("test", 8)]);
-    write_tiny_config(
-        dir,
-        true,
-        true,
-        "lr_factor = 0.1\nepochs = 1\nmax_tokens = 160\nmax_batches = 8\nbeam = 2\n",
-    );
+    let splits = [("train", 120), ("valid", 8), ("test", 8)];
+    write_toy_run_files(dir, &splits, true, SETTINGS);
 }
 
-fn translate(run: &Path, extra: &[&str], input: &str) -> Output {
-    let mut child = bin()
-        .args(["mt", "translate", "--run"])
-        .arg(run)
-        .args(extra)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
+/// The training settings of the test's run.
+const SETTINGS: &str = "lr_factor = 0.1\nepochs = 1\nmax_tokens = 160\nmax_batches = 8\nbeam = 2\n";
 
 #[test]
 fn device_cpu_translates_exactly_as_the_default() {
@@ -211,8 +189,8 @@ fn device_cpu_translates_exactly_as_the_default() {
     );
     let input = "ein hund läuft .\nzwei katzen schlafen .\nkatzen .\n";
     for extra in [&[][..], &["--beam", "1"][..]] {
-        let default = translate(&run, extra, input);
-        let cpu = translate(&run, &[extra, &["--device", "cpu"][..]].concat(), input);
+        let default = mt_translate_stdin(&run, extra, input);
+        let cpu = mt_translate_stdin(&run, &[extra, &["--device", "cpu"][..]].concat(), input);
         assert!(default.status.success(), "{}", text(&default.stderr));
         assert!(cpu.status.success(), "{}", text(&cpu.stderr));
         assert_eq!(text(&default.stdout).lines().count(), 3);

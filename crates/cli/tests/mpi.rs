@@ -12,13 +12,16 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const EXE: &str = env!("CARGO_BIN_EXE_transformer");
 
 mod common;
-use common::{temp_dir as temp, weights, write_toy_corpus, GERMAN};
+use common::{
+    failed, json_lines, output_text as text, succeeded, temp_dir as temp, toy_corpus_flags,
+    weights, write_toy_corpus, GERMAN, TINY_MODEL_FLAGS,
+};
 
 fn temp_dir(name: &str) -> PathBuf {
     temp("mpi", name)
@@ -33,32 +36,17 @@ fn write_corpus(dir: &Path, lines: usize) {
     );
 }
 
+/// A fresh folder holding the toy corpus with `lines` training pairs.
+fn corpus_dir(name: &str, lines: usize) -> PathBuf {
+    let d = temp_dir(name);
+    write_corpus(&d, lines);
+    d
+}
+
 fn mt_args(data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = ["mt", "train"].iter().map(|s| s.to_string()).collect();
-    for (flag, file) in [
-        ("--train-src", "train.de"),
-        ("--train-tgt", "train.en"),
-        ("--valid-src", "valid.de"),
-        ("--valid-tgt", "valid.en"),
-        ("--test-src", "test.de"),
-        ("--test-tgt", "test.en"),
-    ] {
-        a.push(flag.into());
-        a.push(data.join(file).display().to_string());
-    }
-    for s in [
-        "--vocab-size",
-        "60",
-        "--d-model",
-        "32",
-        "--nhead",
-        "4",
-        "--layers",
-        "2",
-        "--dim-feedforward",
-        "64",
-        "--warmup",
-        "30",
+    a.extend(toy_corpus_flags(data));
+    for s in TINY_MODEL_FLAGS.into_iter().chain([
         "--max-tokens",
         "64",
         "--log-interval",
@@ -70,7 +58,7 @@ fn mt_args(data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
         "--precision",
         "f32",
         "--out",
-    ] {
+    ]) {
         a.push(s.into());
     }
     a.push(out.display().to_string());
@@ -100,6 +88,18 @@ fn mpirun(n: usize) -> Command {
     c
 }
 
+/// One epoch on 2 ranks of the corpus in `data` into `run`, started in the background with
+/// every step slowed by `step_delay_ms`, so that the test can act mid-run.
+fn slowed_job(data: &Path, run: &Path, step_delay_ms: u64) -> Child {
+    mpirun(2)
+        .env("TRANSFORMER_TEST_STEP_DELAY_MS", step_delay_ms.to_string())
+        .args(mt_args(data, run, &["--epochs", "1"]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun starts")
+}
+
 fn ranks(n: usize, args: &[String]) -> Output {
     mpirun(n).args(args).output().expect("mpirun runs")
 }
@@ -108,20 +108,38 @@ fn single(args: &[String]) -> Output {
     Command::new(EXE).args(args).output().expect("runs")
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+/// An MPMD job of 2 ranks (MPI's form with one command per rank): rank 0 runs the binary
+/// with `a`, rank 1 with `b`.
+fn two_commands(a: &[String], b: &[String]) -> Output {
+    Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--mca",
+            "btl",
+            "tcp,self",
+            "-np",
+            "1",
+            EXE,
+        ])
+        .args(a)
+        .args([":", "-np", "1", EXE])
+        .args(b)
+        .output()
+        .unwrap()
+}
+
+/// Asserts that a job that failed left no trace of a step in `run`: no checkpoint, no
+/// metrics.
+fn assert_no_step(run: &Path) {
+    assert!(!run.join("checkpoint.safetensors").exists());
+    assert!(!run.join("metrics.jsonl").exists());
 }
 
 /// The training losses of metrics.jsonl as (step, loss), in order.
 fn step_losses(run: &Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    json_lines(&std::fs::read_to_string(run.join("metrics.jsonl")).unwrap())
+        .into_iter()
         .filter(|v| v["kind"] == "train")
         .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
         .collect()
@@ -129,10 +147,8 @@ fn step_losses(run: &Path) -> Vec<(u64, f64)> {
 
 /// The (loss, BLEU) of every record of `kind` in metrics.jsonl.
 fn records(run: &Path, kind: &str) -> Vec<(f64, Option<f64>)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    json_lines(&std::fs::read_to_string(run.join("metrics.jsonl")).unwrap())
+        .into_iter()
         .filter(|v| v["kind"] == kind)
         .map(|v| (v["loss"].as_f64().unwrap(), v["bleu"].as_f64()))
         .collect()
@@ -155,6 +171,14 @@ fn max_relative(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) ->
         .fold(0.0, f64::max)
 }
 
+/// `max_relative` over the final checkpoints of two runs.
+fn checkpoint_difference(a: &Path, b: &Path) -> f64 {
+    max_relative(
+        &weights(&a.join("checkpoint.safetensors")),
+        &weights(&b.join("checkpoint.safetensors")),
+    )
+}
+
 fn compare_losses(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
     assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
     a.iter()
@@ -168,34 +192,29 @@ fn compare_losses(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
 
 #[test]
 fn two_ranks_follow_one_process_accumulating_two_batches() {
-    let d = temp_dir("equal");
-    write_corpus(&d, 600);
+    let d = corpus_dir("equal", 600);
     let (r2, r1) = (d.join("ranks2"), d.join("acc2"));
     // 60 batches: 30 steps of 2, then the epoch's end (validation split across the ranks)
     // and the test.
     let steps = ["--max-batches", "60", "--epochs", "1"];
     let o = ranks(2, &mt_args(&d, &r2, &steps));
-    assert!(o.status.success(), "{}", text(&o));
+    let log = succeeded(&o);
     assert!(
-        text(&o).contains(
+        log.contains(
             "data parallel: 2 processes, 1 batch(es) each per step: global batch of 2 batches"
         ),
-        "{}",
-        text(&o)
+        "{log}"
     );
     let o = single(&mt_args(
         &d,
         &r1,
         &[&steps[..], &["--accumulate", "2"]].concat(),
     ));
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&o);
     let (l2, l1) = (step_losses(&r2), step_losses(&r1));
     assert_eq!(l2.len(), 30, "{l2:?}");
     let loss_diff = compare_losses(&l2, &l1);
-    let weight_diff = max_relative(
-        &weights(&r2.join("checkpoint.safetensors")),
-        &weights(&r1.join("checkpoint.safetensors")),
-    );
+    let weight_diff = checkpoint_difference(&r2, &r1);
     println!(
         "2 ranks vs 1 process --accumulate 2, 30 steps: max relative difference of the step \
          losses {loss_diff:.3e}, of the final weights and optimizer state {weight_diff:.3e}"
@@ -224,7 +243,7 @@ fn two_ranks_follow_one_process_accumulating_two_batches() {
     // One process with one batch per step trains another trajectory.
     let r0 = d.join("plain");
     let o = single(&mt_args(&d, &r0, &["--max-steps", "30"]));
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&o);
     assert!(compare_losses(&step_losses(&r0), &l1) > 1e-4);
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -255,16 +274,9 @@ fn rank_pid(mpirun_pid: u32, rank: usize) -> Option<u32> {
 
 #[test]
 fn a_killed_rank_ends_the_job_and_the_run_resumes() {
-    let d = temp_dir("kill");
-    write_corpus(&d, 600);
+    let d = corpus_dir("kill", 600);
     let run = d.join("run");
-    let mut child = mpirun(2)
-        .env("TRANSFORMER_TEST_STEP_DELAY_MS", "150")
-        .args(mt_args(&d, &run, &["--epochs", "1"]))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("mpirun starts");
+    let mut child = slowed_job(&d, &run, 150);
     let start = Instant::now();
     while !run.join("checkpoint.safetensors").exists() {
         assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint");
@@ -290,8 +302,7 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
     }
     let waited = killed.elapsed();
     let o = child.wait_with_output().unwrap();
-    assert!(!o.status.success());
-    let out = text(&o);
+    let out = failed(&o);
     assert!(out.contains("rank 1") && out.contains("signal 9"), "{out}");
     println!(
         "rank 1 killed: the job ended {:.1} s later",
@@ -299,8 +310,8 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
     );
     // The checkpoint is whole: the run resumes from it (on 2 ranks) and finishes.
     let o = ranks(2, &mt_args(&d, &run, &["--epochs", "1", "--resume"]));
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("resuming"), "{}", text(&o));
+    let log = succeeded(&o);
+    assert!(log.contains("resuming"), "{log}");
     assert!(run.join("best.safetensors").exists());
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -309,16 +320,9 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
 /// rank 0 saves a checkpoint and says how to continue, and the run resumes from that step.
 #[test]
 fn ctrl_c_on_mpirun_saves_a_checkpoint_and_the_run_resumes() {
-    let d = temp_dir("ctrl-c");
-    write_corpus(&d, 600);
+    let d = corpus_dir("ctrl-c", 600);
     let run = d.join("run");
-    let child = mpirun(2)
-        .env("TRANSFORMER_TEST_STEP_DELAY_MS", "50")
-        .args(mt_args(&d, &run, &["--epochs", "1"]))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("mpirun starts");
+    let child = slowed_job(&d, &run, 50);
     let start = Instant::now();
     while step_losses_so_far(&run) < 3 {
         assert!(
@@ -348,7 +352,7 @@ fn ctrl_c_on_mpirun_saves_a_checkpoint_and_the_run_resumes() {
         2,
         &mt_args(&d, &run, &["--epochs", "1", "--resume", "--max-steps", "2"]),
     );
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&o);
     let after: Vec<u64> = step_losses(&run).iter().map(|s| s.0).collect();
     assert!(after.contains(&(stopped + 1)), "{stopped} {after:?}");
     let _ = std::fs::remove_dir_all(&d);
@@ -363,40 +367,37 @@ fn step_losses_so_far(run: &Path) -> usize {
 
 #[test]
 fn a_run_moves_between_two_ranks_and_one_process_with_the_same_global_batch() {
-    let d = temp_dir("resume");
-    write_corpus(&d, 600);
+    let d = corpus_dir("resume", 600);
     let (run, reference) = (d.join("run"), d.join("reference"));
     let o = single(&mt_args(
         &d,
         &reference,
         &["--max-steps", "15", "--accumulate", "2"],
     ));
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&o);
 
     let o = ranks(2, &mt_args(&d, &run, &["--max-steps", "5"]));
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&o);
     // One process with a step per batch would change the global batch: refused, with the fix.
     let o = single(&mt_args(&d, &run, &["--max-steps", "5", "--resume"]));
-    assert!(!o.status.success());
+    let err = failed(&o);
     assert!(
-        text(&o).contains("the run takes 2 batch(es) per optimizer step")
-            && text(&o).contains("give --accumulate 2 with 1 process(es)"),
-        "{}",
-        text(&o)
+        err.contains("the run takes 2 batch(es) per optimizer step")
+            && err.contains("give --accumulate 2 with 1 process(es)"),
+        "{err}"
     );
     let o = single(&mt_args(
         &d,
         &run,
         &["--max-steps", "5", "--resume", "--accumulate", "2"],
     ));
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&o);
     // Back on 2 ranks the run's --accumulate 2 would make a global batch of 4: refused.
     let o = ranks(2, &mt_args(&d, &run, &["--max-steps", "5", "--resume"]));
-    assert!(!o.status.success());
+    let err = failed(&o);
     assert!(
-        text(&o).contains("give --accumulate 1 with 2 process(es)"),
-        "{}",
-        text(&o)
+        err.contains("give --accumulate 1 with 2 process(es)"),
+        "{err}"
     );
     let o = ranks(
         2,
@@ -406,15 +407,12 @@ fn a_run_moves_between_two_ranks_and_one_process_with_the_same_global_batch() {
             &["--max-steps", "5", "--resume", "--accumulate", "1"],
         ),
     );
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&o);
 
     let (a, b) = (step_losses(&run), step_losses(&reference));
     assert_eq!(a.len(), 15);
     let loss_diff = compare_losses(&a, &b);
-    let weight_diff = max_relative(
-        &weights(&run.join("checkpoint.safetensors")),
-        &weights(&reference.join("checkpoint.safetensors")),
-    );
+    let weight_diff = checkpoint_difference(&run, &reference);
     println!(
         "2 ranks, 1 process --accumulate 2, 2 ranks (5 steps each) vs 15 steps of 1 process \
          --accumulate 2: max relative difference of the losses {loss_diff:.3e}, of the \
@@ -426,36 +424,18 @@ fn a_run_moves_between_two_ranks_and_one_process_with_the_same_global_batch() {
 
 #[test]
 fn a_rank_that_disagrees_or_cannot_read_the_data_fails_the_job_before_any_step() {
-    let d = temp_dir("disagree");
-    write_corpus(&d, 100);
+    let d = corpus_dir("disagree", 100);
     // Rank 1 is started with another seed (MPI's MPMD form: one command per rank).
     let run = d.join("seed");
     let a = mt_args(&d, &run, &["--seed", "1"]);
     let b = mt_args(&d, &run, &["--seed", "2"]);
-    let o = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "--mca",
-            "btl",
-            "tcp,self",
-            "-np",
-            "1",
-            EXE,
-        ])
-        .args(&a)
-        .args([":", "-np", "1", EXE])
-        .args(&b)
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
+    let o = two_commands(&a, &b);
+    let err = failed(&o);
     assert!(
-        text(&o).contains("rank 1's configuration differs from rank 0's"),
-        "{}",
-        text(&o)
+        err.contains("rank 1's configuration differs from rank 0's"),
+        "{err}"
     );
-    assert!(!run.join("checkpoint.safetensors").exists());
-    assert!(!run.join("metrics.jsonl").exists());
+    assert_no_step(&run);
 
     // Rank 1 cannot read its training data.
     let run = d.join("data");
@@ -472,30 +452,13 @@ fn a_rank_that_disagrees_or_cannot_read_the_data_fails_the_job_before_any_step()
         })
         .collect();
     let started = Instant::now();
-    let o = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "--mca",
-            "btl",
-            "tcp,self",
-            "-np",
-            "1",
-            EXE,
-        ])
-        .args(&a)
-        .args([":", "-np", "1", EXE])
-        .args(&b)
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let out = text(&o);
+    let o = two_commands(&a, &b);
+    let out = failed(&o);
     assert!(
         out.contains("error: rank 1 of 2") && out.contains("missing.de"),
         "{out}"
     );
-    assert!(!run.join("checkpoint.safetensors").exists());
-    assert!(!run.join("metrics.jsonl").exists());
+    assert_no_step(&run);
     assert!(started.elapsed() < Duration::from_secs(60));
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -550,16 +513,13 @@ fn lm_two_ranks_follow_one_process_accumulating_two_windows() {
     };
     let (r2, r1) = (d.join("ranks2"), d.join("acc2"));
     let o = ranks(2, &args(&r2, &[]));
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&o);
     let o = single(&args(&r1, &["--accumulate", "2"]));
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&o);
     let (a, b) = (step_losses(&r2), step_losses(&r1));
     assert!(!a.is_empty());
     let loss_diff = compare_losses(&a, &b);
-    let weight_diff = max_relative(
-        &weights(&r2.join("checkpoint.safetensors")),
-        &weights(&r1.join("checkpoint.safetensors")),
-    );
+    let weight_diff = checkpoint_difference(&r2, &r1);
     println!("lm: 2 ranks vs --accumulate 2: losses {loss_diff:.3e}, weights {weight_diff:.3e}");
     assert!(loss_diff <= 1e-6 && weight_diff <= 1e-6);
     let (v2, v1) = (records(&r2, "valid"), records(&r1, "valid"));

@@ -3,11 +3,14 @@
 //! the run that was never interrupted; translate and eval on the trained run.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::{bin, temp_dir as temp, weights, write_tiny_config, write_toy_corpus, GERMAN};
+use common::{
+    bin, failure_stderr, json_lines, mt_translate_stdin, succeeded, temp_dir as temp, weights,
+    write_toy_run_files,
+};
 
 fn temp_dir(name: &str) -> PathBuf {
     temp("mt-cli", name)
@@ -15,20 +18,18 @@ fn temp_dir(name: &str) -> PathBuf {
 
 /// A toy language pair (train 300, valid 20, test 20 lines) and its tiny model's config.
 fn write_corpus(dir: &Path) {
-    write_toy_corpus(dir, &GERMAN, &[("train", 300), ("valid", 20), ("test", 20)]);
-    write_tiny_config(
-        dir,
-        false,
-        true,
-        "lr_factor = 0.1
+    let splits = [("train", 300), ("valid", 20), ("test", 20)];
+    write_toy_run_files(dir, &splits, false, SETTINGS);
+}
+
+/// The training settings of these tests' runs.
+const SETTINGS: &str = "lr_factor = 0.1
 epochs = 3
 max_tokens = 160
 log_interval = 4
          checkpoint_interval = 5
 beam = 2
-",
-    );
-}
+";
 
 /// Every training step of these runs is slowed by a pause, so that kills land between the
 /// moments the test chooses on a machine of any speed.
@@ -52,6 +53,20 @@ fn train(dir: &Path, out: &Path, resume: bool, save_delay_ms: Option<u64>) -> Ch
     c.spawn().expect("starts")
 }
 
+/// `transformer mt COMMAND --run RUN ARGS...`, to its end.
+fn mt_on_run(command: &str, run: &Path, args: &[&str]) -> Output {
+    bin()
+        .args(["mt", command, "--run"])
+        .arg(run)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
 /// The last step the run's log reports (0 before its first log line).
 fn logged_step(run: &Path) -> u64 {
     std::fs::read_to_string(run.join("metrics.jsonl"))
@@ -65,11 +80,9 @@ fn logged_step(run: &Path) -> u64 {
 
 /// (kind, step, loss) of every line of metrics.jsonl: what must not change.
 fn losses(run: &Path) -> Vec<(String, u64, f64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+    json_lines(&std::fs::read_to_string(run.join("metrics.jsonl")).unwrap())
+        .into_iter()
+        .map(|v| {
             (
                 v["kind"].as_str().unwrap().to_string(),
                 v["step"].as_u64().unwrap(),
@@ -141,22 +154,11 @@ fn killed_runs_resume_to_the_uninterrupted_result() {
     );
 
     // The trained run translates stdin and scores a file.
-    let mut child = bin()
-        .args(["mt", "translate", "--run"])
-        .arg(&whole)
-        .args(["--beam", "2"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"ein hund .\n\nzwei katzen schlafen .\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = mt_translate_stdin(
+        &whole,
+        &["--beam", "2"],
+        "ein hund .\n\nzwei katzen schlafen .\n",
+    );
     let text = String::from_utf8(o.stdout).unwrap();
     assert_eq!(text.lines().count(), 3, "{text}");
     assert_eq!(
@@ -164,17 +166,13 @@ fn killed_runs_resume_to_the_uninterrupted_result() {
         Some(""),
         "an empty line translates to an empty line"
     );
-    let o = bin()
-        .args(["mt", "eval", "--run"])
-        .arg(&whole)
-        .arg("--src")
-        .arg(dir.join("test.de"))
-        .arg("--ref")
-        .arg(dir.join("test.en"))
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (src, reference) = (dir.join("test.de"), dir.join("test.en"));
+    let o = mt_on_run(
+        "eval",
+        &whole,
+        &["--src", s(&src), "--ref", s(&reference), "--json"],
+    );
+    succeeded(&o);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     for key in [
         "bleu",
@@ -190,19 +188,13 @@ fn killed_runs_resume_to_the_uninterrupted_result() {
     // The sets the run names: --test-set all scores valid and test, one JSON line each, the
     // test's scores those of --src/--ref, its translations the run's own test.hyp.
     let hyps = dir.join("hyps");
-    let o = bin()
-        .args(["mt", "eval", "--run"])
-        .arg(&whole)
-        .args(["--test-set", "all", "--json", "--hyp-out"])
-        .arg(&hyps)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let sets: Vec<serde_json::Value> = String::from_utf8(o.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let o = mt_on_run(
+        "eval",
+        &whole,
+        &["--test-set", "all", "--json", "--hyp-out", s(&hyps)],
+    );
+    succeeded(&o);
+    let sets = json_lines(&String::from_utf8(o.stdout).unwrap());
     assert_eq!(sets.len(), 2);
     assert_eq!(
         (&sets[0]["set"], &sets[1]["set"]),
@@ -232,55 +224,47 @@ fn killed_runs_resume_to_the_uninterrupted_result() {
     assert_eq!(valid_lines("ref"), valid_lines("hyp"));
     // A restricted output vocabulary: refused without a map, with the command that writes
     // one; with every token a candidate it translates exactly as the full vocabulary.
-    let restricted = |extra: &[&str]| {
-        bin()
-            .args(["mt", "eval", "--run"])
-            .arg(&whole)
-            .args(["--test-set", "test", "--restrict-vocab", "--hyp-out"])
-            .arg(dir.join("restricted.hyp"))
-            .args(extra)
-            .output()
-            .unwrap()
+    let restricted_hyp = dir.join("restricted.hyp");
+    let restricted = || {
+        let hyp_out = s(&restricted_hyp);
+        let args = [
+            "--test-set",
+            "test",
+            "--restrict-vocab",
+            "--hyp-out",
+            hyp_out,
+        ];
+        mt_on_run("eval", &whole, &args)
     };
-    let o = restricted(&[]);
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("transformer mt vocab-map --run"));
-    let o = bin()
-        .args(["mt", "vocab-map", "--run"])
-        .arg(&whole)
-        .args(["--frequent", "1000"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = restricted(&[]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = restricted();
+    assert!(failure_stderr(&o).contains("transformer mt vocab-map --run"));
+    succeeded(&mt_on_run("vocab-map", &whole, &["--frequent", "1000"]));
+    succeeded(&restricted());
     assert_eq!(
-        std::fs::read_to_string(dir.join("restricted.hyp")).unwrap(),
+        std::fs::read_to_string(&restricted_hyp).unwrap(),
         std::fs::read_to_string(whole.join("test.hyp")).unwrap()
     );
-    let o = bin()
-        .args(["mt", "eval", "--run"])
-        .arg(&whole)
-        .args(["--test-set", "news"])
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = failure_stderr(&mt_on_run("eval", &whole, &["--test-set", "news"]));
     assert!(err.contains("this run names valid, test (or all)"), "{err}");
 
     // Attention pictures of the trained run: a heatmap with one cell per (output token,
     // source token) and the explorer page with every layer's maps.
     let (svg, html) = (dir.join("att.svg"), dir.join("att.html"));
-    let o = bin()
-        .args(["mt", "attention", "--run"])
-        .arg(&whole)
-        .args(["--src", "ein hund läuft .", "--head", "2", "--out"])
-        .arg(&svg)
-        .arg("--html")
-        .arg(&html)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = mt_on_run(
+        "attention",
+        &whole,
+        &[
+            "--src",
+            "ein hund läuft .",
+            "--head",
+            "2",
+            "--out",
+            s(&svg),
+            "--html",
+            s(&html),
+        ],
+    );
+    succeeded(&o);
     let translation = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let svg = std::fs::read_to_string(&svg).unwrap();
     let cells = svg.matches("class=\"cell\"").count();
@@ -292,21 +276,18 @@ fn killed_runs_resume_to_the_uninterrupted_result() {
     let html = std::fs::read_to_string(&html).unwrap();
     assert!(html.contains("\"encoder\":[[[[") && html.contains("\"cross\":[[[["));
     // A head the model does not have is an error that says how many there are.
-    let o = bin()
-        .args(["mt", "attention", "--run"])
-        .arg(&whole)
-        .args(["--src", "ein hund .", "--head", "9", "--out"])
-        .arg(dir.join("bad.svg"))
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("4 head(s)"));
+    let bad = dir.join("bad.svg");
+    let o = mt_on_run(
+        "attention",
+        &whole,
+        &["--src", "ein hund .", "--head", "9", "--out", s(&bad)],
+    );
+    assert!(failure_stderr(&o).contains("4 head(s)"));
 }
 
 #[test]
 fn positional_encoding_picture_has_a_cell_per_position_and_dimension() {
-    let dir = temp_dir("pe");
-    let out = dir.join("pe.svg");
+    let out = temp_dir("pe").join("pe.svg");
     let o = bin()
         .args([
             "show",
@@ -320,7 +301,7 @@ fn positional_encoding_picture_has_a_cell_per_position_and_dimension() {
         .arg(&out)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    succeeded(&o);
     let svg = std::fs::read_to_string(&out).unwrap();
     assert_eq!(svg.matches("class=\"cell\"").count(), 160);
     // Position 0: sin 0 = 0 in even columns, cos 0 = 1 in odd ones.
@@ -333,6 +314,5 @@ fn positional_encoding_picture_has_a_cell_per_position_and_dimension() {
         .arg(&out)
         .output()
         .unwrap();
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("even"));
+    assert!(failure_stderr(&o).contains("even"));
 }

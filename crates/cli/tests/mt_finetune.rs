@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 mod common;
-use common::{bin, temp_dir as temp, write_toy_corpus, GERMAN};
+use common::{
+    assert_mentions, bin, failed, succeeded, temp_dir as temp, toy_corpus_flags, weights,
+    write_toy_corpus, GERMAN, TINY_MODEL_FLAGS,
+};
 
 fn temp_dir(name: &str) -> PathBuf {
     temp("mt-finetune", name)
@@ -25,66 +28,36 @@ fn write_corpus(dir: &Path, src_words: &[&str], lines: usize) {
     );
 }
 
-/// `mt train` on the corpus in `data` into `out` with the tiny model, plus `extra` flags.
+/// `mt train` on the corpus in `data` into `out`, plus `extra` flags.
 fn train(data: &Path, out: &Path, extra: &[&str]) -> Output {
-    let mut c = bin();
-    c.args(["mt", "train"]);
-    for (flag, file) in [
-        ("--train-src", "train.de"),
-        ("--train-tgt", "train.en"),
-        ("--valid-src", "valid.de"),
-        ("--valid-tgt", "valid.en"),
-        ("--test-src", "test.de"),
-        ("--test-tgt", "test.en"),
-    ] {
-        c.arg(flag).arg(data.join(file));
-    }
-    c.args([
-        "--max-tokens",
-        "160",
-        "--log-interval",
-        "4",
-        "--beam",
-        "1",
-        "--precision",
-        "f32",
-    ])
-    .arg("--out")
-    .arg(out)
-    .args(extra);
-    c.output().expect("runs")
+    bin()
+        .args(["mt", "train"])
+        .args(toy_corpus_flags(data))
+        .args([
+            "--max-tokens",
+            "160",
+            "--log-interval",
+            "4",
+            "--beam",
+            "1",
+            "--precision",
+            "f32",
+        ])
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("runs")
 }
 
-/// The tiny model's flags.
-const TINY: [&str; 12] = [
-    "--vocab-size",
-    "60",
-    "--d-model",
-    "32",
-    "--nhead",
-    "4",
-    "--layers",
-    "2",
-    "--dim-feedforward",
-    "64",
-    "--warmup",
-    "30",
-];
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+/// `train` with the tiny model's flags before `extra`.
+fn train_tiny(data: &Path, out: &Path, extra: &[&str]) -> Output {
+    train(data, out, &[&TINY_MODEL_FLAGS[..], extra].concat())
 }
 
-fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
-    candle_core::safetensors::load(path, &candle_core::Device::Cpu)
-        .unwrap()
-        .into_iter()
-        .map(|(n, t)| (n, t.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
-        .collect()
+/// `--init-from BASE` (fine-tuning the run in `base`), then `extra`.
+fn init_from<'a>(base: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    [&["--init-from", base.to_str().unwrap()][..], extra].concat()
 }
 
 /// The largest absolute difference between two runs' weights of the same names.
@@ -103,23 +76,20 @@ fn reverse_is_recorded_and_fixed_for_the_run() {
     let d = temp_dir("reverse");
     write_corpus(&d, &GERMAN, 60);
     let run = d.join("run");
-    let mut flags = TINY.to_vec();
-    flags.extend([
-        "--epochs",
-        "1",
-        "--reverse",
-        "--src-lang",
-        "en",
-        "--tgt-lang",
-        "de",
-    ]);
-    let o = train(&d, &run, &flags);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(
-        text(&o).contains("data: reversed (--reverse)"),
-        "{}",
-        text(&o)
-    );
+    let log = succeeded(&train_tiny(
+        &d,
+        &run,
+        &[
+            "--epochs",
+            "1",
+            "--reverse",
+            "--src-lang",
+            "en",
+            "--tgt-lang",
+            "de",
+        ],
+    ));
+    assert!(log.contains("data: reversed (--reverse)"), "{log}");
     let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
     assert!(config.contains("reverse = true"), "{config}");
     // The test translations are English sentences turned into German ones: the reference
@@ -128,16 +98,18 @@ fn reverse_is_recorded_and_fixed_for_the_run() {
     assert_eq!(hyps.lines().count(), 8);
 
     // Resuming with more epochs keeps the direction; a non-reversed run may not gain it.
-    let o = train(&d, &run, &["--resume", "--epochs", "2"]);
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&train(&d, &run, &["--resume", "--epochs", "2"]));
     let plain = d.join("plain");
-    let mut flags = TINY.to_vec();
-    flags.extend(["--epochs", "1", "--max-batches", "1"]);
-    let o = train(&d, &plain, &flags);
-    assert!(o.status.success(), "{}", text(&o));
-    let o = train(&d, &plain, &["--resume", "--epochs", "2", "--reverse"]);
-    assert!(!o.status.success());
-    let err = text(&o);
+    succeeded(&train_tiny(
+        &d,
+        &plain,
+        &["--epochs", "1", "--max-batches", "1"],
+    ));
+    let err = failed(&train(
+        &d,
+        &plain,
+        &["--resume", "--epochs", "2", "--reverse"],
+    ));
     assert!(
         err.contains("--reverse: true (the run has reverse = false)"),
         "{err}"
@@ -149,34 +121,30 @@ fn init_from_starts_from_the_runs_weights_and_tokenizer() {
     let d = temp_dir("init");
     write_corpus(&d, &GERMAN, 120);
     let base = d.join("base");
-    let mut flags = TINY.to_vec();
-    flags.extend(["--epochs", "2"]);
-    let o = train(&d, &base, &flags);
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&train_tiny(&d, &base, &["--epochs", "2"]));
 
     // A learning rate too small to move the weights: the fine-tuned run's best weights are
     // the base run's, to rounding.
     let still = d.join("still");
-    let o = train(
+    let log = succeeded(&train(
         &d,
         &still,
-        &[
-            "--init-from",
-            base.to_str().unwrap(),
-            "--epochs",
-            "1",
-            "--max-batches",
-            "2",
-            "--lr-factor",
-            "1e-9",
-            "--warmup",
-            "10",
-            "--average-decay",
-            "0",
-        ],
-    );
-    let log = text(&o);
-    assert!(o.status.success(), "{log}");
+        &init_from(
+            &base,
+            &[
+                "--epochs",
+                "1",
+                "--max-batches",
+                "2",
+                "--lr-factor",
+                "1e-9",
+                "--warmup",
+                "10",
+                "--average-decay",
+                "0",
+            ],
+        ),
+    ));
     assert!(log.contains("init: weights and tokenizer from"), "{log}");
     assert!(
         log.contains("<unk> in the training data under that tokenizer: 0 of"),
@@ -205,28 +173,20 @@ fn init_from_starts_from_the_runs_weights_and_tokenizer() {
     // The same settings without --init-from: other weights (fresh ones), which is what the
     // comparison above rules out.
     let fresh = d.join("fresh");
-    let mut flags = TINY.to_vec();
-    flags.extend(["--epochs", "1", "--max-batches", "2", "--lr-factor", "1e-9"]);
-    let o = train(&d, &fresh, &flags);
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&train_tiny(
+        &d,
+        &fresh,
+        &["--epochs", "1", "--max-batches", "2", "--lr-factor", "1e-9"],
+    ));
     let f = weights(&fresh.join("best.safetensors"));
     assert!(max_difference(&b, &f) > 1e-2);
 
     // Shape flags that differ from the base run are refused, naming each.
-    let o = train(
+    let err = failed(&train(
         &d,
         &d.join("bad"),
-        &[
-            "--init-from",
-            base.to_str().unwrap(),
-            "--d-model",
-            "64",
-            "--layers",
-            "3",
-        ],
-    );
-    assert!(!o.status.success());
-    let err = text(&o);
+        &init_from(&base, &["--d-model", "64", "--layers", "3"]),
+    ));
     for part in [
         "--init-from",
         "--d-model: 64 (that run has d_model = 32)",
@@ -236,20 +196,14 @@ fn init_from_starts_from_the_runs_weights_and_tokenizer() {
     }
     // The same values as the base run's are fine to repeat.
     let same = d.join("same");
-    let mut flags = TINY.to_vec();
-    flags.extend([
-        "--init-from",
-        base.to_str().unwrap(),
-        "--epochs",
-        "1",
-        "--max-batches",
-        "1",
-    ]);
-    let o = train(&d, &same, &flags);
-    assert!(o.status.success(), "{}", text(&o));
+    succeeded(&train_tiny(
+        &d,
+        &same,
+        &init_from(&base, &["--epochs", "1", "--max-batches", "1"]),
+    ));
 
     // --init-from may not change on resume; the resumed run continues from its own checkpoint.
-    let o = train(
+    let err = failed(&train(
         &d,
         &same,
         &[
@@ -259,12 +213,10 @@ fn init_from_starts_from_the_runs_weights_and_tokenizer() {
             "--init-from",
             fresh.to_str().unwrap(),
         ],
-    );
-    assert!(!o.status.success());
-    assert!(text(&o).contains("--init-from: "), "{}", text(&o));
-    let o = train(&d, &same, &["--resume", "--epochs", "2"]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(!text(&o).contains("init: weights"), "{}", text(&o));
+    ));
+    assert!(err.contains("--init-from: "), "{err}");
+    let log = succeeded(&train(&d, &same, &["--resume", "--epochs", "2"]));
+    assert!(!log.contains("init: weights"), "{log}");
 
     // Data in words the inherited tokenizer never saw: many <unk>, and a warning.
     let other = d.join("other");
@@ -284,22 +236,10 @@ fn init_from_starts_from_the_runs_weights_and_tokenizer() {
         ],
         40,
     );
-    let o = train(
+    let log = succeeded(&train(
         &other,
         &d.join("unk"),
-        &[
-            "--init-from",
-            base.to_str().unwrap(),
-            "--epochs",
-            "1",
-            "--max-batches",
-            "1",
-        ],
-    );
-    let log = text(&o);
-    assert!(o.status.success(), "{log}");
-    assert!(
-        log.contains("warning:") && log.contains("of the training tokens are <unk>"),
-        "{log}"
-    );
+        &init_from(&base, &["--epochs", "1", "--max-batches", "1"]),
+    ));
+    assert_mentions(&log, &["warning:", "of the training tokens are <unk>"]);
 }

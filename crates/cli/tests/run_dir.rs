@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{bin, temp_dir as temp, write_tiny_config, write_toy_corpus, GERMAN};
+use common::{bin, json_lines, succeeded, temp_dir as temp, write_toy_run_files};
 
 fn temp_dir(name: &str) -> PathBuf {
     temp("run-dir", name)
@@ -23,16 +23,23 @@ fn text(b: &[u8]) -> String {
 /// A toy language pair (each source word maps to one target word, order reversed) and a
 /// `config.toml` naming its files relative to `dir`: runs are started from `dir`.
 fn write_corpus(dir: &Path, epochs: usize) {
-    write_toy_corpus(dir, &GERMAN, &[("train", 200), ("valid", 12), ("test", 12)]);
-    write_tiny_config(
+    let splits = [("train", 200), ("valid", 12), ("test", 12)];
+    write_toy_run_files(
         dir,
-        true,
+        &splits,
         true,
         &format!(
             "lr_factor = 0.1\nepochs = {epochs}\nmax_tokens = 160\nmax_batches = 10\n\
              log_interval = 4\ncheckpoint_interval = 5\nbeam = 2\n"
         ),
     );
+}
+
+/// A fresh folder holding the toy corpus and its config for `epochs` epochs.
+fn corpus_dir(name: &str, epochs: usize) -> PathBuf {
+    let dir = temp_dir(name);
+    write_corpus(&dir, epochs);
+    dir
 }
 
 /// `mt train --config config.toml --out OUT ARGS...`, started from `dir`.
@@ -58,11 +65,9 @@ fn spawn(mut c: Command) -> Child {
 
 /// Every record of metrics.jsonl as (kind, step, epoch, weights, loss).
 fn records(run: &Path) -> Vec<(String, u64, u64, String, String)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+    json_lines(&std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default())
+        .into_iter()
+        .map(|v| {
             (
                 v["kind"].as_str().unwrap().to_string(),
                 v["step"].as_u64().unwrap(),
@@ -92,8 +97,7 @@ fn wait_for(mut f: impl FnMut() -> bool) {
 
 #[test]
 fn a_run_directory_has_one_training_process_at_a_time() {
-    let dir = temp_dir("lock");
-    write_corpus(&dir, 2);
+    let dir = corpus_dir("lock", 2);
     let out = dir.join("run");
     let mut slow = train(&dir, &out, &[]);
     slow.env("TRANSFORMER_TEST_STEP_DELAY_MS", "40");
@@ -113,8 +117,11 @@ fn a_run_directory_has_one_training_process_at_a_time() {
     first.kill().unwrap();
     first.wait().unwrap();
     let resume = out.join("checkpoint.safetensors").exists();
-    let o = run(train(&dir, &out, if resume { &["--resume"] } else { &[] }));
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    succeeded(&run(train(
+        &dir,
+        &out,
+        if resume { &["--resume"] } else { &[] },
+    )));
     assert_each_record_once(&out);
 }
 
@@ -122,11 +129,9 @@ fn a_run_directory_has_one_training_process_at_a_time() {
 /// resuming each time: the records are those of the uninterrupted run, each once.
 #[test]
 fn kills_at_every_save_point_leave_each_record_once() {
-    let dir = temp_dir("kills");
-    write_corpus(&dir, 2);
+    let dir = corpus_dir("kills", 2);
     let whole = dir.join("whole");
-    let o = run(train(&dir, &whole, &[]));
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    succeeded(&run(train(&dir, &whole, &[])));
 
     let out = dir.join("killed");
     let mut killed_at = HashSet::new();
@@ -186,11 +191,9 @@ fn kills_at_every_save_point_leave_each_record_once() {
 
 #[test]
 fn resume_from_anywhere_honours_or_refuses_changed_settings() {
-    let dir = temp_dir("resume");
-    write_corpus(&dir, 2);
+    let dir = corpus_dir("resume", 2);
     let out = dir.join("run");
-    let o = run(train(&dir, Path::new("run"), &["--max-steps", "3"]));
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    succeeded(&run(train(&dir, Path::new("run"), &["--max-steps", "3"])));
     let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
     assert!(
         config.contains(&format!(
@@ -212,7 +215,7 @@ fn resume_from_anywhere_honours_or_refuses_changed_settings() {
         run(c)
     };
     let o = resume(&["--epochs", "3", "--log-interval", "2"]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    succeeded(&o);
     let log = text(&o.stdout);
     assert!(
         log.contains("resume: --epochs changes epochs from 2 to 3")
@@ -253,7 +256,7 @@ fn resume_from_anywhere_honours_or_refuses_changed_settings() {
     );
     let moved = dir.join("moved.de");
     let o = resume(&["--epochs", "4", "--train-src", moved.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    succeeded(&o);
     assert!(text(&o.stdout).contains("resume: --train-src changes train_src"));
     assert_each_record_once(&out);
     assert_eq!(
@@ -265,11 +268,9 @@ fn resume_from_anywhere_honours_or_refuses_changed_settings() {
 
 #[test]
 fn bad_input_and_damage_never_pass_silently() {
-    let dir = temp_dir("bad");
-    write_corpus(&dir, 1);
+    let dir = corpus_dir("bad", 1);
     let runp = dir.join("run");
-    let o = run(train(&dir, &runp, &[]));
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    succeeded(&run(train(&dir, &runp, &[])));
     let r = runp.to_str().unwrap();
 
     // One line far longer than the model takes among good ones: the job goes on, and a
@@ -291,7 +292,7 @@ fn bad_input_and_damage_never_pass_silently() {
             .arg(&src);
         c
     });
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    succeeded(&o);
     assert_eq!(text(&o.stdout).lines().count(), 3);
     let err = text(&o.stderr);
     assert!(
@@ -306,7 +307,7 @@ fn bad_input_and_damage_never_pass_silently() {
             .arg(&refs);
         c
     });
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    succeeded(&o);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["sentences"], 3);
     assert!(v["loss"].as_f64().unwrap().is_finite());
@@ -321,7 +322,7 @@ fn bad_input_and_damage_never_pass_silently() {
             .arg(&page);
         c
     });
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    succeeded(&o);
     let err = text(&o.stderr);
     assert!(
         err.contains("warning: --html") && err.contains(" MB "),
@@ -333,130 +334,58 @@ fn bad_input_and_damage_never_pass_silently() {
     let a_file = dir.join("test.de");
     let a_file = a_file.to_str().unwrap();
     let d = dir.to_str().unwrap();
-    let cases: Vec<(Vec<&str>, &str)> = vec![
+    // The command, its flags, what its error must say.
+    let mt_train: &[&str] = &["mt", "train", "--config", "config.toml"];
+    let generate: &[&str] = &["lm", "generate", "--run", r, "--prompt", "a"];
+    let attention: &[&str] = &["mt", "attention", "--run", r, "--src", "ein hund"];
+    let translate: &[&str] = &["mt", "translate", "--run", r];
+    let eval: &[&str] = &["mt", "eval", "--run", r];
+    let lm_eval: &[&str] = &["lm", "eval", "--run", r];
+    let cases: Vec<(&[&str], Vec<&str>, &str)> = vec![
+        (mt_train, vec!["--max-valid", "0"], "--max-valid"),
+        (mt_train, vec!["--max-batches", "0"], "--max-batches"),
+        (mt_train, vec!["--max-steps", "0"], "--max-steps"),
         (
-            vec!["mt", "train", "--config", "config.toml", "--max-valid", "0"],
-            "--max-valid",
-        ),
-        (
-            vec![
-                "mt",
-                "train",
-                "--config",
-                "config.toml",
-                "--max-batches",
-                "0",
-            ],
-            "--max-batches",
-        ),
-        (
-            vec!["mt", "train", "--config", "config.toml", "--max-steps", "0"],
-            "--max-steps",
-        ),
-        (
-            vec!["mt", "train", "--config", "config.toml", "--out", a_file],
+            mt_train,
+            vec!["--out", a_file],
             "is a file, not a directory",
         ),
-        (vec!["lm", "train", "--max-batches", "0"], "--max-batches"),
         (
-            vec![
-                "lm", "generate", "--run", r, "--prompt", "a", "--top-k", "0",
-            ],
-            "--top-k",
+            &["lm", "train"],
+            vec!["--max-batches", "0"],
+            "--max-batches",
         ),
+        (generate, vec!["--top-k", "0"], "--top-k"),
+        (generate, vec!["--temperature=-1"], "--temperature"),
+        (generate, vec!["--temperature", "nan"], "--temperature"),
+        (lm_eval, vec!["--text", a_file, "--bptt", "0"], "--bptt"),
+        (translate, vec!["--max-len-a=-1"], "--max-len-a"),
         (
-            vec![
-                "lm",
-                "generate",
-                "--run",
-                r,
-                "--prompt",
-                "a",
-                "--temperature=-1",
-            ],
-            "--temperature",
-        ),
-        (
-            vec![
-                "lm",
-                "generate",
-                "--run",
-                r,
-                "--prompt",
-                "a",
-                "--temperature",
-                "nan",
-            ],
-            "--temperature",
-        ),
-        (
-            vec!["lm", "eval", "--run", r, "--text", a_file, "--bptt", "0"],
-            "--bptt",
-        ),
-        (
-            vec!["mt", "translate", "--run", r, "--max-len-a=-1"],
-            "--max-len-a",
-        ),
-        (
-            vec!["mt", "translate", "--run", r, "--length-penalty", "nan"],
+            translate,
+            vec!["--length-penalty", "nan"],
             "--length-penalty",
         ),
+        (translate, vec!["--length-penalty=-2"], "--length-penalty"),
+        (translate, vec!["--beam", "0"], "--beam"),
         (
-            vec!["mt", "translate", "--run", r, "--length-penalty=-2"],
-            "--length-penalty",
-        ),
-        (vec!["mt", "translate", "--run", r, "--beam", "0"], "--beam"),
-        (
-            vec![
-                "mt",
-                "eval",
-                "--run",
-                r,
-                "--src",
-                a_file,
-                "--ref",
-                a_file,
-                "--hyp-out",
-                d,
-            ],
+            eval,
+            vec!["--src", a_file, "--ref", a_file, "--hyp-out", d],
             "--hyp-out",
         ),
         (
-            vec![
-                "mt",
-                "attention",
-                "--run",
-                r,
-                "--src",
-                "ein hund",
-                "--layer",
-                "99",
-                "--out",
-                "x.svg",
-            ],
+            attention,
+            vec!["--layer", "99", "--out", "x.svg"],
             "--layer 99",
         ),
+        (attention, vec!["--head", "0", "--out", "x.svg"], "--head 0"),
         (
-            vec![
-                "mt",
-                "attention",
-                "--run",
-                r,
-                "--src",
-                "ein hund",
-                "--head",
-                "0",
-                "--out",
-                "x.svg",
-            ],
-            "--head 0",
-        ),
-        (
-            vec!["mt", "translate", "--run", r, "--src", "/nonexistent/in.de"],
+            translate,
+            vec!["--src", "/nonexistent/in.de"],
             "/nonexistent/in.de",
         ),
     ];
-    for (args, want) in cases {
+    for (command, flags, want) in cases {
+        let args = [command, &flags[..]].concat();
         let o = run({
             let mut c = bin();
             c.current_dir(&dir).args(&args).stdin(Stdio::null());
@@ -512,8 +441,7 @@ fn bad_input_and_damage_never_pass_silently() {
 
 #[test]
 fn ctrl_c_exits_130_after_its_checkpoint_and_closed_pipes_exit_0() {
-    let dir = temp_dir("exit");
-    write_corpus(&dir, 1);
+    let dir = corpus_dir("exit", 1);
     let out = dir.join("run");
     let mut c = train(&dir, &out, &[]);
     c.env("TRANSFORMER_TEST_STEP_DELAY_MS", "100")
@@ -529,8 +457,7 @@ fn ctrl_c_exits_130_after_its_checkpoint_and_closed_pipes_exit_0() {
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(130));
     assert!(text(&o.stdout).contains("checkpoint saved"));
-    let o = run(train(&dir, &out, &["--resume"]));
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    succeeded(&run(train(&dir, &out, &["--resume"])));
 
     // Output into a pipe its reader has closed: quietly, status 0.
     let many = dir.join("many.de");

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::serve::*;
-use common::{bin, chromium, repo_root};
+use common::{bin, chromium, failure_stderr, repo_root, succeeded};
 
 /// Python with `libretranslatepy==2.1.4`: `TRANSFORMER_CLIENTS_PYTHON`, or a virtualenv made
 /// here under target/. Where it cannot be had (no network), the test is skipped unless
@@ -149,11 +149,7 @@ fn real_clients_libretranslatepy_and_a_mastodon_request() {
         .args(texts)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["translate_one"], want[0]);
     assert_eq!(v["translate_each"], json!(want));
@@ -276,16 +272,20 @@ fn mt_translate_streams_and_ends_quietly_on_a_closed_pipe() {
         .map(|i| format!("{}\n", LINES[i % LINES.len()]))
         .collect();
     std::fs::write(&file, text).unwrap();
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "'{}' mt translate --run '{}' --src '{}' | head -1",
-            env!("CARGO_BIN_EXE_transformer"),
-            run_dir().display(),
-            file.display()
-        ))
-        .output()
-        .unwrap();
+    // `mt translate` of the file piped into `head -1`, then `after`, by `shell`.
+    let into_head = |shell: &str, after: &str| {
+        Command::new(shell)
+            .arg("-c")
+            .arg(format!(
+                "'{}' mt translate --run '{}' --src '{}' | head -1{after}",
+                env!("CARGO_BIN_EXE_transformer"),
+                run_dir().display(),
+                file.display()
+            ))
+            .output()
+            .unwrap()
+    };
+    let out = into_head("sh", "");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stdout.lines().next(), Some(want[0].as_str()), "{stdout}");
@@ -294,16 +294,7 @@ fn mt_translate_streams_and_ends_quietly_on_a_closed_pipe() {
         "{stderr}"
     );
     // The translator's own status, through bash's PIPESTATUS.
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(format!(
-            "'{}' mt translate --run '{}' --src '{}' | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}",
-            env!("CARGO_BIN_EXE_transformer"),
-            run_dir().display(),
-            file.display()
-        ))
-        .output()
-        .unwrap();
+    let out = into_head("bash", " >/dev/null; echo ${PIPESTATUS[0]}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0");
 }
 
@@ -329,18 +320,16 @@ fn int8_serving_answers_what_int8_mt_translate_prints() {
 fn mt_quantize_writes_a_smaller_run_that_decodes_in_int8() {
     let out = run_dir().with_file_name(format!("int8-run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let st = bin()
-        .args(["mt", "quantize", "--run"])
-        .arg(run_dir())
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
+    let quantize = || {
+        bin()
+            .args(["mt", "quantize", "--run"])
+            .arg(run_dir())
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    succeeded(&quantize());
     let size = |p: PathBuf| std::fs::metadata(p).unwrap().len();
     let (before, after) = (
         size(run_dir().join("best.safetensors")),
@@ -351,13 +340,5 @@ fn mt_quantize_writes_a_smaller_run_that_decodes_in_int8() {
     let (translated, stderr) = translate_run(&out, &LINES, &[]);
     assert!(stderr.contains("decoder layers int8"), "{stderr}");
     assert_eq!(translated.len(), LINES.len());
-    let again = bin()
-        .args(["mt", "quantize", "--run"])
-        .arg(run_dir())
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(!again.status.success());
-    assert!(String::from_utf8_lossy(&again.stderr).contains("not an empty directory"));
+    assert!(failure_stderr(&quantize()).contains("not an empty directory"));
 }

@@ -6,9 +6,14 @@ use candle_core::{DType, Device, Result, Tensor};
 use transformer_decode::{beam_search, greedy, DecodeOptions, StepModel};
 use transformer_model::{Mode, ParamBuilder, Params, RnnAttention, RnnSeq2Seq, RnnSeq2SeqConfig};
 
+use transformer_model::mask::lengths;
+
 mod common;
+#[path = "../../model/tests/common/gradients.rs"]
+mod gradients;
 
 use common::{opts, sources, PAD, VOCAB};
+use gradients::assert_every_parameter_has_gradient;
 const KINDS: [RnnAttention; 3] = [
     RnnAttention::None,
     RnnAttention::Dot,
@@ -31,85 +36,96 @@ fn model(seed: u64, attention: RnnAttention) -> Result<(RnnSeq2Seq, Params)> {
     Ok((m, pb.params()))
 }
 
+/// Runs `check` on a model of each attention kind of `kinds` (its parameters drawn from
+/// `seed`) with its parameters and the sources `sources(n, src_seed)`.
+fn each_kind(
+    kinds: &[RnnAttention],
+    seed: u64,
+    (n, src_seed): (usize, u64),
+    mut check: impl FnMut(RnnAttention, &RnnSeq2Seq, &Params, &Tensor) -> Result<()>,
+) -> Result<()> {
+    for &kind in kinds {
+        let (m, params) = model(seed, kind)?;
+        let src = sources(n, src_seed)?;
+        check(kind, &m, &params, &src)?;
+    }
+    Ok(())
+}
+
+/// A batch of target ids of `shape` (rows, columns): the `i`-th is
+/// `first + i * step % (VOCAB - first)`, ids from `first` up.
+fn targets(shape: (usize, usize), first: u32, step: u32) -> Result<Tensor> {
+    let n = (shape.0 * shape.1) as u32;
+    let ids: Vec<u32> = (0..n)
+        .map(|i| first + (i * step % (VOCAB as u32 - first)))
+        .collect();
+    Tensor::from_vec(ids, shape, &Device::Cpu)
+}
+
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
     (a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f64>()
 }
 
 #[test]
 fn stepping_gives_the_logits_of_teacher_forcing() -> Result<()> {
-    for kind in KINDS {
-        let (m, _) = model(3, kind)?;
-        let src = sources(5, 1)?;
-        let tgt: Vec<u32> = (0..5 * 4)
-            .map(|i| 1 + (i * 7 % (VOCAB as u32 - 1)))
-            .collect();
-        let tgt = Tensor::from_vec(tgt, (5, 4), &Device::Cpu)?;
-        let forced = m.forward(&src, &tgt, PAD, Mode::Eval)?;
-        let mut st = StepModel::start(&m, &src, PAD)?;
+    each_kind(&KINDS, 3, (5, 1), |kind, m, _, src| {
+        let tgt = targets((5, 4), 1, 7)?;
+        let forced = m.forward(src, &tgt, PAD, Mode::Eval)?;
+        let mut st = StepModel::start(m, src, PAD)?;
         for t in 0..4 {
             let col: Vec<u32> = tgt.narrow(1, t, 1)?.squeeze(1)?.to_vec1()?;
-            let out = StepModel::step(&m, &mut st, &col, false)?;
+            let out = StepModel::step(m, &mut st, &col, false)?;
             let want = forced.narrow(1, t, 1)?.squeeze(1)?;
             let d = max_abs_diff(&out.logits, &want)?;
             assert!(d < 1e-12, "{kind:?} step {t}: {d}");
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 #[test]
 fn attention_never_looks_at_padding() -> Result<()> {
-    for kind in [RnnAttention::Dot, RnnAttention::Bahdanau] {
-        let (m, _) = model(4, kind)?;
-        let src = sources(6, 2)?;
-        let o = DecodeOptions {
-            want_attention: true,
-            ..opts(1)
-        };
-        let lens: Vec<usize> = src
-            .ne(PAD)?
-            .to_dtype(DType::U32)?
-            .sum(1)?
-            .to_vec1::<u32>()?
-            .into_iter()
-            .map(|n| n as usize)
-            .collect();
-        for (r, h) in greedy(&m, &src, &o)?.iter().enumerate() {
-            assert_eq!(h.attention.len(), h.tokens.len() + 1);
-            for a in &h.attention {
-                assert_eq!(a.len(), 8);
-                let s: f32 = a.iter().sum();
-                assert!((s - 1.0).abs() < 1e-5, "{kind:?}: {s}");
-                assert!(
-                    a[lens[r]..].iter().all(|&w| w == 0.0),
-                    "{kind:?} row {r}: {a:?}"
-                );
+    each_kind(
+        &[RnnAttention::Dot, RnnAttention::Bahdanau],
+        4,
+        (6, 2),
+        |kind, m, _, src| {
+            let o = DecodeOptions {
+                want_attention: true,
+                ..opts(1)
+            };
+            let lens = lengths(src, PAD)?;
+            for (r, h) in greedy(m, src, &o)?.iter().enumerate() {
+                assert_eq!(h.attention.len(), h.tokens.len() + 1);
+                for a in &h.attention {
+                    assert_eq!(a.len(), 8);
+                    let s: f32 = a.iter().sum();
+                    assert!((s - 1.0).abs() < 1e-5, "{kind:?}: {s}");
+                    assert!(
+                        a[lens[r]..].iter().all(|&w| w == 0.0),
+                        "{kind:?} row {r}: {a:?}"
+                    );
+                }
             }
-        }
-    }
-    Ok(())
+            Ok(())
+        },
+    )
 }
 
 #[test]
 fn a_sentence_decodes_the_same_alone_and_in_a_padded_batch() -> Result<()> {
-    for kind in KINDS {
-        let (m, _) = model(8, kind)?;
-        let src = sources(7, 3)?;
-        let all = beam_search(&m, &src, &opts(3))?;
+    each_kind(&KINDS, 8, (7, 3), |kind, m, _, src| {
+        let all = beam_search(m, src, &opts(3))?;
         for r in 0..7 {
             // Alone, without any padding column.
             let row = src.narrow(0, r, 1)?;
-            let len = row
-                .ne(PAD)?
-                .to_dtype(DType::U32)?
-                .sum_all()?
-                .to_scalar::<u32>()?;
-            let alone = beam_search(&m, &row.narrow(1, 0, len as usize)?, &opts(3))?;
+            let len = lengths(&row, PAD)?[0];
+            let alone = beam_search(m, &row.narrow(1, 0, len)?, &opts(3))?;
             assert_eq!(alone[0].tokens, all[r].tokens, "{kind:?} row {r}");
             assert!((alone[0].score - all[r].score).abs() < 1e-9);
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 #[test]
@@ -135,26 +151,13 @@ fn beam_of_one_is_greedy_and_wider_beams_score_no_lower() -> Result<()> {
 
 #[test]
 fn training_reaches_every_parameter() -> Result<()> {
-    for kind in KINDS {
-        let (m, params) = model(9, kind)?;
-        let src = sources(4, 4)?;
-        let tgt: Vec<u32> = (0..4 * 5)
-            .map(|i| 3 + (i * 5 % (VOCAB as u32 - 3)))
-            .collect();
-        let tgt_in = Tensor::from_vec(tgt.clone(), (4, 5), &Device::Cpu)?;
-        let tgt_out = Tensor::from_vec(tgt, (4, 5), &Device::Cpu)?;
+    each_kind(&KINDS, 9, (4, 4), |kind, m, params, src| {
+        let (tgt_in, tgt_out) = (targets((4, 5), 3, 5)?, targets((4, 5), 3, 5)?);
         let rng = transformer_model::Rng::new(1);
-        let l = m.loss(&src, &tgt_in, &tgt_out, PAD, 0.1, Mode::Train(&rng))?;
-        let grads = l.loss.backward()?;
-        for (name, var) in params.iter() {
-            let g = grads
-                .get(var.as_tensor())
-                .unwrap_or_else(|| panic!("{kind:?}: no gradient for {name}"));
-            let n = g.abs()?.sum_all()?.to_scalar::<f64>()?;
-            assert!(n > 0.0, "{kind:?}: zero gradient for {name}");
-        }
-    }
-    Ok(())
+        let l = m.loss(src, &tgt_in, &tgt_out, PAD, 0.1, Mode::Train(&rng))?;
+        assert_every_parameter_has_gradient(&format!("{kind:?}"), &l.loss, params)?;
+        Ok(())
+    })
 }
 
 /// Decoding keeps no graph through the recurrent state: the state `start` makes and every
@@ -164,10 +167,8 @@ fn training_reaches_every_parameter() -> Result<()> {
 #[test]
 fn decoding_keeps_no_graph_through_the_state() -> Result<()> {
     let encoder_side = ["src_embedding.", "encoder.", "bridge.", "attention.keys."];
-    for kind in KINDS {
-        let (m, params) = model(5, kind)?;
-        let src = sources(2, 4)?;
-        let mut st = m.start(&src, PAD)?;
+    each_kind(&KINDS, 5, (2, 4), |kind, m, params, src| {
+        let mut st = m.start(src, PAD)?;
         for t in 0..3u32 {
             let ids = Tensor::new(&[3 + t, 4 + t], &Device::Cpu)?;
             let grads = m.step(&mut st, &ids, false)?.0.sum_all()?.backward()?;
@@ -184,6 +185,6 @@ fn decoding_keeps_no_graph_through_the_state() -> Result<()> {
                 }
             }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }

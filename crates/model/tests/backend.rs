@@ -11,8 +11,11 @@ use transformer_model::backend::{
     LayerCall, Pass,
 };
 use transformer_model::{
-    DirectGrads, LmConfig, Mode, ParamBuilder, Transformer, TransformerConfig, TransformerLm,
+    DirectGrads, Mode, ParamBuilder, Transformer, TransformerConfig, TransformerLm,
 };
+
+mod common;
+use common::lm_config;
 
 /// Counts the encoder layer calls and leaves each to the composed layer (`None`).
 #[derive(Debug, Default)]
@@ -38,15 +41,7 @@ impl Backend for Counting {
 
 fn lm() -> Result<TransformerLm> {
     let pb = ParamBuilder::new(DType::F32, &Device::Cpu, 7);
-    let cfg = LmConfig {
-        ntoken: 40,
-        d_model: 16,
-        nhead: 2,
-        d_hid: 32,
-        nlayers: 3,
-        ..LmConfig::default()
-    };
-    TransformerLm::new(&pb, &cfg)
+    TransformerLm::new(&pb, &lm_config(40, 16, 32, 3))
 }
 
 #[test]

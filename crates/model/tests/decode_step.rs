@@ -21,6 +21,24 @@ fn max_rel_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
         / scale)
 }
 
+/// A translation model on the CPU in f32 with `transformer`'s layers, one vocabulary of
+/// `vocab` shared by both sides, its parameters drawn from `seed`.
+fn model(transformer: TransformerConfig, vocab: usize, seed: u64) -> Result<Seq2Seq> {
+    let cfg = Seq2SeqConfig {
+        transformer,
+        src_vocab: vocab,
+        tgt_vocab: vocab,
+        share_embeddings: true,
+    };
+    Seq2Seq::with_config(&ParamBuilder::new(DType::F32, &Device::Cpu, seed), &cfg)
+}
+
+/// One step's input tokens for `rows` rows: `token(row)` each.
+fn step_tokens(rows: usize, token: impl Fn(u32) -> u32) -> Result<Tensor> {
+    let tokens: Vec<u32> = (0..rows as u32).map(token).collect();
+    Tensor::new(tokens.as_slice(), &Device::Cpu)
+}
+
 #[test]
 fn fused_step_matches_the_composed_layers() -> Result<()> {
     let dev = Device::Cpu;
@@ -29,14 +47,7 @@ fn fused_step_matches_the_composed_layers() -> Result<()> {
             norm_first,
             ..TransformerConfig::tiny()
         };
-        let cfg = Seq2SeqConfig {
-            transformer,
-            src_vocab: 17,
-            tgt_vocab: 17,
-            share_embeddings: true,
-        };
-        let pb = ParamBuilder::new(DType::F32, &dev, 3);
-        let model = Seq2Seq::with_config(&pb, &cfg)?;
+        let model = model(transformer, 17, 3)?;
         let src = Tensor::new(
             &[[5u32, 6, 7, 8, 2], [9, 10, 2, 0, 0], [11, 12, 13, 2, 0]],
             &dev,
@@ -46,10 +57,7 @@ fn fused_step_matches_the_composed_layers() -> Result<()> {
         assert!(fused.is_fused() && !plain.is_fused());
         let mut rows = 3;
         for step in 0..7u32 {
-            let tokens: Vec<u32> = (0..rows as u32)
-                .map(|r| 1 + (r * 5 + step * 3) % 16)
-                .collect();
-            let ids = Tensor::new(tokens.as_slice(), &dev)?;
+            let ids = step_tokens(rows, |r| 1 + (r * 5 + step * 3) % 16)?;
             let want_weights = step % 3 == 1;
             let (a, wa) = model.step(&mut fused, &ids, want_weights)?;
             let (b, wb) = model.step(&mut plain, &ids, want_weights)?;
@@ -88,14 +96,7 @@ fn fused_step_matches_the_composed_layers() -> Result<()> {
 #[test]
 fn prepared_weights_decode_as_the_model_does() -> Result<()> {
     let dev = Device::Cpu;
-    let cfg = Seq2SeqConfig {
-        transformer: TransformerConfig::tiny(),
-        src_vocab: 17,
-        tgt_vocab: 17,
-        share_embeddings: true,
-    };
-    let pb = ParamBuilder::new(DType::F32, &dev, 5);
-    let model = Seq2Seq::with_config(&pb, &cfg)?;
+    let model = model(TransformerConfig::tiny(), 17, 5)?;
     let prepared = model.prepare_decoding()?;
     let batches = [
         Tensor::new(&[[5u32, 6, 7, 2], [9, 10, 2, 0]], &dev)?,
@@ -129,14 +130,7 @@ fn prepared_weights_decode_as_the_model_does() -> Result<()> {
 fn int8_decoding_follows_the_f32_step() -> Result<()> {
     use transformer_model::DecodePrecision;
     let dev = Device::Cpu;
-    let cfg = Seq2SeqConfig {
-        transformer: TransformerConfig::tiny(),
-        src_vocab: 40,
-        tgt_vocab: 40,
-        share_embeddings: true,
-    };
-    let pb = ParamBuilder::new(DType::F32, &dev, 5);
-    let mut model = Seq2Seq::with_config(&pb, &cfg)?;
+    let mut model = model(TransformerConfig::tiny(), 40, 5)?;
     let src = Tensor::new(&[[5u32, 6, 7, 8, 2], [9, 10, 2, 0, 0]], &dev)?;
     let f32_prep = model.prepare_decoding()?;
     assert_eq!(
@@ -155,10 +149,7 @@ fn int8_decoding_follows_the_f32_step() -> Result<()> {
         let mut b = model.start_prepared(&src, PAD, &f32_prep)?;
         let mut rows = 2;
         for step in 0..6u32 {
-            let tokens: Vec<u32> = (0..rows as u32)
-                .map(|r| 1 + (r * 7 + step * 5) % 39)
-                .collect();
-            let ids = Tensor::new(tokens.as_slice(), &dev)?;
+            let ids = step_tokens(rows, |r| 1 + (r * 7 + step * 5) % 39)?;
             let (la, _) = model.step(&mut a, &ids, false)?;
             let (lb, _) = model.step(&mut b, &ids, false)?;
             let d = max_rel_diff(&la, &lb)?;

@@ -14,6 +14,9 @@ use transformer_model::params::ParamBuilder;
 use transformer_model::rng::Rng;
 use transformer_model::Pass;
 
+mod common;
+use common::layer_spec;
+
 /// For the fused layers' tests against the composed ones: with `skip`, the reference's output
 /// `y` and incoming gradient `dy` (`(B, T, C)`) with the rows from each sequence's length on
 /// zeroed (the fused layer computes no padding rows and reads no gradient there).
@@ -34,6 +37,26 @@ fn zero_padding_rows(
     Ok((y.broadcast_mul(&real)?, dy.broadcast_mul(&real)?))
 }
 
+/// The composed layer that `build` makes (an encoder or decoder layer) in f64 on the CPU
+/// under `l.` (seed 4): width, heads and feed-forward size `(c, h, f)`, dropout `p`, GELU
+/// or ReLU, the norms first or last; and its parameters.
+fn f64_layer<L>(
+    build: impl Fn(&ParamBuilder, &LayerSpec) -> Result<L>,
+    (c, h, f): (usize, usize, usize),
+    p: f64,
+    gelu: bool,
+    norm_first: bool,
+) -> Result<(L, transformer_model::params::Params)> {
+    let pb = ParamBuilder::new(DType::F64, &Device::Cpu, 4);
+    let activation = if gelu {
+        Activation::Gelu
+    } else {
+        Activation::Relu
+    };
+    let layer = build(&pb.pp("l"), &layer_spec(c, h, f, p, activation, norm_first))?;
+    Ok((layer, pb.params()))
+}
+
 /// The fused layer's forward and every gradient against the composed layer in f64, with
 /// the groups' partial sums (3 groups of uneven size) and each mask and norm placement.
 #[test]
@@ -52,22 +75,7 @@ fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             ("lengths", 0.3),
         ];
         for (mask_kind, p) in kinds {
-            let pb = ParamBuilder::new(DType::F64, &dev, 4);
-            let spec = LayerSpec {
-                d_model: c,
-                nhead: h,
-                dim_feedforward: f,
-                dropout: p,
-                activation: if gelu {
-                    Activation::Gelu
-                } else {
-                    Activation::Relu
-                },
-                layer_norm_eps: 1e-5,
-                norm_first,
-            };
-            let layer = EncoderLayer::new(&pb.pp("l"), &spec)?;
-            let params = pb.params();
+            let (layer, params) = f64_layer(EncoderLayer::new, (c, h, f), p, gelu, norm_first)?;
             let x = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, t, c), &dev)?)?;
             let mask = match mask_kind {
                 "causal" => Some(Mask::causal(t, &dev)?),
@@ -106,20 +114,7 @@ fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
                 "norm2.weight",
                 "norm2.bias",
             ];
-            let tensors: Vec<Tensor> = names
-                .iter()
-                .map(|n| {
-                    params
-                        .get(&format!("l.{n}"))
-                        .unwrap_or_else(|| panic!("no parameter l.{n}"))
-                        .as_tensor()
-                        .clone()
-                })
-                .collect();
-            let vals: Vec<Vec<f64>> = tensors
-                .iter()
-                .map(|t| t.flatten_all()?.to_vec1::<f64>())
-                .collect::<Result<_>>()?;
+            let (tensors, vals) = layer_params(&params, &names)?;
             let w: Vec<&[f64]> = vals.iter().map(Vec::as_slice).collect();
             let shape = LayerShape {
                 b,
@@ -171,14 +166,40 @@ fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             close("y", &y, &fy)?;
             close("dx", store.get(x.as_tensor()).expect("dx"), &fdx)?;
             for (i, n) in names.iter().enumerate() {
-                let want = store
-                    .get(&tensors[i])
-                    .expect("every parameter has a gradient");
-                close(n, want, &fg[i])?;
+                close(n, gradient(&store, &tensors[i]), &fg[i])?;
             }
         }
     }
     Ok(())
+}
+
+/// The parameters `l.<name>` of `params` for each of `names`, in that order: their tensors
+/// and their values.
+fn layer_params(
+    params: &transformer_model::params::Params,
+    names: &[impl AsRef<str>],
+) -> Result<(Vec<Tensor>, Vec<Vec<f64>>)> {
+    let tensors: Vec<Tensor> = names
+        .iter()
+        .map(|n| {
+            let n = n.as_ref();
+            params
+                .get(&format!("l.{n}"))
+                .unwrap_or_else(|| panic!("no parameter l.{n}"))
+                .as_tensor()
+                .clone()
+        })
+        .collect();
+    let vals = tensors
+        .iter()
+        .map(|t| t.flatten_all()?.to_vec1::<f64>())
+        .collect::<Result<_>>()?;
+    Ok((tensors, vals))
+}
+
+/// The gradient of parameter `t` in `store`; every parameter of these layers has one.
+fn gradient<'a>(store: &'a candle_core::backprop::GradStore, t: &Tensor) -> &'a Tensor {
+    store.get(t).expect("every parameter has a gradient")
 }
 
 /// Asserts `got` equals `want` to 1e-12 of the largest magnitude (at least 1e-3); `case` and
@@ -229,15 +250,7 @@ fn decoder_layer_bf16_products_stay_within_bf16_rounding_of_f32() -> Result<()> 
     let dev = Device::Cpu;
     let (b, t, s, c, f, h) = (4, 7, 5, 64, 96, 4);
     let pb = ParamBuilder::new(DType::F32, &dev, 5);
-    let spec = LayerSpec {
-        d_model: c,
-        nhead: h,
-        dim_feedforward: f,
-        dropout: 0.2,
-        activation: Activation::Relu,
-        layer_norm_eps: 1e-5,
-        norm_first: false,
-    };
+    let spec = layer_spec(c, h, f, 0.2, Activation::Relu, false);
     DecoderLayer::new(&pb.pp("l"), &spec)?;
     let params = pb.params();
     let vals: Vec<Vec<f32>> = param_names()
@@ -351,22 +364,7 @@ fn fused_decoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
         // `skip`: with the sequences' lengths, padding rows not computed (the reference's
         // are then zeroed in `y` and in `dy`; the fused layer's `dy` there is not read).
         for (p, skip) in [(0.0, false), (0.3, false), (0.0, true), (0.3, true)] {
-            let pb = ParamBuilder::new(DType::F64, &dev, 4);
-            let spec = LayerSpec {
-                d_model: c,
-                nhead: h,
-                dim_feedforward: f,
-                dropout: p,
-                activation: if gelu {
-                    Activation::Gelu
-                } else {
-                    Activation::Relu
-                },
-                layer_norm_eps: 1e-5,
-                norm_first,
-            };
-            let layer = DecoderLayer::new(&pb.pp("l"), &spec)?;
-            let params = pb.params();
+            let (layer, params) = f64_layer(DecoderLayer::new, (c, h, f), p, gelu, norm_first)?;
             let x = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, t, c), &dev)?)?;
             let mem = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, s, c), &dev)?)?;
             let tgt_valid: Vec<u8> = (0..b * t)
@@ -396,20 +394,7 @@ fn fused_decoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             let store = (&y * &dy_ref)?.sum_all()?.backward()?;
 
             let names = param_names();
-            let tensors: Vec<Tensor> = names
-                .iter()
-                .map(|n| {
-                    params
-                        .get(&format!("l.{n}"))
-                        .unwrap_or_else(|| panic!("no parameter l.{n}"))
-                        .as_tensor()
-                        .clone()
-                })
-                .collect();
-            let vals: Vec<Vec<f64>> = tensors
-                .iter()
-                .map(|t| t.flatten_all()?.to_vec1::<f64>())
-                .collect::<Result<_>>()?;
+            let (tensors, vals) = layer_params(&params, &names)?;
             let w: Vec<&[f64]> = vals.iter().map(Vec::as_slice).collect();
             let shape = LayerShape {
                 b,
@@ -463,10 +448,7 @@ fn fused_decoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             close("dx", store.get(x.as_tensor()).expect("dx"), &fdx)?;
             close("dmemory", store.get(mem.as_tensor()).expect("dmem"), &fdm)?;
             for (i, n) in names.iter().enumerate() {
-                let want = store
-                    .get(&tensors[i])
-                    .expect("every parameter has a gradient");
-                close(n, want, &fg[i])?;
+                close(n, gradient(&store, &tensors[i]), &fg[i])?;
             }
         }
     }

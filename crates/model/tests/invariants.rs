@@ -7,15 +7,14 @@ use transformer_model::{
     LmConfig, Mode, ParamBuilder, Params, Rng, Seq2Seq, TransformerConfig, TransformerLm,
 };
 
+mod common;
+use common::gradients::assert_every_parameter_has_gradient;
+use common::{layer_spec, lm_config, max_diff_and_size};
+
 fn tiny_lm_config() -> LmConfig {
     LmConfig {
-        ntoken: 30,
-        d_model: 16,
-        nhead: 2,
-        d_hid: 24,
-        nlayers: 2,
         dropout: 0.1,
-        ..LmConfig::default()
+        ..lm_config(30, 16, 24, 2)
     }
 }
 
@@ -31,6 +30,11 @@ fn tiny_seq2seq(seed: u64) -> Result<(Seq2Seq, Params)> {
         ..TransformerConfig::tiny()
     };
     Ok((Seq2Seq::new(&pb, &cfg, 20, 25)?, pb.params()))
+}
+
+/// The model's logits for a batch in evaluation mode, pad id 0.
+fn eval(model: &Seq2Seq, src: &Tensor, tgt: &Tensor) -> Result<Tensor> {
+    model.forward(src, tgt, &Seq2SeqMasks::new(src, tgt, 0)?, Mode::Eval)
 }
 
 fn ids(v: &[&[u32]]) -> Result<Tensor> {
@@ -92,10 +96,7 @@ fn decoder_has_no_causal_leakage() -> Result<()> {
     let src = ids(&[&[1, 5, 6, 7, 8]])?;
     let t1 = ids(&[&[1, 4, 4, 9, 3, 2]])?;
     let t2 = ids(&[&[1, 4, 4, 9, 17, 2]])?; // position 4 changed
-    let run = |tgt: &Tensor| -> Result<Tensor> {
-        model.forward(&src, tgt, &Seq2SeqMasks::new(&src, tgt, 0)?, Mode::Eval)
-    };
-    let d = per_position_diff(&run(&t1)?, &run(&t2)?)?;
+    let d = per_position_diff(&eval(&model, &src, &t1)?, &eval(&model, &src, &t2)?)?;
     assert!(
         d[..4].iter().all(|&x| x == 0.0),
         "decoder leaks the future: {d:?}"
@@ -112,18 +113,8 @@ fn padding_does_not_change_results() -> Result<()> {
     let tgt_alone = ids(&[&[1, 8, 9]])?;
     let src_batch = ids(&[&[1, 5, 6, 7, 0, 0], &[1, 2, 3, 4, 5, 6]])?;
     let tgt_batch = ids(&[&[1, 8, 9, 0, 0], &[1, 3, 3, 3, 3]])?;
-    let alone = model.forward(
-        &src_alone,
-        &tgt_alone,
-        &Seq2SeqMasks::new(&src_alone, &tgt_alone, 0)?,
-        Mode::Eval,
-    )?;
-    let batch = model.forward(
-        &src_batch,
-        &tgt_batch,
-        &Seq2SeqMasks::new(&src_batch, &tgt_batch, 0)?,
-        Mode::Eval,
-    )?;
+    let alone = eval(&model, &src_alone, &tgt_alone)?;
+    let batch = eval(&model, &src_batch, &tgt_batch)?;
     let padded = batch.get(0)?.narrow(0, 0, 3)?.unsqueeze(0)?;
     let diff = (alone - padded)?
         .abs()?
@@ -134,18 +125,6 @@ fn padding_does_not_change_results() -> Result<()> {
     Ok(())
 }
 
-fn assert_every_parameter_has_gradient(loss: &Tensor, params: &Params) -> Result<()> {
-    let grads = loss.backward()?;
-    for (name, var) in params.iter() {
-        let g = grads
-            .get(var.as_tensor())
-            .unwrap_or_else(|| panic!("{name} got no gradient"));
-        let norm = g.abs()?.sum_all()?.to_scalar::<f64>()?;
-        assert!(norm > 0.0, "{name} got an all-zero gradient");
-    }
-    Ok(())
-}
-
 #[test]
 fn every_parameter_receives_a_gradient() -> Result<()> {
     let rng = Rng::new(9);
@@ -153,7 +132,7 @@ fn every_parameter_receives_a_gradient() -> Result<()> {
     let x = ids(&[&[3, 7, 1, 9, 4, 4, 2, 8], &[1, 2, 3, 4, 5, 6, 7, 29]])?;
     let logits = lm.forward(&x, Mode::Train(&rng))?;
     // A loss that touches every output logit, so the output bias of unseen words is covered.
-    assert_every_parameter_has_gradient(&logits.sqr()?.mean_all()?, &params)?;
+    assert_every_parameter_has_gradient("lm", &logits.sqr()?.mean_all()?, &params)?;
     assert_eq!(params.len(), 2 * 16 + 3);
 
     let (model, params) = tiny_seq2seq(5)?;
@@ -165,7 +144,7 @@ fn every_parameter_receives_a_gradient() -> Result<()> {
         &Seq2SeqMasks::new(&src, &tgt, 0)?,
         Mode::Train(&rng),
     )?;
-    assert_every_parameter_has_gradient(&logits.sqr()?.mean_all()?, &params)
+    assert_every_parameter_has_gradient("seq2seq", &logits.sqr()?.mean_all()?, &params)
 }
 
 #[test]
@@ -216,13 +195,8 @@ fn same_seed_same_weights() -> Result<()> {
 fn positions_past_max_len_are_a_clear_error() -> Result<()> {
     let pb = ParamBuilder::new(DType::F32, &Device::Cpu, 0);
     let cfg = LmConfig {
-        ntoken: 10,
-        d_model: 8,
-        nhead: 2,
-        d_hid: 8,
-        nlayers: 1,
         max_len: 4,
-        ..LmConfig::default()
+        ..lm_config(10, 8, 8, 1)
     };
     let lm = TransformerLm::new(&pb, &cfg)?;
     let err = lm
@@ -338,19 +312,11 @@ fn loss_without_gradients_equals_the_eval_loss() -> Result<()> {
 /// state it gives what the composed path (asked for weights) gives, dropout masks included.
 #[test]
 fn encoder_without_weights_equals_the_composed_path() -> Result<()> {
-    use transformer_model::encoder::{Encoder, LayerSpec};
+    use transformer_model::encoder::Encoder;
     use transformer_model::{Activation, Mask};
     for norm_first in [false, true] {
         let pb = ParamBuilder::new(DType::F64, &Device::Cpu, 21);
-        let spec = LayerSpec {
-            d_model: 16,
-            nhead: 4,
-            dim_feedforward: 24,
-            dropout: 0.3,
-            activation: Activation::Gelu,
-            layer_norm_eps: 1e-5,
-            norm_first,
-        };
+        let spec = layer_spec(16, 4, 24, 0.3, Activation::Gelu, norm_first);
         let enc = Encoder::new(&pb, &spec, 2, true)?;
         let x = Tensor::randn(0f64, 1.0, (3, 7, 16), &Device::Cpu)?;
         let mask = Mask::causal(7, &Device::Cpu)?;
@@ -450,17 +416,9 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
                         .expect("in the GradStore")
                         .clone()
                 };
-                let (w, g) = (
-                    want.flatten_all()?.to_vec1::<f32>()?,
-                    got.flatten_all()?.to_vec1::<f32>()?,
-                );
                 // The floor covers gradients that are zero in exact arithmetic (the key
                 // projection's bias: softmax ignores a shift shared by all keys).
-                let size = w.iter().fold(1e-4f32, |m, v| m.max(v.abs()));
-                let diff = w
-                    .iter()
-                    .zip(&g)
-                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                let (diff, size) = max_diff_and_size(want, &got, 1e-4)?;
                 assert!(
                     diff <= 1e-5 * size,
                     "tied {tie_weights}, {precision}, step {step}: {name} differs by {diff} \
@@ -508,20 +466,11 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
 /// the sequence.
 #[test]
 fn declared_lengths_skip_padding_rows_and_are_checked() -> Result<()> {
-    use transformer_model::encoder::LayerSpec;
     use transformer_model::mask::Mask;
     use transformer_model::{Activation, Encoder};
     let dev = Device::Cpu;
     let pb = ParamBuilder::new(DType::F64, &dev, 3);
-    let spec = LayerSpec {
-        d_model: 8,
-        nhead: 2,
-        dim_feedforward: 12,
-        dropout: 0.0,
-        activation: Activation::Relu,
-        layer_norm_eps: 1e-5,
-        norm_first: false,
-    };
+    let spec = layer_spec(8, 2, 12, 0.0, Activation::Relu, false);
     let enc = Encoder::new(&pb, &spec, 2, false)?;
     let src = ids(&[&[5, 6, 7, 8, 9], &[5, 6, 0, 0, 0], &[7, 0, 0, 0, 0]])?;
     let x = Tensor::randn(0f64, 1.0, (3, 5, 8), &dev)?;

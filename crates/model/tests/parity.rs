@@ -18,6 +18,19 @@ fn builder(dtype: DType) -> ParamBuilder {
     ParamBuilder::new(dtype, &Device::Cpu, 0)
 }
 
+/// The module `build` makes, with the fixture's weights (`param.*`) assigned; and its
+/// parameters.
+fn with_fixture_weights<M>(
+    fx: &Fixture,
+    build: impl FnOnce(&ParamBuilder) -> Result<M>,
+) -> Result<(M, transformer_model::Params)> {
+    let pb = builder(fx.dtype);
+    let module = build(&pb)?;
+    let params = pb.params();
+    params.assign(&fx.group("param"))?;
+    Ok((module, params))
+}
+
 fn spec(fx: &Fixture) -> LayerSpec {
     LayerSpec {
         d_model: fx.meta_usize("d_model"),
@@ -44,21 +57,13 @@ fn positional_encoding_matches_tutorial_formula() -> Result<()> {
 fn multi_head_attention_with_padding_and_attn_mask() -> Result<()> {
     for dtype in DTYPES {
         let fx = Fixture::load("mha.safetensors", dtype);
-        let pb = builder(dtype);
-        let mha = MultiHeadAttention::new(
-            &pb,
-            fx.meta_usize("d_model"),
-            fx.meta_usize("nhead"),
-            0.0,
-            true,
-        )?;
-        let params = pb.params();
-        params.assign(&fx.group("param"))?;
+        let (d_model, nhead) = (fx.meta_usize("d_model"), fx.meta_usize("nhead"));
+        let (mha, params) = with_fixture_weights(&fx, |pb| {
+            MultiHeadAttention::new(pb, d_model, nhead, 0.0, true)
+        })?;
 
         let (q, k, v) = (fx.input("query"), fx.input("key"), fx.input("value"));
-        let mask = fx
-            .attn_mask("attn_mask")
-            .and(&fx.padding_mask("key_padding_mask"))?;
+        let mask = fx.combined_mask("attn_mask", "key_padding_mask")?;
         let (out, weights) = mha.forward(&q, &k, &v, Some(&mask), Mode::Eval)?;
         assert_close("mha out", &out, &fx.t("output.out"), dtype);
         assert_close("mha weights", &weights, &fx.t("output.attn_weights"), dtype);
@@ -82,61 +87,52 @@ fn multi_head_attention_with_padding_and_attn_mask() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn encoder_layers_post_norm_relu_and_pre_norm_gelu() -> Result<()> {
-    for file in [
-        "encoder_layer_post_relu.safetensors",
-        "encoder_layer_pre_gelu.safetensors",
-    ] {
+/// Checks `check` on each fixture of a layer kind (`encoder` or `decoder`): post-norm with
+/// ReLU and pre-norm with GELU, in each dtype, on the layer `build` makes with the fixture's
+/// weights.
+fn each_layer_fixture<L>(
+    kind: &str,
+    build: impl Fn(&ParamBuilder, &LayerSpec) -> Result<L>,
+    check: impl Fn(&str, &Fixture, &L, &transformer_model::Params) -> Result<()>,
+) -> Result<()> {
+    for variant in ["post_relu", "pre_gelu"] {
+        let file = format!("{kind}_layer_{variant}.safetensors");
         for dtype in DTYPES {
-            let fx = Fixture::load(file, dtype);
-            let pb = builder(dtype);
-            let layer = EncoderLayer::new(&pb, &spec(&fx))?;
-            let params = pb.params();
-            params.assign(&fx.group("param"))?;
-            let src = fx.input("src");
-            let mask = fx
-                .attn_mask("src_mask")
-                .and(&fx.padding_mask("src_key_padding_mask"))?;
-            let (out, _) = layer.forward(&src, Some(&mask), Mode::Eval)?;
-            assert_close(&format!("{file} out"), &out, &fx.t("output.out"), dtype);
-            check_gradients(&fx, &out, &params, &[("src", &src)])?;
+            let fx = Fixture::load(&file, dtype);
+            let (layer, params) = with_fixture_weights(&fx, |pb| build(pb, &spec(&fx)))?;
+            check(&file, &fx, &layer, &params)?;
         }
     }
     Ok(())
 }
 
 #[test]
+fn encoder_layers_post_norm_relu_and_pre_norm_gelu() -> Result<()> {
+    each_layer_fixture("encoder", EncoderLayer::new, |file, fx, layer, params| {
+        let src = fx.input("src");
+        let mask = fx.combined_mask("src_mask", "src_key_padding_mask")?;
+        let (out, _) = layer.forward(&src, Some(&mask), Mode::Eval)?;
+        assert_close(&format!("{file} out"), &out, &fx.t("output.out"), fx.dtype);
+        check_gradients(fx, &out, params, &[("src", &src)])
+    })
+}
+
+#[test]
 fn decoder_layers_post_norm_relu_and_pre_norm_gelu() -> Result<()> {
-    for file in [
-        "decoder_layer_post_relu.safetensors",
-        "decoder_layer_pre_gelu.safetensors",
-    ] {
-        for dtype in DTYPES {
-            let fx = Fixture::load(file, dtype);
-            let pb = builder(dtype);
-            let layer = DecoderLayer::new(&pb, &spec(&fx))?;
-            let params = pb.params();
-            params.assign(&fx.group("param"))?;
-            let (tgt, memory) = (fx.input("tgt"), fx.input("memory"));
-            let self_mask = fx
-                .attn_mask("tgt_mask")
-                .and(&fx.padding_mask("tgt_key_padding_mask"))?;
-            let memory_mask = fx
-                .attn_mask("memory_mask")
-                .and(&fx.padding_mask("memory_key_padding_mask"))?;
-            let (out, _) = layer.forward(
-                &tgt,
-                &memory,
-                Some(&self_mask),
-                Some(&memory_mask),
-                Pass::new(Mode::Eval).weights(),
-            )?;
-            assert_close(&format!("{file} out"), &out, &fx.t("output.out"), dtype);
-            check_gradients(&fx, &out, &params, &[("tgt", &tgt), ("memory", &memory)])?;
-        }
-    }
-    Ok(())
+    each_layer_fixture("decoder", DecoderLayer::new, |file, fx, layer, params| {
+        let (tgt, memory) = (fx.input("tgt"), fx.input("memory"));
+        let self_mask = fx.combined_mask("tgt_mask", "tgt_key_padding_mask")?;
+        let memory_mask = fx.combined_mask("memory_mask", "memory_key_padding_mask")?;
+        let (out, _) = layer.forward(
+            &tgt,
+            &memory,
+            Some(&self_mask),
+            Some(&memory_mask),
+            Pass::new(Mode::Eval).weights(),
+        )?;
+        assert_close(&format!("{file} out"), &out, &fx.t("output.out"), fx.dtype);
+        check_gradients(fx, &out, params, &[("tgt", &tgt), ("memory", &memory)])
+    })
 }
 
 #[test]
@@ -152,20 +148,11 @@ fn whole_transformer_with_all_masks() -> Result<()> {
             dropout: 0.0,
             ..TransformerConfig::base()
         };
-        let pb = builder(dtype);
-        let model = Transformer::new(&pb, &cfg)?;
-        let params = pb.params();
-        params.assign(&fx.group("param"))?;
+        let (model, params) = with_fixture_weights(&fx, |pb| Transformer::new(pb, &cfg))?;
         let (src, tgt) = (fx.input("src"), fx.input("tgt"));
-        let src_mask = fx
-            .attn_mask("src_mask")
-            .and(&fx.padding_mask("src_key_padding_mask"))?;
-        let tgt_mask: Mask = fx
-            .attn_mask("tgt_mask")
-            .and(&fx.padding_mask("tgt_key_padding_mask"))?;
-        let memory_mask = fx
-            .attn_mask("memory_mask")
-            .and(&fx.padding_mask("memory_key_padding_mask"))?;
+        let src_mask = fx.combined_mask("src_mask", "src_key_padding_mask")?;
+        let tgt_mask: Mask = fx.combined_mask("tgt_mask", "tgt_key_padding_mask")?;
+        let memory_mask = fx.combined_mask("memory_mask", "memory_key_padding_mask")?;
         let out = model.forward(
             &src,
             &tgt,

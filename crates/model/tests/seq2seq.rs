@@ -7,6 +7,9 @@ use candle_core::{DType, Device, Result, Tensor, D};
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{Backprop, Mode, ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
 
+mod common;
+use common::max_diff_and_size;
+
 const PAD: u32 = 0;
 
 fn config(share: bool) -> Seq2SeqConfig {
@@ -158,25 +161,14 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
             let tgt_out = Tensor::new(&[[8u32, 9, 10, 2], [4 + step, 2, 0, 0]], &dev)?;
             let masks = Seq2SeqMasks::new(&src, &tgt_in, PAD)?;
             let rng = || Rng::new(11 + step as u64);
-            let plain = model.loss(
-                &src,
-                &tgt_in,
-                &tgt_out,
-                &masks,
-                (PAD, 0.1),
-                Mode::Train(&rng()),
-                Backprop::Graph,
-            )?;
+            // The batch's loss with the same dropout masks, its gradients kept as `backprop` says.
+            let loss = |backprop| {
+                let mode = Mode::Train(&rng());
+                model.loss(&src, &tgt_in, &tgt_out, &masks, (PAD, 0.1), mode, backprop)
+            };
+            let plain = loss(Backprop::Graph)?;
             direct.clear();
-            let fast = model.loss(
-                &src,
-                &tgt_in,
-                &tgt_out,
-                &masks,
-                (PAD, 0.1),
-                Mode::Train(&rng()),
-                Backprop::Direct(&direct, transformer_model::Precision::F32),
-            )?;
+            let fast = loss(Backprop::Direct(&direct, transformer_model::Precision::F32))?;
             let (a, b) = (
                 plain.loss.to_scalar::<f32>()?,
                 fast.loss.to_scalar::<f32>()?,
@@ -202,17 +194,9 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
                         d.is_some()
                     ),
                 };
-                let (w, g) = (
-                    w.flatten_all()?.to_vec1::<f32>()?,
-                    got.flatten_all()?.to_vec1::<f32>()?,
-                );
                 // The floor covers gradients that are zero in exact arithmetic (the key
                 // projection's bias: softmax ignores a shift shared by all keys).
-                let size = w.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
-                let diff = w
-                    .iter()
-                    .zip(&g)
-                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                let (diff, size) = max_diff_and_size(w, &got, 1e-3)?;
                 assert!(
                     diff <= 2e-5 * size,
                     "share {share}, step {step}: {name} differs by {diff} (largest {size})"

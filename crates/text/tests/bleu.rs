@@ -49,6 +49,31 @@ fn close(what: &str, got: f64, want: f64, max_diff: &mut f64) {
     assert!(d <= TOL, "{what}: got {got}, sacreBLEU {want} (diff {d:e})");
 }
 
+/// Runs `check` on each of sacreBLEU's rows for `metric` ("bleu" or "chrf") in
+/// expected.json, of which there must be `count`, with the signatures and the largest
+/// difference from sacreBLEU so far (for `close`); then prints that difference.
+fn each_expected_row(
+    metric: &str,
+    count: usize,
+    mut check: impl FnMut(&[Value], &Value, &mut f64),
+) {
+    let expected = load("expected.json");
+    let rows = expected[metric].as_array().unwrap();
+    assert_eq!(rows.len(), count);
+    let mut max_diff = 0.0f64;
+    for row in rows {
+        check(
+            row.as_array().unwrap(),
+            &expected["signatures"],
+            &mut max_diff,
+        );
+    }
+    eprintln!(
+        "{metric}: {} scores, max |ours - sacreBLEU| = {max_diff:e}",
+        rows.len()
+    );
+}
+
 #[test]
 fn fixtures_come_from_the_version_in_the_signatures() {
     assert_eq!(
@@ -63,14 +88,8 @@ fn fixtures_come_from_the_version_in_the_signatures() {
 
 #[test]
 fn corpus_bleu_matches_sacrebleu() {
-    let expected = load("expected.json");
-    let signatures = &expected["signatures"];
-    let rows = expected["bleu"].as_array().unwrap();
-    assert_eq!(rows.len(), 198);
-    let mut max_diff = 0.0f64;
     let mut lines_checked = 0;
-    for row in rows {
-        let r = row.as_array().unwrap();
+    each_expected_row("bleu", 198, |r, signatures, max_diff| {
         let name = r[0].as_str().unwrap();
         let tok: Tokenizer = r[1].as_str().unwrap().parse().unwrap();
         let lowercase = r[2].as_bool().unwrap();
@@ -86,17 +105,17 @@ fn corpus_bleu_matches_sacrebleu() {
         let (hyps, refs) = case(name);
         let s = corpus_bleu(&hyps, &refs, &opts).unwrap();
 
-        close(&format!("{what} score"), s.score, f(&r[4]), &mut max_diff);
+        close(&format!("{what} score"), s.score, f(&r[4]), max_diff);
         for (i, p) in r[5].as_array().unwrap().iter().enumerate() {
             close(
                 &format!("{what} precision {}", i + 1),
                 s.precisions[i],
                 f(p),
-                &mut max_diff,
+                max_diff,
             );
         }
-        close(&format!("{what} bp"), s.bp, f(&r[6]), &mut max_diff);
-        close(&format!("{what} ratio"), s.ratio, f(&r[7]), &mut max_diff);
+        close(&format!("{what} bp"), s.bp, f(&r[6]), max_diff);
+        close(&format!("{what} ratio"), s.ratio, f(&r[7]), max_diff);
         assert_eq!(s.sys_len, u(&r[8]), "{what} sys_len");
         assert_eq!(s.ref_len, u(&r[9]), "{what} ref_len");
         // sacreBLEU adds add-k's k into the counts and totals it reports (orders 2 to 4),
@@ -121,23 +140,13 @@ fn corpus_bleu_matches_sacrebleu() {
             assert_eq!(ours, line, "{what} line");
             lines_checked += 1;
         }
-    }
+    });
     assert!(lines_checked >= 40, "{lines_checked}");
-    eprintln!(
-        "BLEU: {} scores, max |ours - sacreBLEU| = {max_diff:e}",
-        rows.len()
-    );
 }
 
 #[test]
 fn corpus_chrf_matches_sacrebleu() {
-    let expected = load("expected.json");
-    let signatures = &expected["signatures"];
-    let rows = expected["chrf"].as_array().unwrap();
-    assert_eq!(rows.len(), 44);
-    let mut max_diff = 0.0f64;
-    for row in rows {
-        let r = row.as_array().unwrap();
+    each_expected_row("chrf", 44, |r, signatures, max_diff| {
         let name = r[0].as_str().unwrap();
         let word_order = u(&r[1]) as usize;
         let lowercase = r[2].as_bool().unwrap();
@@ -151,7 +160,7 @@ fn corpus_chrf_matches_sacrebleu() {
         };
         let (hyps, refs) = case(name);
         let s = corpus_chrf(&hyps, &refs, &opts).unwrap();
-        close(&format!("{what} score"), s.score, f(&r[4]), &mut max_diff);
+        close(&format!("{what} score"), s.score, f(&r[4]), max_diff);
         let stats: Vec<[u64; 3]> = r[5]
             .as_array()
             .unwrap()
@@ -169,11 +178,7 @@ fn corpus_chrf_matches_sacrebleu() {
         );
         assert_eq!(s.signature(), signatures[&key], "{what} signature");
         assert_eq!(s.format(), r[6].as_str().unwrap(), "{what} line");
-    }
-    eprintln!(
-        "chrF: {} scores, max |ours - sacreBLEU| = {max_diff:e}",
-        rows.len()
-    );
+    });
 }
 
 #[test]

@@ -1,14 +1,11 @@
 //! End to end: the copy task trains from scratch on the runner and decodes its inputs back;
 //! stopped midway and resumed, it gives the same losses and the same result.
 
-use candle_core::Device;
 use transformer_train::copy_task::{train, CopyTaskConfig};
-use transformer_train::runner::{Progress, RunOptions};
+use transformer_train::runner::RunOptions;
 
-struct Quiet;
-impl Progress for Quiet {
-    fn line(&mut self, _: &str) {}
-}
+mod common;
+use common::{fresh, Quiet};
 
 fn opts(name: &str, resume: bool, stop: Option<usize>) -> RunOptions<CopyTaskConfig> {
     let out = std::env::temp_dir().join(format!("copy-test-{name}-{}", std::process::id()));
@@ -16,15 +13,9 @@ fn opts(name: &str, resume: bool, stop: Option<usize>) -> RunOptions<CopyTaskCon
         let _ = std::fs::remove_dir_all(&out);
     }
     RunOptions {
-        config: CopyTaskConfig::default(),
-        out,
         resume,
         stop_after_steps: stop,
-        crash_after_steps: None,
-        dist: Default::default(),
-        interrupt: None,
-        device: Device::Cpu,
-        given: Vec::new(),
+        ..fresh(CopyTaskConfig::default(), out)
     }
 }
 

@@ -10,15 +10,21 @@ use transformer_train::lm::{self, LmTrainConfig, Progress, TrainOptions};
 use transformer_train::loss::log_softmax;
 use transformer_train::metrics::{self, Metric, Weights};
 
-struct Quiet;
-impl Progress for Quiet {
-    fn line(&mut self, _: &str) {}
+mod common;
+use common::{fresh, remove_dirs, Quiet};
+#[path = "../../model/tests/common/mod.rs"]
+mod model_common;
+use model_common::lm_config;
+
+/// A fresh, empty folder for one of these tests.
+fn temp_dir(name: &str) -> PathBuf {
+    common::temp_dir("lm-test", name)
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lm-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+/// A fresh folder holding the corpus of `write_corpus`.
+fn corpus_dir(name: &str) -> PathBuf {
+    let d = temp_dir(name);
+    write_corpus(&d);
     d
 }
 
@@ -68,19 +74,20 @@ fn small_config(data: &Path) -> LmTrainConfig {
     }
 }
 
-/// A fresh run of `cfg` into `out`.
-fn fresh(cfg: LmTrainConfig, out: PathBuf) -> TrainOptions {
-    TrainOptions {
-        config: cfg,
-        out,
-        resume: false,
-        stop_after_steps: None,
-        crash_after_steps: None,
-        dist: Default::default(),
-        interrupt: None,
-        device: Device::Cpu,
-        given: Vec::new(),
-    }
+/// The start the resume tests share: the corpus in a fresh folder `<name>-data`, the small
+/// configuration as `change` sets it, and that configuration's uninterrupted run in a fresh
+/// folder `<name>-straight`, the reference a stopped and resumed run is compared with.
+/// Returns (the corpus folder, the configuration, the run's folder, its summary).
+fn reference_run(
+    name: &str,
+    change: impl FnOnce(&mut LmTrainConfig),
+) -> (PathBuf, LmTrainConfig, PathBuf, lm::Summary) {
+    let data = corpus_dir(&format!("{name}-data"));
+    let mut cfg = small_config(&data);
+    change(&mut cfg);
+    let straight = temp_dir(&format!("{name}-straight"));
+    let summary = lm::train(&fresh(cfg.clone(), straight.clone()), &mut Quiet).unwrap();
+    (data, cfg, straight, summary)
 }
 
 fn losses(ms: &[Metric]) -> Vec<(usize, f64)> {
@@ -95,23 +102,12 @@ fn losses(ms: &[Metric]) -> Vec<(usize, f64)> {
 
 #[test]
 fn resumed_run_matches_uninterrupted_run() {
-    let data = temp_dir("data");
-    write_corpus(&data);
-    let cfg = small_config(&data);
+    let (data, cfg, straight, a) = reference_run("resume", |_| {});
     let opts = |out: PathBuf, resume: bool, stop: Option<usize>| TrainOptions {
-        config: cfg.clone(),
-        out,
         resume,
-        stop_after_steps: None,
         crash_after_steps: stop,
-        dist: Default::default(),
-        interrupt: None,
-        device: Device::Cpu,
-        given: Vec::new(),
+        ..fresh(cfg.clone(), out)
     };
-
-    let straight = temp_dir("straight");
-    let a = lm::train(&opts(straight.clone(), false, None), &mut Quiet).unwrap();
     assert_eq!(a.step_losses.len(), 20);
     assert!(a.test_loss.unwrap().is_finite());
 
@@ -177,9 +173,7 @@ fn resumed_run_matches_uninterrupted_run() {
     let d = lm::LmData::load(&data, &cfg, Some(loaded.vocab.clone())).unwrap();
     let test = lm::evaluate(&loaded.model, &d.test, cfg.bptt, &Device::Cpu).unwrap();
     assert_eq!(Some(test), a.test_loss);
-    for d in [data, straight, split] {
-        let _ = std::fs::remove_dir_all(d);
-    }
+    remove_dirs([data, straight, split]);
 }
 
 #[test]
@@ -284,25 +278,12 @@ impl Progress for InterruptAt {
 
 #[test]
 fn interrupt_checkpoints_the_exact_step() {
-    let data = temp_dir("data-int");
-    write_corpus(&data);
-    let cfg = LmTrainConfig {
-        epochs: 1,
-        ..small_config(&data)
-    };
+    let (data, cfg, straight, a) = reference_run("int", |c| c.epochs = 1);
     let opts = |out: PathBuf, resume: bool, flag| TrainOptions {
-        config: cfg.clone(),
-        out,
         resume,
-        stop_after_steps: None,
-        crash_after_steps: None,
-        dist: Default::default(),
         interrupt: flag,
-        device: Device::Cpu,
-        given: Vec::new(),
+        ..fresh(cfg.clone(), out)
     };
-    let straight = temp_dir("straight-int");
-    let a = lm::train(&opts(straight.clone(), false, None), &mut Quiet).unwrap();
 
     let run = temp_dir("int");
     let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -320,9 +301,7 @@ fn interrupt_checkpoints_the_exact_step() {
     let b2 = lm::train(&opts(run.clone(), true, None), &mut Quiet).unwrap();
     assert_eq!(b2.step_losses[..], a.step_losses[6..]);
     assert_eq!(b2.test_loss, a.test_loss);
-    for d in [data, straight, run] {
-        let _ = std::fs::remove_dir_all(d);
-    }
+    remove_dirs([data, straight, run]);
 }
 
 /// `--precision bf16 --tie-weights`: the run resumes bit-identically too, records both
@@ -331,30 +310,19 @@ fn interrupt_checkpoints_the_exact_step() {
 #[test]
 fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
     use transformer_model::Precision;
-    let data = temp_dir("data-bf16");
-    write_corpus(&data);
     // bf16 as asked, not measured (at this toy size f32 is the faster, and the test is of
     // the bf16 path).
-    let cfg = LmTrainConfig {
-        precision: Precision::Bf16,
-        measure_precision: false,
-        tie_weights: true,
-        ..small_config(&data)
-    };
+    let (_, cfg, _, a) = reference_run("bf16", |c| {
+        c.precision = Precision::Bf16;
+        c.measure_precision = false;
+        c.tie_weights = true;
+    });
     let opts =
         |cfg: &LmTrainConfig, out: PathBuf, resume: bool, stop: Option<usize>| TrainOptions {
-            config: cfg.clone(),
-            out,
             resume,
-            stop_after_steps: None,
             crash_after_steps: stop,
-            dist: Default::default(),
-            interrupt: None,
-            device: Device::Cpu,
-            given: Vec::new(),
+            ..fresh(cfg.clone(), out)
         };
-    let straight = temp_dir("bf16-straight");
-    let a = lm::train(&opts(&cfg, straight.clone(), false, None), &mut Quiet).unwrap();
     let split = temp_dir("bf16-split");
     lm::train(&opts(&cfg, split.clone(), false, Some(7)), &mut Quiet).unwrap();
     let b = lm::train(&opts(&cfg, split.clone(), true, None), &mut Quiet).unwrap();
@@ -400,13 +368,8 @@ fn trainer_step_equals_the_plain_step() -> CResult<()> {
     use transformer_train::lm::LmStep;
     use transformer_train::Sgd;
     let cfg = LmConfig {
-        ntoken: 40,
-        d_model: 16,
-        nhead: 2,
-        d_hid: 32,
-        nlayers: 2,
         dropout: 0.2,
-        ..LmConfig::default()
+        ..lm_config(40, 16, 32, 2)
     };
     let dev = Device::Cpu;
     let (pb_a, pb_b) = (
@@ -464,25 +427,14 @@ fn trainer_step_equals_the_plain_step() -> CResult<()> {
 /// test file reproduces the run's own test loss.
 #[test]
 fn eos_per_line_runs_evaluate_their_own_way() {
-    let data = temp_dir("data-eos");
-    write_corpus(&data);
+    let data = corpus_dir("data-eos");
     let cfg = LmTrainConfig {
         eos_per_line: true,
         epochs: 1,
         ..small_config(&data)
     };
     let run = temp_dir("eos-run");
-    let opts = TrainOptions {
-        config: cfg,
-        out: run.clone(),
-        resume: false,
-        stop_after_steps: None,
-        crash_after_steps: None,
-        dist: Default::default(),
-        interrupt: None,
-        device: Device::Cpu,
-        given: Vec::new(),
-    };
+    let opts = fresh(cfg, run.clone());
     let summary = lm::train(&opts, &mut Quiet).unwrap();
     let loaded = lm::load_run(&run, &Device::Cpu).unwrap();
     assert_eq!(loaded.line_end, transformer_text::corpus::LineEnd::Eos);
@@ -510,8 +462,7 @@ fn eos_per_line_runs_evaluate_their_own_way() {
 /// validation loss, and the best SGD weights tested too when the average wins.
 #[test]
 fn weight_average_is_a_read_out() {
-    let data = temp_dir("avg-data");
-    write_corpus(&data);
+    let data = corpus_dir("avg-data");
     let run = |name: &str, decay: f64| {
         let out = temp_dir(name);
         let cfg = LmTrainConfig {
@@ -576,9 +527,7 @@ fn weight_average_is_a_read_out() {
     } else {
         assert_eq!(tests.len(), 1);
     }
-    for d in [data, plain, averaged] {
-        let _ = std::fs::remove_dir_all(d);
-    }
+    remove_dirs([data, plain, averaged]);
 }
 
 /// A checkpoint written before weight averaging existed (no `average_decay` in its config,
@@ -586,14 +535,7 @@ fn weight_average_is_a_read_out() {
 /// and exactly where it stopped.
 #[test]
 fn checkpoint_from_before_averaging_resumes_without_it() {
-    let data = temp_dir("old-data");
-    write_corpus(&data);
-    let cfg = LmTrainConfig {
-        average_decay: 0.0,
-        ..small_config(&data)
-    };
-    let straight = temp_dir("old-straight");
-    let a = lm::train(&fresh(cfg.clone(), straight.clone()), &mut Quiet).unwrap();
+    let (data, cfg, straight, a) = reference_run("old", |c| c.average_decay = 0.0);
     let old = temp_dir("old-split");
     let stopped = TrainOptions {
         crash_after_steps: Some(7),
@@ -626,9 +568,7 @@ fn checkpoint_from_before_averaging_resumes_without_it() {
         .filter(|m| matches!(m, Metric::Valid { weights, .. } if *weights == Weights::Average))
         .count();
     assert_eq!(averaged, 0);
-    for d in [data, straight, old] {
-        let _ = std::fs::remove_dir_all(d);
-    }
+    remove_dirs([data, straight, old]);
 }
 
 /// `accumulate = 2`: two windows per SGD step; a run stopped mid-epoch resumes on the same
@@ -636,14 +576,7 @@ fn checkpoint_from_before_averaging_resumes_without_it() {
 #[test]
 fn accumulated_run_resumes_and_keeps_its_global_batch() {
     use transformer_train::runner::Given;
-    let data = temp_dir("acc-data");
-    write_corpus(&data);
-    let cfg = LmTrainConfig {
-        accumulate: 2,
-        ..small_config(&data)
-    };
-    let straight = temp_dir("acc-straight");
-    let a = lm::train(&fresh(cfg.clone(), straight.clone()), &mut Quiet).unwrap();
+    let (data, cfg, straight, a) = reference_run("acc", |c| c.accumulate = 2);
     // 10 windows per epoch, 2 per step, 2 epochs.
     assert_eq!(a.step_losses.len(), 10);
     // One window per step is another trajectory.
@@ -685,7 +618,5 @@ fn accumulated_run_resumes_and_keeps_its_global_batch() {
         a.step_losses,
         "resumed accumulation follows the uninterrupted run"
     );
-    for d in [data, straight, plain, split] {
-        let _ = std::fs::remove_dir_all(d);
-    }
+    remove_dirs([data, straight, plain, split]);
 }

@@ -3,18 +3,22 @@
 
 use std::path::{Path, PathBuf};
 use transformer_model::Rng;
+use transformer_train::metrics::{self, Metric, Weights};
 use transformer_train::mt::{self, MtTrainConfig, MtTrainOptions};
 use transformer_train::runner::Progress;
 
-struct Quiet;
-impl Progress for Quiet {
-    fn line(&mut self, _: &str) {}
+mod common;
+use common::{fresh, tiny_mt_config, Quiet};
+
+/// A fresh, empty folder for one of these tests.
+fn temp_dir(name: &str) -> PathBuf {
+    common::temp_dir("mt-test", name)
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mt-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+/// A fresh folder holding the corpus of `write_corpus`.
+fn corpus_dir(name: &str) -> PathBuf {
+    let d = temp_dir(name);
+    write_corpus(&d);
     d
 }
 
@@ -45,18 +49,6 @@ pub fn write_corpus(dir: &Path) {
 
 pub fn small_config(dir: &Path) -> MtTrainConfig {
     MtTrainConfig {
-        train_src: Some(dir.join("train.de")),
-        train_tgt: Some(dir.join("train.en")),
-        valid_src: Some(dir.join("valid.de")),
-        valid_tgt: Some(dir.join("valid.en")),
-        test_src: Some(dir.join("test.de")),
-        test_tgt: Some(dir.join("test.en")),
-        vocab_size: 60,
-        d_model: 32,
-        nhead: 4,
-        encoder_layers: 2,
-        decoder_layers: 2,
-        dim_feedforward: 64,
         warmup: 30,
         lr_factor: 0.1,
         epochs: 8,
@@ -64,28 +56,21 @@ pub fn small_config(dir: &Path) -> MtTrainConfig {
         log_interval: 5,
         checkpoint_interval: 7,
         beam: 3,
-        ..MtTrainConfig::default()
+        ..tiny_mt_config(dir, true, 60, 32, 4, 2, 64)
     }
 }
 
 fn opts(cfg: &MtTrainConfig, out: &Path, resume: bool, stop: Option<usize>) -> MtTrainOptions {
     MtTrainOptions {
-        config: cfg.clone(),
-        out: out.to_path_buf(),
         resume,
         stop_after_steps: stop,
-        crash_after_steps: None,
-        dist: Default::default(),
-        interrupt: None,
-        device: candle_core::Device::Cpu,
-        given: Vec::new(),
+        ..fresh(cfg.clone(), out)
     }
 }
 
 #[test]
 fn trains_translates_and_resumes_exactly() {
-    let dir = temp_dir("resume");
-    write_corpus(&dir);
+    let dir = corpus_dir("resume");
     let cfg = small_config(&dir);
     let whole = mt::train(&opts(&cfg, &dir.join("whole"), false, None), &mut Quiet).unwrap();
     let (test_loss, test_bleu) = whole.test.unwrap();
@@ -130,49 +115,47 @@ fn trains_translates_and_resumes_exactly() {
 
 #[test]
 fn bad_input_names_the_file_and_the_fix() {
-    let dir = temp_dir("bad");
-    write_corpus(&dir);
+    let dir = corpus_dir("bad");
     let mut text = std::fs::read_to_string(dir.join("train.en")).unwrap();
     text.push_str("one line too many\n");
     std::fs::write(dir.join("train_long.en"), text).unwrap();
-    let cfg = MtTrainConfig {
-        train_tgt: Some(dir.join("train_long.en")),
-        ..small_config(&dir)
-    };
-    let err = mt::train(&opts(&cfg, &dir.join("r1"), false, None), &mut Quiet)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        err.contains("train.de has 400 lines") && err.contains("train_long.en has 401"),
-        "{err}"
-    );
-
-    let cfg = MtTrainConfig {
-        train_src: Some(dir.join("missing.de")),
-        ..small_config(&dir)
-    };
-    let err = mt::train(&opts(&cfg, &dir.join("r2"), false, None), &mut Quiet)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(err.contains("missing.de"), "{err}");
-
     std::fs::write(dir.join("empty.de"), "").unwrap();
     std::fs::write(dir.join("empty.en"), "").unwrap();
-    let cfg = MtTrainConfig {
-        train_src: Some(dir.join("empty.de")),
-        train_tgt: Some(dir.join("empty.en")),
-        ..small_config(&dir)
-    };
-    let err = mt::train(&opts(&cfg, &dir.join("r3"), false, None), &mut Quiet)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        err.contains("empty.de") && err.contains("no sentence pairs"),
-        "{err}"
-    );
+    // (run folder, the configuration's broken part, what the error must say)
+    let cases = [
+        (
+            "r1",
+            MtTrainConfig {
+                train_tgt: Some(dir.join("train_long.en")),
+                ..small_config(&dir)
+            },
+            &["train.de has 400 lines", "train_long.en has 401"][..],
+        ),
+        (
+            "r2",
+            MtTrainConfig {
+                train_src: Some(dir.join("missing.de")),
+                ..small_config(&dir)
+            },
+            &["missing.de"],
+        ),
+        (
+            "r3",
+            MtTrainConfig {
+                train_src: Some(dir.join("empty.de")),
+                train_tgt: Some(dir.join("empty.en")),
+                ..small_config(&dir)
+            },
+            &["empty.de", "no sentence pairs"],
+        ),
+    ];
+    for (out, cfg, expected) in cases {
+        let err = mt::train(&opts(&cfg, &dir.join(out), false, None), &mut Quiet)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(expected.iter().all(|e| err.contains(e)), "{err}");
+    }
 
     // A language-model run is not a translation run.
     std::fs::create_dir_all(dir.join("lm")).unwrap();
@@ -189,20 +172,16 @@ fn bad_input_names_the_file_and_the_fix() {
 /// validation BLEU.
 #[test]
 fn weight_average_is_a_read_out() {
-    use transformer_train::metrics::{self, Metric, Weights};
-    let dir = temp_dir("average");
-    write_corpus(&dir);
-    let cfg = MtTrainConfig {
-        epochs: 4,
-        average_decay: 0.99,
-        ..small_config(&dir)
-    };
-    let with = mt::train(&opts(&cfg, &dir.join("with"), false, None), &mut Quiet).unwrap();
-    let plain = MtTrainConfig {
-        average_decay: 0.0,
-        ..cfg.clone()
-    };
-    let without = mt::train(&opts(&plain, &dir.join("without"), false, None), &mut Quiet).unwrap();
+    let dir = corpus_dir("average");
+    // The same run with the weight average and without it, each into its own folder.
+    let [with, without] = [("with", 0.99), ("without", 0.0)].map(|(out, average_decay)| {
+        let cfg = MtTrainConfig {
+            epochs: 4,
+            average_decay,
+            ..small_config(&dir)
+        };
+        mt::train(&opts(&cfg, &dir.join(out), false, None), &mut Quiet).unwrap()
+    });
     assert_eq!(with.step_losses, without.step_losses);
 
     let valid: Vec<(usize, Weights, f64)> = metrics::read(&dir.join("with/metrics.jsonl"))
@@ -245,8 +224,7 @@ fn weight_average_is_a_read_out() {
 
 #[test]
 fn recurrent_baselines_train_translate_and_resume_exactly() {
-    let dir = temp_dir("rnn");
-    write_corpus(&dir);
+    let dir = corpus_dir("rnn");
     for arch in [mt::Arch::Gru, mt::Arch::GruDot, mt::Arch::GruBahdanau] {
         let cfg = MtTrainConfig {
             arch,
@@ -322,9 +300,7 @@ impl Progress for Lines {
 /// highest validation chrF; into other languages by BLEU, as before.
 #[test]
 fn korean_output_is_chosen_by_chrf() {
-    use transformer_train::metrics::{self, Metric, Weights};
-    let dir = temp_dir("chrf");
-    write_corpus(&dir);
+    let dir = corpus_dir("chrf");
     let cfg = MtTrainConfig {
         epochs: 3,
         average_decay: 0.0,

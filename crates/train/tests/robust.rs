@@ -6,8 +6,10 @@ use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use transformer_model::{ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
-use transformer_train::runner::{Progress, RunOptions};
 use transformer_train::{checkpoint, mt};
+
+mod common;
+use common::{flip_middle_byte, fresh, tiny_mt_config, Quiet};
 
 struct Cases(u64);
 
@@ -164,11 +166,6 @@ fn files_without_a_checksum_load_and_non_finite_weights_are_refused() {
     }
 }
 
-struct Quiet;
-impl Progress for Quiet {
-    fn line(&mut self, _: &str) {}
-}
-
 /// A tiny translation run (one epoch of a few batches) in `out`.
 fn tiny_mt_run(data: &Path, out: &Path) {
     let (src, tgt) = (
@@ -192,34 +189,13 @@ fn tiny_mt_run(data: &Path, out: &Path) {
         std::fs::write(data.join(format!("{split}.en")), t).unwrap();
     }
     let config = mt::MtTrainConfig {
-        train_src: Some(data.join("train.de")),
-        train_tgt: Some(data.join("train.en")),
-        valid_src: Some(data.join("valid.de")),
-        valid_tgt: Some(data.join("valid.en")),
-        vocab_size: 30,
-        d_model: 16,
-        nhead: 2,
-        encoder_layers: 1,
-        decoder_layers: 1,
-        dim_feedforward: 32,
         epochs: 1,
         max_tokens: 64,
         max_batches: Some(4),
         max_valid: Some(4),
-        ..mt::MtTrainConfig::default()
+        ..tiny_mt_config(data, false, 30, 16, 2, 1, 32)
     };
-    let opts = RunOptions {
-        config,
-        out: out.to_path_buf(),
-        resume: false,
-        stop_after_steps: None,
-        crash_after_steps: None,
-        dist: Default::default(),
-        interrupt: None,
-        device: Device::Cpu,
-        given: Vec::new(),
-    };
-    mt::train(&opts, &mut Quiet).unwrap();
+    mt::train(&fresh(config, out), &mut Quiet).unwrap();
 }
 
 /// The run-directory loader fed bit-flipped weights, checkpoints, configurations and
@@ -254,11 +230,7 @@ fn damaged_run_directories_are_errors_never_panics() {
     }
     // A damaged best.safetensors says which file to fall back to.
     let best = run.join("best.safetensors");
-    let good = std::fs::read(&best).unwrap();
-    let mut bytes = good.clone();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x40;
-    std::fs::write(&best, &bytes).unwrap();
+    let good = flip_middle_byte(&best, 0x40);
     let e = mt::load_run(&run, &dev).err().unwrap().to_string();
     assert!(e.contains("checksum") && e.contains("checkpoint"), "{e}");
     // Without best.safetensors the checkpoint's weights are used, and the note says so.

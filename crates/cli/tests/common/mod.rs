@@ -4,12 +4,73 @@
 
 pub mod serve;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 
 /// The `transformer` binary built for these tests.
 pub fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_transformer"))
+}
+
+/// A finished command's stdout then its stderr, as one text.
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Asserts that a command succeeded (its stdout and stderr in the message otherwise) and
+/// returns its stdout and stderr as one text.
+pub fn succeeded(o: &Output) -> String {
+    let text = output_text(o);
+    assert!(o.status.success(), "{text}");
+    text
+}
+
+/// Asserts that a command failed (its stdout and stderr in the message otherwise) and
+/// returns its stdout and stderr as one text.
+pub fn failed(o: &Output) -> String {
+    let text = output_text(o);
+    assert!(!o.status.success(), "{text}");
+    text
+}
+
+/// Asserts that a command failed (its stderr in the message otherwise) and returns its
+/// stderr: where the error must be said.
+pub fn failure_stderr(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{err}");
+    err
+}
+
+/// Asserts that `text` (an error message, a log) mentions each of `parts`, the whole text in
+/// the message otherwise.
+pub fn assert_mentions(text: &str, parts: &[&str]) {
+    assert!(parts.iter().all(|p| text.contains(p)), "{text}");
+}
+
+/// `mt translate --run RUN` with `flags`, `input` on its stdin: its output, whatever its
+/// exit status.
+pub fn mt_translate_stdin(run: &Path, flags: &[&str], input: &str) -> Output {
+    let mut child = bin()
+        .args(["mt", "translate", "--run"])
+        .arg(run)
+        .args(flags)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
 }
 
 /// The repository's root.
@@ -53,6 +114,35 @@ pub fn write_toy_corpus(dir: &Path, src_words: &[&str], splits: &[(&str, usize)]
     }
 }
 
+/// The `mt train` flags naming the toy corpus's files in `data`: its train, valid and test
+/// splits.
+pub fn toy_corpus_flags(data: &Path) -> Vec<String> {
+    let mut flags = Vec::new();
+    for split in ["train", "valid", "test"] {
+        for (side, ext) in [("src", "de"), ("tgt", "en")] {
+            flags.push(format!("--{split}-{side}"));
+            flags.push(data.join(format!("{split}.{ext}")).display().to_string());
+        }
+    }
+    flags
+}
+
+/// The tiny model's `mt train` flags: the model of `write_tiny_config`.
+pub const TINY_MODEL_FLAGS: [&str; 12] = [
+    "--vocab-size",
+    "60",
+    "--d-model",
+    "32",
+    "--nhead",
+    "4",
+    "--layers",
+    "2",
+    "--dim-feedforward",
+    "64",
+    "--warmup",
+    "30",
+];
+
 /// `dir/config.toml` naming the toy corpus's files in `dir` (by their full paths, or
 /// relative to `dir` when `relative`: runs are then started from `dir`; the test split when
 /// `test`), the tiny model (2 + 2 layers, d_model 32, 4 heads, FFN 64, a vocabulary of 60),
@@ -85,6 +175,15 @@ pub fn write_tiny_config(dir: &Path, relative: bool, test: bool, extra: &str) {
     .unwrap();
 }
 
+/// The toy corpus (German source) with `splits` in `dir`, and its `config.toml` for the
+/// tiny model with the training settings `extra` (`write_tiny_config`: file names relative
+/// to `dir` when `relative`; the test split named when `splits` has one).
+pub fn write_toy_run_files(dir: &Path, splits: &[(&str, usize)], relative: bool, extra: &str) {
+    write_toy_corpus(dir, &GERMAN, splits);
+    let test = splits.iter().any(|&(split, _)| split == "test");
+    write_tiny_config(dir, relative, test, extra);
+}
+
 /// A headless Chromium: `CHROMIUM`, or the first of chromium, chromium-browser and
 /// google-chrome on the PATH.
 pub fn chromium() -> Option<PathBuf> {
@@ -99,6 +198,14 @@ pub fn chromium() -> Option<PathBuf> {
                 .success()
                 .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
         })
+}
+
+/// Each line of `text` parsed as JSON: the records of a run's metrics.jsonl, the lines of
+/// a `--json` output.
+pub fn json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// Every tensor of a safetensors file, flattened to f32 values, by name.

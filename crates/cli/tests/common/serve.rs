@@ -9,7 +9,11 @@ use std::process::{Child, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::{bin, write_tiny_config, write_toy_corpus, GERMAN};
+use super::{bin, mt_translate_stdin, write_toy_run_files};
+
+/// The training settings of the served run.
+const SETTINGS: &str =
+    "lr_factor = 0.7\nepochs = 30\nmax_tokens = 160\nlog_interval = 20\nbeam = 3\n";
 
 /// A small German -> English run, trained once for every test of this file.
 pub fn run_dir() -> &'static Path {
@@ -18,13 +22,7 @@ pub fn run_dir() -> &'static Path {
         let dir = std::env::temp_dir().join(format!("serve-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        write_toy_corpus(&dir, &GERMAN, &[("train", 300), ("valid", 20)]);
-        write_tiny_config(
-            &dir,
-            false,
-            false,
-            "lr_factor = 0.7\nepochs = 30\nmax_tokens = 160\nlog_interval = 20\nbeam = 3\n",
-        );
+        write_toy_run_files(&dir, &[("train", 300), ("valid", 20)], false, SETTINGS);
         let out = dir.join("run");
         let status = bin()
             .args(["mt", "train", "--config"])
@@ -54,22 +52,7 @@ pub fn mt_translate_with(lines: &[&str], flags: &[&str]) -> Vec<String> {
 /// `mt translate --run RUN` with `flags` on these lines: its output lines and its stderr;
 /// it must succeed.
 pub fn translate_run(run: &Path, lines: &[&str], flags: &[&str]) -> (Vec<String>, String) {
-    let mut child = bin()
-        .args(["mt", "translate", "--run"])
-        .arg(run)
-        .args(flags)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all((lines.join("\n") + "\n").as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = mt_translate_stdin(run, flags, &(lines.join("\n") + "\n"));
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{stderr}");
     let lines = String::from_utf8(out.stdout)

@@ -1,10 +1,14 @@
 //! Loading the PyTorch fixtures written by `scripts/make_fixtures.py` and comparing tensors.
 #![allow(dead_code)]
 
+pub mod gradients;
+
 use candle_core::{DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use transformer_model::{import, Mask};
+use transformer_model::config::Activation;
+use transformer_model::encoder::LayerSpec;
+use transformer_model::{import, LmConfig, Mask};
 
 pub fn fixture_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -88,6 +92,12 @@ impl Fixture {
     pub fn padding_mask(&self, key: &str) -> Mask {
         Mask::from_torch_key_padding(&self.t(&format!("mask.{key}"))).unwrap()
     }
+
+    /// The boolean attention mask `mask.<attn>` and the key padding mask `mask.<padding>`
+    /// together: a position is attended where both allow it.
+    pub fn combined_mask(&self, attn: &str, padding: &str) -> Result<Mask> {
+        self.attn_mask(attn).and(&self.padding_mask(padding))
+    }
 }
 
 /// Tolerance on `max |got - want| / max(1, max |want|)` per dtype: float64 results must
@@ -157,4 +167,56 @@ pub fn check_gradients(
         );
     }
     Ok(())
+}
+
+/// An encoder or decoder layer of width `d_model` with `nhead` heads, a feed-forward layer
+/// of `dim_feedforward` with `activation`, `dropout`, the norms first when `norm_first`, and
+/// LayerNorm's eps of 1e-5 (PyTorch's default).
+pub fn layer_spec(
+    d_model: usize,
+    nhead: usize,
+    dim_feedforward: usize,
+    dropout: f64,
+    activation: Activation,
+    norm_first: bool,
+) -> LayerSpec {
+    LayerSpec {
+        d_model,
+        nhead,
+        dim_feedforward,
+        dropout,
+        activation,
+        layer_norm_eps: 1e-5,
+        norm_first,
+    }
+}
+
+/// A small language model's configuration with two attention heads: a vocabulary of
+/// `ntoken`, `nlayers` encoder layers of width `d_model` and a feed-forward layer of `d_hid`;
+/// the rest as by default.
+pub fn lm_config(ntoken: usize, d_model: usize, d_hid: usize, nlayers: usize) -> LmConfig {
+    LmConfig {
+        ntoken,
+        d_model,
+        nhead: 2,
+        d_hid,
+        nlayers,
+        ..LmConfig::default()
+    }
+}
+
+/// The largest absolute difference between two tensors' f32 values, and the largest
+/// magnitude of `want`'s (at least `floor`, for gradients that are zero in exact arithmetic),
+/// for a tolerance relative to it.
+pub fn max_diff_and_size(want: &Tensor, got: &Tensor, floor: f32) -> Result<(f32, f32)> {
+    let (w, g) = (
+        want.flatten_all()?.to_vec1::<f32>()?,
+        got.flatten_all()?.to_vec1::<f32>()?,
+    );
+    let size = w.iter().fold(floor, |m, v| m.max(v.abs()));
+    let diff = w
+        .iter()
+        .zip(&g)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    Ok((diff, size))
 }

@@ -50,6 +50,14 @@ import ctranslate2  # noqa: E402
 from ctranslate2.specs import common_spec, transformer_spec  # noqa: E402
 
 
+def set_inputs(stack, embeddings, weight, pe):
+    """A stack's input: the embedding matrix (scaled by sqrt(d_model), section 3.4) and the
+    sinusoidal position table."""
+    embeddings.weight = weight
+    stack.scale_embeddings = True
+    stack.position_encodings.encodings = pe
+
+
 def set_linear(spec, weight, bias):
     spec.weight = np.ascontiguousarray(weight, dtype=np.float32)
     spec.bias = np.ascontiguousarray(bias, dtype=np.float32)
@@ -101,9 +109,7 @@ def build_spec(run: mt_run.Run) -> transformer_spec.TransformerSpec:
     pe = mt_run.sinusoid_table(t["max_len"], t["d_model"])
 
     # Encoder.
-    spec.encoder.embeddings[0].weight = emb
-    spec.encoder.scale_embeddings = True
-    spec.encoder.position_encodings.encodings = pe
+    set_inputs(spec.encoder, spec.encoder.embeddings[0], emb, pe)
     for i, layer in enumerate(spec.encoder.layer):
         p = f"transformer.encoder.layers.{i}"
         set_self_attention(layer.self_attention, w, f"{p}.self_attn")
@@ -115,9 +121,7 @@ def build_spec(run: mt_run.Run) -> transformer_spec.TransformerSpec:
     set_norm(spec.encoder.layer_norm, w, "transformer.encoder.norm")
 
     # Decoder.
-    spec.decoder.embeddings.weight = tgt_emb
-    spec.decoder.scale_embeddings = True
-    spec.decoder.position_encodings.encodings = pe
+    set_inputs(spec.decoder, spec.decoder.embeddings, tgt_emb, pe)
     for i, layer in enumerate(spec.decoder.layer):
         p = f"transformer.decoder.layers.{i}"
         set_self_attention(layer.self_attention, w, f"{p}.self_attn")

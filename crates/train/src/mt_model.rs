@@ -104,6 +104,15 @@ impl MtModelConfig {
     }
 }
 
+/// Translation weight files hold their [`MtModelConfig`] ([`crate::runner::ModelConfig::save`]).
+impl crate::runner::ModelConfig for MtModelConfig {
+    type Model = MtModel;
+    const WEIGHTS_FORMAT: &'static str = crate::mt::WEIGHTS_FORMAT;
+    fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<MtModel> {
+        MtModel::build(pb, self)
+    }
+}
+
 impl ArchConfig for Seq2SeqConfig {
     fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<Box<dyn Architecture>> {
         Ok(Box::new(Seq2Seq::with_config(pb, self)?))

@@ -12,22 +12,8 @@ use transformer_model::{
 };
 use transformer_train::lm::LmStep;
 
-fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
-    f();
-    let mut v: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    println!(
-        "{label:<40} min {:8.2} ms  median {:8.2} ms",
-        v[0],
-        v[v.len() / 2]
-    );
-}
+mod support;
+use support::time;
 
 /// The tutorial LM's encoder stack (2 post-norm ReLU layers, d_model 200, 2 heads, d_hid
 /// 200, dropout 0.2), on its own so that its paths can be timed apart.

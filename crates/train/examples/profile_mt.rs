@@ -4,7 +4,6 @@
 //! `cargo run --release -p transformer-train --example profile_mt`
 
 use candle_core::{DType, Device, Tensor};
-use std::time::Instant;
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::Backprop;
 use transformer_model::DirectGrads;
@@ -15,22 +14,8 @@ use transformer_train::mt::{train_step, MtModel, MtTrainConfig};
 use transformer_train::optim::Adam;
 use transformer_train::Gradients;
 
-fn time<R>(label: &str, reps: usize, mut f: impl FnMut() -> R) {
-    f();
-    let mut v: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    println!(
-        "{label:<44} min {:8.2} ms  median {:8.2} ms",
-        v[0],
-        v[v.len() / 2]
-    );
-}
+mod support;
+use support::time;
 
 fn main() -> candle_core::Result<()> {
     let dev = Device::Cpu;

@@ -11,11 +11,11 @@ use crate::loss::cross_entropy;
 use crate::metrics::Metric;
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
-    self, save_tagged, Progress, RunOptions, RunState, StepStats, Task, Validation,
+    self, save_tagged, ModelConfig, Progress, RunOptions, StepStats, Task, TestRun, Trained,
+    Validation,
 };
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::path::Path;
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::{Mode, ParamBuilder, Params, Rng, Seq2Seq, TransformerConfig};
@@ -114,8 +114,7 @@ fn batch_loss(model: &Seq2Seq, data: &Tensor, cfg: &CopyTaskConfig, mode: Mode) 
 /// held-out batches.
 struct CopyTask {
     cfg: CopyTaskConfig,
-    model: Seq2Seq,
-    params: Params,
+    trained: Trained<CopyTaskConfig>,
     vars: Vec<Var>,
     opt: Adam,
     schedule: NoamSchedule,
@@ -126,27 +125,30 @@ struct CopyTask {
     accuracy: Option<f64>,
 }
 
-impl Task for CopyTask {
+/// The copy task's model is built from its whole configuration (sizes and vocabulary); its
+/// weight files hold the weights alone.
+impl ModelConfig for CopyTaskConfig {
     type Model = Seq2Seq;
+    const WEIGHTS_FORMAT: &'static str = WEIGHTS_FORMAT;
+    fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<Seq2Seq> {
+        Seq2Seq::new(pb, &self.model, self.vocab, self.vocab)
+    }
+    fn save(&self, path: &Path, params: &Params) -> Result<()> {
+        save_tagged(path, &params_tensors(params), WEIGHTS_FORMAT, [])
+    }
+}
+
+/// The copy task trains one epoch of `steps` batches (the runner's default).
+impl Task for CopyTask {
+    type Config = CopyTaskConfig;
+    type ModelConfig = CopyTaskConfig;
     const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
 
-    fn epochs(&self) -> usize {
-        1
+    fn config(&self) -> &CopyTaskConfig {
+        &self.cfg
     }
-    fn config_toml(&self) -> String {
-        toml::to_string(&self.cfg).expect("config serializes")
-    }
-    fn model(&self) -> &Seq2Seq {
-        &self.model
-    }
-    fn params(&self) -> &Params {
-        &self.params
-    }
-    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<Seq2Seq> {
-        Seq2Seq::new(pb, &self.cfg.model, self.cfg.vocab, self.cfg.vocab)
-    }
-    fn save_weights(&self, path: &Path, params: &Params) -> Result<()> {
-        save_tagged(path, &params_tensors(params), WEIGHTS_FORMAT, [])
+    fn trained(&self) -> &Trained<CopyTaskConfig> {
+        &self.trained
     }
 
     fn start_epoch(&mut self, _epoch: usize) -> Result<usize> {
@@ -156,7 +158,7 @@ impl Task for CopyTask {
     /// The batch is drawn from the run's RNG (resumed with it), then dropout from the same.
     fn train_step(&mut self, _index: usize, step: usize, rng: &Rng) -> Result<StepStats> {
         let data = random_batch(rng, &self.cfg, &self.device)?;
-        let loss = batch_loss(&self.model, &data, &self.cfg, Mode::Train(rng))?;
+        let loss = batch_loss(&self.trained.model, &data, &self.cfg, Mode::Train(rng))?;
         let mut grads = Gradients::backward(&loss, &self.vars)?;
         clip_grad_norm(&mut grads, 1.0)?;
         self.opt.lr = self.schedule.lr(step + 1);
@@ -185,49 +187,38 @@ impl Task for CopyTask {
         })
     }
 
-    fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {
-        self.opt.checkpoint_state()
-    }
-
-    fn restore_optimizer(
-        &mut self,
-        tensors: &mut HashMap<String, Tensor>,
-        meta: &HashMap<String, String>,
-        path: &Path,
-    ) -> Result<()> {
-        self.opt.restore_checkpoint_state(tensors, meta, path)
+    fn adam(&mut self) -> Option<&mut Adam> {
+        Some(&mut self.opt)
     }
 
     /// Exact greedy copies of the held-out sequences by the best model.
-    fn test(
-        &mut self,
-        run: &Path,
-        state: &RunState,
-        progress: &mut dyn Progress,
-        _dist: &crate::dist::Dist,
-    ) -> Result<(Vec<Metric>, Option<f64>)> {
+    fn test(&mut self, t: TestRun) -> Result<(Vec<Metric>, Option<f64>)> {
         let pb = ParamBuilder::new(DType::F32, &self.device, 0);
-        let best = self.build_model(&pb)?;
-        let (tensors, _) =
-            runner::load_tagged(&crate::runner::best_path(run), WEIGHTS_FORMAT, &self.device)?;
+        let best = self.cfg.build(&pb)?;
+        let (tensors, _) = runner::load_tagged(
+            &crate::runner::best_path(t.run),
+            WEIGHTS_FORMAT,
+            &self.device,
+        )?;
         pb.params().assign(&tensors)?;
         let loss = self.validate(&best, &crate::dist::Dist::single())?.loss;
         let acc = copy_accuracy(&best, &self.held_out)?;
         let decoded = greedy_copies(&best, &self.held_out)?;
         for (row, out) in self.held_out.to_vec2::<u32>()?.iter().zip(&decoded).take(3) {
-            progress.line(&format!("  source {:?}\n  greedy {:?}", &row[1..], out));
+            t.progress
+                .line(&format!("  source {:?}\n  greedy {:?}", &row[1..], out));
         }
-        progress.line(&format!(
+        t.progress.line(&format!(
             "exact copies on {} held-out sequences: {:.0}%",
             decoded.len(),
             100.0 * acc
         ));
         self.accuracy = Some(acc);
         let record = Metric::Test {
-            step: state.step,
+            step: t.state.step,
             loss,
             ppl: loss.exp(),
-            weights: state.best_weights,
+            weights: t.state.best_weights,
             bleu: None,
             chrf: None,
         };
@@ -256,10 +247,8 @@ pub fn train(
     let opened = crate::runner::open_run(opts, CHECKPOINT_FORMAT, progress)?;
     let _lock = opened.lock;
     let (cfg, saved) = (opened.config, opened.saved);
-    let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
-    let model = Seq2Seq::new(&pb, &cfg.model, cfg.vocab, cfg.vocab)?;
-    let params = pb.params();
-    let vars = params.vars();
+    let trained = Trained::new(cfg.clone(), dev, cfg.seed)?;
+    let vars = trained.params.vars();
     let held_out = random_batch(
         &Rng::new(cfg.seed ^ 0xdead_beef),
         &CopyTaskConfig {
@@ -276,24 +265,14 @@ pub fn train(
             factor: cfg.lr_factor,
         },
         vars,
-        model,
-        params,
+        trained,
         device: dev.clone(),
         held_out,
         accuracy: None,
         cfg,
     };
-    let parameters = task.params.num_elements();
-    let seed = task.cfg.seed;
-    let s = runner::run(
-        &mut task,
-        opts,
-        saved,
-        seed.wrapping_add(1),
-        0.0,
-        1,
-        progress,
-    )?;
+    let parameters = task.trained.params.num_elements();
+    let s = runner::run(&mut task, opts, saved, progress)?;
     Ok(CopySummary {
         losses: s.step_losses,
         accuracy: task.accuracy,
@@ -340,11 +319,5 @@ impl crate::runner::RunConfig for CopyTaskConfig {
     fn recorded_paths(&self) -> Vec<(&'static str, &Option<std::path::PathBuf>)> {
         Vec::new()
     }
-    fn accumulate(&self) -> usize {
-        1
-    }
     fn without_averaging(&mut self) {}
-    fn to_toml(&self) -> String {
-        toml::to_string(self).expect("the copy task's configuration serializes")
-    }
 }

@@ -168,16 +168,7 @@ pub fn append(path: &Path, m: &Metric) -> Result<()> {
 
 /// Reads a metrics file, one record per line; a missing file is no records.
 pub fn read(path: &Path) -> Result<Vec<Metric>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(Error::Io {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-    };
+    let text = read_text(path)?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -192,9 +183,18 @@ pub fn read(path: &Path) -> Result<Vec<Metric>> {
 
 /// The records (non-empty lines) of a metrics file; a missing file has none.
 pub fn count(path: &Path) -> Result<usize> {
+    Ok(read_text(path)?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count())
+}
+
+/// The text of a metrics file; a missing file (a run that has logged nothing yet) reads as
+/// empty.
+fn read_text(path: &Path) -> Result<String> {
     match std::fs::read_to_string(path) {
-        Ok(t) => Ok(t.lines().filter(|l| !l.trim().is_empty()).count()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Ok(t) => Ok(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
         Err(source) => Err(Error::Io {
             path: path.to_path_buf(),
             source,
@@ -205,16 +205,7 @@ pub fn count(path: &Path) -> Result<usize> {
 /// Keeps only the first `records` records of a metrics file (what a checkpoint knew of), so
 /// that a resumed run writes every later record once. Lines are kept byte for byte.
 pub fn truncate_to(path: &Path, records: usize) -> Result<()> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(source) => {
-            return Err(Error::Io {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-    };
+    let text = read_text(path)?;
     let mut kept = String::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()).take(records) {
         kept.push_str(line);
@@ -227,16 +218,7 @@ pub fn truncate_to(path: &Path, records: usize) -> Result<()> {
 /// lines are written back as they were, so their numbers stay exact to the last digit (a
 /// parse and re-serialisation of a float can move it by an ulp).
 pub fn truncate_after(path: &Path, step: usize) -> Result<()> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(source) => {
-            return Err(Error::Io {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-    };
+    let text = read_text(path)?;
     let mut kept = String::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {

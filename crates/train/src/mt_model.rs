@@ -104,6 +104,15 @@ impl MtModelConfig {
     }
 }
 
+/// Translation weight files hold their [`MtModelConfig`] ([`crate::runner::ModelConfig::save`]).
+impl crate::runner::ModelConfig for MtModelConfig {
+    type Model = MtModel;
+    const WEIGHTS_FORMAT: &'static str = crate::mt::WEIGHTS_FORMAT;
+    fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<MtModel> {
+        MtModel::build(pb, self)
+    }
+}
+
 impl ArchConfig for Seq2SeqConfig {
     fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<Box<dyn Architecture>> {
         Ok(Box::new(Seq2Seq::with_config(pb, self)?))
@@ -178,7 +187,7 @@ pub struct AttentionWeights {
 /// [`ArchConfig`] for its configuration, and takes one arm in [`MtModelConfig::arch`]; no
 /// other code names it. The defaults cover what only the Transformer has (fused training
 /// gradients, int8 and restricted-vocabulary decoding, decoding weights made ready once).
-pub trait Architecture: std::fmt::Debug + Send + Sync {
+pub trait Architecture: ArchCommon + std::fmt::Debug + Send + Sync {
     /// The longest sequence (with its `<eos>` or `<bos>`) the model takes; `None`: no limit.
     fn max_positions(&self) -> Option<usize>;
     /// Label-smoothed cross-entropy of `tgt_out` over its non-padding positions, and the plain
@@ -200,13 +209,6 @@ pub trait Architecture: std::fmt::Debug + Send + Sync {
         pad: u32,
         prepared: Option<&PreparedDecoding>,
     ) -> Result<Box<dyn ArchState>>;
-    /// One decoding step ([`StepModel::step`]) on a state [`Self::start`] made.
-    fn step(
-        &self,
-        state: &mut dyn ArchState,
-        tokens: &[u32],
-        attention: bool,
-    ) -> Result<StepOutput>;
     /// The attention weights of `tgt_in` given `src` (one sentence each, teacher forcing).
     fn attention(&self, src: &Tensor, tgt_in: &Tensor, pad: u32) -> Result<AttentionWeights>;
     /// Decoding weights made ready once for many batches, where the model has them.
@@ -243,10 +245,43 @@ pub trait Architecture: std::fmt::Debug + Send + Sync {
         }
         Ok(())
     }
+}
+
+/// What every architecture does alike, given its model is a [`StepModel`] that clones
+/// ([`Architecture`] requires it; implemented for every such model).
+pub trait ArchCommon {
+    /// One decoding step ([`StepModel::step`]) on a state [`Architecture::start`] made.
+    fn step(
+        &self,
+        state: &mut dyn ArchState,
+        tokens: &[u32],
+        attention: bool,
+    ) -> Result<StepOutput>;
     /// A copy (the weights' tensors are shared, as `Clone` shares them).
     fn clone_box(&self) -> Box<dyn Architecture>;
     /// For callers that need the concrete model ([`MtModel::transformer`]).
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<M> ArchCommon for M
+where
+    M: Architecture + StepModel + Clone + 'static,
+    M::State: 'static,
+{
+    fn step(
+        &self,
+        state: &mut dyn ArchState,
+        tokens: &[u32],
+        attention: bool,
+    ) -> Result<StepOutput> {
+        StepModel::step(self, own_state::<M::State>(state)?, tokens, attention)
+    }
+    fn clone_box(&self) -> Box<dyn Architecture> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// An architecture's decoding state, as [`Architecture::start`] makes it.
@@ -311,14 +346,6 @@ impl Architecture for Seq2Seq {
             None => StepModel::start(self, src, pad)?,
         }))
     }
-    fn step(
-        &self,
-        state: &mut dyn ArchState,
-        tokens: &[u32],
-        attention: bool,
-    ) -> Result<StepOutput> {
-        StepModel::step(self, own_state::<DecodeState>(state)?, tokens, attention)
-    }
     fn attention(&self, src: &Tensor, tgt_in: &Tensor, pad: u32) -> Result<AttentionWeights> {
         let masks = Seq2SeqMasks::new(src, tgt_in, pad)?;
         let pass = transformer_model::Pass::new(Mode::Eval).weights();
@@ -348,12 +375,6 @@ impl Architecture for Seq2Seq {
         Seq2Seq::set_candidate_vocab(self, c);
         Ok(())
     }
-    fn clone_box(&self) -> Box<dyn Architecture> {
-        Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }
 
 impl Architecture for RnnSeq2Seq {
@@ -377,14 +398,6 @@ impl Architecture for RnnSeq2Seq {
     ) -> Result<Box<dyn ArchState>> {
         Ok(Box::new(StepModel::start(self, src, pad)?))
     }
-    fn step(
-        &self,
-        state: &mut dyn ArchState,
-        tokens: &[u32],
-        attention: bool,
-    ) -> Result<StepOutput> {
-        StepModel::step(self, own_state::<RnnState>(state)?, tokens, attention)
-    }
     fn attention(&self, src: &Tensor, tgt_in: &Tensor, pad: u32) -> Result<AttentionWeights> {
         let (_, w) = self.decode_features(src, tgt_in, pad, Mode::Eval)?;
         Ok(AttentionWeights {
@@ -395,12 +408,6 @@ impl Architecture for RnnSeq2Seq {
     }
     fn describe_decoding(&self) -> String {
         "f32 (recurrent)".into()
-    }
-    fn clone_box(&self) -> Box<dyn Architecture> {
-        Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

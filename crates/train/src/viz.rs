@@ -299,38 +299,33 @@ fn json_strs(v: &[String]) -> String {
     )
 }
 
+/// Attention maps (layer, head, row, column) as nested JSON arrays, each weight rounded to 4
+/// decimals (a weight that is not finite as 0).
 fn json_maps(m: &[Vec<Vec<Vec<f32>>>]) -> String {
-    let mut s = String::from("[");
-    for (l, layer) in m.iter().enumerate() {
-        if l > 0 {
-            s.push(',');
-        }
-        s.push('[');
-        for (h, head) in layer.iter().enumerate() {
-            if h > 0 {
-                s.push(',');
-            }
-            s.push('[');
-            for (i, row) in head.iter().enumerate() {
-                if i > 0 {
-                    s.push(',');
-                }
-                s.push('[');
-                for (j, v) in row.iter().enumerate() {
-                    if j > 0 {
-                        s.push(',');
-                    }
+    let mut s = String::new();
+    json_list(&mut s, m, |s, layer| {
+        json_list(s, layer, |s, head| {
+            json_list(s, head, |s, row| {
+                json_list(s, row, |s, v| {
                     let v = if v.is_finite() { *v } else { 0.0 };
                     let _ = write!(s, "{}", (v * 1e4).round() / 1e4);
-                }
-                s.push(']');
-            }
-            s.push(']');
+                })
+            })
+        })
+    });
+    s
+}
+
+/// Appends `items` to `s` as a JSON array, each written by `item`.
+fn json_list<T>(s: &mut String, items: &[T], mut item: impl FnMut(&mut String, &T)) {
+    s.push('[');
+    for (i, x) in items.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
         }
-        s.push(']');
+        item(s, x);
     }
     s.push(']');
-    s
 }
 
 /// One self-contained HTML page (no network, no external script) to explore `set`: choose

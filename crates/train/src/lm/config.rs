@@ -7,10 +7,7 @@ use transformer_model::LmConfig;
 use transformer_model::Precision;
 use transformer_text::corpus::LineEnd;
 
-/// Optimizer steps between updates of the weight average: each update is one pass over all
-/// the weights (2 reads, 1 write of 12 M floats, several ms on a 2-core machine), and a
-/// horizon of thousands of steps loses nothing by sampling every fourth iterate.
-pub const AVERAGE_EVERY: usize = 4;
+pub use crate::runner::AVERAGE_EVERY;
 
 /// Everything a run is configured by; defaults are the tutorial's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -198,19 +195,7 @@ impl LmTrainConfig {
 
     /// Reads a TOML file of the same keys (any subset; the rest keep their defaults).
     pub fn from_toml_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.into(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| Error::Config {
-            path: path.into(),
-            msg: e.to_string(),
-        })
-    }
-
-    /// The configuration as TOML, every key written (what `config.toml` holds).
-    pub fn to_toml(&self) -> String {
-        toml::to_string(self).expect("config serializes")
+        crate::runner::read_toml_file(path)
     }
 
     /// The learning rate of `epoch` (1-based): StepLR(step_size 1, gamma).
@@ -227,13 +212,7 @@ impl crate::runner::RunConfig for LmTrainConfig {
     fn recorded_paths(&self) -> Vec<(&'static str, &Option<std::path::PathBuf>)> {
         vec![("data", &self.data)]
     }
-    fn accumulate(&self) -> usize {
-        self.accumulate
-    }
     fn without_averaging(&mut self) {
         self.average_decay = 0.0;
-    }
-    fn to_toml(&self) -> String {
-        LmTrainConfig::to_toml(self)
     }
 }

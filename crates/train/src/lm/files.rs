@@ -3,9 +3,8 @@
 use super::*;
 use crate::average::CHECKPOINT_PREFIX as AVERAGE_PREFIX;
 use crate::checkpoint;
-use crate::checkpoint::params_tensors;
 use crate::error::{Error, Result};
-use crate::runner::{self, check_format, save_tagged, RunState};
+use crate::runner::{self, check_format, RunState};
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use transformer_model::{LmConfig, ParamBuilder, Params, TransformerLm};
@@ -20,16 +19,9 @@ pub use crate::runner::{PrintProgress, Progress};
 /// How to run [`train`].
 pub type TrainOptions = crate::runner::RunOptions<LmTrainConfig>;
 
-/// What a finished (or stopped) run reports.
-#[derive(Debug, Clone)]
-pub struct Summary {
-    /// Where the run stands at the end of this invocation.
-    pub state: TrainState,
-    /// The best model's test loss (mean cross-entropy, nats per token), once tested.
-    pub test_loss: Option<f64>,
-    /// The loss of every step taken in this invocation.
-    pub step_losses: Vec<f64>,
-}
+/// What a finished (or stopped) run reports (the test loss: mean cross-entropy, nats per
+/// token).
+pub type Summary = crate::runner::RunSummary;
 
 pub use crate::runner::{best_path, checkpoint_path, config_path, metrics_path};
 
@@ -50,17 +42,13 @@ pub fn default_data_dir() -> Option<PathBuf> {
     p.is_dir().then_some(p)
 }
 
-/// Saves model weights with the config needed to rebuild the model.
-pub fn save_weights(path: &Path, params: &Params, model: &LmConfig) -> Result<()> {
-    save_tagged(
-        path,
-        &params_tensors(params),
-        WEIGHTS_FORMAT,
-        [(
-            "model",
-            serde_json::to_string(model).expect("config serializes"),
-        )],
-    )
+/// The language model's weight files hold its [`LmConfig`] ([`runner::ModelConfig::save`]).
+impl runner::ModelConfig for LmConfig {
+    type Model = TransformerLm;
+    const WEIGHTS_FORMAT: &'static str = WEIGHTS_FORMAT;
+    fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<TransformerLm> {
+        TransformerLm::new(pb, self)
+    }
 }
 
 /// A trained model loaded from a run directory (its best weights, or the latest checkpoint
@@ -85,12 +73,10 @@ pub struct LoadedLm {
 
 /// Loads the model of the run directory `run` onto `device`: see [`LoadedLm`].
 pub fn load_run(run: &Path, device: &Device) -> Result<LoadedLm> {
-    if !run.is_dir() {
-        return Err(Error::Usage(format!(
-            "{}: no such run directory (create one with `transformer lm train --out DIR` or `transformer lm import-torch`)",
-            run.display()
-        )));
-    }
+    runner::check_run_exists(
+        run,
+        "`transformer lm train --out DIR` or `transformer lm import-torch`",
+    )?;
     let vocab = Vocab::load(&vocab_path(run))?;
     let line_end = if config_path(run).exists() {
         LmTrainConfig::from_toml_file(&config_path(run))?.line_end()

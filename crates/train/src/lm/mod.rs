@@ -28,7 +28,7 @@
 
 use crate::checkpoint;
 use crate::error::{Error, Result};
-use crate::runner;
+use crate::runner::{self, ModelConfig, RunConfig};
 use candle_core::{DType, Device};
 use serde::Serialize;
 use std::path::Path;
@@ -58,7 +58,6 @@ pub const WEIGHTS_FORMAT: &str = "transformer-lm-weights/1";
 pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary> {
     let run = &opts.out;
     let dev = &opts.device;
-    let writer = opts.dist.writes();
     let opened = runner::open_run(opts, CHECKPOINT_FORMAT, progress)?;
     let (resuming, _lock) = (opened.resuming, opened.lock);
     let (cfg, saved) = (opened.config, opened.saved);
@@ -85,16 +84,11 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
     let choice = crate::precision::settle(dev, resuming, p, measure, shape, BF16_COVERS)?;
     cfg.precision = choice.precision;
     let precision_line = choice.line;
-    if writer && !resuming {
-        checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
+    if runner::write_fresh_config(opts, resuming, &cfg)? {
         data.vocab.save(&vocab_path(run))?;
-        let _ = std::fs::remove_file(metrics_path(run));
     }
 
-    let model_cfg = cfg.model(data.vocab.len());
-    let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
-    let model = TransformerLm::new(&pb, &model_cfg)?;
-    let params = pb.params();
+    let trained = runner::Trained::new(cfg.model(data.vocab.len()), dev, cfg.seed)?;
     if cfg.eos_per_line {
         progress.line(
             "data: an <eos> token after every line, empty lines included (the older tutorial's \
@@ -111,31 +105,15 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         .max_batches
         .map_or(data.train.tutorial_num_batches(cfg.bptt), |_| epoch_windows);
     let mut task = LmTask {
-        step: LmStep::new(params.vars(), cfg.lr, cfg.clip),
-        model_cfg,
+        step: LmStep::new(trained.params.vars(), cfg.lr, cfg.clip),
         data,
-        model,
-        params,
+        trained,
         device: dev.clone(),
         epoch_windows,
         label_batches,
         cfg,
     };
-    let (seed, decay) = (task.cfg.seed, task.cfg.average_decay);
-    let s = runner::run(
-        &mut task,
-        opts,
-        saved,
-        seed.wrapping_add(1),
-        decay,
-        AVERAGE_EVERY,
-        progress,
-    )?;
-    Ok(Summary {
-        state: s.state,
-        test_loss: s.test_loss,
-        step_losses: s.step_losses,
-    })
+    runner::run(&mut task, opts, saved, progress)
 }
 
 /// Imports the tutorial's PyTorch `TransformerModel` (either tutorial version's names, see
@@ -208,7 +186,7 @@ pub fn import_torch(
     };
     checkpoint::write_atomic(&config_path(out), train_cfg.to_toml().as_bytes())?;
     vocab.save(&vocab_path(out))?;
-    save_weights(&best_path(out), &params, &config)?;
+    config.save(&best_path(out), &params)?;
     Ok((config, layout))
 }
 

@@ -5,20 +5,17 @@ use crate::clip::clip_coefficient;
 use crate::error::Result;
 use crate::grads::Gradients;
 use crate::metrics::{Metric, Weights};
-use crate::runner::{LogWindow, RunState, StepStats, Task, Validation};
+use crate::runner::{EpochEnd, LogWindow, StepStats, Task, TestRun, Trained, Validation};
 use candle_core::{DType, Device};
-use std::path::Path;
 use transformer_model::Backprop;
-use transformer_model::{LmConfig, Mode, ParamBuilder, Params, Rng, TransformerLm};
+use transformer_model::{LmConfig, Mode, Rng, TransformerLm};
 
 /// The language model as a task on the [`crate::runner`]: the tutorial's windows, step,
 /// log lines, validation (lower loss is better) and test.
 pub(super) struct LmTask {
     pub(super) cfg: LmTrainConfig,
-    pub(super) model_cfg: LmConfig,
     pub(super) data: LmData,
-    pub(super) model: TransformerLm,
-    pub(super) params: Params,
+    pub(super) trained: Trained<LmConfig>,
     pub(super) step: LmStep,
     pub(super) device: Device,
     /// Windows per epoch (all, or `max_batches`), and the count the tutorial's log prints.
@@ -27,32 +24,18 @@ pub(super) struct LmTask {
 }
 
 impl Task for LmTask {
-    type Model = TransformerLm;
+    type Config = LmTrainConfig;
+    type ModelConfig = LmConfig;
     const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
     // With an average, the best SGD weights are kept apart too, for the tutorial's own test
     // figure.
     const BEST_TRAINED_FILE: Option<&'static str> = Some("best-sgd.safetensors");
 
-    fn epochs(&self) -> usize {
-        self.cfg.epochs
+    fn config(&self) -> &LmTrainConfig {
+        &self.cfg
     }
-    fn checkpoint_interval(&self) -> usize {
-        self.cfg.checkpoint_interval
-    }
-    fn config_toml(&self) -> String {
-        self.cfg.to_toml()
-    }
-    fn model(&self) -> &TransformerLm {
-        &self.model
-    }
-    fn params(&self) -> &Params {
-        &self.params
-    }
-    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<TransformerLm> {
-        TransformerLm::new(pb, &self.model_cfg)
-    }
-    fn save_weights(&self, path: &Path, params: &Params) -> Result<()> {
-        save_weights(path, params, &self.model_cfg)
+    fn trained(&self) -> &Trained<LmConfig> {
+        &self.trained
     }
 
     fn start_epoch(&mut self, epoch: usize) -> Result<usize> {
@@ -63,18 +46,18 @@ impl Task for LmTask {
     fn train_step(&mut self, index: usize, _step: usize, rng: &Rng) -> Result<StepStats> {
         let w = self.data.train.window(index, self.cfg.bptt);
         let (input, target) = window_tensors(&w, &self.device)?;
-        let loss = self
-            .step
-            .run(&self.model, &input, &target, rng, self.cfg.precision)?;
+        let loss = self.step.run(
+            &self.trained.model,
+            &input,
+            &target,
+            rng,
+            self.cfg.precision,
+        )?;
         Ok(StepStats {
             loss,
             nll: loss,
             tokens: w.seq_len * w.batch_size,
         })
-    }
-
-    fn accumulate(&self) -> usize {
-        self.cfg.accumulate
     }
 
     fn batch_tokens(&self, index: usize) -> usize {
@@ -85,7 +68,7 @@ impl Task for LmTask {
     fn backward(&mut self, index: usize, rng: &Rng) -> Result<(Gradients, StepStats)> {
         let w = self.data.train.window(index, self.cfg.bptt);
         let (input, target) = window_tensors(&w, &self.device)?;
-        let loss = self.model.loss(
+        let loss = self.trained.model.loss(
             &input,
             &target,
             Mode::Train(rng),
@@ -164,15 +147,10 @@ impl Task for LmTask {
         })
     }
 
-    fn epoch_lines(
-        &self,
-        epoch: usize,
-        secs: f64,
-        _train_seconds: f64,
-        validated: &[(Weights, Validation)],
-    ) -> Vec<String> {
+    fn epoch_lines(&self, end: &EpochEnd) -> Vec<String> {
+        let (epoch, secs) = (end.epoch, end.seconds);
         let mut lines = vec!["-".repeat(89)];
-        for (weights, v) in validated {
+        for (weights, v) in end.validated {
             let loss = v.loss;
             lines.push(match weights {
                 Weights::Sgd => format!(
@@ -192,48 +170,42 @@ impl Task for LmTask {
 
     /// The best model, and the best SGD weights where the average won (the tutorial's own
     /// result).
-    fn test(
-        &mut self,
-        run: &Path,
-        state: &RunState,
-        progress: &mut dyn Progress,
-        dist: &crate::dist::Dist,
-    ) -> Result<(Vec<Metric>, Option<f64>)> {
+    fn test(&mut self, t: TestRun) -> Result<(Vec<Metric>, Option<f64>)> {
         let (cfg, dev) = (&self.cfg, &self.device);
-        let best = load_run(run, dev)?;
-        let test_loss = evaluate_on(&best.model, &self.data.test, cfg.bptt, dev, dist)?;
-        let mut tests = vec![(state.best_weights, test_loss)];
-        progress.line(&"=".repeat(89));
-        progress.line(&format!(
+        let best = load_run(t.run, dev)?;
+        let test_loss = evaluate_on(&best.model, &self.data.test, cfg.bptt, dev, t.dist)?;
+        let mut tests = vec![(t.state.best_weights, test_loss)];
+        t.progress.line(&"=".repeat(89));
+        t.progress.line(&format!(
             "| End of training | test loss {test_loss:5.2} | test ppl {:8.2}",
             test_loss.exp()
         ));
         if cfg.average_decay > 0.0 {
-            progress.line(&format!(
+            t.progress.line(&format!(
                 "| best model by validation: {} after epoch {}",
-                state.best_weights.describe(),
-                state.best_epoch
+                t.state.best_weights.describe(),
+                t.state.best_epoch
             ));
         }
-        if state.best_weights == Weights::Average {
+        if t.state.best_weights == Weights::Average {
             let (sgd, _, _) = load_model(
-                &best_sgd_path(run),
+                &best_sgd_path(t.run),
                 WEIGHTS_FORMAT,
                 self.data.vocab.len(),
                 dev,
             )?;
-            let sgd_loss = evaluate_on(&sgd, &self.data.test, cfg.bptt, dev, dist)?;
-            progress.line(&format!(
+            let sgd_loss = evaluate_on(&sgd, &self.data.test, cfg.bptt, dev, t.dist)?;
+            t.progress.line(&format!(
                 "| best SGD weights (the tutorial's read-out) | test loss {sgd_loss:5.2} | test ppl {:8.2}",
                 sgd_loss.exp()
             ));
             tests.push((Weights::Sgd, sgd_loss));
         }
-        progress.line(&"=".repeat(89));
+        t.progress.line(&"=".repeat(89));
         let records = tests
             .into_iter()
             .map(|(weights, loss)| Metric::Test {
-                step: state.step,
+                step: t.state.step,
                 loss,
                 ppl: loss.exp(),
                 weights,

@@ -44,8 +44,7 @@ pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
 pub(super) const BF16_COVERS: &str =
     "the output layer's products and the Transformer layers' projection \
                            and feed-forward products";
-/// Optimizer steps between updates of the weight average.
-pub const AVERAGE_EVERY: usize = 4;
+pub use crate::runner::AVERAGE_EVERY;
 
 /// Everything a translation run is configured by. The defaults are the small model of the
 /// published Multi30k baselines (3 + 3 layers, d_model 256, 8 heads, FFN 512, dropout 0.1,
@@ -512,19 +511,7 @@ impl MtTrainConfig {
 
     /// Reads a TOML file of the same keys (any subset; the rest keep their defaults).
     pub fn from_toml_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.into(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| Error::Config {
-            path: path.into(),
-            msg: e.to_string(),
-        })
-    }
-
-    /// The configuration as TOML, every key written (what `config.toml` holds).
-    pub fn to_toml(&self) -> String {
-        toml::to_string(self).expect("config serializes")
+        crate::runner::read_toml_file(path)
     }
 }
 
@@ -544,13 +531,7 @@ impl crate::runner::RunConfig for MtTrainConfig {
             ("data", &self.data),
         ]
     }
-    fn accumulate(&self) -> usize {
-        self.accumulate
-    }
     fn without_averaging(&mut self) {
         self.average_decay = 0.0;
-    }
-    fn to_toml(&self) -> String {
-        MtTrainConfig::to_toml(self)
     }
 }

@@ -27,16 +27,21 @@ pub enum Corpus {
 impl std::str::FromStr for Corpus {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "multi30k-de-en" => Ok(Corpus::Multi30kDeEn),
-            "ko-en" => Ok(Corpus::KoEn),
-            "ko-en-all" => Ok(Corpus::KoEnAll),
-            _ => Err(format!(
+        by_config_name(s).ok_or_else(|| {
+            format!(
                 "unknown corpus {s:?}: use multi30k-de-en, ko-en or ko-en-all, or give files with \
                  --train-src/--train-tgt/--valid-src/--valid-tgt"
-            )),
-        }
+            )
+        })
     }
+}
+
+/// The variant of a unit-variant enum that `s` names as configuration files name it (its
+/// serde name: `ko-en-all`, `bpe-bytes`), for parsing flags by the same names; `None` for a
+/// name it does not have.
+fn by_config_name<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
+    use serde::de::value::{Error, StrDeserializer};
+    T::deserialize(StrDeserializer::<Error>::new(s)).ok()
 }
 
 impl Corpus {
@@ -250,7 +255,8 @@ pub fn default_data_dir() -> Option<PathBuf> {
 
 /// Model sizes by name: the small model of the published Multi30k baselines (the default),
 /// and the paper's base and big models (Table 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum MtPreset {
     /// 3 + 3 layers, d_model 256, 8 heads, FFN 512, dropout 0.1.
     Small,
@@ -263,12 +269,7 @@ pub enum MtPreset {
 impl std::str::FromStr for MtPreset {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "small" => Ok(MtPreset::Small),
-            "base" => Ok(MtPreset::Base),
-            "big" => Ok(MtPreset::Big),
-            _ => Err(format!("unknown preset {s:?}: use small, base or big")),
-        }
+        by_config_name(s).ok_or_else(|| format!("unknown preset {s:?}: use small, base or big"))
     }
 }
 
@@ -295,16 +296,9 @@ pub enum TokenizerKind {
 impl std::str::FromStr for TokenizerKind {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "bpe" => Ok(TokenizerKind::Bpe),
-            "bpe-bytes" => Ok(TokenizerKind::BpeBytes),
-            "unigram" => Ok(TokenizerKind::Unigram),
-            "unigram-bytes" => Ok(TokenizerKind::UnigramBytes),
-            "words" => Ok(TokenizerKind::Words),
-            _ => Err(format!(
-                "unknown tokenizer {s:?}: use bpe, bpe-bytes, unigram, unigram-bytes or words"
-            )),
-        }
+        by_config_name(s).ok_or_else(|| {
+            format!("unknown tokenizer {s:?}: use bpe, bpe-bytes, unigram, unigram-bytes or words")
+        })
     }
 }
 
@@ -360,4 +354,37 @@ pub fn train_tokenizer<'a>(
         }
         TokenizerKind::Words => Subword::train_words(texts, 2, origin)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each of the space-separated `names` parsed as a `T`.
+    fn parse_all<T: std::str::FromStr>(names: &str) -> Vec<std::result::Result<T, T::Err>> {
+        names.split(' ').map(str::parse).collect()
+    }
+
+    #[test]
+    fn flags_parse_by_the_configuration_names() {
+        use Corpus::*;
+        use TokenizerKind::*;
+        assert_eq!(
+            parse_all("multi30k-de-en ko-en ko-en-all"),
+            [Ok(Multi30kDeEn), Ok(KoEn), Ok(KoEnAll)]
+        );
+        let presets = [Ok(MtPreset::Small), Ok(MtPreset::Base), Ok(MtPreset::Big)];
+        assert_eq!(parse_all("small base big"), presets);
+        let kinds = parse_all("bpe bpe-bytes unigram unigram-bytes words");
+        assert_eq!(kinds, [Bpe, BpeBytes, Unigram, UnigramBytes, Words].map(Ok));
+        assert!("Small"
+            .parse::<MtPreset>()
+            .unwrap_err()
+            .contains("small, base or big"));
+        assert!("ko_en"
+            .parse::<Corpus>()
+            .unwrap_err()
+            .contains("unknown corpus"));
+        assert!("bpe bytes".parse::<TokenizerKind>().is_err());
+    }
 }

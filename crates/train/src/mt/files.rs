@@ -2,9 +2,8 @@
 
 use super::*;
 use crate::average::CHECKPOINT_PREFIX as AVERAGE_PREFIX;
-use crate::checkpoint::params_tensors;
 use crate::error::{Error, Result};
-use crate::runner::{self, load_tagged, meta_json, save_tagged};
+use crate::runner::{self, load_tagged, meta_json};
 use candle_core::{DType, Device};
 use std::path::Path;
 use transformer_model::{ParamBuilder, Params};
@@ -12,15 +11,7 @@ use transformer_text::subword::{Subword, TextTokenizer};
 
 /// Saves model weights with the model config needed to rebuild it.
 pub fn save_weights(path: &Path, params: &Params, model: &MtModelConfig) -> Result<()> {
-    save_tagged(
-        path,
-        &params_tensors(params),
-        WEIGHTS_FORMAT,
-        [(
-            "model",
-            serde_json::to_string(model).expect("config serializes"),
-        )],
-    )
+    runner::ModelConfig::save(model, path, params)
 }
 
 /// A trained translation model loaded from a run directory.
@@ -43,12 +34,7 @@ pub struct LoadedMt {
 
 /// Loads a run's best weights (or its latest checkpoint's, before the first epoch ends).
 pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
-    if !run.is_dir() {
-        return Err(Error::Usage(format!(
-            "{}: no such run directory (create one with `transformer mt train --out DIR`)",
-            run.display()
-        )));
-    }
+    runner::check_run_exists(run, "`transformer mt train --out DIR`")?;
     if !tokenizer_path(run).exists() {
         let hint = if run.join("vocab.txt").exists() {
             " (it holds vocab.txt: a language-model run; use `transformer lm` with it)"

@@ -7,13 +7,13 @@ use crate::error::{Error, Result};
 use crate::grads::Gradients;
 use crate::metrics::{Metric, Score, ScoreMetric, Weights};
 use crate::optim::{Adam, NoamSchedule};
-use crate::runner::{LogWindow, Progress, RunState, Selection, StepStats, Task, Validation};
-use candle_core::{DType, Device, Tensor};
-use std::collections::HashMap;
-use std::path::Path;
+use crate::runner::{
+    EpochEnd, LogWindow, Selection, StepStats, Task, TestRun, Trained, Validation,
+};
+use candle_core::{DType, Device};
 use std::time::Instant;
 use transformer_model::Backprop;
-use transformer_model::{DirectGrads, Mode, ParamBuilder, Params, Rng};
+use transformer_model::{DirectGrads, Mode, Rng};
 use transformer_text::bucket::{pair_batches, PairBatch};
 use transformer_text::parallel::PairSource;
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
@@ -24,9 +24,7 @@ use transformer_text::subword::{Subword, TextTokenizer};
 /// loss and greedy BLEU (higher BLEU is better), beam-search BLEU on the test set.
 pub(super) struct MtTask {
     pub(super) cfg: MtTrainConfig,
-    pub(super) model_cfg: MtModelConfig,
-    pub(super) model: MtModel,
-    pub(super) params: Params,
+    pub(super) trained: Trained<MtModelConfig>,
     pub(super) vars: Vec<candle_core::Var>,
     pub(super) opt: Adam,
     /// Gradients the fused ops write outside candle's `GradStore`, buffers reused.
@@ -57,7 +55,8 @@ impl MtTask {
 }
 
 impl Task for MtTask {
-    type Model = MtModel;
+    type Config = MtTrainConfig;
+    type ModelConfig = MtModelConfig;
     const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
 
     /// The higher validation score: chrF for Korean output, BLEU otherwise
@@ -66,26 +65,11 @@ impl Task for MtTask {
         Selection::HigherScore(self.score_metric())
     }
 
-    fn epochs(&self) -> usize {
-        self.cfg.epochs
+    fn config(&self) -> &MtTrainConfig {
+        &self.cfg
     }
-    fn checkpoint_interval(&self) -> usize {
-        self.cfg.checkpoint_interval
-    }
-    fn config_toml(&self) -> String {
-        self.cfg.to_toml()
-    }
-    fn model(&self) -> &MtModel {
-        &self.model
-    }
-    fn params(&self) -> &Params {
-        &self.params
-    }
-    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<MtModel> {
-        MtModel::build(pb, &self.model_cfg)
-    }
-    fn save_weights(&self, path: &Path, params: &Params) -> Result<()> {
-        save_weights(path, params, &self.model_cfg)
+    fn trained(&self) -> &Trained<MtModelConfig> {
+        &self.trained
     }
 
     fn start_epoch(&mut self, epoch: usize) -> Result<usize> {
@@ -115,7 +99,7 @@ impl Task for MtTask {
         let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
         self.opt.lr = self.schedule.lr(step + 1);
         let (loss, nll) = train_step(
-            &self.model,
+            &self.trained.model,
             &self.vars,
             &mut self.opt,
             &self.direct,
@@ -133,10 +117,6 @@ impl Task for MtTask {
         })
     }
 
-    fn accumulate(&self) -> usize {
-        self.cfg.accumulate
-    }
-
     fn batch_tokens(&self, index: usize) -> usize {
         self.batches[index].tgt_tokens
     }
@@ -145,7 +125,7 @@ impl Task for MtTask {
         let pad = self.tokenizer.specials().pad;
         let b = &self.batches[index];
         let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
-        let l = self.model.loss(
+        let l = self.trained.model.loss(
             [&src, &tgt_in, &tgt_out],
             (pad, self.cfg.label_smoothing),
             Mode::Train(rng),
@@ -233,15 +213,10 @@ impl Task for MtTask {
         })
     }
 
-    fn epoch_lines(
-        &self,
-        epoch: usize,
-        secs: f64,
-        train_secs: f64,
-        validated: &[(Weights, Validation)],
-    ) -> Vec<String> {
+    fn epoch_lines(&self, end: &EpochEnd) -> Vec<String> {
+        let (epoch, secs, train_secs) = (end.epoch, end.seconds, end.train_seconds);
         let mut lines = vec!["-".repeat(89)];
-        for (weights, v) in validated {
+        for (weights, v) in end.validated {
             let head = match weights {
                 Weights::Sgd => {
                     format!("| end of epoch {epoch:3} | time: {secs:6.1}s (train {train_secs:.1}s)")
@@ -266,68 +241,54 @@ impl Task for MtTask {
         lines
     }
 
-    fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {
-        self.opt.checkpoint_state()
-    }
-
-    fn restore_optimizer(
-        &mut self,
-        tensors: &mut HashMap<String, Tensor>,
-        meta: &HashMap<String, String>,
-        path: &Path,
-    ) -> Result<()> {
-        self.opt.restore_checkpoint_state(tensors, meta, path)
+    fn adam(&mut self) -> Option<&mut Adam> {
+        Some(&mut self.opt)
     }
 
     /// The best model translates the test set with beam search.
-    fn test(
-        &mut self,
-        run: &Path,
-        state: &RunState,
-        progress: &mut dyn Progress,
-        dist: &crate::dist::Dist,
-    ) -> Result<(Vec<Metric>, Option<f64>)> {
+    fn test(&mut self, t: TestRun) -> Result<(Vec<Metric>, Option<f64>)> {
         let Some(src) = &self.test_files else {
             return Ok((Vec::new(), None));
         };
         let (cfg, dev) = (&self.cfg, &self.device);
-        let best = load_run(run, dev)?;
+        let best = load_run(t.run, dev)?;
         let data = EncodedSplit::encode(src.read()?, &self.tokenizer);
-        let loss = evaluate_loss_on(&best.model, &data, cfg.max_tokens, dev, dist)?;
-        let t = Instant::now();
+        let loss = evaluate_loss_on(&best.model, &data, cfg.max_tokens, dev, t.dist)?;
+        let start = Instant::now();
         let mine = translate_lines(
             &best.model,
             &self.tokenizer,
-            &data.pairs.src[dist.shard(data.pairs.src.len())],
+            &data.pairs.src[t.dist.shard(data.pairs.src.len())],
             &cfg.decode_options(cfg.beam),
             dev,
-            |done, total| progress.batch(cfg.epochs + 1, done, total),
+            |done, total| t.progress.batch(cfg.epochs + 1, done, total),
         )?;
-        let hyps = dist.gather_lines(mine)?;
+        let hyps = t.dist.gather_lines(mine)?;
         let b = bleu(&hyps, &data.pairs.tgt)?;
         let lc = corpus_bleu(&hyps, &data.pairs.tgt, &BleuOptions::lowercased_tokens())
             .map_err(|e| Error::Usage(e.to_string()))?;
-        if dist.writes() {
-            checkpoint::write_atomic(&run.join("test.hyp"), (hyps.join("\n") + "\n").as_bytes())?;
+        if t.dist.writes() {
+            checkpoint::write_atomic(&t.run.join("test.hyp"), (hyps.join("\n") + "\n").as_bytes())?;
         }
-        progress.line(&"=".repeat(89));
-        progress.line(&format!(
+        t.progress.line(&"=".repeat(89));
+        t.progress.line(&format!(
             "| End of training | best: {} of epoch {} | test loss {loss:5.3} | test ppl {:7.2} (per word {:.2}) | test BLEU {b:5.2} (sacreBLEU, beam {}, {:.1}s)",
-            match state.best_weights {
+            match t.state.best_weights {
                 Weights::Sgd => "the trained weights",
                 Weights::Average => "the weight average",
             },
-            state.best_epoch,
+            t.state.best_epoch,
             loss.exp(),
             word_perplexity(loss, &data),
             cfg.beam,
-            t.elapsed().as_secs_f64()
+            start.elapsed().as_secs_f64()
         ));
-        progress.line(&format!("| {}: {:.2}", lc.options.label(), lc.score));
+        t.progress
+            .line(&format!("| {}: {:.2}", lc.options.label(), lc.score));
         let c = match self.score_metric() {
             ScoreMetric::Chrf => {
                 let c = chrf(&hyps, &data.pairs.tgt)?;
-                progress.line(&format!(
+                t.progress.line(&format!(
                     "| test chrF {c:5.2} (sacreBLEU's chrF2; the score for Korean output, which \
                      the best model was chosen by)"
                 ));
@@ -335,13 +296,13 @@ impl Task for MtTask {
             }
             ScoreMetric::Bleu => None,
         };
-        progress.line(&"=".repeat(89));
+        t.progress.line(&"=".repeat(89));
         self.test = Some((loss, b));
         let record = Metric::Test {
-            step: state.step,
+            step: t.state.step,
             loss,
             ppl: loss.exp(),
-            weights: state.best_weights,
+            weights: t.state.best_weights,
             bleu: Some(b),
             chrf: c,
         };

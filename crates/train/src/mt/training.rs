@@ -1,17 +1,16 @@
 //! [`train`]: resolving the configuration, reading the data, and running the task.
 
 use super::*;
-use crate::checkpoint;
 use crate::checkpoint::params_tensors;
 use crate::error::{Error, Result};
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{self, Progress};
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
+use transformer_model::DirectGrads;
 use transformer_model::Precision;
-use transformer_model::{DirectGrads, ParamBuilder};
 use transformer_text::parallel::{keep_for_training, PairFilter, PairSource, Pairs};
 use transformer_text::subword::{Subword, TextTokenizer};
 
@@ -44,11 +43,7 @@ pub fn inherit_model(
     from: &Path,
     given: &[runner::Given],
 ) -> Result<MtTrainConfig> {
-    let table = |c: &MtTrainConfig| match toml::Value::try_from(c) {
-        Ok(toml::Value::Table(t)) => t,
-        _ => toml::Table::new(),
-    };
-    let (mut merged, theirs) = (table(cfg), table(from_cfg));
+    let (mut merged, theirs) = (runner::toml_table(cfg), runner::toml_table(from_cfg));
     let show = |v: Option<&toml::Value>| v.map_or("none".to_string(), |v| v.to_string());
     let mut conflicts = Vec::new();
     let mut seen = HashSet::new();
@@ -331,27 +326,26 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             choice.line
         }
     };
-    if writer && !resuming {
-        checkpoint::write_atomic(&config_path(run), cfg.to_toml().as_bytes())?;
-        let _ = std::fs::remove_file(metrics_path(run));
-    }
+    runner::write_fresh_config(opts, resuming, &cfg)?;
 
     let model_cfg = match &init {
         Some((_, loaded)) => loaded.model_config.clone(),
         None => cfg.model_config(vocab),
     };
-    let pb = ParamBuilder::new(DType::F32, dev, cfg.seed);
-    let model = MtModel::build(&pb, &model_cfg)?;
-    let params = pb.params();
+    let trained = runner::Trained::new(model_cfg, dev, cfg.seed)?;
     if let (Some((from, loaded)), false) = (&init, resuming) {
         let tensors: HashMap<String, Tensor> = params_tensors(&loaded.params).into_iter().collect();
-        params.assign(&tensors).map_err(|e| Error::Checkpoint {
-            path: from.clone(),
-            msg: e.to_string(),
-        })?;
+        trained
+            .params
+            .assign(&tensors)
+            .map_err(|e| Error::Checkpoint {
+                path: from.clone(),
+                msg: e.to_string(),
+            })?;
     }
-    let vars = params.vars();
-    progress.line(&model_cfg.arch().describe(params.num_elements()));
+    let vars = trained.params.vars();
+    let arch = trained.config.arch();
+    progress.line(&arch.describe(trained.params.num_elements()));
     if let Some(line) = &precision_line {
         progress.line(line);
     }
@@ -364,9 +358,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             factor: cfg.lr_factor,
         },
         vars,
-        model_cfg,
-        model,
-        params,
+        trained,
         tokenizer,
         train: train_data,
         keep,
@@ -377,16 +369,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         test: None,
         cfg,
     };
-    let (seed, decay) = (task.cfg.seed, task.cfg.average_decay);
-    let s = runner::run(
-        &mut task,
-        opts,
-        saved,
-        seed.wrapping_add(1),
-        decay,
-        AVERAGE_EVERY,
-        progress,
-    )?;
+    let s = runner::run(&mut task, opts, saved, progress)?;
     Ok(MtSummary {
         state: s.state,
         test: task.test,
@@ -397,6 +380,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runner::RunConfig;
 
     #[test]
     fn per_source_counts_split_the_kept_pairs_by_source() {

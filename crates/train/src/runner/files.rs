@@ -124,6 +124,18 @@ pub fn open_run_dir(run: &Path, resume: bool) -> Result<(bool, RunLock)> {
     Ok((resume, lock))
 }
 
+/// Checks that the trained run `run` exists; else an error that says how one is made
+/// (`made_by`, the commands: "`transformer mt train --out DIR`").
+pub fn check_run_exists(run: &Path, made_by: &str) -> Result<()> {
+    if run.is_dir() {
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "{}: no such run directory (create one with {made_by})",
+        run.display()
+    )))
+}
+
 /// Saves `tensors` with a format tag and more metadata, atomically.
 pub fn save_tagged(
     path: &Path,

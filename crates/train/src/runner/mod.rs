@@ -20,9 +20,10 @@ pub use files::*;
 pub use setup::*;
 pub use task::*;
 
-/// Trains `task` in the run directory `opts.out` (already opened with [`open_run_dir`]),
-/// from `saved` when resuming (else dropout starts from `dropout_seed`); `average_decay` > 0 validates a moving average of the
-/// weights beside them, updated every `average_every` steps.
+/// Trains `task` in the run directory `opts.out` (already opened with [`open_run`]), from
+/// `saved` when resuming, with the settings of the task's configuration ([`RunSettings`]):
+/// a fresh run's dropout starts from `seed + 1`, and `average_decay` > 0 validates a moving
+/// average of the weights beside them, updated every [`AVERAGE_EVERY`] steps.
 ///
 /// The loop, in a fixed order: per batch, stop if asked (saving a checkpoint), one step,
 /// update the average, log when due, checkpoint every `checkpoint_interval` batches; per
@@ -32,23 +33,22 @@ pub fn run<T: Task, C>(
     task: &mut T,
     opts: &RunOptions<C>,
     saved: Option<Saved>,
-    dropout_seed: u64,
-    average_decay: f64,
-    average_every: usize,
     progress: &mut dyn Progress,
 ) -> Result<RunSummary> {
     let run = &opts.out;
-    let mut average = if average_decay > 0.0 {
+    let settings = task.config().settings();
+    let mut average = if settings.average_decay > 0.0 {
+        let trained = task.trained();
         Some(WeightAverage::new(
-            task.params(),
-            average_decay,
-            average_every,
-            |pb| task.build_model(pb),
+            &trained.params,
+            settings.average_decay,
+            AVERAGE_EVERY,
+            |pb| trained.config.build(pb),
         )?)
     } else {
         None
     };
-    let mut state = RunState::new(dropout_seed);
+    let mut state = RunState::new(settings.seed.wrapping_add(1));
     if let Some(mut saved) = saved {
         let path = checkpoint_path(run);
         match &mut average {
@@ -57,8 +57,11 @@ pub fn run<T: Task, C>(
                 crate::average::take_average(&mut saved.tensors);
             }
         }
-        task.restore_optimizer(&mut saved.tensors, &saved.meta, &path)?;
-        task.params()
+        if let Some(adam) = task.adam() {
+            adam.restore_checkpoint_state(&mut saved.tensors, &saved.meta, &path)?;
+        }
+        task.trained()
+            .params
             .assign(&saved.tensors)
             .map_err(|e| Error::Checkpoint {
                 path: path.clone(),
@@ -89,19 +92,19 @@ pub fn run<T: Task, C>(
             state.best_trained = None;
         }
         let done = state.epoch - 1;
-        if task.epochs() < done {
+        if settings.epochs < done {
             return Err(Error::Usage(format!(
                 "{}: the run has trained {done} epochs already: give --epochs {done} or more \
                  to resume it",
                 run.display()
             )));
         }
-        if state.finished && state.epoch <= task.epochs() {
+        if state.finished && state.epoch <= settings.epochs {
             state.finished = false;
             progress.line(&format!(
                 "resume: the run was finished after {done} epochs; training to epoch {}, \
                  then testing again",
-                task.epochs()
+                settings.epochs
             ));
         }
         progress.line(&format!(
@@ -115,7 +118,7 @@ pub fn run<T: Task, C>(
     let dist = &opts.dist;
     let writer = dist.writes();
     // Batches per optimizer step: the run's, kept on resume whatever the processes.
-    let per_rank = task.accumulate().max(1);
+    let per_rank = settings.accumulate.max(1);
     let global = per_rank * dist.size();
     check_global_batch(run, &state, per_rank, dist)?;
     state.global_batch = (global > 1).then_some(global);
@@ -123,11 +126,11 @@ pub fn run<T: Task, C>(
         let fix = "start every rank with the same command, files and environment";
         dist.check_same(
             "configuration",
-            crate::dist::hash_bytes(task.config_toml().as_bytes()),
+            crate::dist::hash_bytes(task.config().to_toml().as_bytes()),
             fix,
         )?;
         dist.check_same("training data", task.data_hash(), fix)?;
-        let vars = task.params().vars();
+        let vars = task.trained().params.vars();
         dist.check_same("initial weights", crate::dist::hash_vars(&vars)?, fix)?;
         dist.check_same(
             "run state",
@@ -144,7 +147,8 @@ pub fn run<T: Task, C>(
             "accumulate: {global} batches' gradients per optimizer step (global batch of {global} batches)"
         ));
     }
-    let mut acc = (global > 1).then(|| crate::dist::Accumulator::new(&task.params().vars()));
+    let mut acc =
+        (global > 1).then(|| crate::dist::Accumulator::new(&task.trained().params.vars()));
     let rng = Rng::from_state(state.rng.0, state.rng.1);
     let mut step_losses = Vec::new();
     let stopped = |state: RunState, step_losses: Vec<f64>| RunSummary {
@@ -155,7 +159,7 @@ pub fn run<T: Task, C>(
     let mut comm_seconds = 0.0;
     let mut stop_voted = false;
 
-    while state.epoch <= task.epochs() {
+    while state.epoch <= settings.epochs {
         let epoch = state.epoch;
         let batches = task.start_epoch(epoch)?;
         let epoch_start = Instant::now();
@@ -209,7 +213,7 @@ pub fn run<T: Task, C>(
             step_losses.push(s.loss);
             state.step += 1;
             if let Some(avg) = &mut average {
-                avg.after_step(state.step, task.params())?;
+                avg.after_step(state.step, &task.trained().params)?;
             }
             state.next_batch = last + 1;
             state.rng = rng.state();
@@ -252,7 +256,7 @@ pub fn run<T: Task, C>(
                 state.log_tokens = 0;
                 log_start = Instant::now();
             }
-            let every = task.checkpoint_interval();
+            let every = settings.checkpoint_interval;
             if writer && every > 0 && (index..=last).any(|i| (i + 1).is_multiple_of(every)) {
                 save_run_checkpoint(run, task, average.as_ref(), &mut state)?;
             }
@@ -262,7 +266,7 @@ pub fn run<T: Task, C>(
         // Validation of the trained weights and of their average (split across the
         // processes); the better is the best model, kept by rank 0.
         let train_seconds = epoch_start.elapsed().as_secs_f64();
-        let mut validated = vec![(Weights::Sgd, task.validate(task.model(), dist)?)];
+        let mut validated = vec![(Weights::Sgd, task.validate(&task.trained().model, dist)?)];
         if let Some(avg) = &average {
             validated.push((Weights::Average, task.validate(&avg.model, dist)?));
         }
@@ -270,7 +274,13 @@ pub fn run<T: Task, C>(
         // process alone logs and saves.
         let seconds = epoch_start.elapsed().as_secs_f64();
         if writer {
-            for line in task.epoch_lines(epoch, seconds, train_seconds, &validated) {
+            let end = EpochEnd {
+                epoch,
+                seconds,
+                train_seconds,
+                validated: &validated,
+            };
+            for line in task.epoch_lines(&end) {
                 progress.line(&line);
             }
         }
@@ -291,7 +301,7 @@ pub fn run<T: Task, C>(
                 )?;
             }
             let params = match weights {
-                Weights::Sgd => task.params(),
+                Weights::Sgd => &task.trained().params,
                 Weights::Average => &average.as_ref().expect("validated").params,
             };
             let selection = task.selection();
@@ -305,7 +315,7 @@ pub fn run<T: Task, C>(
                 {
                     state.best_trained = Some(figure);
                     if writer {
-                        task.save_weights(&run.join(file), params)?;
+                        task.trained().config.save(&run.join(file), params)?;
                     }
                 }
             }
@@ -315,7 +325,7 @@ pub fn run<T: Task, C>(
                 state.best_weights = weights;
                 state.best_epoch = epoch;
                 if writer {
-                    task.save_weights(&best_path(run), params)?;
+                    task.trained().config.save(&best_path(run), params)?;
                 }
             }
         }
@@ -334,7 +344,12 @@ pub fn run<T: Task, C>(
     // Every process tests its share of the best model, which the writing process has just
     // saved: wait for it.
     dist.barrier();
-    let (records, test_loss) = task.test(run, &state, progress, dist)?;
+    let (records, test_loss) = task.test(TestRun {
+        run,
+        state: &state,
+        progress,
+        dist,
+    })?;
     if !writer {
         return Ok(stopped(state, step_losses));
     }

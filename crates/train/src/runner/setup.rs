@@ -3,7 +3,7 @@
 use super::*;
 use crate::error::{Error, Result};
 use candle_core::Device;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -76,18 +76,33 @@ impl Given {
     /// The keys of the TOML file `path` (a `--config` file), each given as `KEY in --config
     /// PATH`.
     pub fn from_config_file(path: &Path) -> Result<Vec<Given>> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.into(),
-            source,
-        })?;
-        let table: toml::Table = toml::from_str(&text).map_err(|e| Error::Config {
-            path: path.into(),
-            msg: e.to_string(),
-        })?;
+        let table: toml::Table = read_toml_file(path)?;
         Ok(table
             .keys()
             .map(|k| Given::new(k, format!("{k} in --config {}", path.display())))
             .collect())
+    }
+}
+
+/// Reads the TOML file `path` as a `T` (a task's configuration: any subset of its keys, the
+/// rest at their defaults; or a bare table).
+pub fn read_toml_file<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.into(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| Error::Config {
+        path: path.into(),
+        msg: e.to_string(),
+    })
+}
+
+/// A configuration as a TOML table, key by key as `config.toml` holds it (empty if it does
+/// not serialize to a table), for comparing and merging settings by key.
+pub fn toml_table<C: Serialize>(c: &C) -> toml::Table {
+    match toml::Value::try_from(c) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
     }
 }
 
@@ -102,11 +117,7 @@ pub fn resume_config<C: Serialize + serde::de::DeserializeOwned>(
     given: &[Given],
     may_change: &[&str],
 ) -> Result<(C, Vec<String>)> {
-    let table = |c: &C| match toml::Value::try_from(c) {
-        Ok(toml::Value::Table(t)) => t,
-        _ => toml::Table::new(),
-    };
-    let (mut merged, asked) = (table(saved), table(asked));
+    let (mut merged, asked) = (toml_table(saved), toml_table(asked));
     let show = |v: Option<&toml::Value>| v.map_or("none".to_string(), |v| v.to_string());
     let (mut notes, mut conflicts) = (Vec::new(), Vec::new());
     let mut seen = std::collections::HashSet::new();
@@ -216,6 +227,43 @@ pub fn state_meta<S: serde::Serialize>(
     ]
 }
 
+/// Optimizer steps between updates of the weight average: each update is one pass over all
+/// the weights (2 reads, 1 write of every parameter, several ms for 12 M floats on a 2-core
+/// machine), and a horizon of thousands of steps loses nothing by sampling every fourth
+/// iterate.
+pub const AVERAGE_EVERY: usize = 4;
+
+/// The settings of a run that the runner itself acts on ([`run`]), read by key from a task's
+/// configuration ([`RunConfig::settings`]): every task names them alike in its
+/// `config.toml`, and a task whose configuration lacks one runs with its default here.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RunSettings {
+    /// Passes over the training data (default 1).
+    pub epochs: usize,
+    /// Batches between resumable checkpoints (default 0: at epoch ends only).
+    pub checkpoint_interval: usize,
+    /// Batches whose gradients one process sums before each optimizer step (default 1).
+    pub accumulate: usize,
+    /// The run's seed; dropout draws from `seed + 1` (default 0).
+    pub seed: u64,
+    /// Decay per step of the weight average validated beside the trained weights (default
+    /// 0: no average).
+    pub average_decay: f64,
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            checkpoint_interval: 0,
+            accumulate: 1,
+            seed: 0,
+            average_decay: 0.0,
+        }
+    }
+}
+
 /// What the runner reads of a task's configuration to open a run ([`open_run`]).
 pub trait RunConfig: Clone + Serialize + serde::de::DeserializeOwned {
     /// The settings a resumed run may take from the new invocation (the rest must match the
@@ -227,12 +275,20 @@ pub trait RunConfig: Clone + Serialize + serde::de::DeserializeOwned {
     /// The recorded input paths, by configuration key, checked on resume
     /// ([`check_recorded_paths`]).
     fn recorded_paths(&self) -> Vec<(&'static str, &Option<PathBuf>)>;
-    /// Batches whose gradients one process sums before each optimizer step.
-    fn accumulate(&self) -> usize;
     /// Turns weight averaging off (a run written before averaging existed resumes without).
     fn without_averaging(&mut self);
-    /// The configuration as the run directory's `config.toml` keeps it.
-    fn to_toml(&self) -> String;
+    /// The configuration as TOML, every key written (what the run directory's `config.toml`
+    /// and every checkpoint keep).
+    fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes")
+    }
+    /// The settings the runner acts on ([`RunSettings`]), by their keys in [`Self::to_toml`].
+    fn settings(&self) -> RunSettings {
+        let table = toml::Value::try_from(self).expect("config serializes");
+        table
+            .try_into()
+            .expect("the run settings' keys hold numbers in every task's configuration")
+    }
 }
 
 /// A run directory opened for training by [`open_run`].
@@ -246,6 +302,23 @@ pub struct OpenedRun<C> {
     pub saved: Option<Saved>,
     /// The run directory's lock, held by the writing process while the run trains.
     pub lock: Option<RunLock>,
+}
+
+/// A fresh run's start on the writing process: its configuration as training will use it
+/// (`config`, resolved) as `config.toml`, and no `metrics.jsonl` left by an earlier attempt
+/// that never reached a checkpoint; a resumed run keeps its own. Returns whether it wrote
+/// them, for the task's own files of a fresh run.
+pub fn write_fresh_config<C: RunConfig>(
+    opts: &RunOptions<C>,
+    resuming: bool,
+    config: &C,
+) -> Result<bool> {
+    let fresh = opts.dist.writes() && !resuming;
+    if fresh {
+        crate::checkpoint::write_atomic(&config_path(&opts.out), config.to_toml().as_bytes())?;
+        let _ = std::fs::remove_file(metrics_path(&opts.out));
+    }
+    Ok(fresh)
 }
 
 /// Opens `opts.out` for training: rank 0 creates and locks it (the other ranks read it); on
@@ -289,7 +362,7 @@ pub fn open_run<C: RunConfig>(
     for n in &notes {
         progress.line(n);
     }
-    check_global_batch(run, &saved.state, config.accumulate(), &opts.dist)?;
+    check_global_batch(run, &saved.state, config.settings().accumulate, &opts.dist)?;
     check_recorded_paths(run, &config.recorded_paths(), &opts.given)?;
     if writer && !notes.is_empty() {
         crate::checkpoint::write_atomic(&config_path(run), config.to_toml().as_bytes())?;

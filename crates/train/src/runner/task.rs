@@ -6,7 +6,8 @@ use crate::checkpoint::params_tensors;
 use crate::error::{Error, Result};
 use crate::grads::Gradients;
 use crate::metrics::{self, Metric, Score, ScoreMetric, Weights};
-use candle_core::{Device, Tensor};
+use crate::optim::Adam;
+use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -169,46 +170,84 @@ impl Selection {
     }
 }
 
-/// A training task on the runner: what it trains, on which batches, how a step goes, how
-/// it validates and tests. The runner owns the rest: the loop, stops and checkpoints, the
-/// weight average, the log and metrics, best-model selection, plots and resume.
-pub trait Task {
-    /// The model (the trained one, and the weight average's).
+/// The configuration a task's model is built from: it builds the model (the trained one,
+/// and a second for the weight average) and is saved beside the weights, so that a weights
+/// file rebuilds its model.
+pub trait ModelConfig: Serialize {
+    /// The model.
     type Model;
+    /// The format tag of the task's weight files (`best.safetensors`).
+    const WEIGHTS_FORMAT: &'static str;
+    /// A model of this configuration, its parameters from `pb`.
+    fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<Self::Model>;
+    /// Saves `params`, weights of a model of this configuration, tagged
+    /// [`Self::WEIGHTS_FORMAT`], with the configuration (JSON) as the metadata `model`.
+    fn save(&self, path: &Path, params: &Params) -> Result<()> {
+        save_tagged(
+            path,
+            &params_tensors(params),
+            Self::WEIGHTS_FORMAT,
+            [(
+                "model",
+                serde_json::to_string(self).expect("config serializes"),
+            )],
+        )
+    }
+}
+
+/// The model a task trains: the model, its parameters (for the optimizer, checkpoints and
+/// the weight average) and the configuration it was built from.
+pub struct Trained<C: ModelConfig> {
+    /// The model being trained.
+    pub model: C::Model,
+    /// Its parameters.
+    pub params: Params,
+    /// Its configuration.
+    pub config: C,
+}
+
+impl<C: ModelConfig> Trained<C> {
+    /// A fresh model of configuration `config`, its weights drawn from `seed` on `device`.
+    pub fn new(config: C, device: &Device, seed: u64) -> transformer_model::Result<Self> {
+        let pb = ParamBuilder::new(DType::F32, device, seed);
+        let model = config.build(&pb)?;
+        Ok(Self {
+            model,
+            params: pb.params(),
+            config,
+        })
+    }
+}
+
+/// The model type of a task.
+pub type ModelOf<T> = <<T as Task>::ModelConfig as ModelConfig>::Model;
+
+/// A training task on the runner: what it trains, on which batches, how a step goes, how
+/// it validates and tests. The runner owns the rest: the settings of its configuration
+/// ([`RunSettings`]: epochs, checkpoints, accumulation, the dropout seed, the weight
+/// average), the loop, stops and checkpoints, the log and metrics, best-model selection,
+/// plots and resume.
+pub trait Task {
+    /// The task's configuration (the run's `config.toml`).
+    type Config: RunConfig;
+    /// The configuration of its model.
+    type ModelConfig: ModelConfig;
     /// The format tag of this task's checkpoints.
     const CHECKPOINT_FORMAT: &'static str;
     /// With a weight average, the file that keeps the best trained weights apart from
     /// `best.safetensors` (which the average may win), or `None` not to keep them.
     const BEST_TRAINED_FILE: Option<&'static str> = None;
 
-    /// The number of epochs to train.
-    fn epochs(&self) -> usize;
-    /// Batches between resumable checkpoints (0, the default: at epoch ends only).
-    fn checkpoint_interval(&self) -> usize {
-        0
-    }
-    /// The task's configuration as saved in checkpoints.
-    fn config_toml(&self) -> String;
-    /// The model being trained and its parameters.
-    fn model(&self) -> &Self::Model;
-    /// The trained model's parameters, for the optimizer, checkpoints and the average.
-    fn params(&self) -> &Params;
-    /// A second model of the same configuration (the weight average's).
-    fn build_model(&self, pb: &ParamBuilder) -> transformer_model::Result<Self::Model>;
-    /// Saves weights with what it takes to rebuild the model.
-    fn save_weights(&self, path: &Path, params: &Params) -> Result<()>;
+    /// The run's configuration, as saved in checkpoints.
+    fn config(&self) -> &Self::Config;
+    /// The model being trained.
+    fn trained(&self) -> &Trained<Self::ModelConfig>;
 
     /// Prepares `epoch` (1-based: its batch order, its learning rate); returns its number of
     /// batches.
     fn start_epoch(&mut self, epoch: usize) -> Result<usize>;
     /// One optimizer step on batch `index` of the epoch; `step` steps came before it.
     fn train_step(&mut self, index: usize, step: usize, rng: &Rng) -> Result<StepStats>;
-    /// Batches whose gradients one process sums before each optimizer step (`--accumulate`,
-    /// 1 by default); with several processes each takes this many of a global batch
-    /// ([`crate::dist`]).
-    fn accumulate(&self) -> usize {
-        1
-    }
     /// Target tokens of batch `index` of the epoch (the weight of its gradient in a global
     /// batch).
     fn batch_tokens(&self, _index: usize) -> usize {
@@ -273,25 +312,20 @@ pub trait Task {
 
     /// Validation loss (and score) of a model; with several processes each computes its
     /// share (`dist`) and every one returns the gathered figures.
-    fn validate(&self, model: &Self::Model, dist: &crate::dist::Dist) -> Result<Validation>;
+    fn validate(&self, model: &ModelOf<Self>, dist: &crate::dist::Dist) -> Result<Validation>;
     /// How the best model is chosen from validations (by default, the lower loss).
     fn selection(&self) -> Selection {
         Selection::LowerLoss
     }
     /// The end-of-epoch log lines; by default one per validated set of weights, with the
     /// epoch's seconds and its validation loss.
-    fn epoch_lines(
-        &self,
-        _epoch: usize,
-        seconds: f64,
-        _train_seconds: f64,
-        validated: &[(Weights, Validation)],
-    ) -> Vec<String> {
-        validated
+    fn epoch_lines(&self, end: &EpochEnd) -> Vec<String> {
+        end.validated
             .iter()
             .map(|(w, v)| {
                 format!(
-                    "trained in {seconds:.1}s; held-out loss of {}: {:.4}",
+                    "trained in {:.1}s; held-out loss of {}: {:.4}",
+                    end.seconds,
                     w.describe(),
                     v.loss
                 )
@@ -299,31 +333,43 @@ pub trait Task {
             .collect()
     }
 
-    /// Optimizer state for checkpoints: tensors and metadata (none for plain SGD).
-    fn optimizer_state(&self) -> (Vec<(String, Tensor)>, Vec<(&'static str, String)>) {
-        (Vec::new(), Vec::new())
-    }
-    /// Restores the optimizer from a checkpoint's tensors (taking its own out) and metadata.
-    fn restore_optimizer(
-        &mut self,
-        _tensors: &mut HashMap<String, Tensor>,
-        _meta: &HashMap<String, String>,
-        _path: &Path,
-    ) -> Result<()> {
-        Ok(())
+    /// The optimizer, where checkpoints keep its state (Adam's moments and step count);
+    /// `None`, the default, for plain SGD, which has none.
+    fn adam(&mut self) -> Option<&mut Adam> {
+        None
     }
 
     /// After the last epoch: tests the best model (and the best trained weights where
     /// the average won); returns the records to append and the test loss of the best model
-    /// (`None` without a test set). With several processes each tests its share (`dist`)
-    /// and every one returns the gathered figures; only the writing process writes files.
-    fn test(
-        &mut self,
-        run: &Path,
-        state: &RunState,
-        progress: &mut dyn Progress,
-        dist: &crate::dist::Dist,
-    ) -> Result<(Vec<Metric>, Option<f64>)>;
+    /// (`None` without a test set). With several processes each tests its share
+    /// ([`TestRun::dist`]) and every one returns the gathered figures; only the writing
+    /// process writes files.
+    fn test(&mut self, t: TestRun) -> Result<(Vec<Metric>, Option<f64>)>;
+}
+
+/// The end of an epoch, for a task's log lines ([`Task::epoch_lines`]).
+#[derive(Debug, Clone, Copy)]
+pub struct EpochEnd<'a> {
+    /// The epoch just trained (1-based).
+    pub epoch: usize,
+    /// Wall-clock seconds of the epoch: training and validation.
+    pub seconds: f64,
+    /// Of those, the training's.
+    pub train_seconds: f64,
+    /// The validation of each set of weights: the trained ones, then the average's.
+    pub validated: &'a [(Weights, Validation)],
+}
+
+/// The finished run a task tests ([`Task::test`]).
+pub struct TestRun<'a> {
+    /// The run directory, whose `best.safetensors` is the best model.
+    pub run: &'a Path,
+    /// Where the run stands: which weights won, at which epoch, after how many steps.
+    pub state: &'a RunState,
+    /// The log.
+    pub progress: &'a mut dyn Progress,
+    /// The processes testing, each its share.
+    pub dist: &'a crate::dist::Dist,
 }
 
 /// A checkpoint to resume from: its tensors (weights, optimizer, average), metadata and
@@ -395,14 +441,16 @@ pub struct RunSummary {
 
 pub(super) fn save_run_checkpoint<T: Task>(
     run: &Path,
-    task: &T,
-    average: Option<&WeightAverage<T::Model>>,
+    task: &mut T,
+    average: Option<&WeightAverage<ModelOf<T>>>,
     state: &mut RunState,
 ) -> Result<()> {
     state.metrics_records = Some(metrics::count(&metrics_path(run))?);
     let state = &*state;
-    let mut tensors = params_tensors(task.params());
-    let (opt_tensors, opt_meta) = task.optimizer_state();
+    let mut tensors = params_tensors(&task.trained().params);
+    let (opt_tensors, opt_meta) = task
+        .adam()
+        .map_or_else(|| (Vec::new(), Vec::new()), |a| a.checkpoint_state());
     tensors.extend(opt_tensors);
     if let Some(avg) = average {
         tensors.extend(avg.checkpoint_tensors());
@@ -411,7 +459,7 @@ pub(super) fn save_run_checkpoint<T: Task>(
         &checkpoint_path(run),
         &tensors,
         T::CHECKPOINT_FORMAT,
-        state_meta(state, task.config_toml())
+        state_meta(state, task.config().to_toml())
             .into_iter()
             .chain(opt_meta),
     )

@@ -55,6 +55,7 @@ mod dropout;
 mod encoder_layer;
 mod few_rows;
 mod float;
+mod fused_layer;
 pub mod grads;
 pub mod int8;
 mod layer_norm;

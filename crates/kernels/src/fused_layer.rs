@@ -229,8 +229,7 @@ impl<T: Float> Layer<'_, T> {
                 let sa_in = (&x[..], &rows, None);
                 let sa = attn_fwd(
                     &sh,
-                    w,
-                    d.slots.self_attn,
+                    (w, d.slots.self_attn),
                     sa_in,
                     self_keep,
                     self_drops,
@@ -242,8 +241,7 @@ impl<T: Float> Layer<'_, T> {
                     let ca_in = (&x1[..], &rows, Some((&*mem, &mrows)));
                     let ca = attn_fwd(
                         &sh,
-                        w,
-                        slots,
+                        (w, slots),
                         ca_in,
                         memory_keep,
                         cross_drops,
@@ -259,7 +257,7 @@ impl<T: Float> Layer<'_, T> {
                     y,
                     c,
                     #[inline(always)]
-                    |y_rows| ff_fwd(&sh, w, d.slots.ff, ff_in, &rows, ff_drops, dscale, y_rows),
+                    |y_rows| ff_fwd(&sh, (w, d.slots.ff), ff_in, &rows, ff_drops, dscale, y_rows),
                 );
                 keep_saved.then_some(Saved { sa, ca, ff, x1 })
             },
@@ -292,8 +290,7 @@ impl<T: Float> Layer<'_, T> {
                 let g_s = (&mut g[..], &mut scratch);
                 ff_bwd(
                     &sh,
-                    w,
-                    d.slots.ff,
+                    (w, d.slots.ff),
                     g_s,
                     ff,
                     ff_drops,
@@ -318,7 +315,15 @@ impl<T: Float> Layer<'_, T> {
                                         let ca = (ca, &sv.x1[..], &rows, kv);
                                         let g_s = (&mut g[..], &mut scratch);
                                         let d_io = (&dff_in[..], &mut dx1[..]);
-                                        attn_bwd(&sh, w, slots, g_s, ca, cross_drops, dscale, d_io)
+                                        attn_bwd(
+                                            &sh,
+                                            (w, slots),
+                                            g_s,
+                                            ca,
+                                            cross_drops,
+                                            dscale,
+                                            d_io,
+                                        )
                                     },
                                 );
                                 dx1
@@ -328,7 +333,15 @@ impl<T: Float> Layer<'_, T> {
                         let sa = (&sv.sa, &x[..], &rows, None);
                         let g_s = (&mut g[..], &mut scratch);
                         let d_io = (&dx1[..], dx_rows);
-                        attn_bwd(&sh, w, d.slots.self_attn, g_s, sa, self_drops, dscale, d_io);
+                        attn_bwd(
+                            &sh,
+                            (w, d.slots.self_attn),
+                            g_s,
+                            sa,
+                            self_drops,
+                            dscale,
+                            d_io,
+                        );
                     },
                 );
                 g

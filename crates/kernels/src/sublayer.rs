@@ -236,8 +236,7 @@ pub(super) fn residual_sum<T: Float>(
 #[inline(always)]
 fn residual_fwd<T: Float>(
     sh: &SubDims,
-    w: &[&[T]],
-    norm: usize,
+    (w, norm): (&[&[T]], usize),
     x: &[T],
     rows: &Rows,
     (drop, dscale): (Option<&MaskSpec>, T),
@@ -255,19 +254,15 @@ fn residual_fwd<T: Float>(
 /// writes the residual's share of the input's gradient into `dx` (post-norm: through the
 /// norm, whose parameters' gradients go into `g`) and returns the gradient of the branch's
 /// output before its dropout.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn residual_bwd<T: Float>(
     sh: &SubDims,
-    w: &[&[T]],
-    norm: usize,
-    g: &mut [Vec<T>],
-    nrm: &Norm<T>,
-    rows: &Rows,
+    (w, norm): (&[&[T]], usize),
+    (g, scratch): (&mut [Vec<T>], &mut Vec<T>),
+    (nrm, rows): (&Norm<T>, &Rows),
     (drop, dscale): (Option<&MaskSpec>, T),
     dout: &[T],
     dx: &mut [T],
-    scratch: &mut Vec<T>,
 ) -> Vec<T> {
     if sh.norm_first {
         dx.copy_from_slice(dout);
@@ -391,6 +386,24 @@ fn drop_weights<T: Float>(
     }
 }
 
+/// The sequences of a group that attend to something, each as `(sequence, (first query row,
+/// queries), (first key row, keys), p_at)`: `p_at` is where its `H x lq x lk` attention
+/// weights start in the group's weights (one sequence after another, `h` heads each).
+#[inline(always)]
+fn attended_seqs<'r>(
+    q_rows: &'r Rows,
+    k_rows: &'r Rows,
+    h: usize,
+) -> impl Iterator<Item = (usize, (usize, usize), (usize, usize), usize)> + 'r {
+    let mut p_at = 0;
+    (0..q_rows.seqs()).filter_map(move |j| {
+        let ((qr, lq), (kr, lk)) = (q_rows.seq(j), k_rows.seq(j));
+        let at = p_at;
+        p_at += h * lq * lk;
+        (lq > 0 && lk > 0).then_some((q_rows.s0() + j, (qr, lq), (kr, lk), at))
+    })
+}
+
 /// The `lq x lk` top-left block of a `t x tk` mask: the mask itself when that is all of it.
 fn mask_block<'a>(
     keep: Option<&'a [u8]>,
@@ -415,12 +428,10 @@ fn mask_block<'a>(
 /// `seq`'s mask in the padded layout (`T x Tk`). Writes the sub-layer's output (the residual
 /// stream after it) into `out`. `base` and `norm` are the slots of the query weight and of
 /// the norm's weight.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn attn_fwd<'k, T: Float>(
     sh: &SubDims,
-    w: &[&[T]],
-    (base, norm): (usize, usize),
+    (w, (base, norm)): (&[&[T]], (usize, usize)),
     (x, q_rows, kv): (&[T], &Rows, Option<(&[T], &Rows)>),
     keep: impl Fn(usize) -> Option<&'k [u8]>,
     drops: SublayerDrops,
@@ -452,13 +463,7 @@ pub(super) fn attn_fwd<'k, T: Float>(
     let mut o = vec![T::ZERO; n * c];
     let mut pd = vec![T::ZERO; t * tk];
     let mut mask_buf = Vec::new();
-    let mut p_at = 0;
-    for j in 0..q_rows.seqs() {
-        let seq = q_rows.s0() + j;
-        let ((qr, lq), (kr, lk)) = (q_rows.seq(j), k_rows.seq(j));
-        if lq == 0 || lk == 0 {
-            continue;
-        }
+    for (seq, (qr, lq), (kr, lk), p_at) in attended_seqs(q_rows, k_rows, h) {
         let mask = mask_block(keep(seq), (lq, lk), tk, &mut mask_buf);
         for hi in 0..h {
             let (qo, ko) = (qr * c + hi * dh, kr * c + hi * dh);
@@ -487,10 +492,9 @@ pub(super) fn attn_fwd<'k, T: Float>(
                 T::ONE,
             );
         }
-        p_at += h * lq * lk;
     }
     lin_forward(sh, out, &o, (w, base + 6), (n, c, c));
-    residual_fwd(sh, w, norm, x, q_rows, (drops.out, dscale), out, &mut nrm);
+    residual_fwd(sh, (w, norm), x, q_rows, (drops.out, dscale), out, &mut nrm);
     AttnSaved {
         a_in,
         q,
@@ -505,12 +509,10 @@ pub(super) fn attn_fwd<'k, T: Float>(
 /// [`attn_fwd`]'s backward pass: from `dout` (the gradient of its output) writes the
 /// gradient of its input `x` into `dx` and, for encoder-decoder attention, of `kv` into
 /// `dkv`; adds the parameters' gradients into `g`.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn attn_bwd<T: Float>(
     sh: &SubDims,
-    w: &[&[T]],
-    (base, norm): (usize, usize),
+    (w, (base, norm)): (&[&[T]], (usize, usize)),
     (g, scratch): (&mut [Vec<T>], &mut Vec<T>),
     (sv, x, q_rows, kv): (&AttnSaved<T>, &[T], &Rows, Option<(&[T], &mut [T], &Rows)>),
     drops: SublayerDrops,
@@ -525,22 +527,15 @@ pub(super) fn attn_bwd<T: Float>(
     let dh = c / h;
     let scale = T::from_f64(1.0 / (dh as f64).sqrt());
     let out_drop = (drops.out, dscale);
-    let da = residual_bwd(
-        sh, w, norm, g, &sv.norm, q_rows, out_drop, dout, dx, scratch,
-    );
+    let g_s = (&mut *g, &mut *scratch);
+    let da = residual_bwd(sh, (w, norm), g_s, (&sv.norm, q_rows), out_drop, dout, dx);
     lin_grads(sh, (g, base + 6), &da, &sv.o, n, c);
     let mut d_o = vec![T::ZERO; n * c];
     lin_input_grad(sh, (&mut d_o, false), &da, (w, base + 6), (n, c));
     let (mut dq, mut dk, mut dv) = (da, vec![T::ZERO; nk * c], vec![T::ZERO; nk * c]);
     let mut pd = vec![T::ZERO; t * tk];
     let mut dp = vec![T::ZERO; t * tk];
-    let mut p_at = 0;
-    for j in 0..q_rows.seqs() {
-        let seq = q_rows.s0() + j;
-        let ((qr, lq), (kr, lk)) = (q_rows.seq(j), k_rows.seq(j));
-        if lq == 0 || lk == 0 {
-            continue;
-        }
+    for (seq, (qr, lq), (kr, lk), p_at) in attended_seqs(q_rows, k_rows, h) {
         let (pd, dp) = (&mut pd[..lq * lk], &mut dp[..lq * lk]);
         for hi in 0..h {
             let (qo, ko) = (qr * c + hi * dh, kr * c + hi * dh);
@@ -594,7 +589,6 @@ pub(super) fn attn_bwd<T: Float>(
                 scale,
             );
         }
-        p_at += h * lq * lk;
     }
     // The projections.
     let a_src: &[T] = if sh.norm_first { &sv.a_in } else { x };
@@ -630,12 +624,10 @@ pub(super) fn attn_bwd<T: Float>(
 }
 
 /// The feed-forward sub-layer on `x` (the rows `rows` describes), its output into `y`; `slots` are those of `linear1`'s and `linear2`'s weights and of the norm's weight.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn ff_fwd<T: Float>(
     sh: &SubDims,
-    w: &[&[T]],
-    (l1, l2, norm): (usize, usize, usize),
+    (w, (l1, l2, norm)): (&[&[T]], (usize, usize, usize)),
     x: &[T],
     rows: &Rows,
     drops: FfDrops,
@@ -671,7 +663,7 @@ pub(super) fn ff_fwd<T: Float>(
         None => &hid,
     };
     lin_forward(sh, y, hd, (w, l2), (n, c, f));
-    residual_fwd(sh, w, norm, x, rows, (drops.out, dscale), y, &mut nrm);
+    residual_fwd(sh, (w, norm), x, rows, (drops.out, dscale), y, &mut nrm);
     FfSaved {
         f_in,
         hid,
@@ -685,8 +677,7 @@ pub(super) fn ff_fwd<T: Float>(
 #[inline(always)]
 pub(super) fn ff_bwd<T: Float>(
     sh: &SubDims,
-    w: &[&[T]],
-    (l1, l2, norm): (usize, usize, usize),
+    (w, (l1, l2, norm)): (&[&[T]], (usize, usize, usize)),
     (g, scratch): (&mut [Vec<T>], &mut Vec<T>),
     (sv, x, rows): (&FfSaved<T>, &[T], &Rows),
     drops: FfDrops,
@@ -696,18 +687,9 @@ pub(super) fn ff_bwd<T: Float>(
 ) {
     let (c, f) = (sh.c, sh.f);
     let n = x.len() / c;
-    let dgo = residual_bwd(
-        sh,
-        w,
-        norm,
-        g,
-        &sv.norm,
-        rows,
-        (drops.out, dscale),
-        dy,
-        dx,
-        scratch,
-    );
+    let out_drop = (drops.out, dscale);
+    let g_s = (&mut *g, &mut *scratch);
+    let dgo = residual_bwd(sh, (w, norm), g_s, (&sv.norm, rows), out_drop, dy, dx);
     let mut hd = sv.hid.clone();
     if let Some(m) = drops.hidden {
         drop_rows(&mut hd, m, rows, f, dscale);

@@ -166,7 +166,13 @@ pub fn linear_cross_entropy_with(
     ignore_index: Option<u32>,
     precision: Precision,
 ) -> Result<Tensor> {
-    fused(hidden, weight, bias, targets, ignore_index, precision, None)
+    fused(
+        [hidden, weight, bias],
+        targets,
+        ignore_index,
+        precision,
+        None,
+    )
 }
 
 /// [`linear_cross_entropy_with`] whose backward pass writes the gradients of `weight` and
@@ -183,9 +189,7 @@ pub fn linear_cross_entropy_direct(
     grads: &DirectGrads,
 ) -> Result<Tensor> {
     fused(
-        hidden,
-        weight,
-        bias,
+        [hidden, weight, bias],
         targets,
         ignore_index,
         precision,
@@ -193,17 +197,16 @@ pub fn linear_cross_entropy_direct(
     )
 }
 
+/// The fused loss on the layer's `[hidden, weight, bias]` (see [`linear_cross_entropy_direct`]).
 fn fused(
-    hidden: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
+    inputs @ [hidden, weight, bias]: [&Tensor; 3],
     targets: &Tensor,
     ignore_index: Option<u32>,
     precision: Precision,
     direct: Option<&DirectGrads>,
 ) -> Result<Tensor> {
     let (n, c, v) = check_shapes(hidden, weight, bias, targets)?;
-    if !fused_applies(&[hidden, weight, bias]) {
+    if !fused_applies(&inputs) {
         return linear_cross_entropy_reference(hidden, weight, bias, targets, ignore_index);
     }
     let targets = prepare_targets(targets, v, ignore_index)?;

@@ -450,7 +450,7 @@ mod plain {
     /// at each size `(n, m, k)` of `sizes` on [`values`], its output filled with NaN before,
     /// with [`assert_sums`]; `W` is stored `m x k`, or `k x m` when `transposed`. Nothing to
     /// check where the CPU lacks AVX-512.
-    pub(crate) fn check_product(
+    fn check_product(
         name: &str,
         sizes: &[(usize, usize, usize)],
         transposed: bool,
@@ -472,6 +472,34 @@ mod plain {
             };
             assert_sums(name, &y, &x, &b, (n, m, k), at);
         }
+    }
+
+    /// The hand-written AVX-512 product kernels against the plain sums in f64.
+    #[test]
+    fn product_kernels_agree_with_the_plain_sums() {
+        // `one_row::wt_row` (one row, `W^T`): sizes with and without partial blocks.
+        let sizes = [
+            (256, 256),
+            (512, 256),
+            (256, 512),
+            (300, 37),
+            (13, 200),
+            (1, 1),
+        ];
+        let sizes = sizes.map(|(m, k)| (1, m, k));
+        check_product("wt_row", &sizes, true, |y, x, w, b, _, m, k| {
+            crate::one_row::wt_row(y, x, w, b, m, k)
+        });
+        // `small_rows`: row counts below, at and above one pass, and output counts that
+        // leave a partial block.
+        let sizes = [
+            (2, 256, 256),
+            (16, 64, 32),
+            (17, 13, 7),
+            (48, 100, 33),
+            (5, 1, 1),
+        ];
+        check_product("small_rows", &sizes, false, crate::small_rows::forward);
     }
 
     /// Asserts that `y` (`n x m`) is `b[j] + sum_kk x[i][kk] * w(j, kk)` summed in f64 in

@@ -87,25 +87,3 @@ mod avx512 {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Against the plain sums in f64, at sizes with and without partial blocks.
-    #[test]
-    fn agrees_with_the_plain_sums() {
-        let sizes = [
-            (256, 256),
-            (512, 256),
-            (256, 512),
-            (300, 37),
-            (13, 200),
-            (1, 1),
-        ];
-        let sizes = sizes.map(|(m, k)| (1, m, k));
-        crate::plain::check_product("wt_row", &sizes, true, |y, x, w, b, _, m, k| {
-            wt_row(y, x, w, b, m, k)
-        });
-    }
-}

@@ -156,22 +156,3 @@ mod avx512 {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Against the plain sums in f64, at row counts below, at and above one pass, and
-    /// output counts that leave a partial block.
-    #[test]
-    fn agrees_with_the_plain_sums() {
-        let sizes = [
-            (2, 256, 256),
-            (16, 64, 32),
-            (17, 13, 7),
-            (48, 100, 33),
-            (5, 1, 1),
-        ];
-        crate::plain::check_product("small_rows", &sizes, false, forward);
-    }
-}

@@ -25,7 +25,7 @@ use super::decoder_step::{slot, DecoderLayerParams};
 use super::float::Float;
 use super::fused_layer::{keep_mask, layer_applies, Dims, Drops, LayerOp, Masks, Slots};
 use super::shared::{EncoderLayerOptions, Keep, LayerShape, Run};
-use super::sublayer::{check_lengths, SubDims};
+use super::sublayer::check_lengths;
 use crate::grads::DirectGrads;
 use candle_core::{bail, DType, Result, Tensor};
 use std::sync::Mutex;
@@ -132,7 +132,7 @@ pub fn decoder_layer(
         what: "decoder layer",
         op_name: "kernels-decoder-layer",
         params: params.tensors.clone(),
-        dims: Dims::new((b, t, s), SubDims::new(c, f, &opts, dtype), SLOTS),
+        dims: Dims::new(LayerShape::new((b, t, s), (c, f), &opts, dtype), SLOTS),
         self_keep,
         memory_keep,
         lens,
@@ -161,7 +161,7 @@ pub fn run_slices<T: Float>(
     dys: &[T],
     groups: usize,
 ) -> Run<T> {
-    let dims = Dims::new((shape.b, shape.t, shape.s), SubDims::of(shape), SLOTS);
+    let dims = Dims::new(*shape, SLOTS);
     let self_keep = self_keep.map(|(data, per_batch)| Keep { data, per_batch });
     let (lens, memory_lens) = lens.unzip();
     let masks = Masks {

@@ -34,7 +34,7 @@
 use super::float::Float;
 use super::fused_layer::{keep_mask, layer_applies, Dims, Drops, LayerOp, Masks, Slots};
 use super::shared::{EncoderLayerOptions, Keep, LayerShape, Run};
-use super::sublayer::{check_lengths, SubDims};
+use super::sublayer::check_lengths;
 use crate::grads::DirectGrads;
 use candle_core::{bail, Result, Tensor};
 use std::sync::Mutex;
@@ -192,7 +192,7 @@ pub fn encoder_layer(
         what: "encoder layer",
         op_name: "kernels-encoder-layer",
         params: params.tensors.to_vec(),
-        dims: Dims::new((b, t, 0), SubDims::new(c, f, &opts, x.dtype()), SLOTS),
+        dims: Dims::new(LayerShape::new((b, t, 0), (c, f), &opts, x.dtype()), SLOTS),
         self_keep: keep,
         memory_keep: None,
         lens,
@@ -235,7 +235,7 @@ pub fn run_slices<T: Float>(
     dys: &[T],
     groups: usize,
 ) -> Run<T> {
-    let dims = Dims::new((shape.b, shape.t, 0), SubDims::of(shape), SLOTS);
+    let dims = Dims::new(LayerShape { s: 0, ..*shape }, SLOTS);
     let keep = keep.map(|(data, per_batch)| Keep { data, per_batch });
     let masks = Masks {
         self_keep: keep.as_ref(),

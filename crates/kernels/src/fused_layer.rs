@@ -12,9 +12,9 @@
 
 use super::dropout::MaskSpec;
 use super::float::{self, simd, Float};
-use super::shared::{group_ranges, split_at_ranges, Keep, Run, MIN_PARALLEL_MACS};
+use super::shared::{group_ranges, split_at_ranges, Keep, LayerShape, Run, MIN_PARALLEL_MACS};
 use super::sublayer::{
-    attn_bwd, attn_fwd, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, Rows, SubDims, SublayerDrops,
+    attn_bwd, attn_fwd, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, Rows, SublayerDrops,
 };
 use super::{cpu_slice, num_threads, run_parallel, with_slice};
 use crate::grads::DirectGrads;
@@ -37,31 +37,19 @@ pub(super) struct Slots {
 /// A layer's shape and where its parameters lie.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Dims {
-    b: usize,
-    /// Target length.
-    t: usize,
-    /// Memory (source) length; 0 without encoder-decoder attention.
-    s: usize,
-    /// What the sub-layers read.
-    sub: SubDims,
+    /// The shape (`s` = 0 without encoder-decoder attention) and options.
+    sh: LayerShape,
     slots: Slots,
 }
 
 impl Dims {
-    /// `b` sequences of `t` rows and their memory of `s` rows (0 for an encoder layer).
-    pub(super) fn new((b, t, s): (usize, usize, usize), sub: SubDims, slots: Slots) -> Self {
-        Self {
-            b,
-            t,
-            s,
-            sub,
-            slots,
-        }
+    pub(super) fn new(sh: LayerShape, slots: Slots) -> Self {
+        Self { sh, slots }
     }
 
     /// Groups of sequences, one per thread.
     fn groups(&self) -> usize {
-        let (b, t, s, c, f) = (self.b, self.t, self.s, self.sub.c, self.sub.f);
+        let LayerShape { b, t, s, c, f, .. } = self.sh;
         let macs = match self.slots.cross {
             Some(_) => b * t * c * (6 * c + 2 * f + 2 * t + 2 * s) + b * s * c * 2 * c,
             None => b * t * c * (4 * c + 2 * f + 2 * t),
@@ -191,8 +179,8 @@ impl<T: Float> Layer<'_, T> {
     /// The target's and the memory's rows of the group from sequence `s0` whose padded
     /// input rows are `x`.
     fn rows(&self, s0: usize, x: &[T]) -> (Rows, Rows) {
-        let (t, c) = (self.d.t, self.d.sub.c);
-        self.masks.rows(s0, x.len() / (t * c), t, self.d.s)
+        let (t, c) = (self.d.sh.t, self.d.sh.c);
+        self.masks.rows(s0, x.len() / (t * c), t, self.d.sh.s)
     }
 
     /// The forward pass of sequences `s0 .. s0 + ns` (`x`, `mem` and `y` their padded rows;
@@ -206,7 +194,7 @@ impl<T: Float> Layer<'_, T> {
         keep_saved: bool,
     ) -> Option<Saved<T>> {
         let (d, w) = (self.d, self.w);
-        let (t, s, c) = (d.t, d.s, d.sub.c);
+        let (t, s, c) = (d.sh.t, d.sh.s, d.sh.c);
         let (rows, mrows) = self.rows(s0, x);
         let mem_keep = self
             .masks
@@ -224,7 +212,7 @@ impl<T: Float> Layer<'_, T> {
             #[inline(always)]
             || {
                 let (self_drops, cross_drops, ff_drops) = sublayer_drops(self.drops);
-                let sh = d.sub;
+                let sh = d.sh;
                 let mut x1 = vec![T::ZERO; n * c];
                 let sa_in = (&x[..], &rows, None);
                 let sa = attn_fwd(
@@ -274,7 +262,7 @@ impl<T: Float> Layer<'_, T> {
         dx: &mut [T],
         dmem: &mut [T],
     ) -> Vec<Vec<T>> {
-        let (d, w, c) = (self.d, self.w, self.d.sub.c);
+        let (d, w, c) = (self.d, self.w, self.d.sh.c);
         let (rows, mrows) = self.rows(s0, x);
         let (n, dscale) = (rows.n(), drop_scale(self.drops));
         let (x, mem, dy) = (rows.packed(x, c), mrows.packed(mem, c), rows.packed(dy, c));
@@ -284,7 +272,7 @@ impl<T: Float> Layer<'_, T> {
                 let mut g: Vec<Vec<T>> = w.iter().map(|p| vec![T::ZERO; p.len()]).collect();
                 let mut scratch = Vec::new();
                 let (self_drops, cross_drops, ff_drops) = sublayer_drops(self.drops);
-                let sh = d.sub;
+                let sh = d.sh;
                 let mut dff_in = vec![T::ZERO; n * c];
                 let ff = (&sv.ff, sv.ff_in(), &rows);
                 let g_s = (&mut g[..], &mut scratch);
@@ -353,7 +341,8 @@ impl<T: Float> Layer<'_, T> {
     /// without encoder-decoder attention), split into `groups` groups run in parallel; the
     /// output and, when `keep_saved`, what each group keeps.
     fn forward(&self, (x, mem): (&[T], &[T]), groups: usize, keep_saved: bool) -> Forwarded<T> {
-        let (b, row, mrow) = (self.d.b, self.d.t * self.d.sub.c, self.d.s * self.d.sub.c);
+        let LayerShape { b, t, s, c, .. } = self.d.sh;
+        let (row, mrow) = (t * c, s * c);
         let mut y = vec![T::ZERO; x.len()];
         let groups = groups.min(b).max(1);
         let items: Vec<_> = group_ranges(b, groups)
@@ -377,7 +366,8 @@ impl<T: Float> Layer<'_, T> {
         saved: &[Saved<T>],
         (x, mem, dy): (&[T], &[T], &[T]),
     ) -> (Vec<T>, Vec<T>, Vec<Vec<T>>) {
-        let (b, row, mrow) = (self.d.b, self.d.t * self.d.sub.c, self.d.s * self.d.sub.c);
+        let LayerShape { b, t, s, c, .. } = self.d.sh;
+        let (row, mrow) = (t * c, s * c);
         let groups = saved.len();
         let mut dx = vec![T::ZERO; x.len()];
         let mut dmem = vec![T::ZERO; mem.len()];

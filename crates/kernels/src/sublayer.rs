@@ -9,7 +9,7 @@
 //! the rows are packed together for the projections, the feed-forward layer and the norms,
 //! and attention runs per sequence over its own length. The projections' and the
 //! feed-forward layer's products run in fp32, or in bf16 with fp32 accumulation
-//! ([`SubDims::bf16`]).
+//! ([`LayerShape::bf16`]).
 
 use super::attention::masked_softmax_rows;
 use super::bf16;
@@ -19,61 +19,8 @@ use super::linear::{bias_grad_add, bias_rows, rows_forward, rows_input_grad};
 use super::matmul::{gemm, Mat};
 pub(super) use super::rows::{check_lengths, Rows};
 use super::shared::{
-    drop_inplace, drop_into, linear_grads, ln_bwd, ln_rows, two, Activation, EncoderLayerOptions,
-    LayerShape, Norm,
+    drop_inplace, drop_into, linear_grads, ln_bwd, ln_rows, two, LayerShape, Norm,
 };
-
-/// What the sub-layers need of a layer's shape.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct SubDims {
-    pub(super) c: usize,
-    pub(super) f: usize,
-    pub(super) h: usize,
-    pub(super) eps: f64,
-    pub(super) norm_first: bool,
-    /// The projections' and the feed-forward layer's products in bf16 with fp32 accumulation
-    /// ([`super::bf16`]; f32 inputs only, on a CPU that has a bf16 unit). Everything else,
-    /// the attention heads' products included, stays in the inputs' precision.
-    pub(super) bf16: bool,
-    /// The feed-forward activation is the exact (erf) GELU instead of ReLU.
-    pub(super) gelu: bool,
-}
-
-impl SubDims {
-    /// What the sub-layers read of a [`LayerShape`] ([`crate::testing`]).
-    pub(super) fn of(shape: &LayerShape) -> Self {
-        Self {
-            c: shape.c,
-            f: shape.f,
-            h: shape.h,
-            eps: shape.eps,
-            norm_first: shape.norm_first,
-            bf16: shape.bf16,
-            gelu: shape.gelu,
-        }
-    }
-
-    /// A layer's shape: width `c`, feed-forward width `f`, its options, inputs of `dtype`
-    /// (bf16 products only for f32 on a CPU with a bf16 unit).
-    pub(super) fn new(
-        c: usize,
-        f: usize,
-        opts: &EncoderLayerOptions,
-        dtype: candle_core::DType,
-    ) -> Self {
-        Self {
-            c,
-            f,
-            h: opts.nhead,
-            eps: opts.layer_norm_eps,
-            norm_first: opts.norm_first,
-            bf16: opts.precision == super::Precision::Bf16
-                && dtype == candle_core::DType::F32
-                && bf16::available(),
-            gelu: opts.activation == Activation::Gelu,
-        }
-    }
-}
 
 thread_local! {
     /// Each thread's packed bf16 operands, kept between calls.
@@ -84,7 +31,7 @@ thread_local! {
 
 /// `out` as f32 when the sub-layers' products run in bf16 (`sh.bf16` and f32 operands).
 #[inline(always)]
-fn bf16_out<'a, T: Float>(sh: &SubDims, out: &'a mut [T]) -> Option<&'a mut [f32]> {
+fn bf16_out<'a, T: Float>(sh: &LayerShape, out: &'a mut [T]) -> Option<&'a mut [f32]> {
     if sh.bf16 {
         T::as_f32_mut(out)
     } else {
@@ -123,7 +70,7 @@ fn bf16_product(
 /// bias next): [`rows_forward`], or its products in bf16 (`sh.bf16`).
 #[inline(always)]
 fn lin_forward<T: Float>(
-    sh: &SubDims,
+    sh: &LayerShape,
     y: &mut [T],
     x: &[T],
     (w, slot): (&[&[T]], usize),
@@ -142,7 +89,7 @@ fn lin_forward<T: Float>(
 /// [`rows_input_grad`], or its product in bf16 (`sh.bf16`).
 #[inline(always)]
 fn lin_input_grad<T: Float>(
-    sh: &SubDims,
+    sh: &LayerShape,
     (dx, accumulate): (&mut [T], bool),
     dy: &[T],
     (w, slot): (&[&[T]], usize),
@@ -168,7 +115,7 @@ fn lin_input_grad<T: Float>(
 /// product in bf16 (`sh.bf16`; the bias's sum stays fp32).
 #[inline(always)]
 fn lin_grads<T: Float>(
-    sh: &SubDims,
+    sh: &LayerShape,
     (g, slot): (&mut [Vec<T>], usize),
     dy: &[T],
     x: &[T],
@@ -235,7 +182,7 @@ pub(super) fn residual_sum<T: Float>(
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn residual_fwd<T: Float>(
-    sh: &SubDims,
+    sh: &LayerShape,
     (w, norm): (&[&[T]], usize),
     x: &[T],
     rows: &Rows,
@@ -256,7 +203,7 @@ fn residual_fwd<T: Float>(
 /// output before its dropout.
 #[inline(always)]
 fn residual_bwd<T: Float>(
-    sh: &SubDims,
+    sh: &LayerShape,
     (w, norm): (&[&[T]], usize),
     (g, scratch): (&mut [Vec<T>], &mut Vec<T>),
     (nrm, rows): (&Norm<T>, &Rows),
@@ -430,7 +377,7 @@ fn mask_block<'a>(
 /// the norm's weight.
 #[inline(always)]
 pub(super) fn attn_fwd<'k, T: Float>(
-    sh: &SubDims,
+    sh: &LayerShape,
     (w, (base, norm)): (&[&[T]], (usize, usize)),
     (x, q_rows, kv): (&[T], &Rows, Option<(&[T], &Rows)>),
     keep: impl Fn(usize) -> Option<&'k [u8]>,
@@ -511,7 +458,7 @@ pub(super) fn attn_fwd<'k, T: Float>(
 /// `dkv`; adds the parameters' gradients into `g`.
 #[inline(always)]
 pub(super) fn attn_bwd<T: Float>(
-    sh: &SubDims,
+    sh: &LayerShape,
     (w, (base, norm)): (&[&[T]], (usize, usize)),
     (g, scratch): (&mut [Vec<T>], &mut Vec<T>),
     (sv, x, q_rows, kv): (&AttnSaved<T>, &[T], &Rows, Option<(&[T], &mut [T], &Rows)>),
@@ -626,7 +573,7 @@ pub(super) fn attn_bwd<T: Float>(
 /// The feed-forward sub-layer on `x` (the rows `rows` describes), its output into `y`; `slots` are those of `linear1`'s and `linear2`'s weights and of the norm's weight.
 #[inline(always)]
 pub(super) fn ff_fwd<T: Float>(
-    sh: &SubDims,
+    sh: &LayerShape,
     (w, (l1, l2, norm)): (&[&[T]], (usize, usize, usize)),
     x: &[T],
     rows: &Rows,
@@ -676,7 +623,7 @@ pub(super) fn ff_fwd<T: Float>(
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn ff_bwd<T: Float>(
-    sh: &SubDims,
+    sh: &LayerShape,
     (w, (l1, l2, norm)): (&[&[T]], (usize, usize, usize)),
     (g, scratch): (&mut [Vec<T>], &mut Vec<T>),
     (sv, x, rows): (&FfSaved<T>, &[T], &Rows),

@@ -630,7 +630,7 @@ fn forward<T: Pooled>(
     // bf16 products: H^T as the right operand of every block's Z^T = W_j H^T, packed once.
     let h_t = T::as_f32(h).filter(|_| bf16_products).map(|h| {
         let mut packed = Vec::new();
-        bf16::pack_pairs_of_cols(h, n, c, c, &mut packed);
+        bf16::pack_pairs_of_cols(h, (n, c, c), &mut packed);
         packed
     });
     // gemm products: H^T (c x n) contiguous, so that gemm reads it in place instead of
@@ -737,7 +737,7 @@ fn backward<T: Pooled>(
     // bf16 products: H as the right operand of every block's dW_j = P_j^T H, packed once.
     let h_pairs = T::as_f32(h).filter(|_| bf16_products).map(|h| {
         let mut packed = Vec::new();
-        bf16::pack_pairs_of_rows(h, n, c, c, &mut packed);
+        bf16::pack_pairs_of_rows(h, (n, c, c), &mut packed);
         packed
     });
     let per_thread = run_threads(items, |(cols, region, block_max, dw, db)| {

@@ -52,14 +52,14 @@ fn bf16_product(
 ) {
     PACKED.with_borrow_mut(|(pa, pb)| {
         if a_t {
-            bf16::pack_rows_transposed(a, depth, rows, rows, pa);
+            bf16::pack_rows_transposed(a, (depth, rows, rows), pa);
         } else {
-            bf16::pack_rows(a, rows, depth, depth, pa);
+            bf16::pack_rows(a, (rows, depth, depth), pa);
         }
         if b_t {
-            bf16::pack_pairs_of_cols(b, cols, depth, depth, pb);
+            bf16::pack_pairs_of_cols(b, (cols, depth, depth), pb);
         } else {
-            bf16::pack_pairs_of_rows(b, depth, cols, cols, pb);
+            bf16::pack_pairs_of_rows(b, (depth, cols, cols), pb);
         }
         let (kp, ldb) = (bf16::pad32(depth), bf16::pad32(cols));
         bf16::gemm_bf16(out, cols, rows, cols, pa, kp, pb, ldb, accumulate);

@@ -247,51 +247,29 @@ pub(crate) fn gemm_bf16(
     accumulate: bool,
 ) {
     let unit = backend().expect("gemm_bf16 needs AMX or AVX512-BF16");
-    gemm_bf16_on(
-        unit,
-        Gemm {
-            c,
-            ldc,
-            m,
-            n,
-            a,
-            kp,
-            b,
-            ldb,
-            accumulate,
-        },
-    );
+    gemm_bf16_on(unit, Gemm(c, ldc, m, n, a, kp, b, ldb, accumulate));
 }
 
-/// The arguments of one [`gemm_bf16`], as its units' kernels take them.
-struct Gemm<'a> {
-    c: &'a mut [f32],
-    ldc: usize,
-    m: usize,
-    n: usize,
-    a: &'a [u16],
-    kp: usize,
-    b: &'a [u32],
-    ldb: usize,
-    accumulate: bool,
-}
+/// The arguments of one [`gemm_bf16`] in its order (`c, ldc, m, n, a, kp, b, ldb,
+/// accumulate`), as its units' kernels take them.
+struct Gemm<'a>(
+    &'a mut [f32],
+    usize,
+    usize,
+    usize,
+    &'a [u16],
+    usize,
+    &'a [u32],
+    usize,
+    bool,
+);
 
 /// [`gemm_bf16`] on the given unit (the tests run both where the CPU has both).
 ///
 /// # Panics
 /// If this CPU does not [`supports`] `unit`, or a slice is too short for the sizes.
 fn gemm_bf16_on(unit: Backend, g: Gemm) {
-    let Gemm {
-        c,
-        ldc,
-        m,
-        n,
-        a,
-        kp,
-        b,
-        ldb,
-        accumulate,
-    } = g;
+    let Gemm(c, ldc, m, n, a, kp, b, ldb, accumulate) = g;
     assert!(supports(unit), "this CPU has no {}", unit.describe());
     assert!(kp.is_multiple_of(32) && ldb >= pad32(n) && ldb.is_multiple_of(16));
     assert!(a.len() >= pad32(m) * kp && b.len() >= kp / 2 * ldb);
@@ -310,19 +288,7 @@ fn gemm_bf16_on(unit: Backend, g: Gemm) {
     if unit == Backend::Avx512Bf16 {
         // SAFETY: the CPU has AVX-512F and AVX512-BF16 (checked), and the sizes
         // were checked above as `dot::gemm` requires.
-        unsafe {
-            dot::gemm(Gemm {
-                c,
-                ldc,
-                m,
-                n,
-                a,
-                kp,
-                b,
-                ldb,
-                accumulate,
-            })
-        };
+        unsafe { dot::gemm(Gemm(c, ldc, m, n, a, kp, b, ldb, accumulate)) };
         return;
     }
     // SAFETY: AMX is supported (checked), and every tile access stays inside the slices: A
@@ -535,17 +501,7 @@ mod dot {
     /// and `c.len() >= (m - 1) * ldc + n`.
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn gemm(g: super::Gemm) {
-        let super::Gemm {
-            c,
-            ldc,
-            m,
-            n,
-            a,
-            kp,
-            b,
-            ldb,
-            accumulate,
-        } = g;
+        let super::Gemm(c, ldc, m, n, a, kp, b, ldb, accumulate) = g;
         let pairs = kp / 2;
         // Row i of A as pairs of K: words a[i * pairs..(i + 1) * pairs].
         let a = a.as_ptr() as *const u32;
@@ -688,21 +644,9 @@ mod tests {
             let init = values(m * ldc, 3);
             for accumulate in [false, true] {
                 let mut c = init.clone();
-                let (a, b, ldb) = (&pa[..], &pb[..], pad32(n));
-                gemm_bf16_on(
-                    unit,
-                    Gemm {
-                        c: &mut c,
-                        ldc,
-                        m,
-                        n,
-                        a,
-                        kp,
-                        b,
-                        ldb,
-                        accumulate,
-                    },
-                );
+                let ldb = pad32(n);
+                let g = Gemm(&mut c, ldc, m, n, &pa, kp, &pb, ldb, accumulate);
+                gemm_bf16_on(unit, g);
                 for i in 0..m {
                     for j in 0..n {
                         let mut want: f64 = (0..k)

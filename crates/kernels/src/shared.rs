@@ -217,7 +217,9 @@ pub struct LayerShape {
     pub eps: f64,
     /// Pre-norm instead of post-norm.
     pub norm_first: bool,
-    /// bf16 products (f32 inputs, a CPU with a bf16 unit).
+    /// bf16 products (f32 inputs, a CPU with a bf16 unit): the projections' and the
+    /// feed-forward layer's, with fp32 accumulation ([`super::bf16`]); everything else, the
+    /// attention heads' products included, stays in the inputs' precision.
     pub bf16: bool,
     /// GELU instead of ReLU.
     pub gelu: bool,

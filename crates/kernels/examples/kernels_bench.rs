@@ -366,40 +366,36 @@ fn on_both_cores(f: fn() -> f64) -> [f64; 2] {
 /// operands: the FMA units' peak.
 #[cfg(target_arch = "x86_64")]
 fn fma_peak() -> f64 {
-    #[target_feature(enable = "avx512f")]
-    fn chains(iters: usize) -> f32 {
-        use std::arch::x86_64::*;
-        let mut acc = [_mm512_set1_ps(0.0); 16];
-        let (a, b) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999_999_9));
-        for _ in 0..iters {
-            for x in acc.iter_mut() {
-                *x = _mm512_fmadd_ps(*x, a, b);
+    /// `$name(iters)`: `$chains` independent chains of `$fma` on registers of `$lanes` floats
+    /// (`$set1` broadcasts, `$add` adds, `$store` stores one), `iters` rounds; returns the sum of
+    /// every lane so that no chain is optimised away. One for each register width: the
+    /// intrinsics and target features differ.
+    macro_rules! fma_chains {
+        ($name:ident, $features:literal, $chains:literal, $lanes:literal,
+         $set1:ident, $fma:ident, $add:ident, $store:ident) => {
+            #[target_feature(enable = $features)]
+            fn $name(iters: usize) -> f32 {
+                use std::arch::x86_64::*;
+                let mut acc = [$set1(0.0); $chains];
+                let (a, b) = ($set1(1.000_000_1), $set1(0.999_999_9));
+                for _ in 0..iters {
+                    for x in acc.iter_mut() {
+                        *x = $fma(*x, a, b);
+                    }
+                }
+                let s = acc.iter().fold($set1(0.0), |s, &x| $add(s, x));
+                let mut lanes = [0f32; $lanes];
+                // SAFETY: `lanes` holds one register's floats.
+                unsafe { $store(lanes.as_mut_ptr(), s) };
+                lanes.iter().sum()
             }
-        }
-        let sum = acc
-            .iter()
-            .fold(_mm512_set1_ps(0.0), |s, &x| _mm512_add_ps(s, x));
-        _mm512_reduce_add_ps(sum)
+        };
     }
-    /// The same with 256-bit registers, for CPUs without AVX-512 (e.g. Zen 2/3).
-    #[target_feature(enable = "avx2,fma")]
-    fn chains256(iters: usize) -> f32 {
-        use std::arch::x86_64::*;
-        let mut acc = [_mm256_set1_ps(0.0); 12];
-        let (a, b) = (_mm256_set1_ps(1.000_000_1), _mm256_set1_ps(0.999_999_9));
-        for _ in 0..iters {
-            for x in acc.iter_mut() {
-                *x = _mm256_fmadd_ps(*x, a, b);
-            }
-        }
-        let s = acc
-            .iter()
-            .fold(_mm256_set1_ps(0.0), |s, &x| _mm256_add_ps(s, x));
-        let mut lanes = [0f32; 8];
-        // SAFETY: `lanes` holds 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
-        lanes.iter().sum()
-    }
+    fma_chains! { chains, "avx512f", 16, 16,
+    _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps }
+    // The same with 256-bit registers, for CPUs without AVX-512 (e.g. Zen 2/3).
+    fma_chains! { chains256, "avx2,fma", 12, 8,
+    _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps }
     let iters = 20_000_000;
     if is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512 F was detected just above.

@@ -23,7 +23,7 @@ use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
 use super::softmax::softmax_last_dim_reference;
 use super::{fused_applies, run_parallel, with_slice};
-use super::{CpuArgs3, Grads3, Kernel3, Op3};
+use super::{given, grads3, Backward3, CpuArgs3, Grads3, Kernel3, Op3, Tensors3};
 use candle_core::{bail, CpuStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 /// Fused scaled dot-product attention with a hand-written backward pass (gradients of `q`,
@@ -424,38 +424,30 @@ impl Kernel3 for Attention {
         Ok((storage, Shape::from((b, h, t, dv))))
     }
 
-    fn backward(&self, [q, k, v]: [&Tensor; 3], _out: &Tensor, grad: &Tensor) -> Result<Grads3> {
-        fn run<T: Float>(
-            op: &Attention,
-            q: &Tensor,
-            k: &Tensor,
-            v: &Tensor,
-            grad: &Tensor,
-        ) -> Result<(Tensor, Tensor, Tensor)> {
-            let (dq, dk, dv) = with_slice::<T, _>(grad, |dout| {
-                with_view::<T, _>(q, |qv| {
-                    with_view::<T, _>(k, |kv| {
-                        with_view::<T, _>(v, |vv| match &op.dropout {
-                            Some(d) => with_slice::<T, _>(d, |drop| {
-                                Ok(op.backward(qv, kv, vv, Some(drop), dout))
-                            }),
-                            None => Ok(op.backward(qv, kv, vv, None, dout)),
-                        })
+    fn backward(&self, inputs: [&Tensor; 3], _out: &Tensor, grad: &Tensor) -> Result<Grads3> {
+        grads3(self, Self::NAME, inputs, grad).map(given)
+    }
+}
+
+impl Backward3 for Attention {
+    fn grads<T: Float>(&self, [q, k, v]: [&Tensor; 3], grad: &Tensor) -> Result<Tensors3> {
+        let (dq, dk, dv) = with_slice::<T, _>(grad, |dout| {
+            with_view::<T, _>(q, |qv| {
+                with_view::<T, _>(k, |kv| {
+                    with_view::<T, _>(v, |vv| match &self.dropout {
+                        Some(d) => with_slice::<T, _>(d, |drop| {
+                            Ok(self.backward(qv, kv, vv, Some(drop), dout))
+                        }),
+                        None => Ok(self.backward(qv, kv, vv, None, dout)),
                     })
                 })
-            })?;
-            let dev = q.device();
-            Ok((
-                Tensor::from_vec(dq, q.shape(), dev)?,
-                Tensor::from_vec(dk, k.shape(), dev)?,
-                Tensor::from_vec(dv, v.shape(), dev)?,
-            ))
-        }
-        let (dq, dk, dv) = match q.dtype() {
-            DType::F32 => run::<f32>(self, q, k, v, grad)?,
-            DType::F64 => run::<f64>(self, q, k, v, grad)?,
-            dt => bail!("kernels-attention: unsupported dtype {dt:?}"),
-        };
-        Ok((Some(dq), Some(dk), Some(dv)))
+            })
+        })?;
+        let dev = q.device();
+        Ok((
+            Tensor::from_vec(dq, q.shape(), dev)?,
+            Tensor::from_vec(dk, k.shape(), dev)?,
+            Tensor::from_vec(dv, v.shape(), dev)?,
+        ))
     }
 }

@@ -122,12 +122,20 @@ pub(crate) fn pad32(n: usize) -> usize {
     n.div_ceil(32) * 32
 }
 
+/// A packing's source: `rows x cols` values, row `r` starting at `r * ld`.
+pub(crate) type Layout = (usize, usize, usize);
+
+/// `dst` cleared to `rows` rows of `width` zeros; returns `width`.
+fn zeroed_rows<T: Copy + Default>(dst: &mut Vec<T>, rows: usize, width: usize) -> usize {
+    dst.clear();
+    dst.resize(rows * width, T::default());
+    width
+}
+
 /// Left operand: `dst[r * kp + k] = bf16(src[r * ld + k])` for `r < rows`, `k < cols`, and 0
 /// in the padding up to `pad32(rows)` rows of `kp = pad32(cols)` values.
-pub(crate) fn pack_rows(src: &[f32], rows: usize, cols: usize, ld: usize, dst: &mut Vec<u16>) {
-    let kp = pad32(cols);
-    dst.clear();
-    dst.resize(pad32(rows) * kp, 0);
+pub(crate) fn pack_rows(src: &[f32], (rows, cols, ld): Layout, dst: &mut Vec<u16>) {
+    let kp = zeroed_rows(dst, pad32(rows), pad32(cols));
     super::float::simd(
         #[inline(always)]
         || {
@@ -142,16 +150,8 @@ pub(crate) fn pack_rows(src: &[f32], rows: usize, cols: usize, ld: usize, dst: &
 
 /// Left operand from the transpose of `src` (`rows x cols`, row stride `ld`):
 /// `dst[k * rp + r] = bf16(src[r * ld + k])`, `pad32(cols)` rows of `rp = pad32(rows)` values.
-pub(crate) fn pack_rows_transposed(
-    src: &[f32],
-    rows: usize,
-    cols: usize,
-    ld: usize,
-    dst: &mut Vec<u16>,
-) {
-    let rp = pad32(rows);
-    dst.clear();
-    dst.resize(pad32(cols) * rp, 0);
+pub(crate) fn pack_rows_transposed(src: &[f32], (rows, cols, ld): Layout, dst: &mut Vec<u16>) {
+    let rp = zeroed_rows(dst, pad32(cols), pad32(rows));
     assert!(rows == 0 || src.len() >= (rows - 1) * ld + cols);
     // In 16 x 16 tiles: each row of 16 values converted in one go (vectorised), transposed
     // through a 512-byte buffer in L1, and written as 16 contiguous values per row of `dst`
@@ -186,16 +186,8 @@ pub(crate) fn pack_rows_transposed(
 /// Right operand whose K runs down the rows of `src` (`rows x cols`, row stride `ld`): word
 /// `(p, j)` pairs `src[2p][j]` (low half) with `src[2p + 1][j]` (high half).
 /// `pad32(rows) / 2` rows of `np = pad32(cols)` words.
-pub(crate) fn pack_pairs_of_rows(
-    src: &[f32],
-    rows: usize,
-    cols: usize,
-    ld: usize,
-    dst: &mut Vec<u32>,
-) {
-    let np = pad32(cols);
-    dst.clear();
-    dst.resize(pad32(rows) / 2 * np, 0);
+pub(crate) fn pack_pairs_of_rows(src: &[f32], (rows, cols, ld): Layout, dst: &mut Vec<u32>) {
+    let np = zeroed_rows(dst, pad32(rows) / 2, pad32(cols));
     super::float::simd(
         #[inline(always)]
         || {
@@ -223,16 +215,8 @@ pub(crate) fn pack_pairs_of_rows(
 /// Right operand whose K runs along the rows of `src` (`rows x cols`, row stride `ld`), i.e.
 /// the operand is `src` transposed: word `(p, j)` pairs `src[j][2p]` with `src[j][2p + 1]`.
 /// `pad32(cols) / 2` rows of `np = pad32(rows)` words.
-pub(crate) fn pack_pairs_of_cols(
-    src: &[f32],
-    rows: usize,
-    cols: usize,
-    ld: usize,
-    dst: &mut Vec<u32>,
-) {
-    let np = pad32(rows);
-    dst.clear();
-    dst.resize(pad32(cols) / 2 * np, 0);
+pub(crate) fn pack_pairs_of_cols(src: &[f32], (rows, cols, ld): Layout, dst: &mut Vec<u32>) {
+    let np = zeroed_rows(dst, pad32(cols) / 2, pad32(rows));
     for j in 0..rows {
         let row = &src[j * ld..j * ld + cols];
         for (p, pair) in row.chunks(2).enumerate() {
@@ -263,26 +247,29 @@ pub(crate) fn gemm_bf16(
     accumulate: bool,
 ) {
     let unit = backend().expect("gemm_bf16 needs AMX or AVX512-BF16");
-    gemm_bf16_on(unit, c, ldc, m, n, a, kp, b, ldb, accumulate);
+    gemm_bf16_on(unit, Gemm(c, ldc, m, n, a, kp, b, ldb, accumulate));
 }
+
+/// The arguments of one [`gemm_bf16`] in its order (`c, ldc, m, n, a, kp, b, ldb,
+/// accumulate`), as its units' kernels take them.
+struct Gemm<'a>(
+    &'a mut [f32],
+    usize,
+    usize,
+    usize,
+    &'a [u16],
+    usize,
+    &'a [u32],
+    usize,
+    bool,
+);
 
 /// [`gemm_bf16`] on the given unit (the tests run both where the CPU has both).
 ///
 /// # Panics
 /// If this CPU does not [`supports`] `unit`, or a slice is too short for the sizes.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_bf16_on(
-    unit: Backend,
-    c: &mut [f32],
-    ldc: usize,
-    m: usize,
-    n: usize,
-    a: &[u16],
-    kp: usize,
-    b: &[u32],
-    ldb: usize,
-    accumulate: bool,
-) {
+fn gemm_bf16_on(unit: Backend, g: Gemm) {
+    let Gemm(c, ldc, m, n, a, kp, b, ldb, accumulate) = g;
     assert!(supports(unit), "this CPU has no {}", unit.describe());
     assert!(kp.is_multiple_of(32) && ldb >= pad32(n) && ldb.is_multiple_of(16));
     assert!(a.len() >= pad32(m) * kp && b.len() >= kp / 2 * ldb);
@@ -301,7 +288,7 @@ pub(crate) fn gemm_bf16_on(
     if unit == Backend::Avx512Bf16 {
         // SAFETY: the CPU has AVX-512F and AVX512-BF16 (checked), and the sizes
         // were checked above as `dot::gemm` requires.
-        unsafe { dot::gemm(c, ldc, m, n, a, kp, b, ldb, accumulate) };
+        unsafe { dot::gemm(Gemm(c, ldc, m, n, a, kp, b, ldb, accumulate)) };
         return;
     }
     // SAFETY: AMX is supported (checked), and every tile access stays inside the slices: A
@@ -512,19 +499,9 @@ mod dot {
     /// [`super::gemm_bf16`] checks them: `m, n > 0`, `kp` a positive multiple of 32,
     /// `a.len() >= pad32(m) * kp`, `b.len() >= kp / 2 * ldb`, `ldb >= pad32(n)`, `ldc >= n`
     /// and `c.len() >= (m - 1) * ldc + n`.
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) unsafe fn gemm(
-        c: &mut [f32],
-        ldc: usize,
-        m: usize,
-        n: usize,
-        a: &[u16],
-        kp: usize,
-        b: &[u32],
-        ldb: usize,
-        accumulate: bool,
-    ) {
+    pub(super) unsafe fn gemm(g: super::Gemm) {
+        let super::Gemm(c, ldc, m, n, a, kp, b, ldb, accumulate) = g;
         let pairs = kp / 2;
         // Row i of A as pairs of K: words a[i * pairs..(i + 1) * pairs].
         let a = a.as_ptr() as *const u32;
@@ -570,18 +547,7 @@ mod dot {
     pub(super) fn detect() -> bool {
         false
     }
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn gemm(
-        _: &mut [f32],
-        _: usize,
-        _: usize,
-        _: usize,
-        _: &[u16],
-        _: usize,
-        _: &[u32],
-        _: usize,
-        _: bool,
-    ) {
+    pub(super) unsafe fn gemm(_: super::Gemm) {
         unreachable!("AVX512-BF16 is never available here")
     }
 }
@@ -668,17 +634,19 @@ mod tests {
             let round = |x: f32| bf16_value(bf16_bits(x)) as f64;
             let kp = pad32(k);
             let (mut pa, mut pat, mut pb, mut pbt) = (vec![], vec![], vec![], vec![]);
-            pack_rows(&a, m, k, k, &mut pa);
-            pack_rows_transposed(&at, k, m, m, &mut pat);
-            pack_pairs_of_rows(&b, k, n, n, &mut pb);
-            pack_pairs_of_cols(&bt, n, k, k, &mut pbt);
+            pack_rows(&a, (m, k, k), &mut pa);
+            pack_rows_transposed(&at, (k, m, m), &mut pat);
+            pack_pairs_of_rows(&b, (k, n, n), &mut pb);
+            pack_pairs_of_cols(&bt, (n, k, k), &mut pbt);
             assert_eq!(pa, pat, "both packings of A agree");
             assert_eq!(pb, pbt, "both packings of B agree");
             let ldc = n + 3;
             let init = values(m * ldc, 3);
             for accumulate in [false, true] {
                 let mut c = init.clone();
-                gemm_bf16_on(unit, &mut c, ldc, m, n, &pa, kp, &pb, pad32(n), accumulate);
+                let ldb = pad32(n);
+                let g = Gemm(&mut c, ldc, m, n, &pa, kp, &pb, ldb, accumulate);
+                gemm_bf16_on(unit, g);
                 for i in 0..m {
                     for j in 0..n {
                         let mut want: f64 = (0..k)

@@ -166,7 +166,13 @@ pub fn linear_cross_entropy_with(
     ignore_index: Option<u32>,
     precision: Precision,
 ) -> Result<Tensor> {
-    fused(hidden, weight, bias, targets, ignore_index, precision, None)
+    fused(
+        [hidden, weight, bias],
+        targets,
+        ignore_index,
+        precision,
+        None,
+    )
 }
 
 /// [`linear_cross_entropy_with`] whose backward pass writes the gradients of `weight` and
@@ -183,9 +189,7 @@ pub fn linear_cross_entropy_direct(
     grads: &DirectGrads,
 ) -> Result<Tensor> {
     fused(
-        hidden,
-        weight,
-        bias,
+        [hidden, weight, bias],
         targets,
         ignore_index,
         precision,
@@ -193,17 +197,16 @@ pub fn linear_cross_entropy_direct(
     )
 }
 
+/// The fused loss on the layer's `[hidden, weight, bias]` (see [`linear_cross_entropy_direct`]).
 fn fused(
-    hidden: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
+    inputs @ [hidden, weight, bias]: [&Tensor; 3],
     targets: &Tensor,
     ignore_index: Option<u32>,
     precision: Precision,
     direct: Option<&DirectGrads>,
 ) -> Result<Tensor> {
     let (n, c, v) = check_shapes(hidden, weight, bias, targets)?;
-    if !fused_applies(&[hidden, weight, bias]) {
+    if !fused_applies(&inputs) {
         return linear_cross_entropy_reference(hidden, weight, bias, targets, ignore_index);
     }
     let targets = prepare_targets(targets, v, ignore_index)?;
@@ -627,7 +630,7 @@ fn forward<T: Pooled>(
     // bf16 products: H^T as the right operand of every block's Z^T = W_j H^T, packed once.
     let h_t = T::as_f32(h).filter(|_| bf16_products).map(|h| {
         let mut packed = Vec::new();
-        bf16::pack_pairs_of_cols(h, n, c, c, &mut packed);
+        bf16::pack_pairs_of_cols(h, (n, c, c), &mut packed);
         packed
     });
     // gemm products: H^T (c x n) contiguous, so that gemm reads it in place instead of
@@ -734,7 +737,7 @@ fn backward<T: Pooled>(
     // bf16 products: H as the right operand of every block's dW_j = P_j^T H, packed once.
     let h_pairs = T::as_f32(h).filter(|_| bf16_products).map(|h| {
         let mut packed = Vec::new();
-        bf16::pack_pairs_of_rows(h, n, c, c, &mut packed);
+        bf16::pack_pairs_of_rows(h, (n, c, c), &mut packed);
         packed
     });
     let per_thread = run_threads(items, |(cols, region, block_max, dw, db)| {

@@ -31,18 +31,12 @@
 //! pre-norm, causal and padding masks, dropout; `tests` below) and in f32 through the
 //! language model's whole training step (`tests/invariants.rs`).
 
-use super::dropout::MaskSpec;
-use super::float::{self, simd, Float};
-use super::shared::{
-    group_ranges, split_at_ranges, EncoderLayerOptions, Keep, LayerShape, Run, MIN_PARALLEL_MACS,
-};
-use super::sublayer::{
-    attn_bwd, attn_fwd, check_lengths, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, Rows, SubDims,
-    SublayerDrops,
-};
-use super::{cpu_slice, num_threads, run_parallel, with_slice};
+use super::float::Float;
+use super::fused_layer::{keep_mask, layer_applies, Dims, Drops, LayerOp, Masks, Slots};
+use super::shared::{EncoderLayerOptions, Keep, LayerShape, Run};
+use super::sublayer::check_lengths;
 use crate::grads::DirectGrads;
-use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{bail, Result, Tensor};
 use std::sync::Mutex;
 
 /// Index of each weight in [`EncoderLayerParams::tensors`], its bias next: the query, key,
@@ -182,21 +176,7 @@ pub fn encoder_layer(
     if !encoder_layer_applies(x, params, grads.is_some()) {
         bail!("encoder layer: the fused layer needs CPU f32 tensors (f64 without gradients)");
     }
-    let keep = match keep {
-        Some(m) => {
-            let kb = m.dim(0)?;
-            let v = m
-                .to_dtype(DType::U8)?
-                .broadcast_as((kb, 1, t, t))?
-                .flatten_all()?
-                .to_vec1::<u8>()?;
-            Some(Keep {
-                data: v,
-                per_batch: kb > 1,
-            })
-        }
-        None => None,
-    };
+    let keep = keep.map(|m| keep_mask(m, t)).transpose()?;
     let lens = match lengths {
         Some(l) if l.len() != b => {
             bail!("encoder layer: {} lengths for {b} sequences", l.len())
@@ -208,437 +188,38 @@ pub fn encoder_layer(
         }
         None => None,
     };
-    let dims = Dims {
-        b,
-        t,
-        sub: SubDims::new(c, f, &opts, x.dtype()),
-    };
     let op = LayerOp {
-        params: params.clone(),
-        dims,
-        keep,
+        what: "encoder layer",
+        op_name: "kernels-encoder-layer",
+        params: params.tensors.to_vec(),
+        dims: Dims::new(LayerShape::new((b, t, 0), (c, f), &opts, x.dtype()), SLOTS),
+        self_keep: keep,
+        memory_keep: None,
         lens,
-        drops: dropout.filter(|d| d.p > 0.0).map(Drops::new),
+        memory_lens: None,
+        drops: dropout.filter(|d| d.p > 0.0).map(drops),
         grads: grads.cloned(),
         saved: Mutex::new(None),
     };
-    let x = x.contiguous()?;
-    match grads {
-        Some(_) => x.apply_op1(op),
-        None => x.detach().apply_op1_no_bwd(&op),
-    }
+    op.apply(x, None)
 }
 
 /// Whether [`encoder_layer`] runs on these tensors: all on the CPU, f32, or f64 when no
 /// gradients are asked for (`with_grads` false).
 pub fn encoder_layer_applies(x: &Tensor, params: &EncoderLayerParams, with_grads: bool) -> bool {
-    let dtype = x.dtype();
-    let ok_dtype = dtype == DType::F32 || (dtype == DType::F64 && !with_grads);
-    ok_dtype
-        && x.device().is_cpu()
-        && params
-            .tensors
-            .iter()
-            .all(|p| p.device().is_cpu() && p.dtype() == dtype)
+    layer_applies(&[x], &params.tensors, with_grads)
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Dims {
-    b: usize,
-    t: usize,
-    /// What the sub-layers read.
-    sub: SubDims,
-}
-
-impl Dims {
-    /// Groups of sequences, one per thread.
-    fn groups(&self) -> usize {
-        let (c, f) = (self.sub.c, self.sub.f);
-        let macs = self.b * self.t * c * (4 * c + 2 * f + 2 * self.t);
-        num_threads()
-            .min(macs / MIN_PARALLEL_MACS)
-            .min(self.b)
-            .max(1)
-    }
-}
+/// Where an encoder layer's sub-layers find their parameters.
+const SLOTS: Slots = Slots {
+    self_attn: (slot::Q_W, slot::N1_W),
+    cross: None,
+    ff: (slot::L1_W, slot::L2_W, slot::N2_W),
+};
 
 /// The four dropout masks (see [`LayerDropout`]).
-#[derive(Debug, Clone, Copy)]
-struct Drops {
-    attn: MaskSpec,
-    out1: MaskSpec,
-    hidden: MaskSpec,
-    out2: MaskSpec,
-    scale: f64,
-}
-
-impl Drops {
-    fn new(d: LayerDropout) -> Self {
-        let m = |s| MaskSpec::new(d.p, d.seed, s);
-        Self {
-            attn: m(d.streams[0]),
-            out1: m(d.streams[1]),
-            hidden: m(d.streams[2]),
-            out2: m(d.streams[3]),
-            scale: 1.0 / (1.0 - d.p),
-        }
-    }
-}
-
-/// The parameters as slices, indexed by [`slot`].
-struct Weights<'a, T>([&'a [T]; slot::COUNT]);
-
-/// What one group's forward pass keeps for its backward pass.
-#[derive(Debug)]
-struct Saved<T> {
-    sa: AttnSaved<T>,
-    ff: FfSaved<T>,
-    /// The residual stream between the sub-layers.
-    x1: Vec<T>,
-}
-
-/// The forward pass of sequences `s0 .. s0 + ns` (`x` and `y` their padded rows; only the
-/// first `lens` rows of each are computed, the others zero in `y`); returns what the
-/// backward pass needs when `keep_saved`.
-#[allow(clippy::too_many_arguments)]
-fn forward_group<T: Float>(
-    d: &Dims,
-    w: &Weights<T>,
-    keep: Option<&Keep>,
-    lens: Option<&[usize]>,
-    drops: Option<&Drops>,
-    s0: usize,
-    x: &[T],
-    y: &mut [T],
-    keep_saved: bool,
-) -> Option<Saved<T>> {
-    let (t, c) = (d.t, d.sub.c);
-    let rows = Rows::of_group(s0, x.len() / (t * c), t, lens);
-    let n = rows.n();
-    let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
-    let (sh, (sa_drops, ff_drops)) = (d.sub, sublayer_drops(drops));
-    let gathered;
-    let x: &[T] = if rows.is_full() {
-        x
-    } else {
-        gathered = rows.gather(x, c);
-        &gathered
-    };
-    simd(
-        #[inline(always)]
-        || {
-            let mut x1 = vec![T::ZERO; n * c];
-            let sa = attn_fwd(
-                &sh,
-                &w.0,
-                (slot::Q_W, slot::N1_W),
-                x,
-                &rows,
-                None,
-                |seq| keep.map(|m| m.of(seq, t)),
-                sa_drops,
-                dscale,
-                &mut x1,
-            );
-            let ff_slots = (slot::L1_W, slot::L2_W, slot::N2_W);
-            let mut yc = Vec::new();
-            let y_rows: &mut [T] = if rows.is_full() {
-                y
-            } else {
-                yc = vec![T::ZERO; n * c];
-                &mut yc
-            };
-            let ff = ff_fwd(&sh, &w.0, ff_slots, &x1, &rows, ff_drops, dscale, y_rows);
-            if !rows.is_full() {
-                rows.scatter(&yc, y, c);
-            }
-            keep_saved.then_some(Saved { sa, ff, x1 })
-        },
-    )
-}
-
-/// The gradients of one group: the input's written into `dx` (zero on padding rows), the
-/// parameters' returned (indexed by [`slot`]).
-#[allow(clippy::too_many_arguments)]
-fn backward_group<T: Float>(
-    d: &Dims,
-    w: &Weights<T>,
-    lens: Option<&[usize]>,
-    drops: Option<&Drops>,
-    s0: usize,
-    sv: &Saved<T>,
-    x: &[T],
-    dy: &[T],
-    dx: &mut [T],
-) -> Vec<Vec<T>> {
-    let (t, c) = (d.t, d.sub.c);
-    let rows = Rows::of_group(s0, x.len() / (t * c), t, lens);
-    let n = rows.n();
-    let dscale = T::from_f64(drops.map_or(1.0, |dr| dr.scale));
-    let (sh, (sa_drops, ff_drops)) = (d.sub, sublayer_drops(drops));
-    let w = &w.0;
-    let gathered;
-    let (x, dy) = if rows.is_full() {
-        (x, dy)
-    } else {
-        gathered = (rows.gather(x, c), rows.gather(dy, c));
-        (&gathered.0[..], &gathered.1[..])
-    };
-    simd(
-        #[inline(always)]
-        || {
-            let mut g: Vec<Vec<T>> = w.iter().map(|p| vec![T::ZERO; p.len()]).collect();
-            let mut scratch = Vec::new();
-            let mut dx1 = vec![T::ZERO; n * c];
-            let ff_slots = (slot::L1_W, slot::L2_W, slot::N2_W);
-            let (ff, x1) = (&sv.ff, &sv.x1);
-            ff_bwd(
-                &sh,
-                w,
-                ff_slots,
-                &mut g,
-                ff,
-                x1,
-                &rows,
-                ff_drops,
-                dscale,
-                dy,
-                &mut dx1,
-                &mut scratch,
-            );
-            let mut dxc = Vec::new();
-            let dx_rows: &mut [T] = if rows.is_full() {
-                dx
-            } else {
-                dxc = vec![T::ZERO; n * c];
-                &mut dxc
-            };
-            attn_bwd(
-                &sh,
-                w,
-                (slot::Q_W, slot::N1_W),
-                &mut g,
-                &sv.sa,
-                x,
-                &rows,
-                None,
-                sa_drops,
-                dscale,
-                &dx1,
-                dx_rows,
-                &mut scratch,
-            );
-            if !rows.is_full() {
-                rows.scatter(&dxc, dx, c);
-            }
-            g
-        },
-    )
-}
-
-/// The two sub-layers' dropout masks.
-fn sublayer_drops(drops: Option<&Drops>) -> (SublayerDrops<'_>, FfDrops<'_>) {
-    (
-        SublayerDrops {
-            attn: drops.map(|dr| &dr.attn),
-            out: drops.map(|dr| &dr.out1),
-        },
-        FfDrops {
-            hidden: drops.map(|dr| &dr.hidden),
-            out: drops.map(|dr| &dr.out2),
-        },
-    )
-}
-
-/// The output of a forward pass and what each group kept.
-type Forwarded<T> = (Vec<T>, Vec<Option<Saved<T>>>);
-
-/// The layer's forward pass over all `b` sequences of `x`, split into `groups` groups run in
-/// parallel; the output and, when `keep_saved`, what each group keeps.
-#[allow(clippy::too_many_arguments)]
-fn forward<T: Float>(
-    d: &Dims,
-    w: &Weights<T>,
-    keep: Option<&Keep>,
-    lens: Option<&[usize]>,
-    drops: Option<&Drops>,
-    x: &[T],
-    groups: usize,
-    keep_saved: bool,
-) -> Forwarded<T> {
-    let row = d.t * d.sub.c;
-    let mut y = vec![T::ZERO; x.len()];
-    let groups = groups.min(d.b).max(1);
-    let items: Vec<_> = group_ranges(d.b, groups)
-        .into_iter()
-        .zip(split_at_ranges(&mut y, d.b, groups, row))
-        .collect();
-    let saved = run_parallel(items, |(r, y)| {
-        forward_group(
-            d,
-            w,
-            keep,
-            lens,
-            drops,
-            r.start,
-            &x[r.start * row..r.end * row],
-            y,
-            keep_saved,
-        )
-    });
-    (y, saved)
-}
-
-/// The backward pass matching [`forward`]: `dx` and the parameters' gradients, the groups'
-/// partial sums added in group order.
-fn backward<T: Float>(
-    d: &Dims,
-    w: &Weights<T>,
-    lens: Option<&[usize]>,
-    drops: Option<&Drops>,
-    saved: &[Saved<T>],
-    x: &[T],
-    dy: &[T],
-) -> (Vec<T>, Vec<Vec<T>>) {
-    let row = d.t * d.sub.c;
-    let groups = saved.len();
-    let mut dx = vec![T::ZERO; x.len()];
-    let items: Vec<_> = group_ranges(d.b, groups)
-        .into_iter()
-        .zip(split_at_ranges(&mut dx, d.b, groups, row))
-        .zip(saved)
-        .collect();
-    let partials = run_parallel(items, |((r, dx), sv)| {
-        backward_group(
-            d,
-            w,
-            lens,
-            drops,
-            r.start,
-            sv,
-            &x[r.start * row..r.end * row],
-            &dy[r.start * row..r.end * row],
-            dx,
-        )
-    });
-    let mut parts = partials.into_iter();
-    let mut sum = parts.next().expect("at least one group");
-    for p in parts {
-        for (s, g) in sum.iter_mut().zip(&p) {
-            simd(
-                #[inline(always)]
-                || float::add_inplace(s, g),
-            );
-        }
-    }
-    (dx, sum)
-}
-
-struct LayerOp {
-    params: EncoderLayerParams,
-    dims: Dims,
-    keep: Option<Keep>,
-    /// Each sequence's real rows (the others are not computed).
-    lens: Option<Vec<usize>>,
-    drops: Option<Drops>,
-    grads: Option<DirectGrads>,
-    /// What the forward pass kept (f32, with `grads`).
-    saved: Mutex<Option<Vec<Saved<f32>>>>,
-}
-
-impl LayerOp {
-    /// Calls `f` with the parameters as slices of `T`.
-    fn with_weights<T: Float, R>(&self, f: impl FnOnce(&Weights<T>) -> Result<R>) -> Result<R> {
-        let guards: Vec<_> = self
-            .params
-            .tensors
-            .iter()
-            .map(|p| p.storage_and_layout())
-            .collect();
-        let slices = guards
-            .iter()
-            .map(|(s, l)| match &**s {
-                Storage::Cpu(s) => cpu_slice::<T>(s, l),
-                _ => bail!("encoder layer: parameters must be on the CPU"),
-            })
-            .collect::<Result<Vec<&[T]>>>()?;
-        let Ok(slices) = <[&[T]; slot::COUNT]>::try_from(slices) else {
-            unreachable!("one slice per parameter")
-        };
-        f(&Weights(slices))
-    }
-
-    fn run<T: Float>(&self, x: &[T], keep_saved: bool) -> Result<Forwarded<T>> {
-        self.with_weights(|w| {
-            Ok(forward(
-                &self.dims,
-                w,
-                self.keep.as_ref(),
-                self.lens.as_deref(),
-                self.drops.as_ref(),
-                x,
-                self.dims.groups(),
-                keep_saved,
-            ))
-        })
-    }
-}
-
-impl CustomOp1 for LayerOp {
-    fn name(&self) -> &'static str {
-        "kernels-encoder-layer"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let storage = match s {
-            CpuStorage::F32(_) => {
-                let (y, saved) = self.run::<f32>(cpu_slice(s, l)?, self.grads.is_some())?;
-                if self.grads.is_some() {
-                    let saved = saved.into_iter().map(|s| s.expect("kept")).collect();
-                    *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(saved);
-                }
-                CpuStorage::F32(y)
-            }
-            CpuStorage::F64(_) if self.grads.is_none() => {
-                CpuStorage::F64(self.run::<f64>(cpu_slice(s, l)?, false)?.0)
-            }
-            _ => bail!("kernels-encoder-layer: f32 (or f64 without gradients) only"),
-        };
-        Ok((storage, l.shape().clone()))
-    }
-
-    fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        let Some(grads) = &self.grads else {
-            bail!("kernels-encoder-layer: backward without DirectGrads")
-        };
-        let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(saved) = saved.as_ref() else {
-            bail!("kernels-encoder-layer: backward before forward")
-        };
-        let (dx, g) = with_slice::<f32, _>(x, |xs| {
-            with_slice::<f32, _>(dy, |dys| {
-                self.with_weights(|w| {
-                    Ok(backward(
-                        &self.dims,
-                        w,
-                        self.lens.as_deref(),
-                        self.drops.as_ref(),
-                        saved,
-                        xs,
-                        dys,
-                    ))
-                })
-            })
-        })?;
-        for (param, grad) in self.params.tensors.iter().zip(g) {
-            if DirectGrads::accepts(param) {
-                grads.put_dense(param, grad);
-            } else {
-                bail!("kernels-encoder-layer: parameter is not a CPU f32 variable");
-            }
-        }
-        Ok(Some(Tensor::from_vec(dx, x.shape(), x.device())?))
-    }
+fn drops(d: LayerDropout) -> Drops {
+    Drops::new(d.p, d.seed, &d.streams)
 }
 
 /// The layer's forward (in `groups` groups) and backward passes on plain slices, for the
@@ -654,31 +235,16 @@ pub fn run_slices<T: Float>(
     dys: &[T],
     groups: usize,
 ) -> Run<T> {
-    let dims = Dims {
-        b: shape.b,
-        t: shape.t,
-        sub: SubDims::of(shape),
-    };
-    let w = Weights(std::array::from_fn(|i| w[i]));
+    let dims = Dims::new(LayerShape { s: 0, ..*shape }, SLOTS);
     let keep = keep.map(|(data, per_batch)| Keep { data, per_batch });
-    let drops = dropout.map(Drops::new);
-    let (y, saved) = forward(
-        &dims,
-        &w,
-        keep.as_ref(),
+    let masks = Masks {
+        self_keep: keep.as_ref(),
+        memory_keep: None,
         lens,
-        drops.as_ref(),
-        xs,
-        groups,
-        true,
-    );
-    let saved: Vec<_> = saved.into_iter().map(|s| s.expect("kept")).collect();
-    let (dx, grads) = backward(&dims, &w, lens, drops.as_ref(), &saved, xs, dys);
-    Run {
-        y,
-        dx,
-        dmemory: Vec::new(),
-        grads,
-        groups: saved.len(),
-    }
+        memory_lens: None,
+    };
+    let drops = dropout.map(drops);
+    let w = &w[..slot::COUNT];
+    let inputs = (xs, &[][..], dys);
+    super::fused_layer::run_slices(&dims, w, &masks, drops.as_ref(), inputs, groups)
 }

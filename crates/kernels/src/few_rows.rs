@@ -29,21 +29,38 @@ const CHUNK: usize = 128;
 /// CPU f32/f64 a dedicated kernel, otherwise candle's matmul; the same values either way up
 /// to the order of additions.
 pub fn linear_few_rows(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let (n, c) = x.dims2()?;
-    let (v, wc) = w.dims2()?;
-    if wc != c || b.dims() != [v] {
-        bail!(
-            "linear_few_rows: x {:?} (N, C), w {:?} (V, C), b {:?} (V,) disagree",
-            x.dims(),
-            w.dims(),
-            b.dims()
-        );
-    }
+    let (n, _, _) = linear_dims("linear_few_rows", x, w, b, false)?;
     if n > MAX_ROWS || !fused_applies(&[x, w, b]) {
         return linear_few_rows_reference(x, w, b);
     }
     x.contiguous()?
         .apply_op3(&w.contiguous()?, &b.contiguous()?, Op3(FewRows))
+}
+
+/// `(N, C, V)` of a linear layer's `x` (N, C), weight `w` (V, C), or (C, V) when
+/// `transposed`, and bias `b` (V,); an error naming `name` where they disagree.
+fn linear_dims(
+    name: &str,
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    transposed: bool,
+) -> Result<(usize, usize, usize)> {
+    let (n, c) = x.dims2()?;
+    let (rows, cols) = w.dims2()?;
+    let (v, wc, w_name, w_shape) = match transposed {
+        false => (rows, cols, "w", "(V, C)"),
+        true => (cols, rows, "wt", "(C, V)"),
+    };
+    if wc != c || b.dims() != [v] {
+        bail!(
+            "{name}: x {:?} (N, C), {w_name} {:?} {w_shape}, b {:?} (V,) disagree",
+            x.dims(),
+            w.dims(),
+            b.dims()
+        );
+    }
+    Ok((n, c, v))
 }
 
 /// The same with candle primitives: `x.matmul(w.t()) + b`.
@@ -129,16 +146,7 @@ fn forward<T: Float>(x: &[T], w: &[T], b: &[T], n: usize, c: usize, v: usize) ->
 /// # Shapes
 /// x (N, C), wt (C, V), b (V,) -> (N, V)
 pub fn linear_wt(x: &Tensor, wt: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let (n, c) = x.dims2()?;
-    let (wc, v) = wt.dims2()?;
-    if wc != c || b.dims() != [v] {
-        bail!(
-            "linear_wt: x {:?} (N, C), wt {:?} (C, V), b {:?} (V,) disagree",
-            x.dims(),
-            wt.dims(),
-            b.dims()
-        );
-    }
+    let (n, c, v) = linear_dims("linear_wt", x, wt, b, true)?;
     if !fused_applies(&[x, wt, b]) {
         return x.matmul(wt)?.broadcast_add(b);
     }

@@ -68,6 +68,32 @@ pub trait Float: WithDType + Send + Sync {
     }
 }
 
+/// The constants and scalar functions of [`Float`] for `$t`: its own `ln` and `sqrt`, `$exp`
+/// and `$erf` (one implementation per type, hence a macro).
+macro_rules! scalar_basics {
+    ($t:ident, $exp:path, $erf:path) => {
+        const ZERO: Self = 0.0;
+        const ONE: Self = 1.0;
+        const NEG_INFINITY: Self = $t::NEG_INFINITY;
+        #[inline(always)]
+        fn exp(self) -> Self {
+            $exp(self)
+        }
+        #[inline(always)]
+        fn ln(self) -> Self {
+            $t::ln(self)
+        }
+        #[inline(always)]
+        fn sqrt(self) -> Self {
+            $t::sqrt(self)
+        }
+        #[inline(always)]
+        fn erf(self) -> Self {
+            $erf(self)
+        }
+    };
+}
+
 /// Calls the AVX-512 version of a row primitive when the CPU has it.
 macro_rules! avx512_or {
     ($fast:expr, $portable:expr) => {{
@@ -83,9 +109,7 @@ macro_rules! avx512_or {
 }
 
 impl Float for f32 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const NEG_INFINITY: Self = f32::NEG_INFINITY;
+    scalar_basics!(f32, exp_f32, candle_core::cpu::erf::erf_f32);
     #[inline(always)]
     fn as_f32(x: &[Self]) -> Option<&[f32]> {
         Some(x)
@@ -93,22 +117,6 @@ impl Float for f32 {
     #[inline(always)]
     fn as_f32_mut(x: &mut [Self]) -> Option<&mut [f32]> {
         Some(x)
-    }
-    #[inline(always)]
-    fn exp(self) -> Self {
-        exp_f32(self)
-    }
-    #[inline(always)]
-    fn ln(self) -> Self {
-        f32::ln(self)
-    }
-    #[inline(always)]
-    fn sqrt(self) -> Self {
-        f32::sqrt(self)
-    }
-    #[inline(always)]
-    fn erf(self) -> Self {
-        candle_core::cpu::erf::erf_f32(self)
     }
     #[inline(always)]
     fn row_max(x: &[Self]) -> Self {
@@ -144,25 +152,7 @@ impl Float for f32 {
 }
 
 impl Float for f64 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const NEG_INFINITY: Self = f64::NEG_INFINITY;
-    #[inline(always)]
-    fn exp(self) -> Self {
-        f64::exp(self)
-    }
-    #[inline(always)]
-    fn ln(self) -> Self {
-        f64::ln(self)
-    }
-    #[inline(always)]
-    fn sqrt(self) -> Self {
-        f64::sqrt(self)
-    }
-    #[inline(always)]
-    fn erf(self) -> Self {
-        candle_core::cpu::erf::erf_f64(self)
-    }
+    scalar_basics!(f64, f64::exp, candle_core::cpu::erf::erf_f64);
 }
 
 /// `e^x` for f32, branch-free so that it vectorises; relative error about 2 ulp over the
@@ -229,10 +219,16 @@ fn chunks<T: Float>(x: &[T], pad: T, mut body: impl FnMut(&[T; LANES])) {
     }
     let r = it.remainder();
     if !r.is_empty() {
-        let mut buf = [pad; LANES];
-        buf[..r.len()].copy_from_slice(r);
-        body(&buf);
+        body(&padded(r, pad));
     }
+}
+
+/// A chunk's remainder `r` padded with `pad` to [`LANES`] elements.
+#[inline(always)]
+fn padded<T: Float>(r: &[T], pad: T) -> [T; LANES] {
+    let mut buf = [pad; LANES];
+    buf[..r.len()].copy_from_slice(r);
+    buf
 }
 
 /// [`chunks`] for two slices of equal length.
@@ -248,10 +244,7 @@ fn chunks2<T: Float>(x: &[T], y: &[T], pad: T, mut body: impl FnMut(&[T; LANES],
     }
     let (ra, rb) = (ix.remainder(), iy.remainder());
     if !ra.is_empty() {
-        let (mut ba, mut bb) = ([pad; LANES], [pad; LANES]);
-        ba[..ra.len()].copy_from_slice(ra);
-        bb[..rb.len()].copy_from_slice(rb);
-        body(&ba, &bb);
+        body(&padded(ra, pad), &padded(rb, pad));
     }
 }
 
@@ -264,50 +257,57 @@ fn chunks_mut<T: Float>(x: &mut [T], pad: T, mut body: impl FnMut(&mut [T; LANES
     }
     let r = it.into_remainder();
     if !r.is_empty() {
-        let mut buf = [pad; LANES];
-        buf[..r.len()].copy_from_slice(r);
+        let mut buf = padded(r, pad);
         body(&mut buf);
         let n = r.len();
         r.copy_from_slice(&buf[..n]);
     }
 }
 
+/// `LANES` partial results over `x`: lane `i` folds `step` over the elements `i`, `i + LANES`,
+/// ... from `init`, the last chunk padded with `pad` ([`chunks`]).
+#[inline(always)]
+fn lane_fold<T: Float>(x: &[T], pad: T, init: T, step: impl Fn(T, T) -> T) -> [T; LANES] {
+    let mut acc = [init; LANES];
+    chunks(
+        x,
+        pad,
+        #[inline(always)]
+        |ch| {
+            for i in 0..LANES {
+                acc[i] = step(acc[i], ch[i]);
+            }
+        },
+    );
+    acc
+}
+
 /// Largest element (`-inf` for an empty row). NaN elements are skipped here; they still
 /// poison the row through the exponentials that follow.
 #[inline(always)]
 fn generic_row_max<T: Float>(x: &[T]) -> T {
-    let mut acc = [T::NEG_INFINITY; LANES];
-    chunks(
-        x,
-        T::NEG_INFINITY,
-        #[inline(always)]
-        |ch| {
-            for i in 0..LANES {
-                acc[i] = if ch[i] > acc[i] { ch[i] } else { acc[i] };
-            }
-        },
-    );
-    let mut m = T::NEG_INFINITY;
-    for a in acc {
-        m = if a > m { a } else { m };
+    let acc = lane_fold(x, T::NEG_INFINITY, T::NEG_INFINITY, max_of);
+    acc.into_iter().fold(T::NEG_INFINITY, max_of)
+}
+
+/// `v` where it is larger than `a` (so a NaN `v` is passed over), else `a`.
+#[inline(always)]
+fn max_of<T: Float>(a: T, v: T) -> T {
+    if v > a {
+        v
+    } else {
+        a
     }
-    m
 }
 
 #[inline(always)]
 fn generic_row_sum<T: Float>(x: &[T]) -> T {
-    let mut acc = [T::ZERO; LANES];
-    chunks(
-        x,
-        T::ZERO,
-        #[inline(always)]
-        |ch| {
-            for i in 0..LANES {
-                acc[i] += ch[i];
-            }
-        },
-    );
-    fold_lanes(&acc)
+    fold_lanes(&lane_fold(x, T::ZERO, T::ZERO, sum_of))
+}
+
+#[inline(always)]
+fn sum_of<T: Float>(a: T, v: T) -> T {
+    a + v
 }
 
 #[inline(always)]
@@ -330,16 +330,14 @@ fn generic_dot<T: Float>(a: &[T], b: &[T]) -> T {
 /// `sum((x - c)^2)`.
 #[inline(always)]
 fn generic_sum_sq_dev<T: Float>(x: &[T], c: T) -> T {
-    let mut acc = [T::ZERO; LANES];
-    chunks(
+    let acc = lane_fold(
         x,
         c,
+        T::ZERO,
         #[inline(always)]
-        |ch| {
-            for i in 0..LANES {
-                let d = ch[i] - c;
-                acc[i] += d * d;
-            }
+        |a, v| {
+            let d = v - c;
+            a + d * d
         },
     );
     fold_lanes(&acc)

@@ -73,6 +73,27 @@ enum Grad {
     },
 }
 
+impl Entry {
+    /// The gradient as the optimizer reads it (`None` without one).
+    fn view(&self) -> Option<GradView<'_>> {
+        if self.grad.is_none() {
+            return None;
+        }
+        match &self.grad {
+            Grad::Empty => None,
+            Grad::Dense(g) => Some(GradView::Dense {
+                values: g,
+                sum_sq: self.sum_sq,
+            }),
+            Grad::Rows { ids, rows, .. } => Some(GradView::Rows {
+                ids,
+                rows,
+                dim: self.param.dims().last().copied().unwrap_or(1),
+            }),
+        }
+    }
+}
+
 impl Grad {
     fn is_none(&self) -> bool {
         match self {
@@ -240,22 +261,9 @@ impl DirectGrads {
     pub fn for_each(&self, mut f: impl FnMut(&Tensor, GradView<'_>) -> Result<()>) -> Result<()> {
         let entries = self.lock();
         for e in entries.iter() {
-            if e.grad.is_none() {
-                continue;
+            if let Some(view) = e.view() {
+                f(&e.param, view)?;
             }
-            let view = match &e.grad {
-                Grad::Empty => continue,
-                Grad::Dense(g) => GradView::Dense {
-                    values: g,
-                    sum_sq: e.sum_sq,
-                },
-                Grad::Rows { ids, rows, .. } => GradView::Rows {
-                    ids,
-                    rows,
-                    dim: e.param.dims().last().copied().unwrap_or(1),
-                },
-            };
-            f(&e.param, view)?;
         }
         Ok(())
     }
@@ -271,20 +279,7 @@ impl DirectGrads {
         let Some(e) = entries.iter().find(|e| e.param.id() == param.id()) else {
             return Ok(None);
         };
-        let view = match &e.grad {
-            Grad::Empty => return Ok(None),
-            Grad::Rows { ids, .. } if ids.is_empty() => return Ok(None),
-            Grad::Dense(g) => GradView::Dense {
-                values: g,
-                sum_sq: e.sum_sq,
-            },
-            Grad::Rows { ids, rows, .. } => GradView::Rows {
-                ids,
-                rows,
-                dim: e.param.dims().last().copied().unwrap_or(1),
-            },
-        };
-        f(view).map(Some)
+        e.view().map(f).transpose()
     }
 
     /// Calls `f` with the gradient of `param` as one mutable dense slice in its shape, if it

@@ -14,9 +14,11 @@
 //! `dbias = sum_rows(dy)`.
 
 use super::float::{self, simd, Float};
-use super::{cpu_slice, fused_applies, par_rows, with_slice};
-use super::{CpuArgs3, Grads3, Kernel3, Op3};
-use candle_core::{bail, CpuStorage, DType, Layout, Result, Shape, Tensor, D};
+use super::{
+    cpu_fwd3, given, grads3, Backward3, CpuArgs3, Forward3, Grads3, Kernel3, Op3, Tensors3,
+};
+use super::{for_each_row, fused_applies, par_rows, with_slice};
+use candle_core::{bail, CpuStorage, Result, Shape, Tensor, D};
 
 /// Layer normalisation over the last dimension with a hand-written backward pass giving the
 /// gradients of `x`, `weight` and `bias`.
@@ -74,60 +76,42 @@ struct LayerNormOp {
 impl Kernel3 for LayerNormOp {
     const NAME: &'static str = "kernels-layer-norm";
 
-    fn forward(&self, [(s1, l1), (s2, l2), (s3, l3)]: CpuArgs3) -> Result<(CpuStorage, Shape)> {
-        let out = match s1 {
-            CpuStorage::F32(_) => forward::<f32>(s1, l1, s2, l2, s3, l3, self.eps)?,
-            CpuStorage::F64(_) => forward::<f64>(s1, l1, s2, l2, s3, l3, self.eps)?,
-            _ => bail!("kernels-layer-norm: only f32 and f64"),
-        };
-        Ok((out, l1.shape().clone()))
+    fn forward(&self, args: CpuArgs3) -> Result<(CpuStorage, Shape)> {
+        let out = cpu_fwd3(self, Self::NAME, args)?;
+        Ok((out, args[0].1.shape().clone()))
     }
 
-    fn backward(
-        &self,
-        [x, weight, _bias]: [&Tensor; 3],
-        _y: &Tensor,
-        dy: &Tensor,
-    ) -> Result<Grads3> {
-        let (dx, dw, db) = match x.dtype() {
-            DType::F32 => backward::<f32>(x, weight, dy, self.eps)?,
-            DType::F64 => backward::<f64>(x, weight, dy, self.eps)?,
-            dt => bail!("kernels-layer-norm: unsupported dtype {dt:?}"),
-        };
-        Ok((Some(dx), Some(dw), Some(db)))
+    fn backward(&self, inputs: [&Tensor; 3], _y: &Tensor, dy: &Tensor) -> Result<Grads3> {
+        grads3(self, Self::NAME, inputs, dy).map(given)
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn forward<T: Float>(
-    s1: &CpuStorage,
-    l1: &Layout,
-    s2: &CpuStorage,
-    l2: &Layout,
-    s3: &CpuStorage,
-    l3: &Layout,
-    eps: f64,
-) -> Result<CpuStorage> {
-    let x = cpu_slice::<T>(s1, l1)?;
-    let w = cpu_slice::<T>(s2, l2)?;
-    let b = cpu_slice::<T>(s3, l3)?;
+impl Forward3 for LayerNormOp {
+    fn run<T: Float>(&self, x: &[T], w: &[T], b: &[T]) -> Vec<T> {
+        forward(x, w, b, self.eps)
+    }
+}
+
+impl Backward3 for LayerNormOp {
+    fn grads<T: Float>(&self, [x, weight, _bias]: [&Tensor; 3], dy: &Tensor) -> Result<Tensors3> {
+        backward::<T>(x, weight, dy, self.eps)
+    }
+}
+
+fn forward<T: Float>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
     let c = w.len();
     let eps = T::from_f64(eps);
     let mut y = vec![T::ZERO; x.len()];
-    if c > 0 {
-        par_rows(&mut y, c, MIN_PARALLEL_ELEMS, |r0, ys| {
-            simd(
-                #[inline(always)]
-                || {
-                    for (i, yr) in ys.chunks_exact_mut(c).enumerate() {
-                        let xr = &x[(r0 + i) * c..][..c];
-                        forward_row(xr, w, b, eps, yr, None);
-                    }
-                },
-            )
-        });
-    }
-    Ok(T::to_cpu_storage_owned(y))
+    for_each_row(
+        &mut y,
+        c,
+        MIN_PARALLEL_ELEMS,
+        #[inline(always)]
+        |r, yr| {
+            forward_row(&x[r * c..][..c], w, b, eps, yr, None);
+        },
+    );
+    y
 }
 
 /// `(mean, 1 / std)` of one row, PyTorch's biased variance with `eps` inside the root.

@@ -55,6 +55,7 @@ mod dropout;
 mod encoder_layer;
 mod few_rows;
 mod float;
+mod fused_layer;
 pub mod grads;
 pub mod int8;
 mod layer_norm;
@@ -153,6 +154,9 @@ type CpuArgs3<'a> = [(&'a candle_core::CpuStorage, &'a Layout); 3];
 /// The gradients of a three-tensor op's inputs, in order.
 type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
 
+/// Three tensors: a three-tensor op's inputs' gradients, all given.
+type Tensors3 = (Tensor, Tensor, Tensor);
+
 /// A fused op of three tensors: its name, its CPU forward pass and its backward pass (by
 /// default none: a forward-only op). [`Op3`] makes it a candle `CustomOp3`.
 trait Kernel3: Send + Sync {
@@ -225,6 +229,33 @@ fn cpu_fwd3(
         )),
         _ => bail!("{name}: only f32 and f64"),
     })
+}
+
+/// A backward pass generic over the element type: what [`grads3`] runs for a `CustomOp3`
+/// whose kernel exists for f32 and f64.
+trait Backward3 {
+    /// The gradients of the three `inputs` (of type `T`) from the output's, `grad`.
+    fn grads<T: float::Float>(&self, inputs: [&Tensor; 3], grad: &Tensor) -> Result<Tensors3>;
+}
+
+/// The body of such a `CustomOp3::bwd`: [`Backward3::grads`] in the inputs' type (f32 or
+/// f64, else an error naming the op).
+fn grads3(
+    kernel: &impl Backward3,
+    name: &str,
+    inputs: [&Tensor; 3],
+    grad: &Tensor,
+) -> Result<Tensors3> {
+    match inputs[0].dtype() {
+        DType::F32 => kernel.grads::<f32>(inputs, grad),
+        DType::F64 => kernel.grads::<f64>(inputs, grad),
+        dt => bail!("{name}: unsupported dtype {dt:?}"),
+    }
+}
+
+/// Three gradients, all given.
+fn given((a, b, c): Tensors3) -> Grads3 {
+    (Some(a), Some(b), Some(c))
 }
 
 /// Calls `f` with the contiguous CPU data of `t` (copied to contiguous first if needed).
@@ -343,6 +374,31 @@ fn split_ranges(items: usize, work: usize, min_work: usize) -> Vec<std::ops::Ran
         .collect()
 }
 
+/// Computes each row of `out` (rows of `width` elements; none when `width` is 0) as
+/// `f(row, out_row)`, the rows split over threads as [`par_rows`] splits them and each
+/// thread's loop compiled by [`float::simd`] (with `f`, when `f` is `#[inline(always)]`).
+#[inline(always)]
+fn for_each_row<T: Send>(
+    out: &mut [T],
+    width: usize,
+    min_elems: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    if width == 0 {
+        return;
+    }
+    par_rows(out, width, min_elems, |r0, rows| {
+        float::simd(
+            #[inline(always)]
+            || {
+                for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+                    f(r0 + i, row);
+                }
+            },
+        )
+    });
+}
+
 /// Splits `data` (rows of `width` elements) into at most [`num_threads`] contiguous groups of
 /// rows and runs `f(first_row, group)` on each in parallel. Inputs under `min_elems` elements
 /// per thread stay on the calling thread: waking the pool costs microseconds.
@@ -388,6 +444,62 @@ mod plain {
             .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001)
             .map(|v| v as f32 / 1000.0 - 1.0)
             .collect()
+    }
+
+    /// Checks the product kernel `kernel(y, x, w, b, n, m, k)` (`y = b + x W^T`, `x` `n x k`)
+    /// at each size `(n, m, k)` of `sizes` on [`values`], its output filled with NaN before,
+    /// with [`assert_sums`]; `W` is stored `m x k`, or `k x m` when `transposed`. Nothing to
+    /// check where the CPU lacks AVX-512.
+    fn check_product(
+        name: &str,
+        sizes: &[(usize, usize, usize)],
+        transposed: bool,
+        kernel: impl Fn(&mut [f32], &[f32], &[f32], &[f32], usize, usize, usize),
+    ) {
+        if no_avx512() {
+            return;
+        }
+        for &(n, m, k) in sizes {
+            let (x, w, b) = (values(n * k, 1), values(m * k, 2), values(m, 3));
+            let mut y = vec![f32::NAN; n * m];
+            kernel(&mut y, &x, &w, &b, n, m, k);
+            let at = |j, kk| {
+                if transposed {
+                    w[kk * m + j]
+                } else {
+                    w[j * k + kk]
+                }
+            };
+            assert_sums(name, &y, &x, &b, (n, m, k), at);
+        }
+    }
+
+    /// The hand-written AVX-512 product kernels against the plain sums in f64.
+    #[test]
+    fn product_kernels_agree_with_the_plain_sums() {
+        // `one_row::wt_row` (one row, `W^T`): sizes with and without partial blocks.
+        let sizes = [
+            (256, 256),
+            (512, 256),
+            (256, 512),
+            (300, 37),
+            (13, 200),
+            (1, 1),
+        ];
+        let sizes = sizes.map(|(m, k)| (1, m, k));
+        check_product("wt_row", &sizes, true, |y, x, w, b, _, m, k| {
+            crate::one_row::wt_row(y, x, w, b, m, k)
+        });
+        // `small_rows`: row counts below, at and above one pass, and output counts that
+        // leave a partial block.
+        let sizes = [
+            (2, 256, 256),
+            (16, 64, 32),
+            (17, 13, 7),
+            (48, 100, 33),
+            (5, 1, 1),
+        ];
+        check_product("small_rows", &sizes, false, crate::small_rows::forward);
     }
 
     /// Asserts that `y` (`n x m`) is `b[j] + sum_kk x[i][kk] * w(j, kk)` summed in f64 in

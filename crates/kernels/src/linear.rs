@@ -19,7 +19,7 @@ use super::float::{self, simd, Float};
 use super::matmul::{gemm, Mat};
 use super::small_rows;
 use super::{cpu_fwd3, fused_applies, num_threads, run_parallel, with_slice, Forward3};
-use super::{CpuArgs3, Grads3, Kernel3, Op3};
+use super::{given, grads3, Backward3, CpuArgs3, Grads3, Kernel3, Op3, Tensors3};
 use candle_core::{bail, CpuStorage, DType, Result, Shape, Tensor};
 
 /// Multiply-adds per thread below which the kernel stays on the calling thread.
@@ -78,18 +78,14 @@ impl Kernel3 for LinearOp {
         Ok((out, Shape::from((n, m))))
     }
 
-    fn backward(
-        &self,
-        [x, weight, bias]: [&Tensor; 3],
-        _y: &Tensor,
-        dy: &Tensor,
-    ) -> Result<Grads3> {
-        let (dx, dw, db) = match x.dtype() {
-            DType::F32 => tensors(backward::<f32>(x, weight, dy)?, x, weight, bias)?,
-            DType::F64 => tensors(backward::<f64>(x, weight, dy)?, x, weight, bias)?,
-            dt => bail!("kernels-linear: unsupported dtype {dt:?}"),
-        };
-        Ok((Some(dx), Some(dw), Some(db)))
+    fn backward(&self, inputs: [&Tensor; 3], _y: &Tensor, dy: &Tensor) -> Result<Grads3> {
+        grads3(self, Self::NAME, inputs, dy).map(given)
+    }
+}
+
+impl Backward3 for LinearOp {
+    fn grads<T: Float>(&self, [x, weight, bias]: [&Tensor; 3], dy: &Tensor) -> Result<Tensors3> {
+        tensors(backward::<T>(x, weight, dy)?, x, weight, bias)
     }
 }
 

@@ -11,16 +11,23 @@ pub(crate) struct Mat<P> {
     cs: usize,
 }
 
-impl<'a, T> Mat<&'a [T]> {
-    pub(crate) fn new(data: &'a [T], rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
-        check_extent(data.len(), rows, cols, rs, cs);
+impl<P> Mat<P> {
+    /// The view of `ptr`, a slice of `len` elements, checked to lie inside it.
+    fn checked(ptr: P, len: usize, (rows, cols): (usize, usize), (rs, cs): (usize, usize)) -> Self {
+        check_extent(len, rows, cols, rs, cs);
         Mat {
-            ptr: data,
+            ptr,
             rows,
             cols,
             rs,
             cs,
         }
+    }
+}
+
+impl<'a, T> Mat<&'a [T]> {
+    pub(crate) fn new(data: &'a [T], rows: usize, cols: usize, rs: usize, cs: usize) -> Self {
+        Self::checked(data, data.len(), (rows, cols), (rs, cs))
     }
 
     /// The transposed view (no copy).
@@ -43,14 +50,8 @@ impl<'a, T> Mat<&'a mut [T]> {
         rs: usize,
         cs: usize,
     ) -> Self {
-        check_extent(data.len(), rows, cols, rs, cs);
-        Mat {
-            ptr: data,
-            rows,
-            cols,
-            rs,
-            cs,
-        }
+        let len = data.len();
+        Self::checked(data, len, (rows, cols), (rs, cs))
     }
 }
 

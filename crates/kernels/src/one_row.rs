@@ -87,30 +87,3 @@ mod avx512 {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plain::{self, assert_sums, values};
-
-    /// Against the plain sums in f64, at sizes with and without partial blocks.
-    #[test]
-    fn agrees_with_the_plain_sums() {
-        if plain::no_avx512() {
-            return;
-        }
-        for &(m, k) in &[
-            (256, 256),
-            (512, 256),
-            (256, 512),
-            (300, 37),
-            (13, 200),
-            (1, 1),
-        ] {
-            let (x, w, b) = (values(k, 1), values(m * k, 2), values(m, 3));
-            let mut y = vec![f32::NAN; m];
-            wt_row(&mut y, &x, &w, &b, m, k);
-            assert_sums("wt_row", &y, &x, &b, (1, m, k), |j, kk| w[kk * m + j]);
-        }
-    }
-}

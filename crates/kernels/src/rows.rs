@@ -3,6 +3,7 @@
 //! padding out is exact for a given attention mask ([`check_lengths`]).
 
 use super::float::Float;
+use std::borrow::Cow;
 
 /// Which rows of a group of sequences the sub-layers compute, and where they lie: sequence
 /// `s0 + j` of the batch (padded to `t` rows) has `len(j)` real rows, its first ones. The
@@ -102,6 +103,34 @@ impl Rows {
             out.extend_from_slice(&padded[j * self.t * width..][..len * width]);
         }
         out
+    }
+
+    /// The real rows of the group's padded rows `padded` ([`Self::gather`]): `padded`
+    /// itself when every row is real.
+    pub(super) fn packed<'a, T: Copy>(&self, padded: &'a [T], width: usize) -> Cow<'a, [T]> {
+        if self.is_full() {
+            Cow::Borrowed(padded)
+        } else {
+            Cow::Owned(self.gather(padded, width))
+        }
+    }
+
+    /// Runs `f` on a buffer of the group's real rows that is then written into its padded
+    /// rows `padded` ([`Self::scatter`]); on `padded` itself when every row is real.
+    #[inline(always)]
+    pub(super) fn write_packed<T: Float, R>(
+        &self,
+        padded: &mut [T],
+        width: usize,
+        f: impl FnOnce(&mut [T]) -> R,
+    ) -> R {
+        if self.is_full() {
+            return f(padded);
+        }
+        let mut rows = vec![T::ZERO; self.n() * width];
+        let r = f(&mut rows);
+        self.scatter(&rows, padded, width);
+        r
     }
 
     /// The group's real rows `rows` written into its padded rows `padded`, padding rows

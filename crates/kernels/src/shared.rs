@@ -196,7 +196,8 @@ pub(crate) fn split_at_ranges<T>(
     out
 }
 
-/// A fused layer's shape and options for [`crate::testing`]: `b` sequences of `t` rows (`s` memory rows for a decoder
+/// A fused layer's shape and options, what its sub-layers read ([`super::sublayer`]; given
+/// by [`crate::testing`]'s callers): `b` sequences of `t` rows (`s` memory rows for a decoder
 /// layer), width `c`, feed-forward width `f`, `h` heads.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerShape {
@@ -216,10 +217,39 @@ pub struct LayerShape {
     pub eps: f64,
     /// Pre-norm instead of post-norm.
     pub norm_first: bool,
-    /// bf16 products (f32 inputs, a CPU with a bf16 unit).
+    /// bf16 products (f32 inputs, a CPU with a bf16 unit): the projections' and the
+    /// feed-forward layer's, with fp32 accumulation ([`super::bf16`]); everything else, the
+    /// attention heads' products included, stays in the inputs' precision.
     pub bf16: bool,
     /// GELU instead of ReLU.
     pub gelu: bool,
+}
+
+impl LayerShape {
+    /// The shape of `b` sequences of `t` rows (and their memory of `s`), width `c`,
+    /// feed-forward width `f`, under `opts`, inputs of `dtype` (bf16 products only for f32 on
+    /// a CPU with a bf16 unit).
+    pub(crate) fn new(
+        (b, t, s): (usize, usize, usize),
+        (c, f): (usize, usize),
+        opts: &EncoderLayerOptions,
+        dtype: candle_core::DType,
+    ) -> Self {
+        Self {
+            b,
+            t,
+            s,
+            c,
+            f,
+            h: opts.nhead,
+            eps: opts.layer_norm_eps,
+            norm_first: opts.norm_first,
+            bf16: opts.precision == super::Precision::Bf16
+                && dtype == candle_core::DType::F32
+                && super::bf16::available(),
+            gelu: opts.activation == Activation::Gelu,
+        }
+    }
 }
 
 /// What a layer's forward and backward passes gave.

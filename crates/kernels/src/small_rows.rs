@@ -156,30 +156,3 @@ mod avx512 {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plain::{self, assert_sums, values};
-
-    /// Against the plain sums in f64, at row counts below, at and above one pass, and
-    /// output counts that leave a partial block.
-    #[test]
-    fn agrees_with_the_plain_sums() {
-        if plain::no_avx512() {
-            return;
-        }
-        for &(n, m, k) in &[
-            (2, 256, 256),
-            (16, 64, 32),
-            (17, 13, 7),
-            (48, 100, 33),
-            (5, 1, 1),
-        ] {
-            let (x, w, b) = (values(n * k, 1), values(m * k, 2), values(m, 3));
-            let mut y = vec![f32::NAN; n * m];
-            forward(&mut y, &x, &w, &b, n, m, k);
-            assert_sums("small_rows", &y, &x, &b, (n, m, k), |j, kk| w[j * k + kk]);
-        }
-    }
-}

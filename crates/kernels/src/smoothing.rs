@@ -18,7 +18,7 @@
 //! counted rows (0 on ignored ones), `dW_j = k sum_{n: y_n = j} h_n - (k / V) sum_n h_n`,
 //! `db_j = k count_j - k count / V`. Sums over rows run in f64.
 
-use super::{cpu_slice, fused_applies};
+use super::{cpu_fwd3, fused_applies, grads3, Backward3, Forward3, Tensors3};
 use super::{CpuArgs3, Grads3, Kernel3, Op3};
 use crate::grads::DirectGrads;
 use candle_core::{bail, CpuStorage, DType, Result, Shape, Tensor, D};
@@ -112,15 +112,22 @@ impl SmoothingTerm {
     fn count(&self) -> usize {
         self.rows.iter().filter(|r| r.is_some()).count()
     }
+}
 
-    /// The gradients of the inputs as tensors of their shapes, for incoming gradient `g`.
+impl Forward3 for SmoothingTerm {
+    fn run<T: super::float::Float>(&self, h: &[T], w: &[T], b: &[T]) -> Vec<T> {
+        vec![T::from_f64(forward::<T>(self, h, w, b))]
+    }
+}
+
+impl Backward3 for SmoothingTerm {
+    /// The gradients of the inputs as tensors of their shapes.
     fn grads<T: super::float::Float>(
         &self,
-        g: f64,
-        hidden: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
+        [hidden, weight, bias]: [&Tensor; 3],
+        grad: &Tensor,
+    ) -> Result<Tensors3> {
+        let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let (h, w, b) = (
             hidden.flatten_all()?.to_vec1::<T>()?,
             weight.flatten_all()?.to_vec1::<T>()?,
@@ -215,40 +222,17 @@ fn backward<T: super::float::Float>(
 impl Kernel3 for SmoothingTerm {
     const NAME: &'static str = "kernels-label-smoothing-term";
 
-    fn forward(&self, [(s1, l1), (s2, l2), (s3, l3)]: CpuArgs3) -> Result<(CpuStorage, Shape)> {
-        let out = match s1 {
-            CpuStorage::F32(_) => {
-                let x = forward::<f32>(
-                    self,
-                    cpu_slice(s1, l1)?,
-                    cpu_slice(s2, l2)?,
-                    cpu_slice(s3, l3)?,
-                );
-                CpuStorage::F32(vec![x as f32])
-            }
-            CpuStorage::F64(_) => CpuStorage::F64(vec![forward::<f64>(
-                self,
-                cpu_slice(s1, l1)?,
-                cpu_slice(s2, l2)?,
-                cpu_slice(s3, l3)?,
-            )]),
-            _ => bail!("kernels-label-smoothing-term: only f32 and f64"),
-        };
-        Ok((out, Shape::from(())))
+    fn forward(&self, args: CpuArgs3) -> Result<(CpuStorage, Shape)> {
+        Ok((cpu_fwd3(self, Self::NAME, args)?, Shape::from(())))
     }
 
     fn backward(
         &self,
-        [hidden, weight, bias]: [&Tensor; 3],
+        inputs @ [hidden, weight, bias]: [&Tensor; 3],
         _out: &Tensor,
         grad: &Tensor,
     ) -> Result<Grads3> {
-        let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        let (dh, dw, db) = match hidden.dtype() {
-            DType::F32 => self.grads::<f32>(g, hidden, weight, bias)?,
-            DType::F64 => self.grads::<f64>(g, hidden, weight, bias)?,
-            dt => bail!("kernels-label-smoothing-term: unsupported dtype {dt:?}"),
-        };
+        let (dh, dw, db) = grads3(self, Self::NAME, inputs, grad)?;
         let direct = self.direct.as_ref().filter(|_| {
             hidden.dtype() == DType::F32
                 && DirectGrads::accepts(weight)

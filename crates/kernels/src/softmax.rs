@@ -8,7 +8,7 @@
 //! `examples/kernels_bench.rs`).
 
 use super::float::{self, simd, Float};
-use super::{cpu_slice, fused_applies, par_rows, with_slice};
+use super::{cpu_slice, for_each_row, fused_applies, par_rows, with_slice};
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 
 /// Softmax over the last dimension with a hand-written backward pass.
@@ -67,21 +67,18 @@ fn forward<T: Float>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> 
     let x = cpu_slice::<T>(s, l)?;
     let width = *l.dims().last().unwrap_or(&1);
     let mut y = vec![T::ZERO; x.len()];
-    if width > 0 {
-        par_rows(&mut y, width, MIN_PARALLEL_ELEMS, |r0, ys| {
-            simd(
-                #[inline(always)]
-                || {
-                    for (i, yr) in ys.chunks_exact_mut(width).enumerate() {
-                        let xr = &x[(r0 + i) * width..][..width];
-                        let m = float::row_max(xr);
-                        let sum = float::exp_sub_store_sum(xr, m, yr);
-                        float::scale_inplace(yr, T::ONE / sum);
-                    }
-                },
-            )
-        });
-    }
+    for_each_row(
+        &mut y,
+        width,
+        MIN_PARALLEL_ELEMS,
+        #[inline(always)]
+        |r, yr| {
+            let xr = &x[r * width..][..width];
+            let m = float::row_max(xr);
+            let sum = float::exp_sub_store_sum(xr, m, yr);
+            float::scale_inplace(yr, T::ONE / sum);
+        },
+    );
     Ok((T::to_cpu_storage_owned(y), l.shape().clone()))
 }
 
@@ -97,23 +94,20 @@ fn backward<T: Float>(y: &Tensor, dy: &Tensor) -> Result<Tensor> {
                 );
             }
             let mut dx = vec![T::ZERO; ys.len()];
-            if width > 0 {
-                par_rows(&mut dx, width, MIN_PARALLEL_ELEMS, |r0, dxs| {
-                    simd(
-                        #[inline(always)]
-                        || {
-                            for (i, dxr) in dxs.chunks_exact_mut(width).enumerate() {
-                                let yr = &ys[(r0 + i) * width..][..width];
-                                let dyr = &dys[(r0 + i) * width..][..width];
-                                let d = float::dot(yr, dyr);
-                                for ((o, &a), &g) in dxr.iter_mut().zip(yr).zip(dyr) {
-                                    *o = a * (g - d);
-                                }
-                            }
-                        },
-                    )
-                });
-            }
+            for_each_row(
+                &mut dx,
+                width,
+                MIN_PARALLEL_ELEMS,
+                #[inline(always)]
+                |r, dxr| {
+                    let yr = &ys[r * width..][..width];
+                    let dyr = &dys[r * width..][..width];
+                    let d = float::dot(yr, dyr);
+                    for ((o, &a), &g) in dxr.iter_mut().zip(yr).zip(dyr) {
+                        *o = a * (g - d);
+                    }
+                },
+            );
             Tensor::from_vec(dx, y.shape(), y.device())
         })
     })

@@ -9,7 +9,7 @@
 //! the rows are packed together for the projections, the feed-forward layer and the norms,
 //! and attention runs per sequence over its own length. The projections' and the
 //! feed-forward layer's products run in fp32, or in bf16 with fp32 accumulation
-//! ([`SubDims::bf16`]).
+//! ([`LayerShape::bf16`]).
 
 use super::attention::masked_softmax_rows;
 use super::bf16;
@@ -19,61 +19,8 @@ use super::linear::{bias_grad_add, bias_rows, rows_forward, rows_input_grad};
 use super::matmul::{gemm, Mat};
 pub(super) use super::rows::{check_lengths, Rows};
 use super::shared::{
-    drop_inplace, drop_into, linear_grads, ln_bwd, ln_rows, two, Activation, EncoderLayerOptions,
-    LayerShape, Norm,
+    drop_inplace, drop_into, linear_grads, ln_bwd, ln_rows, two, LayerShape, Norm,
 };
-
-/// What the sub-layers need of a layer's shape.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct SubDims {
-    pub(super) c: usize,
-    pub(super) f: usize,
-    pub(super) h: usize,
-    pub(super) eps: f64,
-    pub(super) norm_first: bool,
-    /// The projections' and the feed-forward layer's products in bf16 with fp32 accumulation
-    /// ([`super::bf16`]; f32 inputs only, on a CPU that has a bf16 unit). Everything else,
-    /// the attention heads' products included, stays in the inputs' precision.
-    pub(super) bf16: bool,
-    /// The feed-forward activation is the exact (erf) GELU instead of ReLU.
-    pub(super) gelu: bool,
-}
-
-impl SubDims {
-    /// What the sub-layers read of a [`LayerShape`] ([`crate::testing`]).
-    pub(super) fn of(shape: &LayerShape) -> Self {
-        Self {
-            c: shape.c,
-            f: shape.f,
-            h: shape.h,
-            eps: shape.eps,
-            norm_first: shape.norm_first,
-            bf16: shape.bf16,
-            gelu: shape.gelu,
-        }
-    }
-
-    /// A layer's shape: width `c`, feed-forward width `f`, its options, inputs of `dtype`
-    /// (bf16 products only for f32 on a CPU with a bf16 unit).
-    pub(super) fn new(
-        c: usize,
-        f: usize,
-        opts: &EncoderLayerOptions,
-        dtype: candle_core::DType,
-    ) -> Self {
-        Self {
-            c,
-            f,
-            h: opts.nhead,
-            eps: opts.layer_norm_eps,
-            norm_first: opts.norm_first,
-            bf16: opts.precision == super::Precision::Bf16
-                && dtype == candle_core::DType::F32
-                && bf16::available(),
-            gelu: opts.activation == Activation::Gelu,
-        }
-    }
-}
 
 thread_local! {
     /// Each thread's packed bf16 operands, kept between calls.
@@ -82,88 +29,105 @@ thread_local! {
     };
 }
 
-/// `y = x W^T + b` for `n` rows (`x` `n x k`, `W` `m x k`): [`rows_forward`], or its
-/// products in bf16 (`sh.bf16`).
+/// `out` as f32 when the sub-layers' products run in bf16 (`sh.bf16` and f32 operands).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+fn bf16_out<'a, T: Float>(sh: &LayerShape, out: &'a mut [T]) -> Option<&'a mut [f32]> {
+    if sh.bf16 {
+        T::as_f32_mut(out)
+    } else {
+        None
+    }
+}
+
+/// `out (+)= A B` (`rows x cols`, `depth` terms each) in bf16 with fp32 accumulation, the
+/// operands packed into this thread's buffers: `A` stored `rows x depth`, or `depth x rows`
+/// (`a_t`); `B` stored `depth x cols`, or `cols x depth` (`b_t`).
+#[inline(always)]
+fn bf16_product(
+    out: &mut [f32],
+    (rows, cols, depth): (usize, usize, usize),
+    accumulate: bool,
+    (a, a_t): (&[f32], bool),
+    (b, b_t): (&[f32], bool),
+) {
+    PACKED.with_borrow_mut(|(pa, pb)| {
+        if a_t {
+            bf16::pack_rows_transposed(a, (depth, rows, rows), pa);
+        } else {
+            bf16::pack_rows(a, (rows, depth, depth), pa);
+        }
+        if b_t {
+            bf16::pack_pairs_of_cols(b, (cols, depth, depth), pb);
+        } else {
+            bf16::pack_pairs_of_rows(b, (depth, cols, cols), pb);
+        }
+        let (kp, ldb) = (bf16::pad32(depth), bf16::pad32(cols));
+        bf16::gemm_bf16(out, cols, rows, cols, pa, kp, pb, ldb, accumulate);
+    });
+}
+
+/// `y = x W^T + b` for `n` rows (`x` `n x k`, `W` `m x k`; the weight at `slot` of `w`, its
+/// bias next): [`rows_forward`], or its products in bf16 (`sh.bf16`).
+#[inline(always)]
 fn lin_forward<T: Float>(
-    sh: &SubDims,
+    sh: &LayerShape,
     y: &mut [T],
     x: &[T],
-    w: &[T],
-    b: &[T],
-    n: usize,
-    m: usize,
-    k: usize,
+    (w, slot): (&[&[T]], usize),
+    (n, m, k): (usize, usize, usize),
 ) {
-    if sh.bf16 {
-        if let Some(y) = T::as_f32_mut(y) {
-            let (x, w) = (f32s(x), f32s(w));
-            bias_rows(y, f32s(b));
-            PACKED.with_borrow_mut(|(a, bw)| {
-                bf16::pack_rows(x, n, k, k, a);
-                bf16::pack_pairs_of_cols(w, m, k, k, bw);
-                bf16::gemm_bf16(y, m, n, m, a, bf16::pad32(k), bw, bf16::pad32(m), true);
-            });
-            return;
-        }
+    let (w, b) = (w[slot], w[slot + 1]);
+    if let Some(y) = bf16_out(sh, y) {
+        bias_rows(y, f32s(b));
+        bf16_product(y, (n, m, k), true, (f32s(x), false), (f32s(w), true));
+        return;
     }
     rows_forward(y, x, w, b, n, m, k)
 }
 
-/// `dx (+)= dy W` for `n` rows (`dy` `n x m`, `W` `m x k`): [`rows_input_grad`], or its
-/// product in bf16 (`sh.bf16`).
+/// `dx (+)= dy W` for `n` rows (`dy` `n x m`, `W` `m x k`, the weight at `slot` of `w`):
+/// [`rows_input_grad`], or its product in bf16 (`sh.bf16`).
 #[inline(always)]
 fn lin_input_grad<T: Float>(
-    sh: &SubDims,
-    dx: &mut [T],
-    accumulate: bool,
+    sh: &LayerShape,
+    (dx, accumulate): (&mut [T], bool),
     dy: &[T],
-    w: &[T],
-    n: usize,
-    m: usize,
+    (w, slot): (&[&[T]], usize),
+    (n, m): (usize, usize),
 ) {
-    if sh.bf16 {
-        if let Some(dx) = T::as_f32_mut(dx) {
-            let (dy, w) = (f32s(dy), f32s(w));
-            let k = w.len() / m.max(1);
-            PACKED.with_borrow_mut(|(a, bw)| {
-                bf16::pack_rows(dy, n, m, m, a);
-                bf16::pack_pairs_of_rows(w, m, k, k, bw);
-                let (kp, ldb) = (bf16::pad32(m), bf16::pad32(k));
-                bf16::gemm_bf16(dx, k, n, k, a, kp, bw, ldb, accumulate);
-            });
-            return;
-        }
+    let w = w[slot];
+    if let Some(dx) = bf16_out(sh, dx) {
+        let k = w.len() / m.max(1);
+        bf16_product(
+            dx,
+            (n, k, m),
+            accumulate,
+            (f32s(dy), false),
+            (f32s(w), false),
+        );
+        return;
     }
     rows_input_grad(dx, accumulate, dy, w, n, m)
 }
 
-/// `dW = dy^T x` (overwritten) and `db += sum_rows(dy)` over `n` rows: [`linear_grads`], or
-/// the weight's product in bf16 (`sh.bf16`; the bias's sum stays fp32).
+/// The gradients of the weight at `slot` of `g` and of its bias (next): `dW = dy^T x`
+/// (overwritten) and `db += sum_rows(dy)` over `n` rows: [`linear_grads`], or the weight's
+/// product in bf16 (`sh.bf16`; the bias's sum stays fp32).
 #[inline(always)]
 fn lin_grads<T: Float>(
-    sh: &SubDims,
-    dw: &mut [T],
-    db: &mut [T],
+    sh: &LayerShape,
+    (g, slot): (&mut [Vec<T>], usize),
     dy: &[T],
     x: &[T],
     n: usize,
     k: usize,
 ) {
-    if sh.bf16 {
-        if let Some(dw) = T::as_f32_mut(dw) {
-            let m = db.len();
-            let (dy32, x) = (f32s(dy), f32s(x));
-            PACKED.with_borrow_mut(|(a, bx)| {
-                bf16::pack_rows_transposed(dy32, n, m, m, a);
-                bf16::pack_pairs_of_rows(x, n, k, k, bx);
-                let (kp, ldb) = (bf16::pad32(n), bf16::pad32(k));
-                bf16::gemm_bf16(dw, k, m, k, a, kp, bx, ldb, false);
-            });
-            bias_grad_add(db, dy);
-            return;
-        }
+    let (dw, db) = two(g, slot, slot + 1);
+    if let Some(dw) = bf16_out(sh, dw) {
+        let m = db.len();
+        bf16_product(dw, (m, k, n), false, (f32s(dy), true), (f32s(x), false));
+        bias_grad_add(db, dy);
+        return;
     }
     linear_grads(dw, db, dy, x, n, k)
 }
@@ -218,9 +182,8 @@ pub(super) fn residual_sum<T: Float>(
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn residual_fwd<T: Float>(
-    sh: &SubDims,
-    w: &[&[T]],
-    norm: usize,
+    sh: &LayerShape,
+    (w, norm): (&[&[T]], usize),
     x: &[T],
     rows: &Rows,
     (drop, dscale): (Option<&MaskSpec>, T),
@@ -238,19 +201,15 @@ fn residual_fwd<T: Float>(
 /// writes the residual's share of the input's gradient into `dx` (post-norm: through the
 /// norm, whose parameters' gradients go into `g`) and returns the gradient of the branch's
 /// output before its dropout.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn residual_bwd<T: Float>(
-    sh: &SubDims,
-    w: &[&[T]],
-    norm: usize,
-    g: &mut [Vec<T>],
-    nrm: &Norm<T>,
-    rows: &Rows,
+    sh: &LayerShape,
+    (w, norm): (&[&[T]], usize),
+    (g, scratch): (&mut [Vec<T>], &mut Vec<T>),
+    (nrm, rows): (&Norm<T>, &Rows),
     (drop, dscale): (Option<&MaskSpec>, T),
     dout: &[T],
     dx: &mut [T],
-    scratch: &mut Vec<T>,
 ) -> Vec<T> {
     if sh.norm_first {
         dx.copy_from_slice(dout);
@@ -346,42 +305,50 @@ fn drop_rows<T: Float>(x: &mut [T], spec: &MaskSpec, rows: &Rows, width: usize, 
     }
 }
 
-/// `lq x lk` attention weights `p` of one (sequence, head) through dropout into `out`; the
-/// mask element of weight `(i, j)` is `first + i * tk + j` (the padded layout).
+/// `lq x lk` attention weights of one (sequence, head) through dropout: `p` into `out`, or
+/// `out` in place without `p`. The mask element of weight `(i, j)` is `first + i * tk + j`
+/// (the padded layout).
 #[inline(always)]
 fn drop_weights<T: Float>(
-    p: &[T],
+    p: Option<&[T]>,
     out: &mut [T],
     spec: &MaskSpec,
     first: usize,
     (lk, tk): (usize, usize),
     scale: T,
 ) {
-    if lk == tk {
-        drop_into(p, out, spec, first, scale);
-        return;
-    }
-    for (i, (pr, or)) in p.chunks_exact(lk).zip(out.chunks_exact_mut(lk)).enumerate() {
-        drop_into(pr, or, spec, first + i * tk, scale);
+    // One run of all the weights when their rows are contiguous in the mask, else a run
+    // per row.
+    let (runs, len, stride) = if lk == tk {
+        (1, out.len(), 0)
+    } else {
+        (out.len() / lk, lk, tk)
+    };
+    for i in 0..runs {
+        let (r, first) = (i * len..(i + 1) * len, first + i * stride);
+        match p {
+            Some(p) => drop_into(&p[r.clone()], &mut out[r], spec, first, scale),
+            None => drop_inplace(&mut out[r], spec, first, scale),
+        }
     }
 }
 
-/// [`drop_weights`] in place.
+/// The sequences of a group that attend to something, each as `(sequence, (first query row,
+/// queries), (first key row, keys), p_at)`: `p_at` is where its `H x lq x lk` attention
+/// weights start in the group's weights (one sequence after another, `h` heads each).
 #[inline(always)]
-fn drop_weights_inplace<T: Float>(
-    p: &mut [T],
-    spec: &MaskSpec,
-    first: usize,
-    (lk, tk): (usize, usize),
-    scale: T,
-) {
-    if lk == tk {
-        drop_inplace(p, spec, first, scale);
-        return;
-    }
-    for (i, pr) in p.chunks_exact_mut(lk).enumerate() {
-        drop_inplace(pr, spec, first + i * tk, scale);
-    }
+fn attended_seqs<'r>(
+    q_rows: &'r Rows,
+    k_rows: &'r Rows,
+    h: usize,
+) -> impl Iterator<Item = (usize, (usize, usize), (usize, usize), usize)> + 'r {
+    let mut p_at = 0;
+    (0..q_rows.seqs()).filter_map(move |j| {
+        let ((qr, lq), (kr, lk)) = (q_rows.seq(j), k_rows.seq(j));
+        let at = p_at;
+        p_at += h * lq * lk;
+        (lq > 0 && lk > 0).then_some((q_rows.s0() + j, (qr, lq), (kr, lk), at))
+    })
 }
 
 /// The `lq x lk` top-left block of a `t x tk` mask: the mask itself when that is all of it.
@@ -408,15 +375,11 @@ fn mask_block<'a>(
 /// `seq`'s mask in the padded layout (`T x Tk`). Writes the sub-layer's output (the residual
 /// stream after it) into `out`. `base` and `norm` are the slots of the query weight and of
 /// the norm's weight.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn attn_fwd<'k, T: Float>(
-    sh: &SubDims,
-    w: &[&[T]],
-    (base, norm): (usize, usize),
-    x: &[T],
-    q_rows: &Rows,
-    kv: Option<(&[T], &Rows)>,
+    sh: &LayerShape,
+    (w, (base, norm)): (&[&[T]], (usize, usize)),
+    (x, q_rows, kv): (&[T], &Rows, Option<(&[T], &Rows)>),
     keep: impl Fn(usize) -> Option<&'k [u8]>,
     drops: SublayerDrops,
     dscale: T,
@@ -436,9 +399,9 @@ pub(super) fn attn_fwd<'k, T: Float>(
     let mut q = vec![T::ZERO; n * c];
     let mut k = vec![T::ZERO; nk * c];
     let mut v = vec![T::ZERO; nk * c];
-    lin_forward(sh, &mut q, a_src, w[base], w[base + 1], n, c, c);
-    lin_forward(sh, &mut k, kv_src, w[base + 2], w[base + 3], nk, c, c);
-    lin_forward(sh, &mut v, kv_src, w[base + 4], w[base + 5], nk, c, c);
+    lin_forward(sh, &mut q, a_src, (w, base), (n, c, c));
+    lin_forward(sh, &mut k, kv_src, (w, base + 2), (nk, c, c));
+    lin_forward(sh, &mut v, kv_src, (w, base + 4), (nk, c, c));
     let (t, tk) = (q_rows.t(), k_rows.t());
     let p_len: usize = (0..q_rows.seqs())
         .map(|j| h * q_rows.seq(j).1 * k_rows.seq(j).1)
@@ -447,13 +410,7 @@ pub(super) fn attn_fwd<'k, T: Float>(
     let mut o = vec![T::ZERO; n * c];
     let mut pd = vec![T::ZERO; t * tk];
     let mut mask_buf = Vec::new();
-    let mut p_at = 0;
-    for j in 0..q_rows.seqs() {
-        let seq = q_rows.s0() + j;
-        let ((qr, lq), (kr, lk)) = (q_rows.seq(j), k_rows.seq(j));
-        if lq == 0 || lk == 0 {
-            continue;
-        }
+    for (seq, (qr, lq), (kr, lk), p_at) in attended_seqs(q_rows, k_rows, h) {
         let mask = mask_block(keep(seq), (lq, lk), tk, &mut mask_buf);
         for hi in 0..h {
             let (qo, ko) = (qr * c + hi * dh, kr * c + hi * dh);
@@ -469,7 +426,7 @@ pub(super) fn attn_fwd<'k, T: Float>(
             let weights: &[T] = match drops.attn {
                 Some(m) => {
                     let pd = &mut pd[..lq * lk];
-                    drop_weights(pb, pd, m, (seq * h + hi) * t * tk, (lk, tk), dscale);
+                    drop_weights(Some(pb), pd, m, (seq * h + hi) * t * tk, (lk, tk), dscale);
                     pd
                 }
                 None => pb,
@@ -482,10 +439,9 @@ pub(super) fn attn_fwd<'k, T: Float>(
                 T::ONE,
             );
         }
-        p_at += h * lq * lk;
     }
-    lin_forward(sh, out, &o, w[base + 6], w[base + 7], n, c, c);
-    residual_fwd(sh, w, norm, x, q_rows, (drops.out, dscale), out, &mut nrm);
+    lin_forward(sh, out, &o, (w, base + 6), (n, c, c));
+    residual_fwd(sh, (w, norm), x, q_rows, (drops.out, dscale), out, &mut nrm);
     AttnSaved {
         a_in,
         q,
@@ -500,22 +456,15 @@ pub(super) fn attn_fwd<'k, T: Float>(
 /// [`attn_fwd`]'s backward pass: from `dout` (the gradient of its output) writes the
 /// gradient of its input `x` into `dx` and, for encoder-decoder attention, of `kv` into
 /// `dkv`; adds the parameters' gradients into `g`.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn attn_bwd<T: Float>(
-    sh: &SubDims,
-    w: &[&[T]],
-    (base, norm): (usize, usize),
-    g: &mut [Vec<T>],
-    sv: &AttnSaved<T>,
-    x: &[T],
-    q_rows: &Rows,
-    kv: Option<(&[T], &mut [T], &Rows)>,
+    sh: &LayerShape,
+    (w, (base, norm)): (&[&[T]], (usize, usize)),
+    (g, scratch): (&mut [Vec<T>], &mut Vec<T>),
+    (sv, x, q_rows, kv): (&AttnSaved<T>, &[T], &Rows, Option<(&[T], &mut [T], &Rows)>),
     drops: SublayerDrops,
     dscale: T,
-    dout: &[T],
-    dx: &mut [T],
-    scratch: &mut Vec<T>,
+    (dout, dx): (&[T], &mut [T]),
 ) {
     let (c, h) = (sh.c, sh.h);
     let n = q_rows.n();
@@ -525,25 +474,15 @@ pub(super) fn attn_bwd<T: Float>(
     let dh = c / h;
     let scale = T::from_f64(1.0 / (dh as f64).sqrt());
     let out_drop = (drops.out, dscale);
-    let da = residual_bwd(
-        sh, w, norm, g, &sv.norm, q_rows, out_drop, dout, dx, scratch,
-    );
-    {
-        let (gw, gb) = two(g, base + 6, base + 7);
-        lin_grads(sh, gw, gb, &da, &sv.o, n, c);
-    }
+    let g_s = (&mut *g, &mut *scratch);
+    let da = residual_bwd(sh, (w, norm), g_s, (&sv.norm, q_rows), out_drop, dout, dx);
+    lin_grads(sh, (g, base + 6), &da, &sv.o, n, c);
     let mut d_o = vec![T::ZERO; n * c];
-    lin_input_grad(sh, &mut d_o, false, &da, w[base + 6], n, c);
+    lin_input_grad(sh, (&mut d_o, false), &da, (w, base + 6), (n, c));
     let (mut dq, mut dk, mut dv) = (da, vec![T::ZERO; nk * c], vec![T::ZERO; nk * c]);
     let mut pd = vec![T::ZERO; t * tk];
     let mut dp = vec![T::ZERO; t * tk];
-    let mut p_at = 0;
-    for j in 0..q_rows.seqs() {
-        let seq = q_rows.s0() + j;
-        let ((qr, lq), (kr, lk)) = (q_rows.seq(j), k_rows.seq(j));
-        if lq == 0 || lk == 0 {
-            continue;
-        }
+    for (seq, (qr, lq), (kr, lk), p_at) in attended_seqs(q_rows, k_rows, h) {
         let (pd, dp) = (&mut pd[..lq * lk], &mut dp[..lq * lk]);
         for hi in 0..h {
             let (qo, ko) = (qr * c + hi * dh, kr * c + hi * dh);
@@ -551,7 +490,7 @@ pub(super) fn attn_bwd<T: Float>(
             let first = (seq * h + hi) * t * tk;
             let weights: &[T] = match drops.attn {
                 Some(m) => {
-                    drop_weights(pb, pd, m, first, (lk, tk), dscale);
+                    drop_weights(Some(pb), pd, m, first, (lk, tk), dscale);
                     pd
                 }
                 None => pb,
@@ -573,7 +512,7 @@ pub(super) fn attn_bwd<T: Float>(
             );
             // Through the dropout and the softmax: dS = P (dP - rowsum(dP P)).
             if let Some(m) = drops.attn {
-                drop_weights_inplace(dp, m, first, (lk, tk), dscale);
+                drop_weights(None, dp, m, first, (lk, tk), dscale);
             }
             for (dr, pr) in dp.chunks_exact_mut(lk).zip(pb.chunks_exact(lk)) {
                 let dot = float::dot(dr, pr);
@@ -597,7 +536,6 @@ pub(super) fn attn_bwd<T: Float>(
                 scale,
             );
         }
-        p_at += h * lq * lk;
     }
     // The projections.
     let a_src: &[T] = if sh.norm_first { &sv.a_in } else { x };
@@ -610,19 +548,18 @@ pub(super) fn attn_bwd<T: Float>(
         (&dk, kv_src, nk, base + 2),
         (&dv, kv_src, nk, base + 4),
     ] {
-        let (gw, gb) = two(g, sl, sl + 1);
-        lin_grads(sh, gw, gb, dproj, src, rows, c);
+        lin_grads(sh, (g, sl), dproj, src, rows, c);
     }
     let mut da_in = d_o;
-    lin_input_grad(sh, &mut da_in, false, &dq, w[base], n, c);
+    lin_input_grad(sh, (&mut da_in, false), &dq, (w, base), (n, c));
     match kv {
         Some((_, dkv, _)) => {
-            lin_input_grad(sh, dkv, false, &dk, w[base + 2], nk, c);
-            lin_input_grad(sh, dkv, true, &dv, w[base + 4], nk, c);
+            lin_input_grad(sh, (dkv, false), &dk, (w, base + 2), (nk, c));
+            lin_input_grad(sh, (dkv, true), &dv, (w, base + 4), (nk, c));
         }
         None => {
-            lin_input_grad(sh, &mut da_in, true, &dk, w[base + 2], n, c);
-            lin_input_grad(sh, &mut da_in, true, &dv, w[base + 4], n, c);
+            lin_input_grad(sh, (&mut da_in, true), &dk, (w, base + 2), (n, c));
+            lin_input_grad(sh, (&mut da_in, true), &dv, (w, base + 4), (n, c));
         }
     }
     if sh.norm_first {
@@ -634,12 +571,10 @@ pub(super) fn attn_bwd<T: Float>(
 }
 
 /// The feed-forward sub-layer on `x` (the rows `rows` describes), its output into `y`; `slots` are those of `linear1`'s and `linear2`'s weights and of the norm's weight.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn ff_fwd<T: Float>(
-    sh: &SubDims,
-    w: &[&[T]],
-    (l1, l2, norm): (usize, usize, usize),
+    sh: &LayerShape,
+    (w, (l1, l2, norm)): (&[&[T]], (usize, usize, usize)),
     x: &[T],
     rows: &Rows,
     drops: FfDrops,
@@ -653,7 +588,7 @@ pub(super) fn ff_fwd<T: Float>(
     let eps = T::from_f64(sh.eps);
     let f_src = sublayer_input(sh.norm_first, eps, w, norm, x, &mut f_in, Some(&mut nrm));
     let mut hid = vec![T::ZERO; n * f];
-    lin_forward(sh, &mut hid, f_src, w[l1], w[l1 + 1], n, f, c);
+    lin_forward(sh, &mut hid, f_src, (w, l1), (n, f, c));
     let mut pre = Vec::new();
     if sh.gelu {
         pre = hid.clone();
@@ -674,8 +609,8 @@ pub(super) fn ff_fwd<T: Float>(
         }
         None => &hid,
     };
-    lin_forward(sh, y, hd, w[l2], w[l2 + 1], n, c, f);
-    residual_fwd(sh, w, norm, x, rows, (drops.out, dscale), y, &mut nrm);
+    lin_forward(sh, y, hd, (w, l2), (n, c, f));
+    residual_fwd(sh, (w, norm), x, rows, (drops.out, dscale), y, &mut nrm);
     FfSaved {
         f_in,
         hid,
@@ -688,43 +623,27 @@ pub(super) fn ff_fwd<T: Float>(
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn ff_bwd<T: Float>(
-    sh: &SubDims,
-    w: &[&[T]],
-    (l1, l2, norm): (usize, usize, usize),
-    g: &mut [Vec<T>],
-    sv: &FfSaved<T>,
-    x: &[T],
-    rows: &Rows,
+    sh: &LayerShape,
+    (w, (l1, l2, norm)): (&[&[T]], (usize, usize, usize)),
+    (g, scratch): (&mut [Vec<T>], &mut Vec<T>),
+    (sv, x, rows): (&FfSaved<T>, &[T], &Rows),
     drops: FfDrops,
     dscale: T,
     dy: &[T],
     dx: &mut [T],
-    scratch: &mut Vec<T>,
 ) {
     let (c, f) = (sh.c, sh.f);
     let n = x.len() / c;
-    let dgo = residual_bwd(
-        sh,
-        w,
-        norm,
-        g,
-        &sv.norm,
-        rows,
-        (drops.out, dscale),
-        dy,
-        dx,
-        scratch,
-    );
+    let out_drop = (drops.out, dscale);
+    let g_s = (&mut *g, &mut *scratch);
+    let dgo = residual_bwd(sh, (w, norm), g_s, (&sv.norm, rows), out_drop, dy, dx);
     let mut hd = sv.hid.clone();
     if let Some(m) = drops.hidden {
         drop_rows(&mut hd, m, rows, f, dscale);
     }
-    {
-        let (gw, gb) = two(g, l2, l2 + 1);
-        lin_grads(sh, gw, gb, &dgo, &hd, n, f);
-    }
+    lin_grads(sh, (g, l2), &dgo, &hd, n, f);
     let mut dhid = hd;
-    lin_input_grad(sh, &mut dhid, false, &dgo, w[l2], n, c);
+    lin_input_grad(sh, (&mut dhid, false), &dgo, (w, l2), (n, c));
     if let Some(m) = drops.hidden {
         drop_rows(&mut dhid, m, rows, f, dscale);
     }
@@ -738,16 +657,13 @@ pub(super) fn ff_bwd<T: Float>(
         }
     }
     let f_src: &[T] = if sh.norm_first { &sv.f_in } else { x };
-    {
-        let (gw, gb) = two(g, l1, l1 + 1);
-        lin_grads(sh, gw, gb, &dhid, f_src, n, c);
-    }
+    lin_grads(sh, (g, l1), &dhid, f_src, n, c);
     if sh.norm_first {
         let mut df_in = dgo;
-        lin_input_grad(sh, &mut df_in, false, &dhid, w[l1], n, f);
+        lin_input_grad(sh, (&mut df_in, false), &dhid, (w, l1), (n, f));
         let (gw, gb) = two(g, norm, norm + 1);
         ln_bwd(&df_in, &sv.norm, w[norm], dx, true, gw, gb, scratch);
     } else {
-        lin_input_grad(sh, dx, true, &dhid, w[l1], n, f);
+        lin_input_grad(sh, (dx, true), &dhid, (w, l1), (n, f));
     }
 }

@@ -168,18 +168,18 @@ pub fn layer_products_bf16() {
             ];
             let bf_ms = [
                 best(10, || {
-                    bf16::pack_rows(&x, n, k, k, &mut pa);
-                    bf16::pack_pairs_of_cols(&w, m, k, k, &mut pb);
+                    bf16::pack_rows(&x, (n, k, k), &mut pa);
+                    bf16::pack_pairs_of_cols(&w, (m, k, k), &mut pb);
                     bf16::gemm_bf16(&mut y, m, n, m, &pa, pad32(k), &pb, pad32(m), false);
                 }),
                 best(10, || {
-                    bf16::pack_rows(&dy, n, m, m, &mut pa);
-                    bf16::pack_pairs_of_rows(&w, m, k, k, &mut pb);
+                    bf16::pack_rows(&dy, (n, m, m), &mut pa);
+                    bf16::pack_pairs_of_rows(&w, (m, k, k), &mut pb);
                     bf16::gemm_bf16(&mut dx, k, n, k, &pa, pad32(m), &pb, pad32(k), false);
                 }),
                 best(10, || {
-                    bf16::pack_rows_transposed(&dy, n, m, m, &mut pa);
-                    bf16::pack_pairs_of_rows(&x, n, k, k, &mut pb);
+                    bf16::pack_rows_transposed(&dy, (n, m, m), &mut pa);
+                    bf16::pack_pairs_of_rows(&x, (n, k, k), &mut pb);
                     bf16::gemm_bf16(&mut dw, k, m, k, &pa, pad32(n), &pb, pad32(k), false);
                 }),
             ];
@@ -212,7 +212,7 @@ pub fn bf16_shapes_of_the_lm_loss() {
             let reps = 200;
             let t0 = Instant::now();
             for _ in 0..reps {
-                pack_rows_transposed(&w, k, m, m, &mut out);
+                pack_rows_transposed(&w, (k, m, m), &mut out);
             }
             let s = t0.elapsed().as_secs_f64() / reps as f64;
             println!("  pack_rows_transposed ({k}x{m}): {:.3} ms", s * 1e3);

@@ -1,10 +1,14 @@
 //! The fused attention kernel against its composed reference and central finite differences.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use transformer_kernels::{attention, attention_reference};
 
 mod common;
 use common::*;
+
+/// The signature of [`attention`] and [`attention_reference`].
+type AttentionFn =
+    fn(&Tensor, &Tensor, &Tensor, Option<&Tensor>, Option<&Tensor>, f64) -> Result<Tensor>;
 
 // ---------------------------------------------------------------------------------------------
 // Attention
@@ -85,30 +89,25 @@ fn attention_strided_inputs() {
         let cot = tensor(&[b, h, t, d], 214, 1.0, dtype);
         let keep = attention_keep(b, t, t);
         let heads = |x: &Tensor| x.transpose(1, 2);
+        let keep = &keep;
+        let on_heads = |f: AttentionFn| {
+            move |x: &[Tensor]| {
+                f(
+                    &heads(&x[0])?,
+                    &heads(&x[1])?,
+                    &heads(&x[2])?,
+                    Some(keep),
+                    None,
+                    0.5,
+                )
+            }
+        };
         compare(
             &format!("attention strided {dtype:?}"),
             &inputs,
             &cot,
-            |x| {
-                attention(
-                    &heads(&x[0])?,
-                    &heads(&x[1])?,
-                    &heads(&x[2])?,
-                    Some(&keep),
-                    None,
-                    0.5,
-                )
-            },
-            |x| {
-                attention_reference(
-                    &heads(&x[0])?,
-                    &heads(&x[1])?,
-                    &heads(&x[2])?,
-                    Some(&keep),
-                    None,
-                    0.5,
-                )
-            },
+            on_heads(attention),
+            on_heads(attention_reference),
         );
     }
 }

@@ -123,10 +123,7 @@ fn label_smoothing_term_matches_reference() {
     // Into DirectGrads: the weight's and bias's gradients land there, the same values.
     let inputs = lce_inputs(11, 8, 30, 200, DType::F32);
     let t = targets(11, 30, 201, Some((0, 4)));
-    let vars: Vec<Var> = inputs
-        .iter()
-        .map(|x| Var::from_tensor(x).unwrap())
-        .collect();
+    let vars = vars_of(&inputs);
     let direct = transformer_kernels::grads::DirectGrads::new();
     let f = |d: Option<&transformer_kernels::grads::DirectGrads>| {
         let [h, w, b] = [0, 1, 2].map(|i| vars[i].as_tensor());
@@ -213,10 +210,7 @@ fn linear_cross_entropy_batched_shapes_and_unit_gradient() {
 #[test]
 fn linear_cross_entropy_backward_twice() {
     let inputs = lce_inputs(11, 7, 30, 90, DType::F64);
-    let vars: Vec<Var> = inputs
-        .iter()
-        .map(|t| Var::from_tensor(t).unwrap())
-        .collect();
+    let vars = vars_of(&inputs);
     let tg = targets(11, 30, 91, Some((2, 4)));
     let loss = linear_cross_entropy(&vars[0], &vars[1], &vars[2], &tg, Some(2)).unwrap();
     let g1 = loss.backward().unwrap();
@@ -261,11 +255,7 @@ fn linear_cross_entropy_two_losses_in_one_graph() {
     for (n, c, v) in [(7, 5, 13), (37, 200, 1100)] {
         let a = lce_inputs(n, c, v, 300, DType::F64);
         let h2 = tensor(&[n, c], 303, 1.0, DType::F64);
-        let vars: Vec<Var> = a
-            .iter()
-            .chain([&h2])
-            .map(|t| Var::from_tensor(t).unwrap())
-            .collect();
+        let vars = vars_of(a.iter().chain([&h2]));
         let (t1, t2) = (targets(n, v, 304, Some((1, 3))), targets(n, v, 305, None));
         let grads = |f: &LossFn| {
             let [h, w, b, h2] = [0, 1, 2, 3].map(|i| vars[i].as_tensor());
@@ -289,10 +279,7 @@ fn linear_cross_entropy_two_losses_in_one_graph() {
 #[test]
 fn linear_cross_entropy_all_ignored() {
     let inputs = lce_inputs(3, 4, 5, 99, DType::F64);
-    let vars: Vec<Var> = inputs
-        .iter()
-        .map(|t| Var::from_tensor(t).unwrap())
-        .collect();
+    let vars = vars_of(&inputs);
     let tg = Tensor::new(&[2u32, 2, 2], &Device::Cpu).unwrap();
     let loss = linear_cross_entropy(&vars[0], &vars[1], &vars[2], &tg, Some(2)).unwrap();
     assert!(loss.to_scalar::<f64>().unwrap().is_nan());

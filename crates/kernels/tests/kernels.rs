@@ -25,14 +25,8 @@ fn tanh_and_sigmoid_match_candle_and_their_references() {
         for dtype in [DType::F32, DType::F64] {
             let x = tensor(&[n], n as u64, scale, dtype);
             let cot = tensor(&[n], 7, 1.0, dtype);
-            compare("tanh", &[x.clone()], &cot, |t| tanh(&t[0]), |t| t[0].tanh());
-            compare(
-                "sigmoid",
-                &[x],
-                &cot,
-                |t| sigmoid(&t[0]),
-                |t| sigmoid_reference(&t[0]),
-            );
+            compare_unary("tanh", x.clone(), &cot, tanh, |x| x.tanh());
+            compare_unary("sigmoid", x, &cot, sigmoid, sigmoid_reference);
         }
     }
     // Per element, not only relative to the largest value: small arguments keep their
@@ -88,12 +82,12 @@ fn softmax_matches_reference() {
         {
             let x = tensor(&shape, 10 + k as u64, 30.0, dtype);
             let cot = tensor(&shape, 100 + k as u64, 1.0, dtype);
-            compare(
+            compare_unary(
                 &format!("softmax {shape:?} {dtype:?}"),
-                &[x],
+                x,
                 &cot,
-                |t| softmax_last_dim(&t[0]),
-                |t| softmax_last_dim_reference(&t[0]),
+                softmax_last_dim,
+                softmax_last_dim_reference,
             );
         }
     }
@@ -105,12 +99,12 @@ fn softmax_matches_reference_multithreaded() {
     let shape = [600, 500];
     let x = tensor(&shape, 1, 5.0, DType::F64);
     let cot = tensor(&shape, 2, 1.0, DType::F64);
-    compare(
+    compare_unary(
         "softmax 600x500",
-        &[x],
+        x,
         &cot,
-        |t| softmax_last_dim(&t[0]),
-        |t| softmax_last_dim_reference(&t[0]),
+        softmax_last_dim,
+        softmax_last_dim_reference,
     );
 }
 
@@ -179,39 +173,35 @@ fn layer_norm_matches_reference() {
             .into_iter()
             .enumerate()
         {
-            let k = k as u64;
-            let c = *shape.last().unwrap();
+            let seed = 20 + k as u64;
             // An offset mean, to test the two-pass variance.
-            let x = (tensor(&shape, 20 + k, 2.0, dtype) + 3.0).unwrap();
-            let w = tensor(&[c], 30 + k, 1.0, dtype);
-            let b = tensor(&[c], 40 + k, 1.0, dtype);
-            let cot = tensor(&shape, 50 + k, 1.0, dtype);
-            compare(
-                &format!("layer_norm {shape:?} {dtype:?}"),
-                &[x, w, b],
-                &cot,
-                |t| layer_norm(&t[0], &t[1], &t[2], 1e-5),
-                |t| layer_norm_reference(&t[0], &t[1], &t[2], 1e-5),
-            );
+            let x = (tensor(&shape, seed, 2.0, dtype) + 3.0).unwrap();
+            compare_layer_norm(&format!("layer_norm {shape:?} {dtype:?}"), x, seed);
         }
     }
+}
+
+/// The layer norm of `x` against its reference, the weight, bias and cotangent drawn from
+/// `seed` + 10, 20 and 30.
+fn compare_layer_norm(name: &str, x: Tensor, seed: u64) {
+    let (dtype, c) = (x.dtype(), *x.dims().last().unwrap());
+    let w = tensor(&[c], seed + 10, 1.0, dtype);
+    let b = tensor(&[c], seed + 20, 1.0, dtype);
+    let cot = tensor(x.dims(), seed + 30, 1.0, dtype);
+    compare_ternary(
+        name,
+        [x, w, b],
+        &cot,
+        |x, w, b| layer_norm(x, w, b, 1e-5),
+        |x, w, b| layer_norm_reference(x, w, b, 1e-5),
+    );
 }
 
 /// Over 2 x 2^17 elements: rows split over threads, per-thread weight/bias gradients summed.
 #[test]
 fn layer_norm_matches_reference_multithreaded() {
-    let shape = [2001, 200];
-    let x = tensor(&shape, 21, 2.0, DType::F64);
-    let w = tensor(&[200], 31, 1.0, DType::F64);
-    let b = tensor(&[200], 41, 1.0, DType::F64);
-    let cot = tensor(&shape, 51, 1.0, DType::F64);
-    compare(
-        "layer_norm 2001x200",
-        &[x, w, b],
-        &cot,
-        |t| layer_norm(&t[0], &t[1], &t[2], 1e-5),
-        |t| layer_norm_reference(&t[0], &t[1], &t[2], 1e-5),
-    );
+    let x = tensor(&[2001, 200], 21, 2.0, DType::F64);
+    compare_layer_norm("layer_norm 2001x200", x, 21);
 }
 
 #[test]
@@ -238,12 +228,12 @@ fn linear_matches_reference() {
             let mut out = shape.clone();
             *out.last_mut().unwrap() = m;
             let cot = tensor(&out, 4, 1.0, dtype);
-            compare(
+            compare_ternary(
                 &format!("linear {shape:?} -> {m} {dtype:?}"),
-                &[x, w, b],
+                [x, w, b],
                 &cot,
-                |t| linear(&t[0], &t[1], &t[2]),
-                |t| linear_reference(&t[0], &t[1], &t[2]),
+                linear,
+                linear_reference,
             );
         }
     }

@@ -77,7 +77,7 @@ pub(super) fn pass1<T: Pooled>(
                 let zs = bf16::aligned(&mut z_scratch, BF16_ROWS * np);
                 for s0 in (0..len).step_by(BF16_ROWS) {
                     let rows = BF16_ROWS.min(len - s0);
-                    bf16::pack_rows(&w_rows[s0 * c..(s0 + rows) * c], rows, c, c, &mut w_j);
+                    bf16::pack_rows(&w_rows[s0 * c..(s0 + rows) * c], (rows, c, c), &mut w_j);
                     bf16::gemm_bf16(zs, np, rows, n, &w_j, pad32(c), h_t, np, false);
                     let dst = &mut z[s0 * n..(s0 + rows) * n];
                     let bias = &bias[s0..s0 + rows];
@@ -278,7 +278,7 @@ pub(super) fn pass2<T: Pooled>(
                     dst.copy_from_slice(&src[..c]);
                 }
                 // dH^T (c x n) += W_j^T (c x len) @ P_j^T (len x n).
-                bf16::pack_rows_transposed(w_rows, len, c, c, &mut w_t);
+                bf16::pack_rows_transposed(w_rows, (len, c, c), &mut w_t);
                 bf16::gemm_bf16(dh_pad, np, c, n, &w_t, pad32(len), &p_pairs, np, j > 0);
             }
             _ => {

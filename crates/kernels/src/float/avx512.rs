@@ -42,45 +42,54 @@ pub(super) fn exp(x: __m512) -> __m512 {
     _mm512_scalef_ps(p, n)
 }
 
+/// The body of a reduction of the row `$x` in two accumulators of 16 lanes from `$init`:
+/// `$op(acc, v)` on every full vector, `$tail(acc, mask, ptr)` on the ragged end (a masked
+/// load), and `$reduce` of the two accumulators combined by `$op`. A macro, not a generic
+/// function: the intrinsics must be compiled inside the caller's `#[target_feature]`.
+macro_rules! two_register_reduction {
+    ($x:expr, $init:expr, $op:path, |$a:ident, $k:ident, $p:ident| $tail:expr, $reduce:path) => {{
+        let (n, p) = ($x.len(), $x.as_ptr());
+        let mut a0 = $init;
+        let mut a1 = a0;
+        let mut i = 0;
+        while i + 32 <= n {
+            a0 = $op(a0, _mm512_loadu_ps(p.add(i)));
+            a1 = $op(a1, _mm512_loadu_ps(p.add(i + 16)));
+            i += 32;
+        }
+        while i < n {
+            let ($a, $k, $p) = (a0, mask(n - i), p.add(i));
+            a0 = $tail;
+            i += 16;
+        }
+        $reduce($op(a0, a1))
+    }};
+}
+
 /// # Safety
 /// The CPU must support AVX-512 F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn row_max(x: &[f32]) -> f32 {
-    let (n, p) = (x.len(), x.as_ptr());
-    let mut a0 = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut a1 = a0;
-    let mut i = 0;
-    while i + 32 <= n {
-        a0 = _mm512_max_ps(a0, _mm512_loadu_ps(p.add(i)));
-        a1 = _mm512_max_ps(a1, _mm512_loadu_ps(p.add(i + 16)));
-        i += 32;
-    }
-    while i < n {
-        let k = mask(n - i);
-        a0 = _mm512_mask_max_ps(a0, k, a0, _mm512_maskz_loadu_ps(k, p.add(i)));
-        i += 16;
-    }
-    _mm512_reduce_max_ps(_mm512_max_ps(a0, a1))
+    two_register_reduction!(
+        x,
+        _mm512_set1_ps(f32::NEG_INFINITY),
+        _mm512_max_ps,
+        |a, k, p| _mm512_mask_max_ps(a, k, a, _mm512_maskz_loadu_ps(k, p)),
+        _mm512_reduce_max_ps
+    )
 }
 
 /// # Safety
 /// The CPU must support AVX-512 F.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn row_sum(x: &[f32]) -> f32 {
-    let (n, p) = (x.len(), x.as_ptr());
-    let mut a0 = _mm512_setzero_ps();
-    let mut a1 = a0;
-    let mut i = 0;
-    while i + 32 <= n {
-        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p.add(i)));
-        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p.add(i + 16)));
-        i += 32;
-    }
-    while i < n {
-        a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(mask(n - i), p.add(i)));
-        i += 16;
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+    two_register_reduction!(
+        x,
+        _mm512_setzero_ps(),
+        _mm512_add_ps,
+        |a, k, p| _mm512_add_ps(a, _mm512_maskz_loadu_ps(k, p)),
+        _mm512_reduce_add_ps
+    )
 }
 
 /// # Safety

@@ -70,6 +70,14 @@ pub fn tol(dtype: DType) -> f64 {
     }
 }
 
+/// A `Var` (a tensor that tracks gradients) of each input.
+pub fn vars_of<'a>(inputs: impl IntoIterator<Item = &'a Tensor>) -> Vec<Var> {
+    inputs
+        .into_iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect()
+}
+
 /// Output and gradients of `f(inputs)` contracted with `cot` (`sum(out * cot)`), via candle's
 /// backprop.
 pub fn run_with_grads(
@@ -77,10 +85,7 @@ pub fn run_with_grads(
     cot: &Tensor,
     f: impl Fn(&[Tensor]) -> Result<Tensor>,
 ) -> (Tensor, Vec<Tensor>) {
-    let vars: Vec<Var> = inputs
-        .iter()
-        .map(|t| Var::from_tensor(t).unwrap())
-        .collect();
+    let vars = vars_of(inputs);
     let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
     let out = f(&ts).unwrap();
     let loss = out.broadcast_mul(cot).unwrap().sum_all().unwrap();
@@ -108,6 +113,32 @@ pub fn compare(
     for (i, (gf, gr)) in grads_f.iter().zip(&grads_r).enumerate() {
         assert_close(&format!("{name} grad of input {i}"), gf, gr, tol(dtype));
     }
+}
+
+/// A one-input kernel against its reference with [`compare`].
+pub fn compare_unary(
+    name: &str,
+    x: Tensor,
+    cot: &Tensor,
+    fused: fn(&Tensor) -> Result<Tensor>,
+    reference: fn(&Tensor) -> Result<Tensor>,
+) {
+    compare(name, &[x], cot, |t| fused(&t[0]), |t| reference(&t[0]));
+}
+
+/// A three-input kernel against its reference with [`compare`].
+pub fn compare_ternary(
+    name: &str,
+    inputs: [Tensor; 3],
+    cot: &Tensor,
+    fused: fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    reference: fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+) {
+    let (f, r) = (
+        |t: &[Tensor]| fused(&t[0], &t[1], &t[2]),
+        |t: &[Tensor]| reference(&t[0], &t[1], &t[2]),
+    );
+    compare(name, &inputs, cot, f, r);
 }
 
 /// Central differences (eps 1e-6, f64) of `f(inputs) . cot` against the backprop gradients.

@@ -83,17 +83,14 @@ pub fn set_threads(threads: Option<usize>) -> Result<()> {
 
 pub fn serve(a: ServeArgs) -> Result<()> {
     set_threads(a.threads)?;
-    for (name, v) in [
+    transformer_train::runner::require_at_least_one(&[
         ("--max-batch", a.max_batch),
         ("--max-queue", a.max_queue),
         ("--batch-limit", a.batch_limit),
         ("--max-body", a.max_body),
         ("--max-connections", a.max_connections),
-    ] {
-        if v == 0 {
-            bail!("{name} must be at least 1");
-        }
-    }
+    ])
+    .map_err(anyhow::Error::msg)?;
     if a.char_limit == 0 || a.char_limit < -1 {
         bail!("--char-limit must be positive, or -1 for no limit");
     }

@@ -1,6 +1,7 @@
 //! The training configuration ([`LmTrainConfig`]) and what a resumed run may change.
 
 use crate::error::{Error, Result};
+use crate::runner::require_at_least_one;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use transformer_model::LmConfig;
@@ -169,17 +170,14 @@ impl LmTrainConfig {
                 self.dropout
             )));
         }
-        for (name, v) in [
+        require_at_least_one(&[
             ("epochs", self.epochs),
             ("batch_size", self.batch_size),
             ("eval_batch_size", self.eval_batch_size),
             ("bptt", self.bptt),
             ("log_interval", self.log_interval),
-        ] {
-            if v == 0 {
-                return Err(Error::Usage(format!("{name} must be at least 1")));
-            }
-        }
+        ])
+        .map_err(Error::Usage)?;
         if !(self.lr > 0.0 && self.gamma > 0.0 && self.clip > 0.0) {
             return Err(Error::Usage("lr, gamma and clip must be positive".into()));
         }

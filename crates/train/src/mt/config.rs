@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::error::{Error, Result};
-use crate::runner::{self};
+use crate::runner;
+use crate::runner::require_at_least_one;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use transformer_decode::DecodeOptions;
@@ -339,18 +340,15 @@ impl MtTrainConfig {
             )));
         }
         self.model_config(self.vocab_size).arch().validate()?;
-        for (name, v) in [
+        require_at_least_one(&[
             ("epochs", self.epochs),
             ("max_tokens", self.max_tokens),
             ("max_sentence_tokens", self.max_sentence_tokens),
             ("log_interval", self.log_interval),
             ("beam", self.beam),
             ("warmup", self.warmup),
-        ] {
-            if v == 0 {
-                return Err(Error::Usage(format!("{name} must be at least 1")));
-            }
-        }
+        ])
+        .map_err(Error::Usage)?;
         if !(0.0..1.0).contains(&self.label_smoothing) {
             return Err(Error::Usage(format!(
                 "label_smoothing is {}: it must be in [0, 1) (the paper uses 0.1)",

@@ -374,3 +374,12 @@ pub fn open_run<C: RunConfig>(
         lock,
     })
 }
+
+/// Checks settings that must be at least 1: the first that is 0 comes back as the message
+/// "`name` must be at least 1" (names as the caller shows them: a config key or a flag).
+pub fn require_at_least_one(settings: &[(&str, usize)]) -> std::result::Result<(), String> {
+    match settings.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => Err(format!("{name} must be at least 1")),
+        None => Ok(()),
+    }
+}

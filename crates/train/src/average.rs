@@ -20,7 +20,7 @@
 //! average of horizon about `1 / (1 - decay)` steps.
 
 use crate::error::Result;
-use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use std::collections::HashMap;
 use transformer_model::{ParamBuilder, Params};
 
@@ -131,53 +131,19 @@ pub fn take_average(tensors: &mut HashMap<String, Tensor>) -> HashMap<String, Te
 /// `avg += rate * (w - avg)`, in place on contiguous CPU f32 tensors (one pass, no
 /// allocation); through candle's ops elsewhere.
 fn toward_in_place(avg: &Var, w: &Tensor, rate: f64) -> Result<()> {
-    let fast = avg.device().is_cpu()
-        && avg.dtype() == DType::F32
-        && w.dtype() == DType::F32
-        && avg.is_contiguous()
-        && w.is_contiguous();
-    if fast {
-        avg.as_tensor()
-            .inplace_op2(w, &Toward { rate: rate as f32 })?;
+    let r = rate as f32;
+    let toward = crate::par::ZipInPlace {
+        name: "toward",
+        f32: |d: &mut [f32], s: &[f32]| d.iter_mut().zip(s).for_each(|(a, w)| *a += r * (*w - *a)),
+        f64: None::<fn(&mut [f64], &[f64])>,
+    };
+    if toward.applies(avg, w) {
+        avg.as_tensor().inplace_op2(w, &toward)?;
     } else {
         let a = avg.as_tensor();
         avg.set(&(a + ((w - a)? * rate)?)?)?;
     }
     Ok(())
-}
-
-struct Toward {
-    rate: f32,
-}
-
-impl InplaceOp2 for Toward {
-    fn name(&self) -> &'static str {
-        "toward"
-    }
-
-    fn cpu_fwd(
-        &self,
-        dst: &mut CpuStorage,
-        dl: &Layout,
-        src: &CpuStorage,
-        sl: &Layout,
-    ) -> candle_core::Result<()> {
-        let (Some((d0, d1)), Some((s0, s1))) = (dl.contiguous_offsets(), sl.contiguous_offsets())
-        else {
-            candle_core::bail!("toward: expected contiguous tensors");
-        };
-        let (CpuStorage::F32(d), CpuStorage::F32(s)) = (dst, src) else {
-            candle_core::bail!("toward: expected f32 tensors");
-        };
-        if d1 - d0 != s1 - s0 {
-            candle_core::bail!("toward: the average and the weights differ in size");
-        }
-        let r = self.rate;
-        crate::par::zip_mut(&mut d[d0..d1], &s[s0..s1], |d, s| {
-            d.iter_mut().zip(s).for_each(|(a, w)| *a += r * (*w - *a))
-        });
-        Ok(())
-    }
 }
 
 #[cfg(test)]

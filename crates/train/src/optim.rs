@@ -2,9 +2,7 @@
 //! and the paper's learning-rate schedule.
 
 use crate::grads::{GradRef, Gradients};
-use candle_core::{
-    CpuStorage, DType, InplaceOp1, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var,
-};
+use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp3, Layout, Result, Tensor, Var};
 use transformer_model::grads::GradView;
 
 /// Plain stochastic gradient descent, `p -= lr * g` (the PyTorch tutorial's optimizer).
@@ -100,55 +98,18 @@ impl InplaceOp1 for AxpyDirect<'_> {
 /// (one pass, no allocation: for the tutorial LM the allocating form cost about 25 ms a step,
 /// about a tenth of it); through `Var::set` elsewhere.
 fn axpy_in_place(p: &Var, g: &Tensor, alpha: f64) -> Result<()> {
-    let fast = p.device().is_cpu()
-        && matches!(p.dtype(), DType::F32 | DType::F64)
-        && g.dtype() == p.dtype()
-        && g.dims() == p.dims()
-        && p.is_contiguous()
-        && g.is_contiguous();
-    if fast {
-        p.as_tensor().inplace_op2(g, &Axpy { alpha })
+    let a = alpha as f32;
+    let axpy = crate::par::ZipInPlace {
+        name: "axpy",
+        f32: |d: &mut [f32], s: &[f32]| d.iter_mut().zip(s).for_each(|(x, g)| *x += a * g),
+        f64: Some(|d: &mut [f64], s: &[f64]| {
+            d.iter_mut().zip(s).for_each(|(x, g)| *x += alpha * g)
+        }),
+    };
+    if axpy.applies(p, g) {
+        p.as_tensor().inplace_op2(g, &axpy)
     } else {
         p.set(&(p.as_tensor() + (g * alpha)?)?)
-    }
-}
-
-struct Axpy {
-    alpha: f64,
-}
-
-impl InplaceOp2 for Axpy {
-    fn name(&self) -> &'static str {
-        "axpy"
-    }
-
-    fn cpu_fwd(
-        &self,
-        dst: &mut CpuStorage,
-        dl: &Layout,
-        src: &CpuStorage,
-        sl: &Layout,
-    ) -> Result<()> {
-        let (Some((d0, d1)), Some((s0, s1))) = (dl.contiguous_offsets(), sl.contiguous_offsets())
-        else {
-            candle_core::bail!("axpy: expected contiguous tensors");
-        };
-        match (dst, src) {
-            (CpuStorage::F32(d), CpuStorage::F32(s)) => {
-                let a = self.alpha as f32;
-                crate::par::zip_mut(&mut d[d0..d1], &s[s0..s1], |d, s| {
-                    d.iter_mut().zip(s).for_each(|(x, g)| *x += a * g)
-                });
-            }
-            (CpuStorage::F64(d), CpuStorage::F64(s)) => {
-                let a = self.alpha;
-                crate::par::zip_mut(&mut d[d0..d1], &s[s0..s1], |d, s| {
-                    d.iter_mut().zip(s).for_each(|(x, g)| *x += a * g)
-                });
-            }
-            _ => candle_core::bail!("axpy: expected f32 or f64 tensors of one dtype"),
-        }
-        Ok(())
     }
 }
 

@@ -130,3 +130,66 @@ mod tests {
         }
     }
 }
+
+/// An in-place elementwise update of one contiguous CPU tensor by another of its size, in
+/// parallel pieces ([`zip_mut`]): `f32` updates a piece of f32 numbers, `f64` one of f64
+/// numbers (`None` where the update takes f32 only). The optimizers' `p += alpha * g` and
+/// the weight average's step toward the weights run as this op.
+pub struct ZipInPlace<F, G> {
+    /// The op's name, in its errors.
+    pub name: &'static str,
+    /// The update of an f32 piece.
+    pub f32: F,
+    /// The update of an f64 piece, where there is one.
+    pub f64: Option<G>,
+}
+
+impl<F, G> ZipInPlace<F, G> {
+    /// Whether the op can update `dst` by `src` in place: both contiguous CPU tensors of one
+    /// shape, f32 (or f64, where the op has an f64 update).
+    pub fn applies(&self, dst: &candle_core::Tensor, src: &candle_core::Tensor) -> bool {
+        use candle_core::DType;
+        let dtype_ok =
+            dst.dtype() == DType::F32 || (dst.dtype() == DType::F64 && self.f64.is_some());
+        dst.device().is_cpu()
+            && dtype_ok
+            && src.dtype() == dst.dtype()
+            && src.dims() == dst.dims()
+            && dst.is_contiguous()
+            && src.is_contiguous()
+    }
+}
+
+impl<F, G> candle_core::InplaceOp2 for ZipInPlace<F, G>
+where
+    F: Fn(&mut [f32], &[f32]) + Sync,
+    G: Fn(&mut [f64], &[f64]) + Sync,
+{
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn cpu_fwd(
+        &self,
+        dst: &mut candle_core::CpuStorage,
+        dl: &candle_core::Layout,
+        src: &candle_core::CpuStorage,
+        sl: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        use candle_core::CpuStorage::{F32, F64};
+        let name = self.name;
+        let (Some((d0, d1)), Some((s0, s1))) = (dl.contiguous_offsets(), sl.contiguous_offsets())
+        else {
+            candle_core::bail!("{name}: expected contiguous tensors");
+        };
+        if d1 - d0 != s1 - s0 {
+            candle_core::bail!("{name}: the two tensors differ in size");
+        }
+        match (dst, src, &self.f64) {
+            (F32(d), F32(s), _) => zip_mut(&mut d[d0..d1], &s[s0..s1], &self.f32),
+            (F64(d), F64(s), Some(f)) => zip_mut(&mut d[d0..d1], &s[s0..s1], f),
+            _ => candle_core::bail!("{name}: expected f32 or f64 tensors of one dtype"),
+        }
+        Ok(())
+    }
+}

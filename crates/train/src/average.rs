@@ -137,7 +137,7 @@ fn toward_in_place(avg: &Var, w: &Tensor, rate: f64) -> Result<()> {
         f32: |d: &mut [f32], s: &[f32]| d.iter_mut().zip(s).for_each(|(a, w)| *a += r * (*w - *a)),
         f64: None::<fn(&mut [f64], &[f64])>,
     };
-    if toward.applies(avg, w) {
+    if toward.runs_in_place(avg, w) {
         avg.as_tensor().inplace_op2(w, &toward)?;
     } else {
         let a = avg.as_tensor();

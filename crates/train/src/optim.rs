@@ -106,7 +106,7 @@ fn axpy_in_place(p: &Var, g: &Tensor, alpha: f64) -> Result<()> {
             d.iter_mut().zip(s).for_each(|(x, g)| *x += alpha * g)
         }),
     };
-    if axpy.applies(p, g) {
+    if axpy.runs_in_place(p, g) {
         p.as_tensor().inplace_op2(g, &axpy)
     } else {
         p.set(&(p.as_tensor() + (g * alpha)?)?)

@@ -147,7 +147,7 @@ pub struct ZipInPlace<F, G> {
 impl<F, G> ZipInPlace<F, G> {
     /// Whether the op can update `dst` by `src` in place: both contiguous CPU tensors of one
     /// shape, f32 (or f64, where the op has an f64 update).
-    pub fn applies(&self, dst: &candle_core::Tensor, src: &candle_core::Tensor) -> bool {
+    pub fn runs_in_place(&self, dst: &candle_core::Tensor, src: &candle_core::Tensor) -> bool {
         use candle_core::DType;
         let dtype_ok =
             dst.dtype() == DType::F32 || (dst.dtype() == DType::F64 && self.f64.is_some());

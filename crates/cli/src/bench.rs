@@ -237,6 +237,10 @@ pub struct Timing {
     device: crate::device::DeviceArg,
 }
 
+/// A training step's f32 times, the peak memory after them, what bf16 training runs on
+/// here and the bf16 times ([`Timing::precisions`]).
+type StepTimes = (Stats, Option<f64>, Option<String>, Option<Stats>);
+
 impl Timing {
     fn check(&self) -> Result<()> {
         anyhow::ensure!(self.repeats >= 1, "--repeats must be at least 1");
@@ -267,7 +271,7 @@ impl Timing {
         &self,
         dev: &Device,
         mut step: impl FnMut(Precision) -> Result<()>,
-    ) -> Result<(Stats, Option<f64>, Option<String>, Option<Stats>)> {
+    ) -> Result<StepTimes> {
         let f32 = self.time(|| step(Precision::F32))?;
         let peak_rss = peak_rss_mb();
         let bf16_unit = bf16_training(dev);

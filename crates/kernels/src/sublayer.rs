@@ -369,6 +369,19 @@ fn mask_block<'a>(
     Some(buf)
 }
 
+/// The attention sub-layer's input: the residual stream `x` of the query rows, and the
+/// attended sequence with its rows where it is not `x` itself (the memory).
+pub(super) type AttnInput<'a, T> = (&'a [T], &'a Rows, Option<(&'a [T], &'a Rows)>);
+
+/// The attention sub-layer's backward input: what the forward pass saved, `x`, the query
+/// rows, and the attended memory with its gradient and rows, where it is not `x` itself.
+pub(super) type AttnBwdInput<'a, T> = (
+    &'a AttnSaved<T>,
+    &'a [T],
+    &'a Rows,
+    Option<(&'a [T], &'a mut [T], &'a Rows)>,
+);
+
 /// An attention sub-layer over a group of sequences: queries from `x` (the sub-layer's
 /// input, the rows `q_rows` describes), keys and values from `kv` (its rows described by
 /// the second element) or, with `kv` `None`, from the input itself; `keep(seq)` is sequence
@@ -379,7 +392,7 @@ fn mask_block<'a>(
 pub(super) fn attn_fwd<'k, T: Float>(
     sh: &LayerShape,
     (w, (base, norm)): (&[&[T]], (usize, usize)),
-    (x, q_rows, kv): (&[T], &Rows, Option<(&[T], &Rows)>),
+    (x, q_rows, kv): AttnInput<'_, T>,
     keep: impl Fn(usize) -> Option<&'k [u8]>,
     drops: SublayerDrops,
     dscale: T,
@@ -461,7 +474,7 @@ pub(super) fn attn_bwd<T: Float>(
     sh: &LayerShape,
     (w, (base, norm)): (&[&[T]], (usize, usize)),
     (g, scratch): (&mut [Vec<T>], &mut Vec<T>),
-    (sv, x, q_rows, kv): (&AttnSaved<T>, &[T], &Rows, Option<(&[T], &mut [T], &Rows)>),
+    (sv, x, q_rows, kv): AttnBwdInput<'_, T>,
     drops: SublayerDrops,
     dscale: T,
     (dout, dx): (&[T], &mut [T]),

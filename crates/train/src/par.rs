@@ -101,36 +101,6 @@ pub fn sum_sq_f64(x: &[f64]) -> f64 {
     acc.iter().sum::<f64>() + tail
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pieces_cover_everything_once() {
-        for len in [0, 1, 7, MIN_LEN - 1, MIN_LEN, MIN_LEN * 3 + 5] {
-            let x: Vec<f32> = (0..len).map(|i| (i % 13) as f32 - 6.0).collect();
-            let want: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
-            let got: f64 = map(&x, sum_sq_f32).iter().sum();
-            assert!(
-                (got - want).abs() <= 1e-12 * want.max(1.0),
-                "{len}: {got} vs {want}"
-            );
-            let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
-            let got: f64 = map(&x64, sum_sq_f64).iter().sum();
-            assert!(
-                (got - want).abs() <= 1e-12 * want.max(1.0),
-                "{len}: {got} vs {want}"
-            );
-
-            let mut d = vec![1f32; len];
-            zip_mut(&mut d, &x, |d, s| {
-                d.iter_mut().zip(s).for_each(|(a, b)| *a += 2.0 * b)
-            });
-            assert!(d.iter().zip(&x).all(|(a, b)| *a == 1.0 + 2.0 * b), "{len}");
-        }
-    }
-}
-
 /// An in-place elementwise update of one contiguous CPU tensor by another of its size, in
 /// parallel pieces ([`zip_mut`]): `f32` updates a piece of f32 numbers, `f64` one of f64
 /// numbers (`None` where the update takes f32 only). The optimizers' `p += alpha * g` and
@@ -191,5 +161,35 @@ where
             _ => candle_core::bail!("{name}: expected f32 or f64 tensors of one dtype"),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_everything_once() {
+        for len in [0, 1, 7, MIN_LEN - 1, MIN_LEN, MIN_LEN * 3 + 5] {
+            let x: Vec<f32> = (0..len).map(|i| (i % 13) as f32 - 6.0).collect();
+            let want: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+            let got: f64 = map(&x, sum_sq_f32).iter().sum();
+            assert!(
+                (got - want).abs() <= 1e-12 * want.max(1.0),
+                "{len}: {got} vs {want}"
+            );
+            let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            let got: f64 = map(&x64, sum_sq_f64).iter().sum();
+            assert!(
+                (got - want).abs() <= 1e-12 * want.max(1.0),
+                "{len}: {got} vs {want}"
+            );
+
+            let mut d = vec![1f32; len];
+            zip_mut(&mut d, &x, |d, s| {
+                d.iter_mut().zip(s).for_each(|(a, b)| *a += 2.0 * b)
+            });
+            assert!(d.iter().zip(&x).all(|(a, b)| *a == 1.0 + 2.0 * b), "{len}");
+        }
     }
 }

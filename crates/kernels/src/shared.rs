@@ -196,7 +196,7 @@ pub(crate) fn split_at_ranges<T>(
     out
 }
 
-/// A fused layer's shape and options, what its sub-layers read ([`super::sublayer`]; given
+/// A fused layer's shape and options, what its sub-layers read (the `sublayer` module; given
 /// by [`crate::testing`]'s callers): `b` sequences of `t` rows (`s` memory rows for a decoder
 /// layer), width `c`, feed-forward width `f`, `h` heads.
 #[derive(Debug, Clone, Copy)]

@@ -290,7 +290,7 @@ pub trait ArchState {
     fn src_lens(&self) -> Vec<usize>;
     /// Keeps rows `rows` of the state, in that order.
     fn select_rows(&mut self, rows: &[u32]) -> Result<()>;
-    /// For the architecture's own [`Architecture::step`].
+    /// For the architecture's own [`ArchCommon::step`].
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 

@@ -56,7 +56,7 @@ pub struct MtBenchArgs {
     #[arg(long, default_value_t = 8000)]
     vocab: usize,
     #[command(flatten)]
-    timing: Timing,
+    run: StepBenchRun,
 }
 
 /// The translation model `bench mt` times.
@@ -181,7 +181,7 @@ pub struct LmBenchArgs {
     #[arg(long, default_value_t = 0.5)]
     clip: f64,
     #[command(flatten)]
-    timing: Timing,
+    run: StepBenchRun,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -220,7 +220,7 @@ impl Stats {
 /// What the step benchmarks (`bench lm`, `bench mt`) share: their seed, how they repeat and
 /// report their measurements, and the device.
 #[derive(Args)]
-pub struct Timing {
+pub struct StepBenchRun {
     /// Seed for initialisation and dropout (and `bench lm`'s random token ids).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -238,10 +238,10 @@ pub struct Timing {
 }
 
 /// A training step's f32 times, the peak memory after them, what bf16 training runs on
-/// here and the bf16 times ([`Timing::precisions`]).
+/// here and the bf16 times ([`StepBenchRun::precisions`]).
 type StepTimes = (Stats, Option<f64>, Option<String>, Option<Stats>);
 
-impl Timing {
+impl StepBenchRun {
     fn check(&self) -> Result<()> {
         anyhow::ensure!(self.repeats >= 1, "--repeats must be at least 1");
         Ok(())
@@ -260,9 +260,7 @@ impl Timing {
         }
         Ok(Stats::of(ms))
     }
-}
 
-impl Timing {
     /// Times `step` in f32, then in bf16 where the CPU has AMX or AVX512-BF16 (on a GPU:
     /// autocast, every product of the composed layers in bf16). Returns the f32 times, the
     /// peak memory after them, what bf16 training runs on here ([`bf16_training`]) and the
@@ -315,12 +313,12 @@ fn random_window(
 }
 
 fn lm(a: LmBenchArgs) -> Result<()> {
-    a.timing.check()?;
+    a.run.check()?;
     anyhow::ensure!(
         a.vocab >= 1 && a.batch >= 1 && a.bptt >= 1 && a.eval_batch >= 1 && a.gen_prompt >= 1,
         "--vocab, --batch, --bptt, --eval-batch and --gen-prompt must be positive"
     );
-    let dev = a.timing.device.open()?;
+    let dev = a.run.device.open()?;
     let cfg = LmConfig {
         ntoken: a.vocab,
         d_model: a.emsize,
@@ -331,12 +329,12 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         ..LmConfig::default()
     };
     cfg.validate()?;
-    let pb = ParamBuilder::new(DType::F32, &dev, a.timing.seed);
+    let pb = ParamBuilder::new(DType::F32, &dev, a.run.seed);
     let model = TransformerLm::new(&pb, &cfg).context("building the model")?;
     let params = pb.params();
     let vars = params.vars();
-    let data_rng = Rng::new(a.timing.seed ^ 0x5eed_da7a);
-    let dropout_rng = Rng::new(a.timing.seed.wrapping_add(1));
+    let data_rng = Rng::new(a.run.seed ^ 0x5eed_da7a);
+    let dropout_rng = Rng::new(a.run.seed.wrapping_add(1));
 
     // a. Training step, as the loop in transformer_train::lm::train takes it.
     let (input, target) = random_window(&data_rng, a.batch, a.bptt, a.vocab, &dev)?;
@@ -347,12 +345,12 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         Ok(())
     };
     // In bf16, the output layer's products (mixed precision).
-    let (train, peak_rss, bf16_unit, train_bf16) = a.timing.precisions(&dev, &mut step)?;
+    let (train, peak_rss, bf16_unit, train_bf16) = a.run.precisions(&dev, &mut step)?;
 
     // b. Evaluation forward on the tutorial's evaluate batch.
     let (eval_input, eval_target) = random_window(&data_rng, a.eval_batch, a.bptt, a.vocab, &dev)?;
     // As transformer_train::lm::evaluate takes it (PyTorch's side runs under no_grad).
-    let eval = a.timing.time(|| {
+    let eval = a.run.time(|| {
         let loss = model.loss(
             &eval_input,
             &eval_target,
@@ -370,8 +368,8 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         temperature: 0.0,
         top_k: None,
     };
-    let gen_rng = Rng::new(a.timing.seed);
-    let gen = a.timing.time(|| {
+    let gen_rng = Rng::new(a.run.seed);
+    let gen = a.run.time(|| {
         let out = generate_lm(&model, &prompt, a.gen_tokens, greedy, &gen_rng, &dev)?;
         anyhow::ensure!(out.len() == a.gen_tokens, "generated {} tokens", out.len());
         Ok(())
@@ -391,10 +389,10 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         "eval_batch": a.eval_batch,
         "gen_prompt": a.gen_prompt,
         "gen_tokens": a.gen_tokens,
-        "warmup": a.timing.warmup,
-        "repeats": a.timing.repeats,
+        "warmup": a.run.warmup,
+        "repeats": a.run.repeats,
     });
-    if a.timing.json {
+    if a.run.json {
         let out = serde_json::json!({
             "impl": "transformer (candle-core 0.11, fp32)",
             "device": crate::device::name_of(&dev),
@@ -419,7 +417,7 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         );
         println!(
             "{} warm-up + {} timed repetitions each",
-            a.timing.warmup, a.timing.repeats
+            a.run.warmup, a.run.repeats
         );
         println!("{:<44} {:>10} {:>10}", "measurement", "best", "median");
         println!(
@@ -493,12 +491,12 @@ fn mt_batch(a: &MtBenchArgs, dev: &Device) -> Result<(Tensor, Tensor, Tensor, us
 fn mt(a: MtBenchArgs) -> Result<()> {
     use transformer_train::mt::{train_step, MtModel, MtTrainConfig};
     use transformer_train::optim::Adam;
-    a.timing.check()?;
+    a.run.check()?;
     anyhow::ensure!(
         a.batch >= 1 && a.src_len >= 6 && a.tgt_len >= 7 && a.vocab > 4,
         "--batch must be positive, --src-len at least 6, --tgt-len at least 7, --vocab above 4"
     );
-    let dev = a.timing.device.open()?;
+    let dev = a.run.device.open()?;
     let mut cfg = MtTrainConfig::default();
     if a.model == BenchModel::Base {
         cfg.d_model = 512;
@@ -507,14 +505,14 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         cfg.decoder_layers = 6;
     }
     let model_cfg = cfg.model_config(a.vocab);
-    let pb = ParamBuilder::new(DType::F32, &dev, a.timing.seed);
+    let pb = ParamBuilder::new(DType::F32, &dev, a.run.seed);
     let model = MtModel::build(&pb, &model_cfg).context("building the model")?;
     let params = pb.params();
     let vars = params.vars();
     let mut opt = Adam::new(vars.clone(), 5e-4)?;
     let direct = transformer_model::DirectGrads::new();
     let (src, tgt_in, tgt_out, tokens) = mt_batch(&a, &dev)?;
-    let rng = Rng::new(a.timing.seed.wrapping_add(1));
+    let rng = Rng::new(a.run.seed.wrapping_add(1));
     let mut last = (f64::NAN, f64::NAN);
     let mut step = |precision: Precision| -> Result<()> {
         last = train_step(
@@ -533,7 +531,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
     };
     // In bf16, the output layer's and the encoder and decoder layers' projection and
     // feed-forward products (mixed precision).
-    let (train, peak_rss, bf16_unit, train_bf16) = a.timing.precisions(&dev, &mut step)?;
+    let (train, peak_rss, bf16_unit, train_bf16) = a.run.precisions(&dev, &mut step)?;
     let phases = mt_phases(
         &a,
         &dev,
@@ -546,7 +544,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         &rng,
     )?;
     let threads = candle_core::utils::get_num_threads();
-    if a.timing.json {
+    if a.run.json {
         let out = serde_json::json!({
             "impl": "transformer (candle-core 0.11, fp32)",
             "device": crate::device::name_of(&dev),
@@ -563,7 +561,7 @@ fn mt(a: MtBenchArgs) -> Result<()> {
             "parameters": params.num_elements(),
             "final_loss": last.0,
             "shapes": {"batch": a.batch, "src_len": a.src_len, "tgt_len": a.tgt_len,
-                       "vocab": a.vocab, "warmup": a.timing.warmup, "repeats": a.timing.repeats},
+                       "vocab": a.vocab, "warmup": a.run.warmup, "repeats": a.run.repeats},
         });
         println!("{out}");
     } else {
@@ -625,7 +623,7 @@ fn mt_phases(
     use transformer_model::Mode;
     use transformer_train::{clip::clip_coefficient, Gradients};
     let mut ms = [Vec::new(), Vec::new(), Vec::new()];
-    for _ in 0..a.timing.repeats {
+    for _ in 0..a.run.repeats {
         dev.synchronize()?;
         let t = Instant::now();
         let l = model.loss(

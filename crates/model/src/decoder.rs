@@ -2,7 +2,7 @@
 //! the encoder output (encoder-decoder attention, section 3.2.3) and a feed-forward network,
 //! each wrapped in a residual connection with layer normalisation.
 
-use crate::backend::{self, Backprop, DecoderLayerCall, DecoderLayerParts, Pass};
+use crate::backend::{self, DecoderLayerCall, DecoderLayerParts, Pass};
 use crate::dropout::{Dropout, Mode};
 use crate::encoder::{residual, residual_with, LayerSpec};
 use crate::feed_forward::FeedForward;
@@ -236,15 +236,7 @@ impl Stack<DecoderLayer> {
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
         let masks = (self_mask, memory_mask);
         let memory = MemoryPerLayer::Full(memory);
-        self.run(
-            x,
-            memory,
-            None,
-            masks,
-            pass.mode,
-            pass.weights,
-            pass.backprop,
-        )
+        self.run(x, memory, None, masks, pass)
     }
 
     /// Every layer's encoder-decoder keys and values ([`DecoderLayer::project_memory`]).
@@ -282,7 +274,7 @@ impl Stack<DecoderLayer> {
         }
         let masks = (self_mask, memory_mask);
         let memory = MemoryPerLayer::Projected(memory_kv);
-        self.run(x, memory, Some(caches), masks, mode, true, Backprop::Graph)
+        self.run(x, memory, Some(caches), masks, Pass::new(mode).weights())
     }
 
     /// The stack as one fused decoding step ([`backend::DecodingStack`]) where the backend
@@ -295,17 +287,19 @@ impl Stack<DecoderLayer> {
 
     /// The one loop over the layers: each call goes to the backend first, then to the
     /// composed layer; then the final norm.
-    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         x: &Tensor,
         memory: MemoryPerLayer,
         mut caches: Option<&mut [KvCache]>,
         (self_mask, memory_mask): (Option<&Mask>, Option<&Mask>),
-        mode: Mode,
-        need_weights: bool,
-        backprop: Backprop,
+        pass: Pass,
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
+        let Pass {
+            mode,
+            backprop,
+            weights: need_weights,
+        } = pass;
         let mut x = x.clone();
         let mut weights = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {

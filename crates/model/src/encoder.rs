@@ -2,7 +2,7 @@
 //! and a feed-forward sub-layer, each wrapped as `LayerNorm(x + Dropout(Sublayer(x)))`
 //! (post-norm, the paper) or `x + Dropout(Sublayer(LayerNorm(x)))` (`norm_first`).
 
-use crate::backend::{Backprop, EncoderLayerParts, LayerCall, Pass};
+use crate::backend::{EncoderLayerParts, LayerCall, Pass};
 use crate::config::Activation;
 use crate::dropout::{Dropout, Mode};
 use crate::feed_forward::FeedForward;
@@ -203,7 +203,7 @@ impl Stack<EncoderLayer> {
         mask: Option<&Mask>,
         pass: Pass,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        self.run(x, mask, None, pass.mode, pass.weights, pass.backprop)
+        self.run(x, mask, None, pass)
     }
 
     /// Runs new positions over `caches` (one per layer, extended in place); the mask covers
@@ -221,21 +221,22 @@ impl Stack<EncoderLayer> {
         if caches.len() != self.layers.len() {
             candle_core::bail!("{} caches for {} layers", caches.len(), self.layers.len());
         }
-        Ok(self
-            .run(x, mask, Some(caches), mode, false, Backprop::Graph)?
-            .0)
+        Ok(self.run(x, mask, Some(caches), Pass::new(mode))?.0)
     }
 
-    /// The stack; each layer's attention weights only with `need_weights` (else empty).
+    /// The stack; each layer's attention weights only when `pass` asks for them (else empty).
     fn run(
         &self,
         x: &Tensor,
         mask: Option<&Mask>,
         mut caches: Option<&mut [KvCache]>,
-        mode: Mode,
-        need_weights: bool,
-        backprop: Backprop,
+        pass: Pass,
     ) -> Result<(Tensor, Vec<Tensor>)> {
+        let Pass {
+            mode,
+            backprop,
+            weights: need_weights,
+        } = pass;
         let mut x = x.clone();
         let mut weights = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {

@@ -176,33 +176,10 @@ impl MultiHeadAttention {
         Ok((self.merge_heads_and_project(&out)?, weights))
     }
 
-    /// Self-attention of `x` over itself (and over `cache` when given, which is extended with
-    /// `x`'s keys and values), without the attention weights: the fused attention op
-    /// ([`attention_output`]), for stacks whose caller does not ask for weights.
-    ///
-    /// # Shapes
-    /// x (B, T, C) -> (B, T, C)
-    pub fn self_attention_output(
-        &self,
-        x: &Tensor,
-        cache: Option<&mut KvCache>,
-        mask: Option<&Mask>,
-        mode: Mode,
-    ) -> Result<Tensor> {
-        let q = self.project_q(x)?;
-        let (k, v) = self.project_kv(x, x)?;
-        let (k, v) = match cache {
-            Some(cache) => cache.append(k, v)?,
-            None => (k, v),
-        };
-        let out = attention_output(&q, &k, &v, mask, self.dropout, mode)?;
-        self.merge_heads_and_project(&out)
-    }
-
     /// The self-attention sub-layer of the encoder and decoder layers: `x` over itself (and
     /// over `cache` when given, which is extended with `x`'s keys and values), with the
     /// attention weights (B, H, T, S + T) only when `need_weights` asks for them (without
-    /// them, the fused attention op of [`Self::self_attention_output`]).
+    /// them, the fused attention op, [`attention_output`], which keeps nothing of them).
     ///
     /// # Shapes
     /// x (B, T, C) -> (B, T, C) and the weights
@@ -215,7 +192,14 @@ impl MultiHeadAttention {
         need_weights: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
         if !need_weights {
-            return Ok((self.self_attention_output(x, cache, mask, mode)?, None));
+            let q = self.project_q(x)?;
+            let (k, v) = self.project_kv(x, x)?;
+            let (k, v) = match cache {
+                Some(cache) => cache.append(k, v)?,
+                None => (k, v),
+            };
+            let out = attention_output(&q, &k, &v, mask, self.dropout, mode)?;
+            return Ok((self.merge_heads_and_project(&out)?, None));
         }
         let (out, w) = match cache {
             Some(cache) => self.forward_cached(x, cache, mask, mode)?,

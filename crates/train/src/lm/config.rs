@@ -8,7 +8,6 @@ use transformer_model::LmConfig;
 use transformer_model::Precision;
 use transformer_text::corpus::LineEnd;
 
-pub use crate::runner::AVERAGE_EVERY;
 
 /// Everything a run is configured by; defaults are the tutorial's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

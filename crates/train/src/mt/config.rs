@@ -45,7 +45,6 @@ pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
 pub(super) const BF16_COVERS: &str =
     "the output layer's products and the Transformer layers' projection \
                            and feed-forward products";
-pub use crate::runner::AVERAGE_EVERY;
 
 /// Everything a translation run is configured by. The defaults are the small model of the
 /// published Multi30k baselines (3 + 3 layers, d_model 256, 8 heads, FFN 512, dropout 0.1,

@@ -8,7 +8,6 @@ use transformer_model::LmConfig;
 use transformer_model::Precision;
 use transformer_text::corpus::LineEnd;
 
-
 /// Everything a run is configured by; defaults are the tutorial's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

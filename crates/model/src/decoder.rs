@@ -277,12 +277,16 @@ impl Stack<DecoderLayer> {
         self.run(x, memory, Some(caches), masks, Pass::new(mode).weights())
     }
 
-    /// The stack as one fused decoding step ([`backend::DecodingStack`]) where the backend
-    /// has one for this decoder (the CPU's: ReLU layers with biases, one layer-norm epsilon,
-    /// CPU f32 contiguous parameters).
-    pub fn fused_stack(&self) -> Option<backend::DecodingStack> {
+    /// The stack as one fused decoding step ([`backend::DecodingStack`]) with its weights
+    /// made ready in `precision`, where the backend has one for this decoder (the CPU's:
+    /// ReLU layers with biases, one layer-norm epsilon, CPU f32 contiguous parameters).
+    pub fn fused_stack(
+        &self,
+        precision: backend::DecodePrecision,
+    ) -> Result<Option<backend::DecodingStack>> {
         let layers: Vec<_> = self.layers.iter().map(DecoderLayer::parts).collect();
-        self.backend.decoding_stack(&layers, self.norm.as_ref())
+        self.backend
+            .decoding_stack(&layers, self.norm.as_ref(), precision)
     }
 
     /// The one loop over the layers: each call goes to the backend first, then to the

@@ -6,11 +6,13 @@
 //! - [`Seq2Seq::forward`] / [`Seq2Seq::loss`]: every target position at once under the causal
 //!   mask (training, teacher forcing);
 //! - [`Seq2Seq::start`] then [`Seq2Seq::step`]: one position at a time (decoding; written in
-//!   [`crate::decode_state`] with what decoding adds: the fused step, int8, the restricted
-//!   output layer and the weights made ready once), with the encoder run once, each decoder layer's encoder-decoder keys and values projected once,
-//!   and the self-attention keys and values of earlier positions cached ([`DecodeState`]).
+//!   [`crate::decode_state`], which follows what the backend chose for the decoder layers
+//!   and the output layer), with the encoder run once, each decoder layer's encoder-decoder
+//!   keys and values projected once, and the self-attention keys and values of earlier
+//!   positions cached ([`DecodeState`]).
 //!   The two give the same logits (tested).
 
+pub use crate::backend::DecodePrecision;
 use crate::backend::{Backprop, Pass};
 use crate::config::TransformerConfig;
 pub use crate::decode_state::{DecodeState, PreparedDecoding};
@@ -105,20 +107,6 @@ pub struct Seq2Seq {
     pub(crate) decode_precision: DecodePrecision,
     /// Decoding's output vocabulary per batch, when restricted ([`crate::restrict`]).
     pub(crate) candidates: Option<Arc<dyn CandidateVocab>>,
-}
-
-/// The arithmetic of decoding's products ([`Seq2Seq::prepare_decoding`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DecodePrecision {
-    /// f32 throughout (the default).
-    #[default]
-    F32,
-    /// The decoder layers' projections and feed-forward products in int8
-    /// ([`crate::backend`]'s int8 decoding), and the output layer's too when `output_layer`.
-    Int8 {
-        /// Whether the output layer (d_model x vocabulary) is int8 as well.
-        output_layer: bool,
-    },
 }
 
 /// The training loss of one batch.
@@ -280,6 +268,12 @@ impl Seq2Seq {
     /// other forwards are unaffected).
     pub fn set_decode_precision(&mut self, p: DecodePrecision) {
         self.decode_precision = p;
+    }
+
+    /// Runs the encoder and decoder layers, and decoding, through `backend` from now on (see
+    /// [`crate::backend`]).
+    pub fn set_backend(&mut self, backend: Arc<dyn crate::backend::Backend>) {
+        self.transformer.set_backend(backend);
     }
 
     /// Restricts decoding's output vocabulary to what `c` names for each batch (`None`: the

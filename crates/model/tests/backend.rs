@@ -11,7 +11,7 @@ use transformer_model::backend::{
     LayerCall, Pass,
 };
 use transformer_model::{
-    DirectGrads, Mode, ParamBuilder, Transformer, TransformerConfig, TransformerLm,
+    DecodePrecision, DirectGrads, Mode, ParamBuilder, Transformer, TransformerConfig, TransformerLm,
 };
 
 mod common;
@@ -123,13 +123,13 @@ fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
     let pb = ParamBuilder::new(DType::F32, &dev, 3);
     let mut model = Transformer::new(&pb, &TransformerConfig::tiny())?;
     assert!(
-        model.decoder().fused_stack().is_some(),
+        model.decoder().fused_stack(DecodePrecision::F32)?.is_some(),
         "the CPU backend fuses decoding"
     );
     let counting = Arc::new(CountingBoth::default());
     model.set_backend(counting.clone());
     assert!(
-        model.decoder().fused_stack().is_none(),
+        model.decoder().fused_stack(DecodePrecision::F32)?.is_none(),
         "the toy backend has no fused step"
     );
     let src = Tensor::randn(0f32, 1.0, (2, 5, 32), &dev)?;
@@ -209,5 +209,63 @@ fn the_composed_backend_lowers_a_bf16_pass_to_bf16_products() -> Result<()> {
         .is_none());
     assert!(Composed.mixed_precision(Precision::Bf16).is_some());
     assert!(Composed.mixed_precision(Precision::F32).is_none());
+    Ok(())
+}
+
+/// Has no fused decoding step and counts the output layers it makes for decoding, in f32
+/// whatever precision is asked: decoding's choices go through the backend too.
+#[derive(Debug, Default)]
+struct CountingDecoding {
+    output_layers: AtomicUsize,
+}
+
+impl Backend for CountingDecoding {
+    fn describe(&self) -> String {
+        "composed layers, counted output layers (a test)".into()
+    }
+
+    fn output_layer(
+        &self,
+        output: &transformer_model::Linear,
+        _: DecodePrecision,
+    ) -> Result<backend::OutputLayer> {
+        self.output_layers.fetch_add(1, Ordering::SeqCst);
+        backend::OutputLayer::new(output, None)
+    }
+}
+
+#[test]
+fn decoding_is_prepared_by_the_registered_backend() -> Result<()> {
+    use transformer_model::{Seq2Seq, Seq2SeqConfig};
+    let dev = Device::Cpu;
+    let cfg = Seq2SeqConfig {
+        transformer: TransformerConfig::tiny(),
+        src_vocab: 17,
+        tgt_vocab: 17,
+        share_embeddings: true,
+    };
+    let cpu = Seq2Seq::with_config(&ParamBuilder::new(DType::F32, &dev, 4), &cfg)?;
+    let mut model = cpu.clone();
+    let counting = Arc::new(CountingDecoding::default());
+    model.set_backend(counting.clone());
+    model.set_decode_precision(DecodePrecision::Int8 { output_layer: true });
+    let prepared = model.prepare_decoding()?;
+    assert_eq!(counting.output_layers.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        prepared.describe(),
+        "decoder layers f32 (composed), output layer f32",
+        "the toy backend chose f32 and no fused step"
+    );
+    // It decodes as the CPU model's composed layers do, bit for bit.
+    let src = Tensor::new(&[[5u32, 6, 7, 2], [9, 10, 2, 0]], &dev)?;
+    let mut a = model.start_prepared(&src, 0, &prepared)?;
+    let mut b = cpu.start_with(&src, 0, false)?;
+    assert!(!a.is_fused() && !b.is_fused());
+    for step in 0..4u32 {
+        let ids = Tensor::new(&[1 + step, 3 + step], &dev)?;
+        let (x, _) = model.step(&mut a, &ids, false)?;
+        let (y, _) = cpu.step(&mut b, &ids, false)?;
+        assert_eq!(x.to_vec2::<f32>()?, y.to_vec2::<f32>()?, "step {step}");
+    }
     Ok(())
 }

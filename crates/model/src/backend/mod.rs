@@ -10,6 +10,13 @@
 //! [`crate::Decoder::set_backend`]), not editing the paper's modules. Every fast
 //! implementation is tested against the composed one (`tests/fused_layers.rs`,
 //! `tests/invariants.rs`, `tests/decode_step.rs`); `tests/backend.rs` registers a toy one.
+//!
+//! Decoding is chosen here too ([`Backend::decoding_stack`], [`Backend::output_layer`]): the
+//! decoder as one fused step (f32, or int8 weights) or the composed layers, and the output
+//! layer in f32 or int8, over the whole vocabulary or a batch's candidates.
+
+mod decoding;
+pub use decoding::{DecodePrecision, FusedDecoding, OutputLayer, PreparedDecoding};
 
 use crate::config::Activation;
 use crate::dropout::{Dropout, Mode};
@@ -17,6 +24,7 @@ use crate::feed_forward::FeedForward;
 use crate::grads::DirectGrads;
 use crate::kernels::{self, EncoderLayerOptions, EncoderLayerParams, LayerDropout, Precision};
 use crate::layer_norm::LayerNorm;
+use crate::linear::Linear;
 use crate::mask::Mask;
 use crate::multi_head::MultiHeadAttention;
 use crate::Result;
@@ -167,14 +175,20 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     ) -> Result<Option<Tensor>> {
         Ok(None)
     }
-    /// The whole decoder as one fused decoding step with its own caches, or `None` (then
-    /// decoding steps through the composed layers with their key/value caches).
+    /// The whole decoder as one fused decoding step with its own caches, its weights made
+    /// ready for many batches in `precision`, or `None` (the default: decoding steps through
+    /// the composed layers with their key/value caches, in f32).
     fn decoding_stack(
         &self,
         _layers: &[DecoderLayerParts<'_>],
         _final_norm: Option<&LayerNorm>,
-    ) -> Option<DecodingStack> {
-        None
+        _precision: DecodePrecision,
+    ) -> Result<Option<DecodingStack>> {
+        Ok(None)
+    }
+    /// The output layer `output` as decoding runs it in `precision`. The default: f32.
+    fn output_layer(&self, output: &Linear, _precision: DecodePrecision) -> Result<OutputLayer> {
+        OutputLayer::new(output, None)
     }
 }
 
@@ -393,40 +407,66 @@ impl Backend for CpuFused {
         .map(Some)
     }
 
-    /// The stack as one fused decoding step ([`kernels::DecoderStack`]) when it applies:
-    /// ReLU layers with biases, one layer-norm epsilon, CPU f32 contiguous parameters.
+    /// The stack as one fused decoding step ([`kernels::DecoderStack`]) when it applies
+    /// (ReLU layers with biases, one layer-norm epsilon, CPU f32 contiguous parameters), its
+    /// weights transposed once, or quantized to int8 with this CPU's fastest int8 kernel
+    /// when `precision` asks.
     fn decoding_stack(
         &self,
         layers: &[DecoderLayerParts<'_>],
         norm: Option<&LayerNorm>,
-    ) -> Option<DecodingStack> {
-        let first = layers.first()?;
-        let eps = first.norms[0].parts().2;
-        let mut params = Vec::with_capacity(layers.len());
-        for l in layers {
-            if l.ff.parts().2 != Activation::Relu {
-                return None;
-            }
-            let (p, e) = kernel_params(l)?;
+        precision: DecodePrecision,
+    ) -> Result<Option<DecodingStack>> {
+        let Some(stack) = fused_decoding_stack(layers, norm) else {
+            return Ok(None);
+        };
+        match precision.int8_layers() {
+            true => stack.with_int8_weights(kernels::int8::Int8Kernel::detect()),
+            false => stack.with_transposed_weights(),
+        }
+        .map(Some)
+    }
+
+    /// The output layer in int8 with this CPU's fastest int8 kernel when `precision` asks,
+    /// else in f32.
+    fn output_layer(&self, output: &Linear, precision: DecodePrecision) -> Result<OutputLayer> {
+        let int8 = precision.int8_output();
+        OutputLayer::new(output, int8.then(kernels::int8::Int8Kernel::detect))
+    }
+}
+
+/// The decoder `layers` (and final norm) as the CPU's fused decoding step, when it fits it:
+/// ReLU layers with biases, one layer-norm epsilon, CPU f32 contiguous parameters.
+fn fused_decoding_stack(
+    layers: &[DecoderLayerParts<'_>],
+    norm: Option<&LayerNorm>,
+) -> Option<DecodingStack> {
+    let first = layers.first()?;
+    let eps = first.norms[0].parts().2;
+    let mut params = Vec::with_capacity(layers.len());
+    for l in layers {
+        if l.ff.parts().2 != Activation::Relu {
+            return None;
+        }
+        let (p, e) = kernel_params(l)?;
+        if e != eps {
+            return None;
+        }
+        params.push(p);
+    }
+    let final_norm = match norm {
+        Some(n) => {
+            let (w, b, e) = n.parts();
             if e != eps {
                 return None;
             }
-            params.push(p);
+            Some((w.clone(), b.clone()))
         }
-        let final_norm = match norm {
-            Some(n) => {
-                let (w, b, e) = n.parts();
-                if e != eps {
-                    return None;
-                }
-                Some((w.clone(), b.clone()))
-            }
-            None => None,
-        };
-        let (nhead, norm_first) = (first.self_attn.nhead(), first.norm_first);
-        let stack = kernels::DecoderStack::new(params, final_norm, nhead, eps, norm_first);
-        stack.applies().then_some(stack)
-    }
+        None => None,
+    };
+    let (nhead, norm_first) = (first.self_attn.nhead(), first.norm_first);
+    let stack = kernels::DecoderStack::new(params, final_norm, nhead, eps, norm_first);
+    stack.applies().then_some(stack)
 }
 
 /// The layer's parameters in the fused kernels' layout and its layer norms' epsilon, for

@@ -1,0 +1,255 @@
+//! How incremental decoding runs, as a backend chooses it ([`super::Backend::decoding_stack`],
+//! [`super::Backend::output_layer`]): the decoder as one fused step with its own caches
+//! ([`FusedDecoding`]) or the composed layers, and the output layer ([`OutputLayer`]) in f32
+//! or int8, over the whole vocabulary or a batch's candidates. [`crate::Seq2Seq::start`] and
+//! [`crate::Seq2Seq::step`] only ask what was chosen.
+
+use super::DecodingStack;
+use crate::decoder::DecoderWeights;
+use crate::kernels::int8::{Int8Kernel, QuantizedLinear};
+use crate::kernels::DecodeCache;
+use crate::linear::Linear;
+use crate::Result;
+use candle_core::{DType, Tensor};
+use std::sync::{Arc, OnceLock};
+
+/// The arithmetic of decoding's products ([`crate::Seq2Seq::prepare_decoding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodePrecision {
+    /// f32 throughout (the default).
+    #[default]
+    F32,
+    /// The decoder layers' projections and feed-forward products in int8 (where the backend
+    /// has an int8 decoding step: the CPU's), and the output layer's too when `output_layer`.
+    Int8 {
+        /// Whether the output layer (d_model x vocabulary) is int8 as well.
+        output_layer: bool,
+    },
+}
+
+impl DecodePrecision {
+    /// Whether the decoder layers are asked to run in int8.
+    pub fn int8_layers(self) -> bool {
+        matches!(self, Self::Int8 { .. })
+    }
+
+    /// Whether the output layer is asked to run in int8.
+    pub fn int8_output(self) -> bool {
+        matches!(self, Self::Int8 { output_layer: true })
+    }
+}
+
+/// A Transformer's decoding made ready once for many batches
+/// ([`crate::Seq2Seq::prepare_decoding`]): what the backend chose for the decoder layers and
+/// for the output layer.
+#[derive(Debug, Clone)]
+pub struct PreparedDecoding {
+    /// The fused decoding step with its weights made ready (transposed, or int8), where the
+    /// backend has one for this decoder; `None`: the composed layers.
+    pub(crate) stack: Option<DecodingStack>,
+    /// The output layer as decoding runs it.
+    pub(crate) output: OutputLayer,
+}
+
+impl PreparedDecoding {
+    /// What decoding was prepared with, for logs: the decoder layers' arithmetic (and its
+    /// kernel) and the output layer's.
+    pub fn describe(&self) -> String {
+        let layers = match &self.stack {
+            None => "decoder layers f32 (composed)".to_string(),
+            Some(s) => match s.int8_kernel() {
+                Some(k) => format!("decoder layers int8 ({})", k.name()),
+                None => "decoder layers f32 (fused step)".to_string(),
+            },
+        };
+        let output = self.output.describe();
+        let slow = self
+            .stack
+            .as_ref()
+            .and_then(|s| s.int8_kernel())
+            .or(self.output.int8_kernel())
+            .is_some_and(|k| k != Int8Kernel::Avx512Vnni);
+        if slow {
+            // Measured (crates/kernels/examples/int8_bench.rs): without VNNI the int8
+            // products run below the f32 ones.
+            format!(
+                "{layers}, {output}; this CPU has no AVX512-VNNI: int8 saves memory here but \
+                 decodes slower than f32"
+            )
+        } else {
+            format!("{layers}, {output}")
+        }
+    }
+
+    /// The same decoding through the composed decoder layers (the output layer as it is):
+    /// the plain version the fused step is checked against.
+    pub fn with_composed_layers(self) -> Self {
+        Self {
+            stack: None,
+            ..self
+        }
+    }
+}
+
+/// The output layer as decoding runs it: `h W^T + b` over the whole vocabulary or over a
+/// batch's candidate rows ([`Self::restricted`]), in f32 ([`crate::kernels::linear_few_rows`]
+/// for up to 8 rows, else [`crate::kernels::linear_wt`] with `W^T` made once; candle's
+/// matmul off the CPU) or int8 (one scale per row, the rows quantized once).
+#[derive(Debug, Clone)]
+pub struct OutputLayer {
+    /// The weight's rows scored, (V, C) or (K, C).
+    w: Tensor,
+    bias: Tensor,
+    /// `w` transposed, (C, V), made at the first step with more than 8 rows and shared by
+    /// the batches started from one [`PreparedDecoding`].
+    wt: Arc<OnceLock<Tensor>>,
+    /// The same rows in int8, when the output layer decodes in int8.
+    q: Option<Arc<QuantizedLinear>>,
+    /// The token id of each row, ascending, when restricted to candidates.
+    ids: Option<Arc<[u32]>>,
+}
+
+/// Rows up to which the f32 output layer multiplies by `W` as it is (the few-rows kernel);
+/// above, by `W^T`.
+const FEW_ROWS: usize = 8;
+
+impl OutputLayer {
+    /// The layer `linear` (weight (V, C), bias (V,)) in f32, or in int8 with `int8`'s kernel.
+    pub fn new(linear: &Linear, int8: Option<Int8Kernel>) -> Result<Self> {
+        let bias = linear.bias().expect("the output layer has a bias");
+        Self::from_rows(linear.weight().clone(), bias.clone(), int8, None)
+    }
+
+    fn from_rows(
+        w: Tensor,
+        bias: Tensor,
+        int8: Option<Int8Kernel>,
+        ids: Option<Arc<[u32]>>,
+    ) -> Result<Self> {
+        let q = match int8 {
+            Some(kernel) => {
+                let (v, c) = w.dims2()?;
+                let wv = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let bv = bias.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                Some(Arc::new(QuantizedLinear::new(&wv, &bv, v, c, kernel)))
+            }
+            None => None,
+        };
+        Ok(Self {
+            w,
+            bias,
+            wt: Arc::default(),
+            q,
+            ids,
+        })
+    }
+
+    /// This layer cut down to the rows `ids` (ascending, without repeats), in the same
+    /// arithmetic: CTranslate2's vocabulary map ([`crate::restrict`]).
+    pub fn restricted(&self, ids: Vec<u32>) -> Result<Self> {
+        let idx = Tensor::new(ids.as_slice(), self.w.device())?;
+        let w = self.w.detach().index_select(&idx, 0)?.contiguous()?;
+        let bias = self.bias.detach().index_select(&idx, 0)?;
+        Self::from_rows(w, bias, self.int8_kernel(), Some(ids.into()))
+    }
+
+    /// The token id of each logit column when restricted; `None`: every token.
+    pub fn ids(&self) -> Option<&Arc<[u32]>> {
+        self.ids.as_ref()
+    }
+
+    /// The int8 kernel it runs, if it does.
+    pub fn int8_kernel(&self) -> Option<Int8Kernel> {
+        self.q.as_ref().map(|q| q.kernel())
+    }
+
+    /// What it runs, for logs.
+    pub fn describe(&self) -> String {
+        match self.int8_kernel() {
+            Some(k) => format!("output layer int8 ({})", k.name()),
+            None => "output layer f32".to_string(),
+        }
+    }
+
+    /// The logits of the decoder outputs `h`.
+    ///
+    /// # Shapes
+    /// h (B, C) -> (B, V), or (B, K) when restricted
+    pub fn logits(&self, h: &Tensor) -> Result<Tensor> {
+        let rows = h.dim(0)?;
+        if let Some(q) = &self.q {
+            let x = h.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let mut y = vec![0f32; rows * q.out_features()];
+            q.forward_parallel(&mut y, &x);
+            return Tensor::from_vec(y, (rows, q.out_features()), h.device());
+        }
+        if rows <= FEW_ROWS {
+            return crate::kernels::linear_few_rows(h, &self.w, &self.bias);
+        }
+        let wt = match self.wt.get() {
+            Some(wt) => wt.clone(),
+            None => {
+                let wt = self.w.detach().t()?.contiguous()?;
+                // Another batch sharing the cell may have set it first: the same values.
+                let _ = self.wt.set(wt.clone());
+                wt
+            }
+        };
+        crate::kernels::linear_wt(h, &wt, &self.bias)
+    }
+}
+
+/// The fused decoding step of one batch: the stack and its caches (the encoder-decoder keys
+/// and values computed once, the self-attention keys and values so far), reordered without
+/// copying.
+#[derive(Debug, Clone)]
+pub struct FusedDecoding {
+    cache: DecodeCache,
+    stack: DecodingStack,
+}
+
+impl FusedDecoding {
+    /// Starts a batch on the encoder output `memory` (B, S, C) whose real source tokens are
+    /// `keep` (B x S, 1 = real).
+    pub fn start(stack: DecodingStack, memory: &Tensor, keep: &[u8]) -> Result<Self> {
+        Ok(Self {
+            cache: stack.start(memory, keep)?,
+            stack,
+        })
+    }
+
+    /// Keeps rows `rows` in that order (repeats allowed).
+    pub fn select_rows(&mut self, rows: &[u32]) -> Result<()> {
+        self.cache.select_rows(rows)
+    }
+
+    /// One step on the embedded new tokens `y` (B, 1, C) at target position `position`: the
+    /// stack's output (B, C) and, with `need_weights`, every layer's attention weights.
+    pub fn step(
+        &mut self,
+        y: &Tensor,
+        position: usize,
+        need_weights: bool,
+    ) -> Result<(Tensor, Option<Vec<DecoderWeights>>)> {
+        let (rows, dev) = (self.cache.rows(), y.device());
+        let c = y.dim(2)?;
+        let x = y.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        let (out, w) = self.stack.step(&mut self.cache, x, need_weights)?;
+        let h = Tensor::from_vec(out, (rows, c), dev)?.to_dtype(y.dtype())?;
+        let Some((self_w, cross_w)) = w else {
+            return Ok((h, None));
+        };
+        let (nhead, s) = (self.stack.nhead(), self.cache.source_len());
+        let weights = self_w
+            .into_iter()
+            .zip(cross_w)
+            .map(|(sw, cw)| {
+                Ok(DecoderWeights {
+                    self_attn: Tensor::from_vec(sw, (rows, nhead, 1, position + 1), dev)?,
+                    cross_attn: Tensor::from_vec(cw, (rows, nhead, 1, s), dev)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((h, Some(weights)))
+    }
+}

@@ -62,6 +62,7 @@ mod layer_norm;
 mod linear;
 mod matmul;
 mod one_row;
+mod panels;
 pub mod rng;
 mod rows;
 mod shared;
@@ -89,6 +90,7 @@ pub use encoder_layer::{
 pub use few_rows::{linear_few_rows, linear_few_rows_reference, linear_wt};
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use linear::{linear, linear_reference};
+pub use panels::PanelLinear;
 pub use shared::{Activation, EncoderLayerOptions};
 pub use smoothing::{label_smoothing_term, label_smoothing_term_reference};
 pub use softmax::{

@@ -93,16 +93,17 @@ impl PreparedDecoding {
 
 /// The output layer as decoding runs it: `h W^T + b` over the whole vocabulary or over a
 /// batch's candidate rows ([`Self::restricted`]), in f32 ([`crate::kernels::linear_few_rows`]
-/// for up to 8 rows, else [`crate::kernels::linear_wt`] with `W^T` made once; candle's
-/// matmul off the CPU) or int8 (one scale per row, the rows quantized once).
+/// for up to 8 rows, else [`crate::kernels::PanelLinear`] with `W` packed once, or
+/// [`crate::kernels::linear_wt`] with `W^T` made once where that kernel does not run;
+/// candle's matmul off the CPU) or int8 (one scale per row, the rows quantized once).
 #[derive(Debug, Clone)]
 pub struct OutputLayer {
     /// The weight's rows scored, (V, C) or (K, C).
     w: Tensor,
     bias: Tensor,
-    /// `w` transposed, (C, V), made at the first step with more than 8 rows and shared by
+    /// `w` made ready for many rows at the first step with more than 8 rows, and shared by
     /// the batches started from one [`PreparedDecoding`].
-    wt: Arc<OnceLock<Tensor>>,
+    many_rows: Arc<OnceLock<ManyRows>>,
     /// The same rows in int8, when the output layer decodes in int8.
     q: Option<Arc<QuantizedLinear>>,
     /// The token id of each row, ascending, when restricted to candidates.
@@ -110,8 +111,17 @@ pub struct OutputLayer {
 }
 
 /// Rows up to which the f32 output layer multiplies by `W` as it is (the few-rows kernel);
-/// above, by `W^T`.
+/// above, by [`ManyRows`].
 const FEW_ROWS: usize = 8;
+
+/// The f32 output layer's weight for products of many rows.
+#[derive(Debug)]
+enum ManyRows {
+    /// Packed into panels ([`crate::kernels::PanelLinear`]: CPU f32 with AVX-512).
+    Panels(crate::kernels::PanelLinear),
+    /// Transposed, (C, V) ([`crate::kernels::linear_wt`]).
+    Transposed(Tensor),
+}
 
 impl OutputLayer {
     /// The layer `linear` (weight (V, C), bias (V,)) in f32, or in int8 with `int8`'s kernel.
@@ -138,7 +148,7 @@ impl OutputLayer {
         Ok(Self {
             w,
             bias,
-            wt: Arc::default(),
+            many_rows: Arc::default(),
             q,
             ids,
         })
@@ -186,16 +196,23 @@ impl OutputLayer {
         if rows <= FEW_ROWS {
             return crate::kernels::linear_few_rows(h, &self.w, &self.bias);
         }
-        let wt = match self.wt.get() {
-            Some(wt) => wt.clone(),
+        let many = match self.many_rows.get() {
+            Some(m) => m,
             None => {
-                let wt = self.w.detach().t()?.contiguous()?;
+                let (w, bias) = (self.w.detach(), self.bias.detach());
+                let m = match crate::kernels::PanelLinear::new(&w, &bias)? {
+                    Some(p) => ManyRows::Panels(p),
+                    None => ManyRows::Transposed(w.t()?.contiguous()?),
+                };
                 // Another batch sharing the cell may have set it first: the same values.
-                let _ = self.wt.set(wt.clone());
-                wt
+                let _ = self.many_rows.set(m);
+                self.many_rows.get().expect("set just now")
             }
         };
-        crate::kernels::linear_wt(h, &wt, &self.bias)
+        match many {
+            ManyRows::Panels(p) => p.forward(h),
+            ManyRows::Transposed(wt) => crate::kernels::linear_wt(h, wt, &self.bias),
+        }
     }
 }
 

@@ -285,3 +285,39 @@ pub fn small_rows_or_gemm() {
         }
     }
 }
+
+/// The output layer of a beam-search step (125 rows x 8,000 outputs x 256 inputs) through
+/// [`crate::linear_wt`] (gemm over blocks of `W^T` read in place) and through
+/// [`crate::PanelLinear`] (`W` packed once into panels), with the largest difference
+/// between the two.
+pub fn panels_or_linear_wt() {
+    use candle_core::{Device, Tensor};
+    let run = || -> candle_core::Result<()> {
+        let (n, c, v) = (125, 256, 8000);
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1.0, (n, c), &dev)?;
+        let w = Tensor::randn(0f32, 0.1, (v, c), &dev)?;
+        let b = Tensor::randn(0f32, 0.1, v, &dev)?;
+        let Some(panels) = crate::PanelLinear::new(&w, &b)? else {
+            println!("no AVX-512 on this CPU: the panels kernel is not used here");
+            return Ok(());
+        };
+        let wt = w.t()?.contiguous()?;
+        let mut outs = (None, None);
+        let g = best(20, || outs.0 = Some(crate::linear_wt(&x, &wt, &b)));
+        let p = best(20, || outs.1 = Some(panels.forward(&x)));
+        let (a, z) = (outs.0.expect("ran")?, outs.1.expect("ran")?);
+        let diff = (a - z)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let macs = (n * c * v) as f64 / 1e6;
+        println!(
+            "{n} rows x {v} x {c}: linear_wt {g:.3} ms ({:.1} G/s), panels {p:.3} ms ({:.1} G/s), {:.2}x; largest difference {diff}",
+            macs / g,
+            macs / p,
+            g / p
+        );
+        Ok(())
+    };
+    if let Err(e) = run() {
+        println!("panels timing failed: {e}");
+    }
+}

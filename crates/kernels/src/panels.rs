@@ -117,8 +117,40 @@ struct SendPtr(*mut f32);
 unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
 
+/// `y = x W^T + b` for `n` rows on this thread, from `w` packed by [`pack`]: `x` (`n x k`),
+/// `y` (`n x m`), row-major (the decoding stack's products, whose rows are already split
+/// between the threads).
+///
+/// # Panics
+/// If a slice is shorter than the sizes say, or the CPU lacks AVX-512.
+pub(crate) fn forward_rows(
+    y: &mut [f32],
+    x: &[f32],
+    panels: &[f32],
+    b: &[f32],
+    n: usize,
+    m: usize,
+    k: usize,
+) {
+    assert!(
+        x.len() >= n * k
+            && y.len() >= n * m
+            && b.len() >= m
+            && panels.len() >= m.div_ceil(NR) * k * NR,
+        "panels: slices shorter than {n} x {k} @ {k} x {m}"
+    );
+    assert!(float::avx512(), "panels: this CPU has no AVX-512");
+    for j in 0..m.div_ceil(NR) {
+        // SAFETY: AVX-512 F is present and the slices hold the sizes (both asserted).
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            avx512::panel(y.as_mut_ptr(), x, panels, b, n, m, k, j)
+        }
+    }
+}
+
 /// `w` (`m x k`) as panels of `NR` columns of `W^T`: `[panel][kk][lane]`, zero past `m`.
-fn pack(w: &[f32], m: usize, k: usize) -> Vec<f32> {
+pub(crate) fn pack(w: &[f32], m: usize, k: usize) -> Vec<f32> {
     let panels = m.div_ceil(NR);
     let mut p = vec![0f32; panels * k * NR];
     for (o, row) in w.chunks_exact(k).enumerate() {

@@ -502,6 +502,19 @@ mod plain {
             (5, 1, 1),
         ];
         check_product("small_rows", &sizes, false, crate::small_rows::forward);
+        // `panels::forward_rows` (`W` packed): row counts around the 12-row tile, output
+        // counts around the 32-wide panel.
+        let sizes = [
+            (2, 256, 256),
+            (12, 32, 16),
+            (13, 45, 17),
+            (62, 512, 256),
+            (125, 70, 3),
+        ];
+        check_product("panels", &sizes, false, |y, x, w, b, n, m, k| {
+            let packed = crate::panels::pack(w, m, k);
+            crate::panels::forward_rows(y, x, &packed, b, n, m, k)
+        });
     }
 
     /// Asserts that `y` (`n x m`) is `b[j] + sum_kk x[i][kk] * w(j, kk)` summed in f64 in

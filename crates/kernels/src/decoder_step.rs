@@ -106,8 +106,8 @@ pub struct DecoderStack {
     nhead: usize,
     eps: f64,
     norm_first: bool,
-    /// The weight matrices transposed ([`DecodeCache`]'s `wt`), when made once for every
-    /// batch decoded with this stack ([`DecoderStack::with_transposed_weights`]).
+    /// The weight matrices transposed and packed ([`DecodeCache`]'s `wt`), when made once
+    /// for every batch decoded with this stack ([`DecoderStack::with_transposed_weights`]).
     wt: Option<Arc<Vec<WeightForms>>>,
     /// The weight matrices in int8 with their biases, indexed as `wt`, when the stack
     /// decodes in int8 ([`DecoderStack::with_int8_weights`]).
@@ -133,10 +133,11 @@ pub struct DecodeCache {
     self_v: Vec<Vec<Vec<f32>>>,
     /// Per row, per earlier step: the row of that step's block holding its ancestor.
     origin: Vec<Vec<u32>>,
-    /// Every layer's weight matrices transposed (`W^T`, `in x out`, indexed by layer and
-    /// [`slot`]; empty for biases and norms): gemm reads a `W^T` operand without gathering
-    /// it element by element, which at decoding's few rows was 40% of a step. Shared by
-    /// every batch of a [`DecoderStack::with_transposed_weights`] stack.
+    /// Every layer's weight matrices transposed (`W^T`, `in x out`) and packed into panels
+    /// ([`WeightForms`], indexed by layer and [`slot`]; empty for biases and norms): gemm
+    /// and the panels read their operand without gathering it element by element, which at
+    /// decoding's few rows was 40% of a step. Shared by every batch of a
+    /// [`DecoderStack::with_transposed_weights`] stack.
     wt: Arc<Vec<WeightForms>>,
 }
 
@@ -284,20 +285,21 @@ impl DecoderStack {
             .and_then(|q| q.iter().flatten().next().map(|l| l.kernel()))
     }
 
-    /// This stack with its weight matrices transposed once here, for every batch it starts
-    /// (else each [`DecoderStack::start`] transposes them, 2% of a beam search over a test
-    /// set in batches of 25 sentences). The weights must not change while it is in use.
+    /// This stack with its weight matrices transposed and packed into panels once here, for
+    /// every batch it starts (else each [`DecoderStack::start`] makes them, 2% of a beam
+    /// search over a test set in batches of 25 sentences). The weights must not change while
+    /// it is in use.
     pub fn with_transposed_weights(mut self) -> Result<Self> {
         if !self.applies() {
             bail!("fused decoding step: the decoder's parameters do not fit it");
         }
-        self.wt = Some(Arc::new(self.transposed_weights()?));
+        self.wt = Some(Arc::new(self.weight_forms()?));
         Ok(self)
     }
 
     /// Every layer's weight matrices transposed and packed, indexed by layer and [`slot`]
     /// (empty for biases and norms).
-    fn transposed_weights(&self) -> Result<Vec<WeightForms>> {
+    fn weight_forms(&self) -> Result<Vec<WeightForms>> {
         let layers = self.layers.len();
         let tensors = self.all_tensors();
         with_f32(&tensors, |w| {
@@ -408,7 +410,7 @@ impl DecoderStack {
         }
         let wt = match &self.wt {
             Some(wt) => wt.clone(),
-            None => Arc::new(self.transposed_weights()?),
+            None => Arc::new(self.weight_forms()?),
         };
         Ok(DecodeCache {
             s,

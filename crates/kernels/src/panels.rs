@@ -82,32 +82,19 @@ impl PanelLinear {
             );
         }
         let xv = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        let mut y = vec![0f32; n * self.m];
-        self.forward_slices(&mut y, &xv, n);
-        Tensor::from_vec(y, (n, self.m), x.device())
-    }
-
-    /// `y = x W^T + b` on slices: `x` (`n x k`), `y` (`n x m`), row-major.
-    pub(crate) fn forward_slices(&self, y: &mut [f32], x: &[f32], n: usize) {
-        let (m, k) = (self.m, self.k);
-        assert!(
-            x.len() >= n * k && y.len() >= n * m,
-            "PanelLinear: short slices"
-        );
+        let (m, p) = (self.m, &self.panels);
+        let mut y = vec![0f32; n * m];
+        check(&y, &xv, p, &self.bias, n, m, k);
         let panels = m.div_ceil(NR);
         let groups: Vec<usize> = (0..panels.div_ceil(GROUP)).collect();
         let out = SendPtr(y.as_mut_ptr());
         super::run_parallel(groups, |g| {
-            let out = &out;
-            for j in g * GROUP..((g + 1) * GROUP).min(panels) {
-                // SAFETY: AVX-512 was checked when the layer was packed; each panel writes
-                // its own columns of `y`, which holds `n x m` values (asserted).
-                #[cfg(target_arch = "x86_64")]
-                unsafe {
-                    avx512::panel(out.0, x, &self.panels, &self.bias, n, m, k, j)
-                }
-            }
+            let out = &out; // the whole wrapper, not its pointer field alone
+            let js = g * GROUP..((g + 1) * GROUP).min(panels);
+            // SAFETY: checked above; each group writes its own columns of `y`.
+            unsafe { panel_range(out.0, &xv, p, &self.bias, n, m, k, js) }
         });
+        Tensor::from_vec(y, (n, m), x.device())
     }
 }
 
@@ -132,6 +119,14 @@ pub(crate) fn forward_rows(
     m: usize,
     k: usize,
 ) {
+    check(y, x, panels, b, n, m, k);
+    // SAFETY: checked above.
+    unsafe { panel_range(y.as_mut_ptr(), x, panels, b, n, m, k, 0..m.div_ceil(NR)) }
+}
+
+/// Panics unless the slices hold `n x m` outputs, `n x k` inputs, `m` biases and the
+/// packed weight, and the CPU has AVX-512: what [`panel_range`] relies on.
+fn check(y: &[f32], x: &[f32], panels: &[f32], b: &[f32], n: usize, m: usize, k: usize) {
     assert!(
         x.len() >= n * k
             && y.len() >= n * m
@@ -140,12 +135,27 @@ pub(crate) fn forward_rows(
         "panels: slices shorter than {n} x {k} @ {k} x {m}"
     );
     assert!(float::avx512(), "panels: this CPU has no AVX-512");
-    for j in 0..m.div_ceil(NR) {
-        // SAFETY: AVX-512 F is present and the slices hold the sizes (both asserted).
+}
+
+/// The panels `js` of `y = x W^T + b`, every row: the columns `32 js.start .. 32 js.end`.
+///
+/// # Safety
+/// What [`check`] asserts, with `y` pointing to the `n x m` outputs; no other thread
+/// writes these columns meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_range(
+    y: *mut f32,
+    x: &[f32],
+    panels: &[f32],
+    b: &[f32],
+    n: usize,
+    m: usize,
+    k: usize,
+    js: std::ops::Range<usize>,
+) {
+    for j in js {
         #[cfg(target_arch = "x86_64")]
-        unsafe {
-            avx512::panel(y.as_mut_ptr(), x, panels, b, n, m, k, j)
-        }
+        avx512::panel(y, x, panels, b, n, m, k, j)
     }
 }
 

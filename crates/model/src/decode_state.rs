@@ -128,7 +128,9 @@ impl Seq2Seq {
         let decoder = self.transformer.decoder();
         Ok(PreparedDecoding {
             stack: decoder.fused_stack(self.decode_precision)?,
-            output: (decoder.backend()).output_layer(&self.generator, self.decode_precision)?,
+            output: decoder
+                .backend()
+                .output_layer(&self.generator, self.decode_precision)?,
         })
     }
 

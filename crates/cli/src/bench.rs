@@ -114,8 +114,8 @@ pub struct MtDecodeBenchArgs {
     /// Timed passes over the file (the median is reported).
     #[arg(long, default_value_t = 1)]
     repeats: usize,
-    /// Write src.ids (the encoder's input ids, one sentence per line) and hyp.ids (the
-    /// output ids) to this folder.
+    /// Write src.ids (the encoder's input ids, one sentence per line), hyp.ids (the
+    /// output ids) and greedy.ids (the greedy latency run's output ids) to this folder.
     #[arg(long)]
     dump: Option<std::path::PathBuf>,
     /// Arithmetic of decoding's products: none (f32), int8, int8-layers (as `mt translate`).
@@ -694,16 +694,22 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     // weights made ready once, as a translation server keeps them) given one sentence.
     let decoder = run.model.decoder()?;
     let sp = transformer_text::Specials::FIXED;
-    let greedy_opts = run.config.decode_options(1);
+    // The translation alone, as an interactive user wants it (no scores).
+    let greedy_opts = transformer_decode::DecodeOptions {
+        want_scores: false,
+        ..run.config.decode_options(1)
+    };
     let n_lat = a.latency_sentences.min(src.len());
     let mut lat = Vec::with_capacity(n_lat);
+    let mut greedy_hyps = Vec::with_capacity(n_lat);
     for ids in src.iter().take(n_lat) {
         let mut row = ids.clone();
         row.push(sp.eos);
         let s = Tensor::from_vec(row, (1, ids.len() + 1), &dev)?;
         let t = Instant::now();
-        greedy(&decoder, &s, &greedy_opts)?;
+        let h = greedy(&decoder, &s, &greedy_opts)?;
         lat.push(t.elapsed().as_secs_f64() * 1e3);
+        greedy_hyps.extend(h);
     }
     let latency = (!lat.is_empty()).then(|| Stats::of(lat).median);
     if let Some(dir) = &a.dump {
@@ -718,7 +724,12 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
             r
         }));
         let hyp_ids = join(&mut hyps.iter().map(|h| h.tokens.clone()));
-        for (name, text) in [("src.ids", src_ids), ("hyp.ids", hyp_ids)] {
+        let greedy_ids = join(&mut greedy_hyps.iter().map(|h| h.tokens.clone()));
+        for (name, text) in [
+            ("src.ids", src_ids),
+            ("hyp.ids", hyp_ids),
+            ("greedy.ids", greedy_ids),
+        ] {
             let p = dir.join(name);
             std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
         }

@@ -32,6 +32,11 @@ pub struct DecodeOptions {
     pub pad: u32,
     /// Keep each step's encoder-decoder attention with the hypotheses.
     pub want_attention: bool,
+    /// Score the hypotheses ([`Hypothesis::score`]). Greedy search without scores (nor
+    /// attention) asks the model only for each step's most likely token
+    /// ([`StepModel::step_argmax`]), which it may find without computing every logit
+    /// exactly; the tokens are the same, the scores NaN. Beam search always scores.
+    pub want_scores: bool,
 }
 
 impl Default for DecodeOptions {
@@ -45,6 +50,7 @@ impl Default for DecodeOptions {
             eos: 2,
             pad: 0,
             want_attention: false,
+            want_scores: true,
         }
     }
 }
@@ -69,7 +75,8 @@ impl DecodeOptions {
 pub struct Hypothesis {
     /// Tokens after `<bos>`, without `<eos>`.
     pub tokens: Vec<u32>,
-    /// Sum of the log-probabilities of `tokens` and of `<eos>` (if emitted).
+    /// Sum of the log-probabilities of `tokens` and of `<eos>` (if emitted); NaN from
+    /// greedy search without [`DecodeOptions::want_scores`].
     pub score: f64,
     /// Whether it ended with `<eos>` (else it hit the length limit).
     pub finished: bool,
@@ -144,6 +151,13 @@ impl Row {
 /// Feeds every row's last token (`<bos>` first) and returns the step's output (read its
 /// log-probabilities with [`LogProbs::of`]) and, when asked for, each row's attention
 /// (flattened).
+/// Every row's last token (`<bos>` before the first).
+fn last_tokens(rows: &[Row], opts: &DecodeOptions) -> Vec<u32> {
+    rows.iter()
+        .map(|r| *r.tokens.last().unwrap_or(&opts.bos))
+        .collect()
+}
+
 /// The most tokens (before `<eos>`) for a source of `src_len` tokens: the options' limit,
 /// capped at what the model can produce ([`StepModel::max_output_len`]).
 fn output_limit<M: StepModel>(model: &M, opts: &DecodeOptions, src_len: usize) -> usize {
@@ -157,11 +171,7 @@ fn next_step<M: StepModel>(
     rows: &[Row],
     opts: &DecodeOptions,
 ) -> Result<(StepOutput, Option<Vec<Vec<f32>>>)> {
-    let last: Vec<u32> = rows
-        .iter()
-        .map(|r| *r.tokens.last().unwrap_or(&opts.bos))
-        .collect();
-    let out = model.step(state, &last, opts.want_attention)?;
+    let out = model.step(state, &last_tokens(rows, opts), opts.want_attention)?;
     let att = out
         .attention
         .as_ref()
@@ -212,8 +222,10 @@ fn scan_row(cand: &mut Vec<(f64, usize, u32)>, limit: usize, lp: &LogProbs, r: u
     }
 }
 
-/// Greedy decoding: at every step the most likely token. Returns one hypothesis per source
-/// row, in order.
+/// Greedy decoding: at every step the most likely token (the largest logit, the first of
+/// equals). Returns one hypothesis per source row, in order. Without
+/// [`DecodeOptions::want_scores`] and [`DecodeOptions::want_attention`] each step asks the
+/// model for its most likely tokens alone ([`StepModel::step_argmax`]).
 ///
 /// # Shapes
 /// src (B, S) u32 padded with `opts.pad`
@@ -222,7 +234,8 @@ pub fn greedy<M: StepModel>(
     src: &Tensor,
     opts: &DecodeOptions,
 ) -> Result<Vec<Hypothesis>> {
-    pick_each_step(model, src, opts, |lp, r, _| lp.argmax(r))
+    let scored = opts.want_scores || opts.want_attention;
+    pick_each_step(model, src, opts, scored, |lp, r, _| lp.argmax(r))
 }
 
 /// Sampling: each token drawn from the model's distribution, sharpened or flattened by
@@ -234,17 +247,19 @@ pub fn sample_decode<M: StepModel>(
     sampling: crate::Sampling,
     mut uniform: impl FnMut() -> f64,
 ) -> Result<Vec<Hypothesis>> {
-    pick_each_step(model, src, opts, |lp, r, _| {
+    pick_each_step(model, src, opts, true, |lp, r, _| {
         lp.token(crate::sample(&lp.row(r), sampling, uniform()) as usize)
     })
 }
 
 /// The one-hypothesis-per-sentence searches: `pick` chooses each next token from a row of
-/// log-probabilities (`pick(lp, row, sentence)`).
+/// log-probabilities (`pick(lp, row, sentence)`); unless `scored`, the model's most likely
+/// token is taken instead ([`StepModel::step_argmax`]) and the scores are NaN.
 fn pick_each_step<M: StepModel>(
     model: &M,
     src: &Tensor,
     opts: &DecodeOptions,
+    scored: bool,
     mut pick: impl FnMut(&LogProbs, usize, usize) -> u32,
 ) -> Result<Vec<Hypothesis>> {
     let mut state = model.start(src, opts.pad)?;
@@ -253,27 +268,47 @@ fn pick_each_step<M: StepModel>(
     let mut done: Vec<Option<Hypothesis>> = vec![None; n];
     let mut rows = Row::one_per_sentence(n);
     while !rows.is_empty() {
-        let (out, att) = next_step(model, &mut state, &rows, opts)?;
-        let lp = LogProbs::of(&out)?;
+        // At the length limit `<eos>` is forced.
+        let at_limit: Vec<bool> = rows
+            .iter()
+            .map(|row| row.tokens.len() >= output_limit(model, opts, src_lens[row.sentence]))
+            .collect();
+        let limited = |i: usize, t: u32| if at_limit[i] { opts.eos } else { t };
+        // Each row's token and its log-probability, and the step's attention.
+        let (chosen, att): (Vec<(u32, f64)>, _) = if scored {
+            let (out, att) = next_step(model, &mut state, &rows, opts)?;
+            let lp = LogProbs::of(&out)?;
+            let chosen = rows
+                .iter()
+                .enumerate()
+                .map(|(i, row)| {
+                    let tok = limited(i, pick(&lp, i, row.sentence));
+                    // (An `eos` outside the vocabulary, as the copy task's "none", scores
+                    // nothing.)
+                    (tok, lp.get(i, tok).unwrap_or(0.0) as f64)
+                })
+                .collect();
+            (chosen, att)
+        } else {
+            let best = model.step_argmax(&mut state, &last_tokens(&rows, opts))?;
+            let chosen = best
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| (limited(i, t), f64::NAN))
+                .collect();
+            (chosen, None)
+        };
         let mut keep = Vec::with_capacity(rows.len());
-        for (i, row) in rows.iter_mut().enumerate() {
+        for (i, (row, &(tok, logp))) in rows.iter_mut().zip(&chosen).enumerate() {
             if let Some(a) = &att {
                 row.attention.push(a[i].clone());
             }
-            // At the length limit `<eos>` is forced.
-            let at_limit = row.tokens.len() >= output_limit(model, opts, src_lens[row.sentence]);
-            let tok = if at_limit {
-                opts.eos
-            } else {
-                pick(&lp, i, row.sentence)
-            };
-            // (An `eos` outside the vocabulary, as the copy task's "none", scores nothing.)
-            row.score += lp.get(i, tok).unwrap_or(0.0) as f64;
+            row.score += logp;
             if tok == opts.eos {
                 done[row.sentence] = Some(Hypothesis {
                     tokens: std::mem::take(&mut row.tokens),
                     score: row.score,
-                    finished: !at_limit,
+                    finished: !at_limit[i],
                     attention: std::mem::take(&mut row.attention),
                 });
             } else {

@@ -47,6 +47,17 @@ pub trait StepModel {
     fn step(&self, state: &mut Self::State, tokens: &[u32], attention: bool) -> Result<StepOutput>;
     /// Keeps rows `rows` of the state, in that order.
     fn select_rows(&self, state: &mut Self::State, rows: &[u32]) -> Result<()>;
+    /// [`StepModel::step`] for greedy search: only each row's most likely next token, the
+    /// token of the largest logit (the first of equals). A model may find it without computing
+    /// every logit exactly; this default computes them.
+    ///
+    /// # Shapes
+    /// tokens: one per row -> one token per row
+    fn step_argmax(&self, state: &mut Self::State, tokens: &[u32]) -> Result<Vec<u32>> {
+        let out = self.step(state, tokens, false)?;
+        let lp = LogProbs::of(&out)?;
+        Ok((0..lp.rows()).map(|r| lp.argmax(r)).collect())
+    }
     /// The longest output the model can produce, whatever the length limit of
     /// [`crate::DecodeOptions`] says (`None`: no limit). A Transformer's decoder sees `<bos>`
     /// and every output token at its own position, so it makes at most its positional
@@ -95,6 +106,12 @@ impl StepModel for Seq2Seq {
 
     fn select_rows(&self, state: &mut DecodeState, rows: &[u32]) -> Result<()> {
         state.select_rows(rows)
+    }
+
+    /// The output layer's own argmax ([`transformer_model::backend::OutputLayer::argmax`]).
+    fn step_argmax(&self, state: &mut DecodeState, tokens: &[u32]) -> Result<Vec<u32>> {
+        let ids = Tensor::new(tokens, &self.device())?;
+        Seq2Seq::step_argmax(self, state, &ids)
     }
 }
 
@@ -354,16 +371,16 @@ impl<'a> LogProbs<'a> {
         self.logits(r).iter().map(|&x| x - l).collect()
     }
 
-    /// The most likely token of row `r` (the first of equals, by log-probability).
+    /// The most likely token of row `r`: the largest logit, the first of equals. (Compared
+    /// as logits, before `- lse` rounds two nearly equal ones to one log-probability.)
     pub fn argmax(&self, r: usize) -> u32 {
-        let l = self.lse[r];
-        let mut best = (0, f32::NEG_INFINITY);
-        for (i, &x) in self.logits(r).iter().enumerate() {
-            let v = x - l;
-            if i == 0 || v > best.1 {
-                best = (i, v);
+        let row = self.logits(r);
+        let mut best = 0;
+        for (i, &x) in row.iter().enumerate().skip(1) {
+            if x > row[best] {
+                best = i;
             }
         }
-        self.token(best.0)
+        self.token(best)
     }
 }

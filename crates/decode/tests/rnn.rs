@@ -92,6 +92,7 @@ fn attention_never_looks_at_padding() -> Result<()> {
         |kind, m, _, src| {
             let o = DecodeOptions {
                 want_attention: true,
+                want_scores: true,
                 ..opts(1)
             };
             let lens = lengths(src, PAD)?;

@@ -121,6 +121,7 @@ fn length_limit_and_attention_are_kept() -> Result<()> {
         max_len_a: 0.0,
         max_len_b: 2,
         want_attention: true,
+        want_scores: true,
         ..opts(3)
     };
     for hyps in [greedy(&m, &src, &o)?, beam_search(&m, &src, &o)?] {

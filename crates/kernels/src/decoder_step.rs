@@ -35,8 +35,8 @@ use super::one_row;
 use super::panels;
 use super::shared::ln_rows;
 use super::sublayer::{residual_sum, sublayer_input};
-use super::{num_threads, run_parallel};
-use candle_core::{bail, CpuStorage, DType, Result, Storage, Tensor};
+use super::{num_threads, run_parallel, with_f32};
+use candle_core::{bail, DType, Result, Tensor};
 use std::sync::Arc;
 
 /// Index of each parameter in [`DecoderLayerParams`].
@@ -183,20 +183,6 @@ impl DecodeCache {
             .collect();
         Ok(())
     }
-}
-
-/// Calls `f` with the contiguous f32 data of each tensor (read-locked meanwhile).
-fn with_f32<R>(ts: &[&Tensor], f: impl FnOnce(&[&[f32]]) -> R) -> Result<R> {
-    let guards: Vec<_> = ts.iter().map(|t| t.storage_and_layout()).collect();
-    let mut slices = Vec::with_capacity(ts.len());
-    for (g, layout) in &guards {
-        let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) = (&**g, layout.contiguous_offsets())
-        else {
-            bail!("fused decoding step: expected contiguous CPU f32 tensors");
-        };
-        slices.push(&v[a..b]);
-    }
-    Ok(f(&slices))
 }
 
 /// One layer's parameters as slices, indexed by [`slot`].

@@ -106,6 +106,13 @@ impl Forward3 for Dims {
     }
 }
 
+/// One output of the layer, `x . w_r + b_r`: what [`forward`] computes for every output and
+/// [`crate::ArgmaxScreen`] for the few it cannot rule out (the same value bit for bit).
+#[inline(always)]
+pub(crate) fn output<T: Float>(x: &[T], wr: &[T], br: T) -> T {
+    T::dot(x, wr) + br
+}
+
 fn forward<T: Float>(x: &[T], w: &[T], b: &[T], n: usize, c: usize, v: usize) -> Vec<T> {
     let chunks: Vec<usize> = (0..v.div_ceil(CHUNK)).collect();
     // Each item: its vocabulary rows' outputs, (rows of the chunk) x N.
@@ -118,7 +125,7 @@ fn forward<T: Float>(x: &[T], w: &[T], b: &[T], n: usize, c: usize, v: usize) ->
                 for r in rows {
                     let wr = &w[r * c..(r + 1) * c];
                     for xr in x.chunks_exact(c.max(1)).take(n) {
-                        out.push(T::dot(xr, wr) + b[r]);
+                        out.push(output(xr, wr, b[r]));
                     }
                 }
             },

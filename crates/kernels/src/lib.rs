@@ -45,6 +45,7 @@
 //! The module docs of each kernel give its design and more numbers.
 
 mod activation;
+mod argmax;
 mod attention;
 pub mod autocast;
 pub mod bf16;
@@ -76,6 +77,7 @@ pub mod testing;
 pub mod timing;
 
 pub use activation::{sigmoid, sigmoid_reference, tanh};
+pub use argmax::{ArgmaxScreen, Screened};
 pub use attention::{attention, attention_reference};
 pub use cross_entropy::{
     linear_cross_entropy, linear_cross_entropy_direct, linear_cross_entropy_reference,
@@ -97,7 +99,7 @@ pub use softmax::{
     log_softmax_rows_f32, log_sum_exp_rows_f32, softmax_last_dim, softmax_last_dim_reference,
 };
 
-use candle_core::{bail, DType, Layout, Result, Storage, Tensor, WithDType};
+use candle_core::{bail, CpuStorage, DType, Layout, Result, Storage, Tensor, WithDType};
 
 impl std::fmt::Display for Precision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -268,6 +270,20 @@ fn with_slice<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> Result<R>) ->
         Storage::Cpu(s) => f(cpu_slice::<T>(s, layout)?),
         _ => bail!("kernels: expected a CPU tensor"),
     }
+}
+
+/// Calls `f` with the contiguous f32 data of each tensor (read-locked meanwhile).
+pub(crate) fn with_f32<R>(ts: &[&Tensor], f: impl FnOnce(&[&[f32]]) -> R) -> Result<R> {
+    let guards: Vec<_> = ts.iter().map(|t| t.storage_and_layout()).collect();
+    let mut slices = Vec::with_capacity(ts.len());
+    for (g, layout) in &guards {
+        let (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) = (&**g, layout.contiguous_offsets())
+        else {
+            bail!("kernels: expected contiguous CPU f32 tensors");
+        };
+        slices.push(&v[a..b]);
+    }
+    Ok(f(&slices))
 }
 
 /// How many threads candle's CPU thread pool runs: its workers plus the calling thread

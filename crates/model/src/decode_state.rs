@@ -197,6 +197,29 @@ impl Seq2Seq {
         tokens: &Tensor,
         need_weights: bool,
     ) -> Result<(Tensor, Option<Vec<DecoderWeights>>)> {
+        let (h, weights) = self.step_hidden(state, tokens, need_weights)?;
+        let logits = state.output.logits(&h)?;
+        Ok((logits, weights))
+    }
+
+    /// [`Self::step`] for greedy decoding: only the most likely next token of each row, the
+    /// token of the largest logit (the first of equals), found as the output layer finds it
+    /// ([`OutputLayer::argmax`]: on the CPU without computing every logit exactly).
+    ///
+    /// # Shapes
+    /// tokens (B,) u32 -> B token ids
+    pub fn step_argmax(&self, state: &mut DecodeState, tokens: &Tensor) -> Result<Vec<u32>> {
+        let (h, _) = self.step_hidden(state, tokens, false)?;
+        state.output.argmax(&h)
+    }
+
+    /// The decoder's output (B, C) of one step, and the attention weights when asked for.
+    fn step_hidden(
+        &self,
+        state: &mut DecodeState,
+        tokens: &Tensor,
+        need_weights: bool,
+    ) -> Result<(Tensor, Option<Vec<DecoderWeights>>)> {
         // (B,) -> (B, 1) -> (B, 1, C)
         let ids = tokens.unsqueeze(1)?;
         let y = self.embed(&self.tgt_embedding, &ids, state.position, Mode::Eval)?;
@@ -221,7 +244,6 @@ impl Seq2Seq {
             Caches::Fused(f) => f.step(&y, state.position, need_weights)?,
         };
         state.position += 1;
-        let logits = state.output.logits(&h)?;
-        Ok((logits, weights.filter(|_| need_weights)))
+        Ok((h, weights.filter(|_| need_weights)))
     }
 }

@@ -257,6 +257,9 @@ pub trait ArchCommon {
         tokens: &[u32],
         attention: bool,
     ) -> Result<StepOutput>;
+    /// Each row's most likely next token ([`StepModel::step_argmax`]) on a state
+    /// [`Architecture::start`] made.
+    fn step_argmax(&self, state: &mut dyn ArchState, tokens: &[u32]) -> Result<Vec<u32>>;
     /// A copy (the weights' tensors are shared, as `Clone` shares them).
     fn clone_box(&self) -> Box<dyn Architecture>;
     /// For callers that need the concrete model ([`MtModel::transformer`]).
@@ -275,6 +278,9 @@ where
         attention: bool,
     ) -> Result<StepOutput> {
         StepModel::step(self, own_state::<M::State>(state)?, tokens, attention)
+    }
+    fn step_argmax(&self, state: &mut dyn ArchState, tokens: &[u32]) -> Result<Vec<u32>> {
+        StepModel::step_argmax(self, own_state::<M::State>(state)?, tokens)
     }
     fn clone_box(&self) -> Box<dyn Architecture> {
         Box::new(self.clone())
@@ -528,6 +534,10 @@ impl StepModel for MtModel {
         self.0.step(state.0.as_mut(), tokens, attention)
     }
 
+    fn step_argmax(&self, state: &mut MtState, tokens: &[u32]) -> Result<Vec<u32>> {
+        self.0.step_argmax(state.0.as_mut(), tokens)
+    }
+
     fn select_rows(&self, state: &mut MtState, rows: &[u32]) -> Result<()> {
         state.0.select_rows(rows)
     }
@@ -577,6 +587,10 @@ impl StepModel for MtDecoder<'_> {
 
     fn step(&self, state: &mut MtState, tokens: &[u32], attention: bool) -> Result<StepOutput> {
         self.model.step(state, tokens, attention)
+    }
+
+    fn step_argmax(&self, state: &mut MtState, tokens: &[u32]) -> Result<Vec<u32>> {
+        self.model.step_argmax(state, tokens)
     }
 
     fn select_rows(&self, state: &mut MtState, rows: &[u32]) -> Result<()> {

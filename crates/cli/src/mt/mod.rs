@@ -573,7 +573,11 @@ fn load(
         bail!("--beam must be at least 1 (1 = greedy)");
     }
     c.validate_decoding()?;
-    let opts = c.decode_options(beam);
+    // Only the translations are printed: greedy search need not score them.
+    let opts = transformer_decode::DecodeOptions {
+        want_scores: false,
+        ..c.decode_options(beam)
+    };
     Ok((run, opts))
 }
 

@@ -34,6 +34,7 @@ pub fn opts(beam: usize) -> DecodeOptions {
         eos: EOS,
         pad: PAD,
         want_attention: false,
+        want_scores: true,
     }
 }
 

@@ -106,6 +106,9 @@ pub struct OutputLayer {
     many_rows: Arc<OnceLock<ManyRows>>,
     /// The same rows in int8, when the output layer decodes in int8.
     q: Option<Arc<QuantizedLinear>>,
+    /// The int8 screen of the f32 layer for [`Self::argmax`], made at its first call with up
+    /// to 8 rows (`None` inside: no screen pays here) and shared like `many_rows`.
+    screen: Arc<OnceLock<Option<crate::kernels::ArgmaxScreen>>>,
     /// The token id of each row, ascending, when restricted to candidates.
     ids: Option<Arc<[u32]>>,
 }
@@ -150,6 +153,7 @@ impl OutputLayer {
             bias,
             many_rows: Arc::default(),
             q,
+            screen: Arc::default(),
             ids,
         })
     }
@@ -214,6 +218,64 @@ impl OutputLayer {
             ManyRows::Transposed(wt) => crate::kernels::linear_wt(h, wt, &self.bias),
         }
     }
+
+    /// The most likely token of each row of `h`: the token of the largest logit
+    /// [`Self::logits`] gives, the first of equals. For up to 8 rows of the f32 layer on a CPU
+    /// with SIMD int8, found without computing every logit exactly
+    /// ([`crate::kernels::ArgmaxScreen`]: an int8 screen, then the logits it cannot rule out
+    /// in f32, as [`Self::logits`] computes them); otherwise from the logits.
+    ///
+    /// # Shapes
+    /// h (B, C) -> B token ids
+    pub fn argmax(&self, h: &Tensor) -> Result<Vec<u32>> {
+        let rows = h.dim(0)?;
+        let screen = match (&self.q, rows <= FEW_ROWS) {
+            (None, true) => self
+                .screen
+                .get_or_init(|| {
+                    // No screen when it cannot be made (a CPU f32 layer is what it needs):
+                    // the logits then.
+                    crate::kernels::ArgmaxScreen::of_layer(&self.w, &self.bias)
+                        .ok()
+                        .flatten()
+                })
+                .as_ref(),
+            _ => None,
+        };
+        let columns: Vec<usize> = match screen {
+            Some(s) => s
+                .argmax_rows(h, &self.w, &self.bias)?
+                .iter()
+                .map(|r| r.index)
+                .collect(),
+            None => self
+                .logits(h)?
+                .to_dtype(DType::F32)?
+                .to_vec2::<f32>()?
+                .iter()
+                .map(|row| first_largest(row))
+                .collect(),
+        };
+        Ok(columns
+            .into_iter()
+            .map(|c| match &self.ids {
+                Some(ids) => ids[c],
+                None => c as u32,
+            })
+            .collect())
+    }
+}
+
+/// The index of the largest value, the first of equals (the first value is kept, then each
+/// one greater than the kept one).
+fn first_largest(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate().skip(1) {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
 }
 
 /// The fused decoding step of one batch: the stack and its caches (the encoder-decoder keys

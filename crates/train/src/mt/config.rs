@@ -388,6 +388,7 @@ impl MtTrainConfig {
             eos: sp.eos,
             pad: sp.pad,
             want_attention: false,
+            want_scores: true,
         }
     }
 

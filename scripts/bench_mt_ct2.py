@@ -100,7 +100,7 @@ def main():
 
     def translate(idx, beam_size, scores=True):
         """Translates sentences `idx` (one call); returns their output ids. Without `scores`
-        the hypotheses are not scored (greedy search then takes the largest logit)."""
+        the hypotheses are not scored."""
         limits = [limit(sources[i]) for i in idx]
         callback = None
         if beam_size == 1 and len(idx) > 1 and not a.no_callback:

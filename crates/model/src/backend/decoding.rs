@@ -220,8 +220,8 @@ impl OutputLayer {
     }
 
     /// The most likely token of each row of `h`: the token of the largest logit
-    /// [`Self::logits`] gives, the first of equals. For up to 8 rows of the f32 layer on a CPU
-    /// with SIMD int8, found without computing every logit exactly
+    /// [`Self::logits`] gives, the first of equals. For up to 8 rows of the whole f32 layer on
+    /// a CPU with SIMD int8, found without computing every logit exactly
     /// ([`crate::kernels::ArgmaxScreen`]: an int8 screen, then the logits it cannot rule out
     /// in f32, as [`Self::logits`] computes them); otherwise from the logits.
     ///
@@ -229,7 +229,9 @@ impl OutputLayer {
     /// h (B, C) -> B token ids
     pub fn argmax(&self, h: &Tensor) -> Result<Vec<u32>> {
         let rows = h.dim(0)?;
-        let screen = match (&self.q, rows <= FEW_ROWS) {
+        // The screen of the whole vocabulary is made once per model; a batch's candidates
+        // (a few hundred rows, made anew for every batch) are fewer bytes than making it.
+        let screen = match (&self.q, rows <= FEW_ROWS && self.ids.is_none()) {
             (None, true) => self
                 .screen
                 .get_or_init(|| {

@@ -12,7 +12,8 @@
 #             every step) and against CTranslate2 running the very same weights
 #             (`scripts/mt_to_ctranslate2.py`, `scripts/bench_mt_ct2.py`); the same beam,
 #             sentences per batch and threads, and the share of sentences each translates
-#             exactly as we do; greedy single-sentence latency beside CTranslate2's.
+#             exactly as we do; greedy single-sentence latency (the translation alone, no
+#             scores, on both sides) beside CTranslate2's.
 #
 # Each measurement alternates the sides over ROUNDS rounds (ours first in odd rounds), so
 # every ratio comes from runs a minute apart. Prints a table and, last, the lines

@@ -148,9 +148,6 @@ impl Row {
     }
 }
 
-/// Feeds every row's last token (`<bos>` first) and returns the step's output (read its
-/// log-probabilities with [`LogProbs::of`]) and, when asked for, each row's attention
-/// (flattened).
 /// Every row's last token (`<bos>` before the first).
 fn last_tokens(rows: &[Row], opts: &DecodeOptions) -> Vec<u32> {
     rows.iter()
@@ -165,6 +162,9 @@ fn output_limit<M: StepModel>(model: &M, opts: &DecodeOptions, src_len: usize) -
     model.max_output_len().map_or(limit, |m| limit.min(m))
 }
 
+/// Feeds every row's last token (`<bos>` first) and returns the step's output (read its
+/// log-probabilities with [`LogProbs::of`]) and, when asked for, each row's attention
+/// (flattened).
 fn next_step<M: StepModel>(
     model: &M,
     state: &mut M::State,

@@ -374,13 +374,6 @@ impl<'a> LogProbs<'a> {
     /// The most likely token of row `r`: the largest logit, the first of equals. (Compared
     /// as logits, before `- lse` rounds two nearly equal ones to one log-probability.)
     pub fn argmax(&self, r: usize) -> u32 {
-        let row = self.logits(r);
-        let mut best = 0;
-        for (i, &x) in row.iter().enumerate().skip(1) {
-            if x > row[best] {
-                best = i;
-            }
-        }
-        self.token(best)
+        self.token(transformer_model::first_largest(self.logits(r)))
     }
 }

@@ -135,16 +135,6 @@ impl ArgmaxScreen {
         with_f32(&[&x, &w, &b], |s| self.argmax(s[0], s[1], s[2]))
     }
 
-    /// The int8 kernel the screen runs.
-    pub fn kernel(&self) -> Int8Kernel {
-        self.q.kernel()
-    }
-
-    /// Bytes of the int8 copy.
-    pub fn bytes(&self) -> usize {
-        self.q.bytes()
-    }
-
     /// For each row of `x` (`n x k`): the index of the largest output of `x W^T + b` as
     /// [`crate::linear_few_rows`] computes it in f32 (the first of equals), given the same `w`
     /// and `b` the screen was made from.
@@ -167,16 +157,21 @@ impl ArgmaxScreen {
     /// One row: `ar` is its int8 screen.
     fn row(&self, x: &[f32], ar: &[f32], w: &[f32], b: &[f32]) -> Screened {
         let k = self.k;
-        let plain = || Screened {
-            index: first_largest((0..self.out).map(|r| (r, exact_output(x, w, b, r, k)))),
-            exact: self.out,
+        let plain = || {
+            let all: Vec<f32> = (0..self.out).map(|r| exact_output(x, w, b, r, k)).collect();
+            Screened {
+                index: first_largest(&all),
+                exact: self.out,
+            }
         };
         let (norm, max_abs) = x.iter().fold((0f64, 0f32), |(s, m), &v| {
             (s + (v as f64).powi(2), m.max(v.abs()))
         });
         let norm = norm.sqrt();
-        // |e_j| <= s_x (1/2 + 2^-16) with s_x <= max |x| / 127 (1 + u).
-        let err_x = (k as f64).sqrt() * (max_abs as f64 / 127.0) * (0.5 + 1.0 / 65536.0);
+        // |e_j| <= s_x (1/2 + 255 u): `x_j / s_x` is computed as `x_j * (1 / s_x)`, two
+        // roundings of a value up to 127; s_x <= max |x| / 127 (1 + u), the (1 + u) in the
+        // widening below. 2^-12 is far above 255 u.
+        let err_x = (k as f64).sqrt() * (max_abs as f64 / 127.0) * (0.5 + 1.0 / 4096.0);
         let gamma = (k + 2) as f64 * U / (1.0 - (k + 2) as f64 * U);
         let bound = (norm * self.max_err
             + err_x * self.max_norm_q
@@ -189,8 +184,12 @@ impl ArgmaxScreen {
         }
         let floor = top as f64 - 2.0 * bound;
         let candidates: Vec<usize> = (0..self.out).filter(|&r| ar[r] as f64 >= floor).collect();
+        let values: Vec<f32> = candidates
+            .iter()
+            .map(|&r| exact_output(x, w, b, r, k))
+            .collect();
         Screened {
-            index: first_largest(candidates.iter().map(|&r| (r, exact_output(x, w, b, r, k)))),
+            index: candidates[first_largest(&values)],
             exact: candidates.len(),
         }
     }
@@ -205,15 +204,16 @@ fn exact_output(x: &[f32], w: &[f32], b: &[f32], r: usize, k: usize) -> f32 {
 }
 
 /// The index of the largest value, the first of equals: the first value is kept, then each
-/// one greater than the kept one (so a NaN is never chosen after the first).
-fn first_largest(values: impl Iterator<Item = (usize, f32)>) -> usize {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, v) in values {
-        if best.is_none_or(|(_, b)| v > b) {
-            best = Some((i, v));
+/// one greater than the kept one (so a NaN is never chosen after the first; 0 when empty).
+/// Greedy search's choice among logits.
+pub fn first_largest(values: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate().skip(1) {
+        if v > values[best] {
+            best = i;
         }
     }
-    best.map_or(0, |(i, _)| i)
+    best
 }
 
 #[cfg(test)]
@@ -246,9 +246,7 @@ mod tests {
         .unwrap()
         .to_vec2::<f32>()
         .unwrap();
-        y.iter()
-            .map(|row| first_largest(row.iter().copied().enumerate()))
-            .collect()
+        y.iter().map(|row| first_largest(row)).collect()
     }
 
     fn kernels() -> Vec<Int8Kernel> {

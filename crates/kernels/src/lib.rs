@@ -77,7 +77,7 @@ pub mod testing;
 pub mod timing;
 
 pub use activation::{sigmoid, sigmoid_reference, tanh};
-pub use argmax::{ArgmaxScreen, Screened};
+pub use argmax::{first_largest, ArgmaxScreen, Screened};
 pub use attention::{attention, attention_reference};
 pub use cross_entropy::{
     linear_cross_entropy, linear_cross_entropy_direct, linear_cross_entropy_reference,

@@ -126,6 +126,9 @@ pub use grads::DirectGrads;
 /// Whether this CPU has bf16 products and which unit runs them ([`kernels::bf16`]): what the
 /// precision choice and the benchmarks ask, without naming the kernels.
 pub use kernels::bf16;
+/// The index of the largest value, the first of equals: greedy search's choice among logits
+/// ([`kernels::first_largest`]).
+pub use kernels::first_largest;
 /// The int8 scheme's weight quantization (one scale per row), for int8 runs on disk.
 pub use kernels::int8::quantize_weight_rows;
 /// The fused output layer with its cross-entropy ([`kernels::linear_cross_entropy_with`]),

@@ -255,7 +255,7 @@ impl OutputLayer {
                 .to_dtype(DType::F32)?
                 .to_vec2::<f32>()?
                 .iter()
-                .map(|row| first_largest(row))
+                .map(|row| crate::kernels::first_largest(row))
                 .collect(),
         };
         Ok(columns
@@ -266,18 +266,6 @@ impl OutputLayer {
             })
             .collect())
     }
-}
-
-/// The index of the largest value, the first of equals (the first value is kept, then each
-/// one greater than the kept one).
-fn first_largest(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate().skip(1) {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// The fused decoding step of one batch: the stack and its caches (the encoder-decoder keys

@@ -6,12 +6,11 @@
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::Arc;
 use transformer_decode::{greedy, DecodeOptions, LogProbs, StepModel};
-use transformer_model::restrict::CandidateVocab;
 use transformer_model::{ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
 
 mod common;
 
-use common::{opts, sources, BOS, PAD, VOCAB};
+use common::{opts, sources, Fixed, BOS, PAD, VOCAB};
 
 /// Output tokens: enough for the screen to rule most of them out.
 const TGT_VOCAB: usize = 600;
@@ -28,16 +27,6 @@ fn f32_model(seed: u64) -> Result<Seq2Seq> {
             share_embeddings: false,
         },
     )
-}
-
-/// A fixed list of candidates, whatever the sources.
-#[derive(Debug)]
-struct Fixed(Vec<u32>);
-
-impl CandidateVocab for Fixed {
-    fn candidates(&self, _sources: &[&[u32]]) -> Vec<u32> {
-        self.0.clone()
-    }
 }
 
 /// Each step's `step_argmax` is the argmax of the same step's logits, over the whole

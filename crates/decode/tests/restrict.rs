@@ -6,21 +6,10 @@
 use candle_core::Result;
 use std::sync::Arc;
 use transformer_decode::{beam_search, greedy, LogProbs, StepModel};
-use transformer_model::restrict::CandidateVocab;
 
 mod common;
 
-use common::{model, opts, sources, EOS, PAD, VOCAB};
-
-/// A fixed list of candidates, whatever the sources.
-#[derive(Debug)]
-struct Fixed(Vec<u32>);
-
-impl CandidateVocab for Fixed {
-    fn candidates(&self, _sources: &[&[u32]]) -> Vec<u32> {
-        self.0.clone()
-    }
-}
+use common::{model, opts, sources, Fixed, EOS, PAD, VOCAB};
 
 #[test]
 fn every_token_a_candidate_decodes_as_the_full_vocabulary() -> Result<()> {

@@ -219,20 +219,8 @@ pub fn first_largest(values: &[f32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::int8::tests::data;
     use candle_core::{Device, Tensor};
-
-    /// Numbers in [-1, 1) from a fixed sequence.
-    fn data(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((x >> 33) % 20001) as f32 / 10000.0 - 1.0
-            })
-            .collect()
-    }
 
     /// The plain answer: every output by `linear_few_rows`, then the first largest.
     fn plain(x: &[f32], w: &[f32], b: &[f32], out: usize, k: usize) -> Vec<usize> {

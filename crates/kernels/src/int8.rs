@@ -462,10 +462,11 @@ fn quantize_rows_plain(x: &[f32], k: usize, kp: usize, unsigned: bool) -> (Vec<u
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn data(n: usize, seed: u64) -> Vec<f32> {
+    /// Numbers in [-1, 1) from a fixed sequence (the argmax screen's tests use them too).
+    pub(crate) fn data(n: usize, seed: u64) -> Vec<f32> {
         let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
         (0..n)
             .map(|_| {

@@ -3,12 +3,23 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 use transformer_decode::DecodeOptions;
+use transformer_model::restrict::CandidateVocab;
 use transformer_model::{ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
 
 pub const PAD: u32 = 0;
 pub const BOS: u32 = 1;
 pub const EOS: u32 = 2;
 pub const VOCAB: usize = 13;
+
+/// A fixed list of candidates, whatever the sources.
+#[derive(Debug)]
+pub struct Fixed(pub Vec<u32>);
+
+impl CandidateVocab for Fixed {
+    fn candidates(&self, _sources: &[&[u32]]) -> Vec<u32> {
+        self.0.clone()
+    }
+}
 
 /// `n` sources of lengths 1..=7 (ids 3.., then padding).
 pub fn sources(n: usize, seed: u64) -> Result<Tensor> {

@@ -219,7 +219,7 @@ pub fn first_largest(values: &[f32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::int8::tests::data;
+    use crate::int8::tests::{data, kernels};
     use candle_core::{Device, Tensor};
 
     /// The plain answer: every output by `linear_few_rows`, then the first largest.
@@ -235,13 +235,6 @@ mod tests {
         .to_vec2::<f32>()
         .unwrap();
         y.iter().map(|row| first_largest(row)).collect()
-    }
-
-    fn kernels() -> Vec<Int8Kernel> {
-        [Int8Kernel::Scalar, Int8Kernel::Avx2, Int8Kernel::Avx512Vnni]
-            .into_iter()
-            .filter(|k| k.available())
-            .collect()
     }
 
     /// The screened answer is the plain one: on random layers, on a layer whose outputs are

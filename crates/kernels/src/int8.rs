@@ -478,7 +478,8 @@ pub(crate) mod tests {
             .collect()
     }
 
-    fn kernels() -> Vec<Int8Kernel> {
+    /// Every int8 kernel this CPU runs.
+    pub(crate) fn kernels() -> Vec<Int8Kernel> {
         [Int8Kernel::Scalar, Int8Kernel::Avx2, Int8Kernel::Avx512Vnni]
             .into_iter()
             .filter(|k| k.available())

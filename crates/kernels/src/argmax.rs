@@ -36,15 +36,11 @@ use super::int8::{quantize_weight_rows, Int8Kernel, QuantizedLinear};
 use super::with_f32;
 use candle_core::{bail, DType, Result, Tensor};
 
-/// `W` and `b` in int8 with the norms the screen's bound needs: see the module docs of
-/// [`ArgmaxScreen::argmax`]'s file, `kernels/src/argmax.rs`, for the proof that it finds
-/// the plain answer.
+/// `W` and `b` in int8 with the norms the screen's bound needs (why it finds the plain
+/// answer: the docs at the top of `crates/kernels/src/argmax.rs`).
 #[derive(Debug, Clone)]
 pub struct ArgmaxScreen {
     q: QuantizedLinear,
-    /// Outputs (rows of `W`) and inputs.
-    out: usize,
-    k: usize,
     /// The largest over the rows of `|w_r - w^_r|`, `|w^_r|`, `|w_r|` and `|b_r|`.
     max_err: f64,
     max_norm_q: f64,
@@ -87,8 +83,6 @@ impl ArgmaxScreen {
         let max_bias = bias.iter().fold(0f64, |m, &b| m.max((b as f64).abs()));
         Self {
             q: QuantizedLinear::new(w, bias, out, k, kernel),
-            out,
-            k,
             max_err,
             max_norm_q,
             max_norm,
@@ -119,12 +113,11 @@ impl ArgmaxScreen {
     /// [`Self::argmax`] of the rows of `x` (N, k), given the layer's `w` (out, k) and `b`
     /// (out,) as tensors (CPU f32).
     pub fn argmax_rows(&self, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Vec<Screened>> {
-        let (_, k) = x.dims2()?;
-        if k != self.k || w.dims() != [self.out, self.k] || b.dims() != [self.out] {
+        let (_, xk) = x.dims2()?;
+        let (k, out) = (self.q.in_features(), self.q.out_features());
+        if xk != k || w.dims() != [out, k] || b.dims() != [out] {
             bail!(
-                "ArgmaxScreen of a {} x {} layer: x {:?}, w {:?}, b {:?}",
-                self.out,
-                self.k,
+                "ArgmaxScreen of a {out} x {k} layer: x {:?}, w {:?}, b {:?}",
                 x.dims(),
                 w.dims(),
                 b.dims()
@@ -139,7 +132,7 @@ impl ArgmaxScreen {
     /// [`crate::linear_few_rows`] computes it in f32 (the first of equals), given the same `w`
     /// and `b` the screen was made from.
     pub fn argmax(&self, x: &[f32], w: &[f32], b: &[f32]) -> Vec<Screened> {
-        let (k, out) = (self.k, self.out);
+        let (k, out) = (self.q.in_features(), self.q.out_features());
         assert_eq!(x.len() % k.max(1), 0, "argmax screen: input size");
         assert!(
             w.len() == out * k && b.len() == out,
@@ -156,12 +149,12 @@ impl ArgmaxScreen {
 
     /// One row: `ar` is its int8 screen.
     fn row(&self, x: &[f32], ar: &[f32], w: &[f32], b: &[f32]) -> Screened {
-        let k = self.k;
+        let (k, out) = (self.q.in_features(), self.q.out_features());
         let plain = || {
-            let all: Vec<f32> = (0..self.out).map(|r| exact_output(x, w, b, r, k)).collect();
+            let all: Vec<f32> = (0..out).map(|r| exact_output(x, w, b, r, k)).collect();
             Screened {
                 index: first_largest(&all),
-                exact: self.out,
+                exact: out,
             }
         };
         let (norm, max_abs) = x.iter().fold((0f64, 0f32), |(s, m), &v| {
@@ -178,12 +171,12 @@ impl ArgmaxScreen {
             + 4.0 * U * ((norm + err_x) * self.max_norm_q + self.max_bias)
             + gamma * (norm * self.max_norm + self.max_bias))
             * (1.0 + 1e-6);
-        let top = ar.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        if !(bound.is_finite() && top.is_finite() && ar.iter().all(|v| v.is_finite())) {
+        if !(bound.is_finite() && ar.iter().all(|v| v.is_finite())) {
             return plain();
         }
+        let top = ar.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
         let floor = top as f64 - 2.0 * bound;
-        let candidates: Vec<usize> = (0..self.out).filter(|&r| ar[r] as f64 >= floor).collect();
+        let candidates: Vec<usize> = (0..out).filter(|&r| ar[r] as f64 >= floor).collect();
         let values: Vec<f32> = candidates
             .iter()
             .map(|&r| exact_output(x, w, b, r, k))

@@ -489,7 +489,9 @@ fn mt_batch(a: &MtBenchArgs, dev: &Device) -> Result<(Tensor, Tensor, Tensor, us
 }
 
 fn mt(a: MtBenchArgs) -> Result<()> {
-    use transformer_train::mt::{train_step, MtModel, MtTrainConfig};
+    use transformer_runtime::config::MtTrainConfig;
+    use transformer_runtime::model::MtModel;
+    use transformer_train::mt::train_step;
     use transformer_train::optim::Adam;
     a.run.check()?;
     anyhow::ensure!(
@@ -612,11 +614,11 @@ fn mt(a: MtBenchArgs) -> Result<()> {
 fn mt_phases(
     a: &MtBenchArgs,
     dev: &Device,
-    model: &transformer_train::mt::MtModel,
+    model: &transformer_runtime::model::MtModel,
     vars: &[candle_core::Var],
     opt: &mut transformer_train::optim::Adam,
     direct: &transformer_model::DirectGrads,
-    cfg: &transformer_train::mt::MtTrainConfig,
+    cfg: &transformer_runtime::config::MtTrainConfig,
     [src, tgt_in, tgt_out]: [&Tensor; 3],
     rng: &Rng,
 ) -> Result<serde_json::Value> {
@@ -652,8 +654,9 @@ fn mt_phases(
 
 fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     use transformer_decode::greedy;
+    use transformer_runtime::load::load_run;
+    use transformer_runtime::translate::{best, translate, DecodeRequest, DECODE_BATCH_ROWS};
     use transformer_text::subword::TextTokenizer;
-    use transformer_train::mt::{load_run, translate_ids_batched, DECODE_BATCH_ROWS};
     anyhow::ensure!(a.beam >= 1, "--beam must be at least 1 (1 = greedy)");
     anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
     let dev = a.device.open()?;
@@ -679,12 +682,19 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     let opts = run.config.decode_options(a.beam);
     let batch = a.batch.unwrap_or((DECODE_BATCH_ROWS / a.beam).max(1));
     anyhow::ensure!(batch >= 1, "--batch must be at least 1");
-    let rows = batch * a.beam;
+    let request = DecodeRequest::new(opts).with_batch_rows(batch * a.beam);
     let mut hyps = Vec::new();
     let mut secs = Vec::with_capacity(a.repeats);
     for _ in 0..a.repeats {
         let t = Instant::now();
-        hyps = translate_ids_batched(&run.model, &src, &opts, rows, &dev, |_, _| {})?;
+        // The decoding weights are prepared inside the timed part, once per pass.
+        hyps = best(translate(
+            &run.model.decoder()?,
+            &src,
+            &request,
+            &dev,
+            |_, _| {},
+        )?);
         secs.push(t.elapsed().as_secs_f64());
     }
     let peak_rss = peak_rss_mb();

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use transformer_decode::Sampling;
 use transformer_model::Precision;
 use transformer_model::Rng;
+use transformer_runtime::viz;
 use transformer_text::basic_english;
 use transformer_train::lm::{self, LmTrainConfig, Progress};
 use transformer_train::runner::Given;
-use transformer_train::viz;
 
 #[derive(Subcommand)]
 pub enum LmCommand {

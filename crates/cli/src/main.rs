@@ -115,7 +115,7 @@ fn show(cmd: ShowCommand) -> Result<()> {
             let pe = PositionalEncoding::table(a.d_model, a.max_len, &Device::Cpu)?
                 .to_dtype(DType::F32)?
                 .to_vec2::<f32>()?;
-            let map = transformer_train::viz::Heatmap {
+            let map = transformer_runtime::viz::Heatmap {
                 title: format!(
                     "Positional encoding, d_model {}, positions 0-{}: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)",
                     a.d_model,
@@ -124,11 +124,11 @@ fn show(cmd: ShowCommand) -> Result<()> {
                 rows: (0..a.max_len).map(|p| p.to_string()).collect(),
                 cols: (0..a.d_model).map(|i| i.to_string()).collect(),
                 values: pe,
-                scale: transformer_train::viz::Scale::Signed,
+                scale: transformer_runtime::viz::Scale::Signed,
                 row_axis: "position".into(),
                 col_axis: "dimension".into(),
             };
-            std::fs::write(&a.out, transformer_train::viz::heatmap_svg(&map))
+            std::fs::write(&a.out, transformer_runtime::viz::heatmap_svg(&map))
                 .with_context(|| format!("writing {}", a.out.display()))?;
             eprintln!("wrote {}", a.out.display());
             Ok(())

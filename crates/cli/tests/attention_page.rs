@@ -6,7 +6,7 @@
 use std::io::Read;
 use std::path::Path;
 use std::process::Command;
-use transformer_train::viz::{attention_html, AttentionSet};
+use transformer_runtime::viz::{attention_html, AttentionSet};
 
 mod common;
 use common::chromium;

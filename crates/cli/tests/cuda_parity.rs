@@ -30,7 +30,9 @@ use transformer_model::{
     Activation, Backprop, DirectGrads, FeedForward, LayerNorm, Mask, Mode, MultiHeadAttention,
     ParamBuilder, Rng, TransformerConfig,
 };
-use transformer_train::mt::{train_step, MtModel, MtModelConfig};
+use transformer_runtime::model::MtModel;
+use transformer_runtime::model::MtModelConfig;
+use transformer_train::mt::train_step;
 use transformer_train::optim::Adam;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;

@@ -5,7 +5,7 @@
 //! model's length limit and the queue's bound, and sends a job; the worker takes the
 //! first job waiting, gathers every job that arrives within the batching window (up to a
 //! number of sentences), and translates each language pair's sentences in one call of
-//! [`mt::translate_ids_nbest`], which sorts them by length and cuts them into batches under
+//! [`translate`], which sorts them by length and cuts them into batches under
 //! a row budget, as `mt translate` does with a file. Each job gets its own sentences' n-best
 //! lists back through a one-shot channel. One worker is enough: the model's kernels already
 //! use every core the process is given.
@@ -21,9 +21,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use transformer_decode::{DecodeOptions, Hypothesis};
 use transformer_model::DecodePrecision;
+use transformer_runtime::attention::attention_of;
+use transformer_runtime::config::is_language_code;
+use transformer_runtime::load::load_run;
+use transformer_runtime::model::{Arch, MtDecoder, MtModel};
+use transformer_runtime::translate::{translate, DecodeRequest};
+use transformer_runtime::viz::AttentionSet;
 use transformer_text::subword::{Subword, TextTokenizer};
-use transformer_train::mt::{self, Arch, MtDecoder, MtModel};
-use transformer_train::viz::AttentionSet;
 
 /// One `--run` of `transformer serve`: a run directory and, optionally, the language codes
 /// it translates between (`de:en=runs/de-en`); without them the run's own are used.
@@ -42,7 +46,7 @@ impl std::str::FromStr for RunSpec {
         // prefix of two valid codes counts).
         if let Some((codes, dir)) = s.split_once('=') {
             if let Some((src, tgt)) = codes.split_once(':') {
-                if mt::is_language_code(src) && mt::is_language_code(tgt) {
+                if is_language_code(src) && is_language_code(tgt) {
                     if dir.is_empty() {
                         return Err(format!("{s:?}: give the run directory after '='"));
                     }
@@ -205,7 +209,7 @@ impl Engine {
         let mut pairs = Vec::new();
         let mut models = Vec::new();
         for spec in specs {
-            let mut run = mt::load_run(&spec.run, &opts.device)
+            let mut run = load_run(&spec.run, &opts.device)
                 .with_context(|| format!("cannot serve {}", spec.run.display()))?;
             if let Some(p) = opts.precision {
                 run.model
@@ -256,7 +260,7 @@ impl Engine {
             let ctx = WorkerCtx {
                 models,
                 tokenizers: pairs.iter().map(|p| p.tokenizer.clone()).collect(),
-                opts: pairs.iter().map(|p| p.opts).collect(),
+                requests: pairs.iter().map(|p| DecodeRequest::new(p.opts)).collect(),
                 archs: pairs.iter().map(|p| p.arch).collect(),
                 device: opts.device.clone(),
                 batch_wait: opts.batch_wait,
@@ -403,7 +407,7 @@ impl Drop for Engine {
 struct WorkerCtx {
     models: Vec<MtModel>,
     tokenizers: Vec<Arc<Subword>>,
-    opts: Vec<DecodeOptions>,
+    requests: Vec<DecodeRequest>,
     archs: Vec<Arch>,
     device: Device,
     batch_wait: Duration,
@@ -454,29 +458,28 @@ impl WorkerCtx {
     /// Runs one batch of jobs: every pair's translations together, attention jobs one by
     /// one. A failure (even a panic) answers the jobs it concerns and leaves the worker up.
     fn run_batch(&self, decoders: &[MtDecoder<'_>], jobs: Vec<Job>) {
-        let mut translate: Vec<Vec<(Job, Vec<Vec<u32>>)>> =
+        let mut by_pair: Vec<Vec<(Job, Vec<Vec<u32>>)>> =
             (0..self.models.len()).map(|_| Vec::new()).collect();
         let mut single = Vec::new();
         for mut job in jobs {
             match std::mem::replace(&mut job.work, Work::Translate(Vec::new())) {
-                Work::Translate(items) => translate[job.pair].push((job, items)),
+                Work::Translate(items) => by_pair[job.pair].push((job, items)),
                 w @ Work::Attention { .. } => {
                     job.work = w;
                     single.push(job);
                 }
             }
         }
-        for (pair, group) in translate.into_iter().enumerate() {
+        for (pair, group) in by_pair.into_iter().enumerate() {
             if group.is_empty() {
                 continue;
             }
             let all: Vec<Vec<u32>> = group.iter().flat_map(|(_, i)| i.iter().cloned()).collect();
             let result = guarded(|| {
-                mt::translate_ids_nbest_with(
+                translate(
                     &decoders[pair],
                     &all,
-                    &self.opts[pair],
-                    mt::DECODE_BATCH_ROWS,
+                    &self.requests[pair],
                     &self.device,
                     |_, _| {},
                 )
@@ -523,11 +526,10 @@ impl WorkerCtx {
         let hyp = match hyp {
             Some(h) => h,
             None => {
-                decoded = mt::translate_ids_nbest_with(
+                decoded = translate(
                     decoder,
                     std::slice::from_ref(&ids.to_vec()),
-                    &self.opts[pair],
-                    mt::DECODE_BATCH_ROWS,
+                    &self.requests[pair],
                     &self.device,
                     |_, _| {},
                 )
@@ -538,7 +540,7 @@ impl WorkerCtx {
                 &decoded
             }
         };
-        mt::attention_of(
+        attention_of(
             decoder.model(),
             &self.tokenizers[pair],
             self.archs[pair],

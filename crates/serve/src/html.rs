@@ -203,10 +203,10 @@ pub fn texts(pieces: &[Piece]) -> Vec<&str> {
 }
 
 /// `s` escaped for HTML text and attribute values alike: the XML special characters
-/// ([`transformer_train::viz::escape`]) and the no-break space as `&nbsp;`, so that a
+/// ([`transformer_runtime::viz::escape`]) and the no-break space as `&nbsp;`, so that a
 /// translated `&nbsp;` stays visible in the markup.
 fn escape(s: &str) -> String {
-    transformer_train::viz::escape(s).replace('\u{a0}', "&nbsp;")
+    transformer_runtime::viz::escape(s).replace('\u{a0}', "&nbsp;")
 }
 
 #[cfg(test)]

@@ -9,8 +9,11 @@
 //! ```
 
 use std::path::Path;
+use transformer_runtime::config::Corpus;
+use transformer_runtime::config::MtTrainConfig;
+use transformer_runtime::config::TokenizerKind;
 use transformer_text::subword::TextTokenizer;
-use transformer_train::mt::{self, Corpus, MtTrainConfig, TokenizerKind};
+use transformer_train::mt::{self, CorpusSources};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();

@@ -9,8 +9,10 @@ use transformer_model::Backprop;
 use transformer_model::DirectGrads;
 use transformer_model::Precision;
 use transformer_model::{Mode, ParamBuilder, Rng, Seq2Seq};
+use transformer_runtime::config::MtTrainConfig;
+use transformer_runtime::model::MtModel;
 use transformer_train::clip::clip_grad_norm;
-use transformer_train::mt::{train_step, MtModel, MtTrainConfig};
+use transformer_train::mt::train_step;
 use transformer_train::optim::Adam;
 use transformer_train::Gradients;
 

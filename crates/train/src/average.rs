@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use transformer_model::{ParamBuilder, Params};
 
 /// Prefix of the average's tensors in a checkpoint (`average.<parameter name>`).
-pub const CHECKPOINT_PREFIX: &str = "average.";
+pub const CHECKPOINT_PREFIX: &str = transformer_runtime::run_dir::AVERAGE_PREFIX;
 
 /// The moving average of a model's weights, itself a model (`M`: a language model, a
 /// translation model) that evaluates and decodes like the one it averages.

@@ -38,25 +38,22 @@
 #![warn(missing_docs)]
 
 pub mod average;
-pub mod checkpoint;
 pub mod clip;
 pub mod copy_task;
 pub mod dist;
-pub mod error;
 pub mod grads;
 pub mod lm;
 pub mod loss;
 pub mod metrics;
 pub mod mt;
-pub mod mt_model;
 pub mod optim;
 mod par;
 pub mod precision;
-pub mod quantize;
 pub mod runner;
 pub mod runtime;
-pub mod viz;
-pub mod vocab_map;
+
+// Errors and weight files are the runtime's: training writes the files a model is used from.
+use transformer_runtime::{checkpoint, error};
 
 pub use clip::clip_grad_norm;
 pub use error::{Error, Result};

@@ -5,8 +5,10 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use transformer_runtime::config::Corpus;
+use transformer_runtime::config::MtTrainConfig;
 use transformer_text::parallel::PairSource;
-use transformer_train::mt::{self, Corpus, MtTrainConfig, HELD_OUT_EVERY};
+use transformer_train::mt::{self, CorpusSources, HELD_OUT_EVERY};
 
 /// The shared data folder beside the repository, or `None` (the test says it skipped) where
 /// a checkout has none, unless `TRANSFORMER_REQUIRE_DATA` is set, as the WikiText-2 test does.
@@ -64,7 +66,7 @@ fn ko_en_all_reads_every_pair_but_the_held_out_ones() {
     assert_eq!(HELD_OUT_EVERY, 50);
 
     // The corpus's files are these, validated and tested on the news sets.
-    let files = Corpus::KoEnAll.files(&data);
+    let files = mt::corpus_files(Corpus::KoEnAll, &data);
     assert_eq!(files.train, train);
     assert!(files
         .valid
@@ -74,7 +76,10 @@ fn ko_en_all_reads_every_pair_but_the_held_out_ones() {
     assert!(test.describe().contains("korean-english-park.test.ko"));
     // ko-en's training sources are ko-en-all's first three, Tatoeba without its held-out
     // sentences.
-    assert_eq!(Corpus::KoEn.files(&data).train[1..], train[1..3]);
+    assert_eq!(
+        mt::corpus_files(Corpus::KoEn, &data).train[1..],
+        train[1..3]
+    );
 
     // The test sets: the news test, NTREX-128 and the three held-out slices.
     let sets = mt::ko_en_test_sets(&data);
@@ -98,7 +103,7 @@ fn ko_en_all_reads_every_pair_but_the_held_out_ones() {
     // repeats a news or NTREX pair.
     let exclude: Vec<PairSource> = sets.iter().map(|(_, s)| s.clone()).collect();
     assert_eq!(files.exclude, exclude);
-    assert!(Corpus::KoEn.files(&data).exclude.is_empty());
+    assert!(mt::corpus_files(Corpus::KoEn, &data).exclude.is_empty());
     let held: HashSet<(String, String)> = {
         let p = PairSource::read_all(&exclude).unwrap();
         p.src.into_iter().zip(p.tgt).collect()

@@ -142,7 +142,7 @@ fn resumed_run_matches_uninterrupted_run() {
     // The checkpoints hold the same weight average, to the bit.
     let average = |run: &Path| {
         let (t, _) =
-            transformer_train::checkpoint::load(&lm::checkpoint_path(run), &Device::Cpu).unwrap();
+            transformer_runtime::checkpoint::load(&lm::checkpoint_path(run), &Device::Cpu).unwrap();
         let mut a: Vec<(String, Vec<f32>)> = t
             .into_iter()
             .filter(|(n, _)| n.starts_with("average."))
@@ -333,7 +333,7 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
     assert!(toml.contains("precision = \"bf16\""), "{toml}");
     assert!(toml.contains("tie_weights = true"), "{toml}");
     let (tensors, _) =
-        transformer_train::checkpoint::load(&split.join("checkpoint.safetensors"), &Device::Cpu)
+        transformer_runtime::checkpoint::load(&split.join("checkpoint.safetensors"), &Device::Cpu)
             .unwrap();
     assert!(tensors.contains_key("embedding.weight") && !tensors.contains_key("linear.weight"));
 
@@ -545,7 +545,7 @@ fn checkpoint_from_before_averaging_resumes_without_it() {
     lm::train(&stopped, &mut Quiet).unwrap();
     // Rewrite the checkpoint's config as an older version wrote it: without the key.
     let path = lm::checkpoint_path(&old);
-    let (tensors, mut meta) = transformer_train::checkpoint::load(&path, &Device::Cpu).unwrap();
+    let (tensors, mut meta) = transformer_runtime::checkpoint::load(&path, &Device::Cpu).unwrap();
     let config: Vec<&str> = meta["config"]
         .lines()
         .filter(|l| !l.starts_with("average_decay"))
@@ -553,7 +553,7 @@ fn checkpoint_from_before_averaging_resumes_without_it() {
     assert!(config.len() < meta["config"].lines().count());
     meta.insert("config".into(), config.join("\n"));
     let tensors: Vec<(String, Tensor)> = tensors.into_iter().collect();
-    transformer_train::checkpoint::save(&path, &tensors, meta).unwrap();
+    transformer_runtime::checkpoint::save(&path, &tensors, meta).unwrap();
 
     let resumed = TrainOptions {
         resume: true,

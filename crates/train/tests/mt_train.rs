@@ -3,8 +3,9 @@
 
 use std::path::{Path, PathBuf};
 use transformer_model::Rng;
+use transformer_runtime::config::MtTrainConfig;
 use transformer_train::metrics::{self, Metric, Weights};
-use transformer_train::mt::{self, MtTrainConfig, MtTrainOptions};
+use transformer_train::mt::{self, MtTrainOptions};
 use transformer_train::runner::Progress;
 
 mod common;
@@ -94,8 +95,9 @@ fn trains_translates_and_resumes_exactly() {
         parts.extend(s.step_losses);
     }
     assert_eq!(&parts, losses);
-    let a = mt::load_run(&dir.join("whole"), &candle_core::Device::Cpu).unwrap();
-    let b = mt::load_run(&out, &candle_core::Device::Cpu).unwrap();
+    let a =
+        transformer_runtime::load::load_run(&dir.join("whole"), &candle_core::Device::Cpu).unwrap();
+    let b = transformer_runtime::load::load_run(&out, &candle_core::Device::Cpu).unwrap();
     for ((n, x), (_, y)) in a.params.iter().zip(b.params.iter()) {
         let d = (x.as_tensor() - y.as_tensor())
             .unwrap()
@@ -160,7 +162,7 @@ fn bad_input_names_the_file_and_the_fix() {
     // A language-model run is not a translation run.
     std::fs::create_dir_all(dir.join("lm")).unwrap();
     std::fs::write(dir.join("lm/vocab.txt"), "<unk>\n").unwrap();
-    let err = mt::load_run(&dir.join("lm"), &candle_core::Device::Cpu)
+    let err = transformer_runtime::load::load_run(&dir.join("lm"), &candle_core::Device::Cpu)
         .err()
         .unwrap()
         .to_string();
@@ -225,7 +227,11 @@ fn weight_average_is_a_read_out() {
 #[test]
 fn recurrent_baselines_train_translate_and_resume_exactly() {
     let dir = corpus_dir("rnn");
-    for arch in [mt::Arch::Gru, mt::Arch::GruDot, mt::Arch::GruBahdanau] {
+    for arch in [
+        transformer_runtime::model::Arch::Gru,
+        transformer_runtime::model::Arch::GruDot,
+        transformer_runtime::model::Arch::GruBahdanau,
+    ] {
         let cfg = MtTrainConfig {
             arch,
             rnn_hidden: 32,
@@ -248,14 +254,19 @@ fn recurrent_baselines_train_translate_and_resume_exactly() {
             losses.last().unwrap()
         );
         // The run directory holds what translating needs, under the model's architecture.
-        let loaded = mt::load_run(&run, &candle_core::Device::Cpu).unwrap();
+        let loaded = transformer_runtime::load::load_run(&run, &candle_core::Device::Cpu).unwrap();
         assert!(loaded.model.recurrent().is_some(), "{arch:?}");
         // Its attention over the source, one row per output token, for pictures.
         let sentence = std::fs::read_to_string(dir.join("test.de")).unwrap();
         let sentence = sentence.lines().next().unwrap();
         let greedy = loaded.config.decode_options(1);
-        let set = mt::attention_set(&loaded, sentence, &greedy, &candle_core::Device::Cpu);
-        if arch == mt::Arch::Gru {
+        let set = transformer_runtime::attention::attention_set(
+            &loaded,
+            sentence,
+            &greedy,
+            &candle_core::Device::Cpu,
+        );
+        if arch == transformer_runtime::model::Arch::Gru {
             let err = set.unwrap_err().to_string();
             assert!(err.contains("no attention"), "{err}");
         } else {
@@ -269,7 +280,7 @@ fn recurrent_baselines_train_translate_and_resume_exactly() {
             }
             assert!(set.encoder.is_empty() && set.decoder.is_empty());
         }
-        if arch == mt::Arch::GruBahdanau {
+        if arch == transformer_runtime::model::Arch::GruBahdanau {
             assert!(test_bleu > 10.0, "{arch:?}: test BLEU {test_bleu}");
             // Stopped mid-epoch and resumed: the same losses, bit for bit.
             let out = dir.join("rnn-parts");

@@ -6,7 +6,9 @@ use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use transformer_model::{ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
-use transformer_train::{checkpoint, mt};
+use transformer_runtime::checkpoint;
+use transformer_runtime::translate::{best, translate, DecodeRequest};
+use transformer_train::mt;
 
 mod common;
 use common::{flip_middle_byte, fresh, tiny_mt_config, Quiet};
@@ -46,7 +48,7 @@ fn damaged_checkpoints_are_errors() {
     mt::save_weights(
         &good_path,
         &pb.params(),
-        &mt::MtModelConfig::Transformer(cfg),
+        &transformer_runtime::model::MtModelConfig::Transformer(cfg),
     )
     .unwrap();
     let good = std::fs::read(&good_path).unwrap();
@@ -188,7 +190,7 @@ fn tiny_mt_run(data: &Path, out: &Path) {
         std::fs::write(data.join(format!("{split}.de")), s).unwrap();
         std::fs::write(data.join(format!("{split}.en")), t).unwrap();
     }
-    let config = mt::MtTrainConfig {
+    let config = transformer_runtime::config::MtTrainConfig {
         epochs: 1,
         max_tokens: 64,
         max_batches: Some(4),
@@ -209,7 +211,7 @@ fn damaged_run_directories_are_errors_never_panics() {
     let run = d.join("run");
     tiny_mt_run(&d, &run);
     let dev = Device::Cpu;
-    let reference = mt::load_run(&run, &dev).unwrap();
+    let reference = transformer_runtime::load::load_run(&run, &dev).unwrap();
     assert!(reference.note.is_none());
     let mut c = Cases(5);
     for file in ["best.safetensors", "checkpoint.safetensors"] {
@@ -218,10 +220,13 @@ fn damaged_run_directories_are_errors_never_panics() {
         for case in 0..60 {
             std::fs::write(&path, damaged(&good, &mut c)).unwrap();
             let e = match file {
-                "best.safetensors" => mt::load_run(&run, &dev).err(),
-                _ => {
-                    transformer_train::runner::Saved::load(&run, mt::CHECKPOINT_FORMAT, &dev).err()
-                }
+                "best.safetensors" => transformer_runtime::load::load_run(&run, &dev).err(),
+                _ => transformer_train::runner::Saved::load(
+                    &run,
+                    transformer_runtime::load::CHECKPOINT_FORMAT,
+                    &dev,
+                )
+                .err(),
             };
             let e = e.unwrap_or_else(|| panic!("{file} case {case}: a damaged file loaded"));
             assert!(e.to_string().contains(file), "{e}");
@@ -231,11 +236,14 @@ fn damaged_run_directories_are_errors_never_panics() {
     // A damaged best.safetensors says which file to fall back to.
     let best = run.join("best.safetensors");
     let good = flip_middle_byte(&best, 0x40);
-    let e = mt::load_run(&run, &dev).err().unwrap().to_string();
+    let e = transformer_runtime::load::load_run(&run, &dev)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("checksum") && e.contains("checkpoint"), "{e}");
     // Without best.safetensors the checkpoint's weights are used, and the note says so.
     std::fs::remove_file(&best).unwrap();
-    let loaded = mt::load_run(&run, &dev).unwrap();
+    let loaded = transformer_runtime::load::load_run(&run, &dev).unwrap();
     assert!(loaded.note.unwrap().contains("checkpoint.safetensors"));
     std::fs::write(&best, &good).unwrap();
     for file in ["config.toml", "tokenizer.json"] {
@@ -243,7 +251,7 @@ fn damaged_run_directories_are_errors_never_panics() {
         let good = std::fs::read(&path).unwrap();
         for _ in 0..40 {
             std::fs::write(&path, damaged(&good, &mut c)).unwrap();
-            let _ = mt::load_run(&run, &dev);
+            let _ = transformer_runtime::load::load_run(&run, &dev);
         }
         std::fs::write(&path, &good).unwrap();
     }
@@ -265,34 +273,39 @@ fn over_long_sources_are_cut_to_the_model_and_the_job_goes_on() {
         tgt_vocab: 12,
         share_embeddings: true,
     };
-    let model = mt::MtModel::build(&pb, &mt::MtModelConfig::Transformer(cfg)).unwrap();
+    let model = transformer_runtime::model::MtModel::build(
+        &pb,
+        &transformer_runtime::model::MtModelConfig::Transformer(cfg),
+    )
+    .unwrap();
     let long: Vec<u32> = (0..40).map(|i| 4 + i % 8).collect();
     let src = vec![vec![5u32, 6, 7], long.clone(), vec![8, 9]];
     assert_eq!(
-        mt::over_long(&model, &src),
-        vec![mt::Truncated {
+        transformer_runtime::translate::over_long(&model, &src),
+        vec![transformer_runtime::translate::Truncated {
             index: 1,
             tokens: 40,
             kept: 15
         }]
     );
-    let run_cfg = mt::MtTrainConfig {
+    let run_cfg = transformer_runtime::config::MtTrainConfig {
         max_len_a: 3.0,
         max_len_b: 5,
-        ..mt::MtTrainConfig::default()
+        ..transformer_runtime::config::MtTrainConfig::default()
     };
     for beam in [1, 3] {
-        let opts = run_cfg.decode_options(beam);
-        let hyps = mt::translate_ids(&model, &src, &opts, &dev, |_, _| {}).unwrap();
+        let request = DecodeRequest::new(run_cfg.decode_options(beam));
+        let decoder = model.decoder().unwrap();
+        let run =
+            |src: &[Vec<u32>]| best(translate(&decoder, src, &request, &dev, |_, _| {}).unwrap());
+        let hyps = run(&src);
         assert_eq!(hyps.len(), 3);
         assert!(hyps.iter().all(|h| h.tokens.len() <= 15), "{hyps:?}");
         for (i, s) in [(0, &src[0]), (2, &src[2])] {
-            let alone =
-                mt::translate_ids(&model, std::slice::from_ref(s), &opts, &dev, |_, _| {}).unwrap();
+            let alone = run(std::slice::from_ref(s));
             assert_eq!(alone[0].tokens, hyps[i].tokens);
         }
-        let cut =
-            mt::translate_ids(&model, &[long[..15].to_vec()], &opts, &dev, |_, _| {}).unwrap();
+        let cut = run(&[long[..15].to_vec()]);
         assert_eq!(cut[0].tokens, hyps[1].tokens);
     }
     let data = mt::EncodedSplit {

@@ -6,10 +6,12 @@ use candle_core::Device;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
+use transformer_runtime::config::{Corpus, MtTrainConfig};
+use transformer_runtime::load::LoadedMt;
 use transformer_text::parallel::read_lines;
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
 use transformer_text::score::chrf::{corpus_chrf, ChrfOptions};
-use transformer_train::mt;
+use transformer_train::mt::{self, CorpusSources};
 
 #[derive(Args)]
 #[command(
@@ -35,7 +37,7 @@ pub struct EvalArgs {
     /// the run's direction: for a run fine-tuned on files, `--corpus ko-en-all` scores it on
     /// ko-en-all's held-out sets.
     #[arg(long)]
-    corpus: Option<mt::Corpus>,
+    corpus: Option<Corpus>,
     /// The folder holding the bundled corpora, where it is not the one the run recorded
     /// (with --test-set).
     #[arg(long)]
@@ -59,7 +61,7 @@ struct EvalSet {
 }
 
 /// The sets `mt eval` scores: --src/--ref, or the named sets of the run's configuration.
-fn eval_sets(args: &EvalArgs, config: &mt::MtTrainConfig) -> Result<Vec<EvalSet>> {
+fn eval_sets(args: &EvalArgs, config: &MtTrainConfig) -> Result<Vec<EvalSet>> {
     if let (Some(src), Some(reference)) = (&args.src, &args.reference) {
         let s = read_lines(src).context("--src")?;
         let refs = read_lines(reference).context("--ref")?;
@@ -186,7 +188,7 @@ pub(super) fn run(args: &EvalArgs, device: &Device) -> Result<()> {
 /// Scores one set's translations and prints the scores (text, or one JSON object).
 #[allow(clippy::too_many_arguments)]
 fn score_set(
-    run: &mt::LoadedMt,
+    run: &LoadedMt,
     set: &EvalSet,
     hyps: &[String],
     secs: f64,

@@ -7,9 +7,14 @@ use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
-use transformer_train::mt::{self, Arch, Corpus, MtPreset, MtTrainConfig, TokenizerKind};
+use transformer_runtime::attention::attention_set;
+use transformer_runtime::config::{Corpus, MtPreset, MtTrainConfig, TokenizerKind};
+use transformer_runtime::load::{load_run, LoadedMt};
+use transformer_runtime::model::{Arch, MtModel};
+use transformer_runtime::translate::{over_long_lines, translate_lines, DecodeRequest, Truncated};
+use transformer_runtime::viz;
+use transformer_train::mt;
 use transformer_train::runner::{Given, Progress};
-use transformer_train::viz;
 
 mod eval;
 pub use eval::EvalArgs;
@@ -485,9 +490,9 @@ pub(crate) fn refuse_int8_off_cpu(q: Option<Quantize>, device: &Device) -> Resul
 /// error, and a run that decodes in int8 by default (`mt quantize`) decodes in f32 there,
 /// with a line that says so.
 /// Restricts a loaded run's decoding to its vocabulary map's candidates, and says so.
-pub(crate) fn restrict_vocab(run: &mut mt::LoadedMt, dir: &std::path::Path) -> Result<()> {
+pub(crate) fn restrict_vocab(run: &mut LoadedMt, dir: &std::path::Path) -> Result<()> {
+    use transformer_runtime::vocab_map::{VocabMap, FILE};
     use transformer_text::subword::TextTokenizer;
-    use transformer_train::vocab_map::{VocabMap, FILE};
     let path = dir.join(FILE);
     if !path.exists() {
         bail!(
@@ -510,7 +515,7 @@ pub(crate) fn restrict_vocab(run: &mut mt::LoadedMt, dir: &std::path::Path) -> R
 }
 
 pub(crate) fn apply_quantize(
-    model: &mut mt::MtModel,
+    model: &mut MtModel,
     q: Option<Quantize>,
     device: &Device,
 ) -> Result<()> {
@@ -550,9 +555,9 @@ pub struct TranslateArgs {
 fn load(
     args: &DecodeArgs,
     device: &Device,
-) -> Result<(mt::LoadedMt, transformer_decode::DecodeOptions)> {
+) -> Result<(LoadedMt, transformer_decode::DecodeOptions)> {
     refuse_int8_off_cpu(args.quantize, device)?;
-    let mut run = mt::load_run(&args.run, device)?;
+    let mut run = load_run(&args.run, device)?;
     crate::lm::warn_note(&run.note);
     apply_quantize(&mut run.model, args.quantize, device)?;
     if args.restrict_vocab {
@@ -582,16 +587,18 @@ fn load(
 }
 
 fn translate_with_bar(
-    run: &mt::LoadedMt,
+    run: &LoadedMt,
     lines: &[String],
     opts: &transformer_decode::DecodeOptions,
     device: &Device,
 ) -> Result<Vec<String>> {
-    for t in mt::over_long_lines(&run.model, &run.tokenizer, lines) {
+    for t in over_long_lines(&run.model, &run.tokenizer, lines) {
         eprintln!("warning: {t}");
     }
     let mut console = Console::new("sentences");
-    let out = mt::translate_lines(&run.model, &run.tokenizer, lines, opts, device, |d, t| {
+    let request = DecodeRequest::new(*opts);
+    let decoder = run.model.decoder()?;
+    let out = translate_lines(&decoder, &run.tokenizer, lines, &request, device, |d, t| {
         console.batch(0, d, t)
     })?;
     console.finish();
@@ -607,6 +614,8 @@ const TRANSLATE_CHUNK: usize = 1000;
 /// with ETA on stderr for a file; a closed output pipe (`| head`) ends quietly.
 fn translate_stream(args: &TranslateArgs, device: &Device) -> Result<()> {
     let (run, opts) = load(&args.decode, device)?;
+    let request = DecodeRequest::new(opts);
+    let decoder = run.model.decoder()?;
     let (mut reader, total) = match &args.src {
         Some(p) => (
             transformer_text::parallel::LineReader::open(p)?,
@@ -622,19 +631,25 @@ fn translate_stream(args: &TranslateArgs, device: &Device) -> Result<()> {
             break;
         }
         let before = reader.lines_read() - lines.len();
-        for t in mt::over_long_lines(&run.model, &run.tokenizer, &lines) {
-            let t = mt::Truncated {
+        for t in over_long_lines(&run.model, &run.tokenizer, &lines) {
+            let t = Truncated {
                 index: before + t.index,
                 ..t
             };
             eprintln!("warning: {t}");
         }
-        let out =
-            mt::translate_lines(&run.model, &run.tokenizer, &lines, &opts, device, |d, _| {
+        let out = translate_lines(
+            &decoder,
+            &run.tokenizer,
+            &lines,
+            &request,
+            device,
+            |d, _| {
                 if let Some(t) = total {
                     console.batch(0, before + d, t)
                 }
-            })?;
+            },
+        )?;
         let mut text = out.join("\n");
         text.push('\n');
         let written = stdout
@@ -667,12 +682,10 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             let (run, opts) = load(&args.decode, &device)?;
             let (layers, heads) = run.model_config.arch().attention_shape();
             args.picture.check_against(layers, heads)?;
-            for t in
-                mt::over_long_lines(&run.model, &run.tokenizer, std::slice::from_ref(&args.src))
-            {
+            for t in over_long_lines(&run.model, &run.tokenizer, std::slice::from_ref(&args.src)) {
                 eprintln!("warning: --src {t}");
             }
-            let set = mt::attention_set(&run, &args.src, &opts, &device)?;
+            let set = attention_set(&run, &args.src, &opts, &device)?;
             println!("{}", set.translation);
             let pic = &args.picture;
             let map = match &pic.out {
@@ -703,7 +716,7 @@ pub fn run(cmd: MtCommand) -> Result<()> {
         }
         MtCommand::Translate(args) => translate_stream(&args, &device)?,
         MtCommand::Quantize(args) => {
-            let s = transformer_train::quantize::quantize_run(&args.run, &args.out)?;
+            let s = transformer_runtime::quantize::quantize_run(&args.run, &args.out)?;
             println!(
                 "wrote {}: {} weight matrices in int8; weights {:.1} MB -> {:.1} MB",
                 args.out.display(),
@@ -713,13 +726,13 @@ pub fn run(cmd: MtCommand) -> Result<()> {
             );
         }
         MtCommand::VocabMap(args) => {
-            use transformer_train::vocab_map::{learn_for_run, VocabMapOptions, FILE};
+            use transformer_runtime::vocab_map::{VocabMapOptions, FILE};
             let opts = VocabMapOptions {
                 per_source: args.per_source,
                 frequent: args.frequent,
             };
             let t = Instant::now();
-            let (map, pairs) = learn_for_run(&args.run, opts)?;
+            let (map, pairs) = mt::learn_vocab_map(&args.run, opts)?;
             let path = args.run.join(FILE);
             map.save(&path)?;
             println!(

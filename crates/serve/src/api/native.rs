@@ -95,7 +95,7 @@ pub(super) async fn native_translate(State(st): State<Arc<AppState>>, req: Reque
 /// `[target index, source index]` per output token: the source token (its `<eos>` left out)
 /// with the most encoder-decoder attention in the last layer, heads averaged.
 pub(super) fn align(
-    set: &transformer_train::viz::AttentionSet,
+    set: &transformer_runtime::viz::AttentionSet,
     src_len: usize,
     out_len: usize,
 ) -> Vec<[usize; 2]> {
@@ -151,7 +151,7 @@ pub(super) async fn attention_page(State(st): State<Arc<AppState>>, req: Request
         )));
     }
     let set = st.engine.attention(pair, sentence, ids, None).await?;
-    let mut resp = Html(transformer_train::viz::attention_html(&set)).into_response();
+    let mut resp = Html(transformer_runtime::viz::attention_html(&set)).into_response();
     resp.extensions_mut().insert(Sentences(1));
     Ok(resp)
 }

@@ -1,73 +1,10 @@
-//! The bundled corpora and their held-out test sets, the presets, and the tokenizer choice.
+//! The bundled corpora's files and their held-out test sets, and training the tokenizer.
 
 use crate::error::{Error, Result};
-use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use transformer_runtime::config::{Corpus, TokenizerKind};
 use transformer_text::parallel::{PairSource, Side, Slice};
 use transformer_text::subword::{BpeOptions, Subword};
-
-/// The bundled corpora, read in place from the shared data folder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Corpus {
-    /// Multi30k task 1, German to English: train / val / test_2016_flickr (gzip as
-    /// distributed).
-    Multi30kDeEn,
-    /// Korean to English: train on Tatoeba + JHE (7,189 pairs), validate on the news dev
-    /// set, test on the news test set.
-    KoEn,
-    /// Korean to English on every pair that is not held out for testing
-    /// ([`ko_en_all_train`]): Tatoeba, JHE, the Python documentation and LibreOffice's help
-    /// and UI (each but its held-out slice, [`HELD_OUT_EVERY`]) and Korean PUD; validate on
-    /// the news dev set, test on the news test set. NTREX-128 and the held-out slices are
-    /// left for [`ko_en_test_sets`].
-    KoEnAll,
-}
-
-impl std::str::FromStr for Corpus {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        by_config_name(s).ok_or_else(|| {
-            format!(
-                "unknown corpus {s:?}: use multi30k-de-en, ko-en or ko-en-all, or give files with \
-                 --train-src/--train-tgt/--valid-src/--valid-tgt"
-            )
-        })
-    }
-}
-
-/// The variant of a unit-variant enum that `s` names as configuration files name it (its
-/// serde name: `ko-en-all`, `bpe-bytes`), for parsing flags by the same names; `None` for a
-/// name it does not have.
-fn by_config_name<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
-    use serde::de::value::{Error, StrDeserializer};
-    T::deserialize(StrDeserializer::<Error>::new(s)).ok()
-}
-
-impl Corpus {
-    /// The corpus's (source, target) language codes.
-    pub fn languages(self) -> (&'static str, &'static str) {
-        match self {
-            Corpus::Multi30kDeEn => ("de", "en"),
-            Corpus::KoEn | Corpus::KoEnAll => ("ko", "en"),
-        }
-    }
-}
-
-/// Whether `code` looks like a language code: 2 or 3 lowercase ASCII letters, optionally
-/// followed by `-` and a region or script of 2 to 4 ASCII letters or digits (`pt-BR`,
-/// `zh-Hans`), as LibreTranslate's codes are.
-pub fn is_language_code(code: &str) -> bool {
-    let (lang, rest) = match code.split_once('-') {
-        Some((l, r)) => (l, Some(r)),
-        None => (code, None),
-    };
-    (2..=3).contains(&lang.len())
-        && lang.bytes().all(|b| b.is_ascii_lowercase())
-        && rest.is_none_or(|r| {
-            (2..=4).contains(&r.len()) && r.bytes().all(|b| b.is_ascii_alphanumeric())
-        })
-}
 
 /// The train, validation and test sources of a corpus.
 #[derive(Debug, Clone)]
@@ -85,50 +22,48 @@ pub struct CorpusFiles {
     pub exclude: Vec<PairSource>,
 }
 
-impl Corpus {
-    /// The files under `data` (the folder holding `multi30k/` and `ko-en/`).
-    pub fn files(self, data: &Path) -> CorpusFiles {
-        let files = |dir: &Path, stem: &str, s: &str, t: &str| PairSource::Files {
-            src: dir.join(format!("{stem}{s}")),
-            tgt: dir.join(format!("{stem}{t}")),
-        };
-        match self {
-            Corpus::Multi30kDeEn => {
-                let d = data.join("multi30k/task1/raw");
-                CorpusFiles {
-                    train: vec![files(&d, "train", ".de.gz", ".en.gz")],
-                    valid: files(&d, "val", ".de.gz", ".en.gz"),
-                    test: Some(files(&d, "test_2016_flickr", ".de.gz", ".en.gz")),
-                    exclude: Vec::new(),
-                }
+/// The files of `corpus` under `data` (the folder holding `multi30k/` and `ko-en/`).
+pub fn corpus_files(corpus: Corpus, data: &Path) -> CorpusFiles {
+    let files = |dir: &Path, stem: &str, s: &str, t: &str| PairSource::Files {
+        src: dir.join(format!("{stem}{s}")),
+        tgt: dir.join(format!("{stem}{t}")),
+    };
+    match corpus {
+        Corpus::Multi30kDeEn => {
+            let d = data.join("multi30k/task1/raw");
+            CorpusFiles {
+                train: vec![files(&d, "train", ".de.gz", ".en.gz")],
+                valid: files(&d, "val", ".de.gz", ".en.gz"),
+                test: Some(files(&d, "test_2016_flickr", ".de.gz", ".en.gz")),
+                exclude: Vec::new(),
             }
-            Corpus::KoEn => {
-                let d = data.join("ko-en");
-                let jhe = d.join("jhe");
-                let news = d.join("news-v1");
-                CorpusFiles {
-                    train: vec![
-                        PairSource::Tsv {
-                            path: d.join("tatoeba/kor.txt"),
-                            src_col: 1,
-                            tgt_col: 0,
-                        },
-                        files(&jhe, "jhe-koen-dev", ".ko", ".en"),
-                        files(&jhe, "jhe-koen-eval", ".ko", ".en"),
-                    ],
-                    valid: files(&news, "korean-english-park.dev", ".ko", ".en"),
-                    test: Some(files(&news, "korean-english-park.test", ".ko", ".en")),
-                    exclude: Vec::new(),
-                }
+        }
+        Corpus::KoEn => {
+            let d = data.join("ko-en");
+            let jhe = d.join("jhe");
+            let news = d.join("news-v1");
+            CorpusFiles {
+                train: vec![
+                    PairSource::Tsv {
+                        path: d.join("tatoeba/kor.txt"),
+                        src_col: 1,
+                        tgt_col: 0,
+                    },
+                    files(&jhe, "jhe-koen-dev", ".ko", ".en"),
+                    files(&jhe, "jhe-koen-eval", ".ko", ".en"),
+                ],
+                valid: files(&news, "korean-english-park.dev", ".ko", ".en"),
+                test: Some(files(&news, "korean-english-park.test", ".ko", ".en")),
+                exclude: Vec::new(),
             }
-            Corpus::KoEnAll => {
-                let news = data.join("ko-en/news-v1");
-                CorpusFiles {
-                    train: ko_en_all_train(data),
-                    valid: files(&news, "korean-english-park.dev", ".ko", ".en"),
-                    test: Some(files(&news, "korean-english-park.test", ".ko", ".en")),
-                    exclude: ko_en_test_sets(data).into_iter().map(|(_, s)| s).collect(),
-                }
+        }
+        Corpus::KoEnAll => {
+            let news = data.join("ko-en/news-v1");
+            CorpusFiles {
+                train: ko_en_all_train(data),
+                valid: files(&news, "korean-english-park.dev", ".ko", ".en"),
+                test: Some(files(&news, "korean-english-park.test", ".ko", ".en")),
+                exclude: ko_en_test_sets(data).into_iter().map(|(_, s)| s).collect(),
             }
         }
     }
@@ -173,7 +108,7 @@ fn ko_en_sliced(data: &Path) -> Vec<(&'static str, PairSource)> {
 /// one of the test sets' ([`CorpusFiles::exclude`]): 109 pairs of LibreOffice and the Python
 /// documentation repeat held-out ones.
 pub fn ko_en_all_train(data: &Path) -> Vec<PairSource> {
-    let mut train = Corpus::KoEn.files(data).train;
+    let mut train = corpus_files(Corpus::KoEn, data).train;
     train[0] = PairSource::Slice {
         of: Box::new(train[0].clone()),
         slice: Slice::AllButSentence {
@@ -247,74 +182,6 @@ pub fn ko_en_test_sets(data: &Path) -> Vec<(String, PairSource)> {
     sets
 }
 
-/// The default data folder, `../shared/data` from the working directory, if it exists.
-pub fn default_data_dir() -> Option<PathBuf> {
-    let p = PathBuf::from("../shared/data");
-    p.is_dir().then_some(p)
-}
-
-/// Model sizes by name: the small model of the published Multi30k baselines (the default),
-/// and the paper's base and big models (Table 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MtPreset {
-    /// 3 + 3 layers, d_model 256, 8 heads, FFN 512, dropout 0.1.
-    Small,
-    /// 6 + 6 layers, d_model 512, 8 heads, FFN 2048, dropout 0.1 (Table 3, base).
-    Base,
-    /// 6 + 6 layers, d_model 1024, 16 heads, FFN 4096, dropout 0.3 (Table 3, big).
-    Big,
-}
-
-impl std::str::FromStr for MtPreset {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        by_config_name(s).ok_or_else(|| format!("unknown preset {s:?}: use small, base or big"))
-    }
-}
-
-/// How text becomes tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TokenizerKind {
-    /// Joint byte-pair encoding of `vocab_size` subwords; decodes to the exact text.
-    #[default]
-    Bpe,
-    /// BPE with byte fallback: `vocab_size` pieces of which 256 are bytes, so a character
-    /// never seen in training is spelled in bytes instead of `<unk>`.
-    BpeBytes,
-    /// A unigram language-model tokenizer (SentencePiece's default) of `vocab_size` pieces.
-    Unigram,
-    /// Unigram with byte fallback (256 of the `vocab_size` pieces are bytes).
-    UnigramBytes,
-    /// Lowercased words, punctuation split off, words seen fewer than twice as `<unk>`: the
-    /// vocabulary of the published Multi30k baselines, for a perplexity measured as theirs
-    /// is (per word). `vocab_size` does not apply.
-    Words,
-}
-
-impl std::str::FromStr for TokenizerKind {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        by_config_name(s).ok_or_else(|| {
-            format!("unknown tokenizer {s:?}: use bpe, bpe-bytes, unigram, unigram-bytes or words")
-        })
-    }
-}
-
-impl TokenizerKind {
-    /// How the training log names it.
-    pub fn describe(self) -> &'static str {
-        match self {
-            TokenizerKind::Bpe => "BPE",
-            TokenizerKind::BpeBytes => "BPE (byte fallback)",
-            TokenizerKind::Unigram => "unigram",
-            TokenizerKind::UnigramBytes => "unigram (byte fallback)",
-            TokenizerKind::Words => "lowercased-word",
-        }
-    }
-}
-
 /// Bytes a byte-fallback vocabulary spends of its `vocab_size`.
 const BYTE_PIECES: usize = 256;
 
@@ -354,37 +221,4 @@ pub fn train_tokenizer<'a>(
         }
         TokenizerKind::Words => Subword::train_words(texts, 2, origin)?,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Each of the space-separated `names` parsed as a `T`.
-    fn parse_all<T: std::str::FromStr>(names: &str) -> Vec<std::result::Result<T, T::Err>> {
-        names.split(' ').map(str::parse).collect()
-    }
-
-    #[test]
-    fn flags_parse_by_the_configuration_names() {
-        use Corpus::*;
-        use TokenizerKind::*;
-        assert_eq!(
-            parse_all("multi30k-de-en ko-en ko-en-all"),
-            [Ok(Multi30kDeEn), Ok(KoEn), Ok(KoEnAll)]
-        );
-        let presets = [Ok(MtPreset::Small), Ok(MtPreset::Base), Ok(MtPreset::Big)];
-        assert_eq!(parse_all("small base big"), presets);
-        let kinds = parse_all("bpe bpe-bytes unigram unigram-bytes words");
-        assert_eq!(kinds, [Bpe, BpeBytes, Unigram, UnigramBytes, Words].map(Ok));
-        assert!("Small"
-            .parse::<MtPreset>()
-            .unwrap_err()
-            .contains("small, base or big"));
-        assert!("ko_en"
-            .parse::<Corpus>()
-            .unwrap_err()
-            .contains("unknown corpus"));
-        assert!("bpe bytes".parse::<TokenizerKind>().is_err());
-    }
 }

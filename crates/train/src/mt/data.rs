@@ -7,7 +7,6 @@ use crate::grads::Gradients;
 use crate::optim::Adam;
 use crate::runner::RunState;
 use candle_core::{DType, Device, Tensor};
-use std::path::{Path, PathBuf};
 use transformer_model::Backprop;
 use transformer_model::Precision;
 use transformer_model::{DirectGrads, Mode, Rng};
@@ -44,11 +43,6 @@ impl EncodedSplit {
 }
 
 pub use crate::runner::{best_path, checkpoint_path, config_path, metrics_path};
-
-/// `tokenizer.json` in the run directory `run`: the run's tokenizer.
-pub fn tokenizer_path(run: &Path) -> PathBuf {
-    run.join("tokenizer.json")
-}
 
 /// Where a run stands; saved in every checkpoint (the runner's, for every task).
 pub type MtState = RunState;
@@ -98,7 +92,7 @@ pub fn evaluate_loss_on(
     let sp = transformer_text::Specials::FIXED;
     let all: Vec<usize> = (0..data.src.len()).collect();
     // Sentences longer than the model takes are scored on their first positions (the length
-    // rule of `translate_ids`).
+    // rule of `translate`).
     let max = max_source_tokens(model);
     let (src, tgt) = (fit(&data.src, max), fit(&data.tgt, max));
     let batches = pair_batches(&src, &tgt, &all, max_tokens, sp, 0);

@@ -21,27 +21,34 @@
 //! | `loss.svg` | training and validation loss against the step |
 //! | `test.hyp` | the test set's translations by the best model |
 
-mod attention;
 mod config;
 mod corpus;
 mod data;
 mod files;
 mod task;
 mod training;
-mod translate;
+mod vocab_map;
 
-pub use attention::*;
 pub use config::*;
 pub use corpus::*;
 pub use data::*;
 pub use files::*;
 use task::*;
 pub use training::*;
-pub use translate::*;
+pub use vocab_map::*;
 
-pub use crate::mt_model::{Arch, MtDecoder, MtModel, MtModelConfig};
+// What training uses of the runtime: the run's configuration, the model, loading and
+// decoding (validation BLEU and the test set are decoded as `mt translate` decodes).
+use transformer_runtime::config::*;
+use transformer_runtime::load::*;
+use transformer_runtime::model::{Arch, MtModel, MtModelConfig};
+use transformer_runtime::translate::*;
 
-/// Format tag of translation checkpoints.
-pub const CHECKPOINT_FORMAT: &str = "transformer-mt-checkpoint/1";
-/// Format tag of translation weight files.
-pub const WEIGHTS_FORMAT: &str = "transformer-mt-weights/1";
+/// Translation weight files hold their [`MtModelConfig`] ([`crate::runner::ModelConfig::save`]).
+impl crate::runner::ModelConfig for MtModelConfig {
+    type Model = MtModel;
+    const WEIGHTS_FORMAT: &'static str = WEIGHTS_FORMAT;
+    fn build(&self, pb: &transformer_model::ParamBuilder) -> transformer_model::Result<MtModel> {
+        MtModel::build(pb, self)
+    }
+}

@@ -193,10 +193,10 @@ impl Task for MtTask {
         let greedy = self.cfg.decode_options(1);
         let src = &self.valid.pairs.src;
         let mine = translate_lines(
-            model,
+            &model.decoder()?,
             &self.tokenizer,
             &src[dist.shard(src.len())],
-            &greedy,
+            &DecodeRequest::new(greedy),
             dev,
             |_, _| {},
         )?;
@@ -256,10 +256,10 @@ impl Task for MtTask {
         let loss = evaluate_loss_on(&best.model, &data, cfg.max_tokens, dev, t.dist)?;
         let start = Instant::now();
         let mine = translate_lines(
-            &best.model,
+            &best.model.decoder()?,
             &self.tokenizer,
             &data.pairs.src[t.dist.shard(data.pairs.src.len())],
-            &cfg.decode_options(cfg.beam),
+            &DecodeRequest::new(cfg.decode_options(cfg.beam)),
             dev,
             |done, total| t.progress.batch(cfg.epochs + 1, done, total),
         )?;

@@ -12,13 +12,12 @@ use crate::metrics::{self, Metric, Weights};
 use std::time::Instant;
 use transformer_model::Rng;
 
-mod files;
 mod setup;
 mod task;
 
-pub use files::*;
 pub use setup::*;
 pub use task::*;
+pub use transformer_runtime::run_dir::*;
 
 /// Trains `task` in the run directory `opts.out` (already opened with [`open_run`]), from
 /// `saved` when resuming, with the settings of the task's configuration ([`RunSettings`]):

@@ -84,19 +84,6 @@ impl Given {
     }
 }
 
-/// Reads the TOML file `path` as a `T` (a task's configuration: any subset of its keys, the
-/// rest at their defaults; or a bare table).
-pub fn read_toml_file<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.into(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|e| Error::Config {
-        path: path.into(),
-        msg: e.to_string(),
-    })
-}
-
 /// A configuration as a TOML table, key by key as `config.toml` holds it (empty if it does
 /// not serialize to a table), for comparing and merging settings by key.
 pub fn toml_table<C: Serialize>(c: &C) -> toml::Table {
@@ -168,14 +155,6 @@ pub fn resume_config<C: Serialize + serde::de::DeserializeOwned>(
             msg: e.to_string(),
         })?;
     Ok((c, notes))
-}
-
-/// `path` made absolute (canonical where it exists), so that a run's configuration names
-/// its files wherever the run is resumed from.
-pub fn absolute(path: &Path) -> PathBuf {
-    std::fs::canonicalize(path)
-        .or_else(|_| std::path::absolute(path))
-        .unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// Checks, on resume, that the files a run's configuration names exist: `paths` are
@@ -373,13 +352,4 @@ pub fn open_run<C: RunConfig>(
         saved: Some(saved),
         lock,
     })
-}
-
-/// Checks settings that must be at least 1: the first that is 0 comes back as the message
-/// "`name` must be at least 1" (names as the caller shows them: a config key or a flag).
-pub fn require_at_least_one(settings: &[(&str, usize)]) -> std::result::Result<(), String> {
-    match settings.iter().find(|(_, v)| *v == 0) {
-        Some((name, _)) => Err(format!("{name} must be at least 1")),
-        None => Ok(()),
-    }
 }

@@ -4,7 +4,7 @@
 
 use candle_core::Device;
 use std::path::{Path, PathBuf};
-use transformer_train::mt::MtTrainConfig;
+use transformer_runtime::config::MtTrainConfig;
 use transformer_train::runner::{Progress, RunOptions};
 
 /// Progress that prints nothing: the tests read the summaries and the run's files instead.

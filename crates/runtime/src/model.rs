@@ -1,5 +1,7 @@
-//! The translation architectures behind one type: the Transformer and the recurrent
-//! baselines train, decode and are scored by the same code ([`crate::mt`]).
+//! The translation architectures behind one type ([`MtModel`]): the Transformer and the
+//! recurrent baselines train, decode and are scored by the same code. A new architecture
+//! implements [`Architecture`] and [`ArchConfig`] and takes one arm in
+//! [`MtModelConfig::arch`]: the registry of architectures.
 
 use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
@@ -104,15 +106,6 @@ impl MtModelConfig {
     }
 }
 
-/// Translation weight files hold their [`MtModelConfig`] ([`crate::runner::ModelConfig::save`]).
-impl crate::runner::ModelConfig for MtModelConfig {
-    type Model = MtModel;
-    const WEIGHTS_FORMAT: &'static str = crate::mt::WEIGHTS_FORMAT;
-    fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<MtModel> {
-        MtModel::build(pb, self)
-    }
-}
-
 impl ArchConfig for Seq2SeqConfig {
     fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<Box<dyn Architecture>> {
         Ok(Box::new(Seq2Seq::with_config(pb, self)?))
@@ -171,7 +164,7 @@ impl ArchConfig for RnnSeq2SeqConfig {
 }
 
 /// The attention weights of one translation fed through a model with teacher forcing, each
-/// `(1, H, Q, K)`: what [`crate::mt::attention_of`] turns into pictures.
+/// `(1, H, Q, K)`: what [`crate::attention::attention_of`] turns into pictures.
 #[derive(Debug, Default)]
 pub struct AttentionWeights {
     /// Every encoder layer's self-attention (none for a recurrent model).

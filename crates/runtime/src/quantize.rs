@@ -14,8 +14,8 @@
 use crate::checkpoint;
 use crate::checkpoint::params_tensors;
 use crate::error::{Error, Result};
-use crate::mt::{self, LoadedMt};
-use crate::runner::{best_path, config_path, save_tagged};
+use crate::load::{load_run, tokenizer_path, LoadedMt};
+use crate::run_dir::{self as runner, best_path, config_path, save_tagged};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::path::Path;
@@ -41,7 +41,7 @@ pub struct QuantizeSummary {
 /// Writes to `out` a copy of the run `run` (its best weights, configuration and tokenizer)
 /// with every weight matrix in int8. `out` must not exist yet or be empty.
 pub fn quantize_run(run: &Path, out: &Path) -> Result<QuantizeSummary> {
-    let loaded = mt::load_run(run, &Device::Cpu)?;
+    let loaded = load_run(run, &Device::Cpu)?;
     if loaded.model.transformer().is_none() {
         return Err(Error::Usage(format!(
             "{}: a {} run; int8 covers the Transformer (the recurrent models decode in f32)",
@@ -75,12 +75,12 @@ pub fn quantize_run(run: &Path, out: &Path) -> Result<QuantizeSummary> {
     )?;
     for (from, to) in [
         (config_path(run), config_path(out)),
-        (mt::tokenizer_path(run), mt::tokenizer_path(out)),
+        (tokenizer_path(run), tokenizer_path(out)),
     ] {
         std::fs::copy(&from, &to).map_err(|source| Error::Io { path: from, source })?;
     }
     let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-    let (source, _) = crate::runner::weights_file(run);
+    let (source, _) = runner::weights_file(run);
     Ok(QuantizeSummary {
         matrices,
         bytes_before: size(&source),

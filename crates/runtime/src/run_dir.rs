@@ -7,6 +7,9 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// The prefix of the weight average's tensors in a checkpoint (`average.<name>`).
+pub const AVERAGE_PREFIX: &str = "average.";
+
 /// The latest resumable state of a run.
 pub fn checkpoint_path(run: &Path) -> PathBuf {
     run.join("checkpoint.safetensors")
@@ -242,4 +245,34 @@ pub fn meta_json<T: serde::de::DeserializeOwned>(
         path: path.into(),
         msg: format!("{key}: {e}"),
     })
+}
+
+/// Reads the TOML file `path` as a `T` (a task's configuration: any subset of its keys, the
+/// rest at their defaults; or a bare table).
+pub fn read_toml_file<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.into(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| Error::Config {
+        path: path.into(),
+        msg: e.to_string(),
+    })
+}
+
+/// `path` made absolute (canonical where it exists), so that a run's configuration names
+/// its files wherever the run is resumed from.
+pub fn absolute(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Checks settings that must be at least 1: the first that is 0 comes back as the message
+/// "`name` must be at least 1" (names as the caller shows them: a config key or a flag).
+pub fn require_at_least_one(settings: &[(&str, usize)]) -> std::result::Result<(), String> {
+    match settings.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => Err(format!("{name} must be at least 1")),
+        None => Ok(()),
+    }
 }

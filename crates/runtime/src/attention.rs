@@ -1,7 +1,9 @@
 //! The attention weights of one translation, for pictures ([`crate::viz`]).
 
-use super::*;
 use crate::error::{Error, Result};
+use crate::load::LoadedMt;
+use crate::model::{Arch, MtModel};
+use crate::translate::{best, max_source_tokens, translate, DecodeRequest};
 use candle_core::{DType, Device, Tensor};
 use transformer_decode::DecodeOptions;
 use transformer_text::subword::{Subword, TextTokenizer};
@@ -25,7 +27,7 @@ pub fn attention_set(
 ) -> Result<crate::viz::AttentionSet> {
     let tok = &run.tokenizer;
     let mut ids = tok.encode(sentence);
-    // The length rule of `translate_ids` (the caller warns with `over_long_lines`).
+    // The length rule of `translate` (the caller warns with `over_long_lines`).
     if let Some(max) = max_source_tokens(&run.model) {
         ids.truncate(max);
     }
@@ -34,9 +36,15 @@ pub fn attention_set(
             "the sentence has no tokens: give a sentence to translate".into(),
         ));
     }
-    let hyp = translate_ids(&run.model, std::slice::from_ref(&ids), opts, dev, |_, _| {})?
-        .remove(0)
-        .tokens;
+    let request = DecodeRequest::new(*opts);
+    let decoded = translate(
+        &run.model.decoder()?,
+        std::slice::from_ref(&ids),
+        &request,
+        dev,
+        |_, _| {},
+    )?;
+    let hyp = best(decoded).remove(0).tokens;
     attention_of(&run.model, tok, run.config.arch, sentence, &ids, &hyp, dev)
 }
 

@@ -2,7 +2,7 @@
 //! matrix) as SVG, and one self-contained HTML page to explore every attention of a
 //! translation, layer by layer and head by head.
 //!
-//! Written by hand, like the loss plot ([`crate::metrics::plot_svg`]): a heatmap is a grid of
+//! Written by hand, like the loss plot (`transformer_train::metrics::plot_svg`): a heatmap is a grid of
 //! rectangles, tick labels and a colour bar, and the page is a table redrawn by a few lines of
 //! script, so neither needs a plotting crate's dependency tree in a build on 2 cores.
 

@@ -1,17 +1,18 @@
-//! Translating token ids and lines (greedy or beam search, length-capped) and BLEU.
+//! Decoding requests: token ids or lines translated with greedy or beam search, length-capped
+//! ([`translate`]), and the corpus scores of translations.
 
-use super::*;
 use crate::error::{Error, Result};
+use crate::model::{MtDecoder, MtModel};
 use candle_core::{Device, Tensor};
 use transformer_decode::{beam_search_nbest, greedy, DecodeOptions, Hypothesis};
 use transformer_text::bucket::{make_batch, source_batches};
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
 use transformer_text::subword::{Subword, TextTokenizer};
 
-/// Decoder rows (sentences x beam) per batch when translating: [`translate_ids`]'s default.
+/// Decoder rows (sentences x beam) per batch when translating: [`DecodeRequest`]'s default.
 pub const DECODE_BATCH_ROWS: usize = 128;
 
-/// A source longer than the model takes, cut to fit by the length rule of [`translate_ids`].
+/// A source longer than the model takes, cut to fit by the length rule of [`translate`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Truncated {
     /// The source's index in the input (0-based; line `index + 1` of a file).
@@ -42,7 +43,7 @@ pub fn max_source_tokens(model: &MtModel) -> Option<usize> {
     model.max_positions().map(|p| p.saturating_sub(1))
 }
 
-/// The sources of `src` that the length rule of [`translate_ids`] cuts, in input order.
+/// The sources of `src` that the length rule of [`translate`] cuts, in input order.
 pub fn over_long(model: &MtModel, src: &[Vec<u32>]) -> Vec<Truncated> {
     let Some(max) = max_source_tokens(model) else {
         return Vec::new();
@@ -66,8 +67,8 @@ pub fn over_long_lines(model: &MtModel, tok: &Subword, lines: &[String]) -> Vec<
 }
 
 /// `seqs` with every sequence longer than `max` tokens cut to its first `max` (borrowed when
-/// none is).
-pub(super) fn fit(seqs: &[Vec<u32>], max: Option<usize>) -> std::borrow::Cow<'_, [Vec<u32>]> {
+/// none is): the length rule of [`translate`], which training's validation loss follows too.
+pub fn fit(seqs: &[Vec<u32>], max: Option<usize>) -> std::borrow::Cow<'_, [Vec<u32>]> {
     match max {
         Some(m) if seqs.iter().any(|s| s.len() > m) => {
             std::borrow::Cow::Owned(seqs.iter().map(|s| s[..s.len().min(m)].to_vec()).collect())
@@ -76,71 +77,58 @@ pub(super) fn fit(seqs: &[Vec<u32>], max: Option<usize>) -> std::borrow::Cow<'_,
     }
 }
 
-/// Translates token sequences in batches of at most [`DECODE_BATCH_ROWS`] decoder rows
-/// (greedy for beam 1, else beam search); returns one hypothesis per input, in input order.
-/// `on_batch(done, total)` reports progress.
+/// A decoding request: the search ([`DecodeOptions`]: beam, length limits and penalty, what
+/// to return) and how many decoder rows (sentences x beam) a batch may hold. Every caller,
+/// the server, `mt translate`, `mt eval`, validation in training and the benchmarks, decodes
+/// through [`translate`] with one of these.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeRequest {
+    /// The search.
+    pub options: DecodeOptions,
+    /// Decoder rows (sentences x beam) per batch at most; [`DECODE_BATCH_ROWS`] by default.
+    pub batch_rows: usize,
+}
+
+impl DecodeRequest {
+    /// A request for `options` with the default batch size ([`DECODE_BATCH_ROWS`] rows).
+    pub fn new(options: DecodeOptions) -> Self {
+        Self {
+            options,
+            batch_rows: DECODE_BATCH_ROWS,
+        }
+    }
+
+    /// This request with at most `rows` decoder rows per batch.
+    pub fn with_batch_rows(mut self, rows: usize) -> Self {
+        self.batch_rows = rows;
+        self
+    }
+}
+
+/// Translates token sequences in batches of at most `request.batch_rows` decoder rows
+/// (greedy for beam 1, else beam search); returns each input's n-best list, best first, in
+/// input order: beam search's finished hypotheses, or the one greedy hypothesis for beam 1
+/// ([`best`] keeps the first of each). `on_batch(done, total)` reports progress. The
+/// `decoder` ([`MtModel::decoder`]) holds the decoding weights made ready once, so a caller
+/// that translates many times with the same weights (the server) prepares it once.
 ///
 /// The length rule: a Transformer takes at most its positions (1,024) less one tokens of
 /// source, so a longer source is translated from its first [`max_source_tokens`] tokens
 /// ([`over_long`] names them, for warnings), and no output is longer than the positions less
 /// one, whatever `max_len_a * source + max_len_b` says; every other sentence of the job is
 /// translated as usual.
-pub fn translate_ids(
-    model: &MtModel,
-    src: &[Vec<u32>],
-    opts: &DecodeOptions,
-    dev: &Device,
-    on_batch: impl FnMut(usize, usize),
-) -> Result<Vec<Hypothesis>> {
-    translate_ids_batched(model, src, opts, DECODE_BATCH_ROWS, dev, on_batch)
-}
-
-/// [`translate_ids`] with at most `batch_rows` decoder rows (sentences x beam) per batch.
-pub fn translate_ids_batched(
-    model: &MtModel,
-    src: &[Vec<u32>],
-    opts: &DecodeOptions,
-    batch_rows: usize,
-    dev: &Device,
-    on_batch: impl FnMut(usize, usize),
-) -> Result<Vec<Hypothesis>> {
-    Ok(
-        translate_ids_nbest(model, src, opts, batch_rows, dev, on_batch)?
-            .into_iter()
-            .map(|mut hs| hs.swap_remove(0))
-            .collect(),
-    )
-}
-
-/// [`translate_ids_batched`] with each input's n-best list (best first; the first is
-/// exactly what [`translate_ids_batched`] returns): beam search's finished hypotheses, or
-/// the one greedy hypothesis for beam 1.
-pub fn translate_ids_nbest(
-    model: &MtModel,
-    src: &[Vec<u32>],
-    opts: &DecodeOptions,
-    batch_rows: usize,
-    dev: &Device,
-    on_batch: impl FnMut(usize, usize),
-) -> Result<Vec<Vec<Hypothesis>>> {
-    translate_ids_nbest_with(&model.decoder()?, src, opts, batch_rows, dev, on_batch)
-}
-
-/// [`translate_ids_nbest`] with a decoder already prepared ([`MtModel::decoder`]), for a
-/// caller that translates many times with the same weights (the server): the decoding
-/// weights are then prepared (transposed, or quantized to int8) once, not at every call.
-pub fn translate_ids_nbest_with(
+pub fn translate(
     decoder: &MtDecoder<'_>,
     src: &[Vec<u32>],
-    opts: &DecodeOptions,
-    batch_rows: usize,
+    request: &DecodeRequest,
     dev: &Device,
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<Vec<Vec<Hypothesis>>> {
+    let opts = &request.options;
     let sp = transformer_text::Specials::FIXED;
     let src = &*fit(src, max_source_tokens(decoder.model()));
     // Sentences per batch: beams multiply the decoder's rows.
-    let max_rows = (batch_rows / opts.beam.max(1)).max(1);
+    let max_rows = (request.batch_rows / opts.beam.max(1)).max(1);
     let groups = source_batches(src, 2048, max_rows);
     let mut out: Vec<Vec<Hypothesis>> = vec![Vec::new(); src.len()];
     let mut done = 0;
@@ -165,14 +153,19 @@ pub fn translate_ids_nbest_with(
     Ok(out)
 }
 
+/// The best hypothesis of each n-best list [`translate`] returned.
+pub fn best(nbest: Vec<Vec<Hypothesis>>) -> Vec<Hypothesis> {
+    nbest.into_iter().map(|mut hs| hs.swap_remove(0)).collect()
+}
+
 /// Translates sentences with a tokenizer; returns the detokenized outputs in order. Lines
-/// longer than the model takes follow the length rule of [`translate_ids`]
+/// longer than the model takes follow the length rule of [`translate`]
 /// ([`over_long_lines`] names them).
 pub fn translate_lines(
-    model: &MtModel,
+    decoder: &MtDecoder<'_>,
     tok: &Subword,
     lines: &[String],
-    opts: &DecodeOptions,
+    request: &DecodeRequest,
     dev: &Device,
     on_batch: impl FnMut(usize, usize),
 ) -> Result<Vec<String>> {
@@ -180,7 +173,7 @@ pub fn translate_lines(
     let ids: Vec<Vec<u32>> = lines.iter().map(|l| tok.encode(l)).collect();
     let nonempty: Vec<usize> = (0..ids.len()).filter(|&i| !ids[i].is_empty()).collect();
     let to_run: Vec<Vec<u32>> = nonempty.iter().map(|&i| ids[i].clone()).collect();
-    let hyps = translate_ids(model, &to_run, opts, dev, on_batch)?;
+    let hyps = best(translate(decoder, &to_run, request, dev, on_batch)?);
     let mut out = vec![String::new(); lines.len()];
     for (&i, h) in nonempty.iter().zip(&hyps) {
         out[i] = tok.decode(&h.tokens);

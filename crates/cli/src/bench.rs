@@ -654,17 +654,13 @@ fn mt_phases(
 
 fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     use transformer_decode::greedy;
-    use transformer_runtime::load::load_run;
     use transformer_runtime::translate::{best, translate, DecodeRequest, DECODE_BATCH_ROWS};
     use transformer_text::subword::TextTokenizer;
     anyhow::ensure!(a.beam >= 1, "--beam must be at least 1 (1 = greedy)");
     anyhow::ensure!(a.repeats >= 1, "--repeats must be at least 1");
     let dev = a.device.open()?;
-    let mut run = load_run(&a.run, &dev)?;
-    crate::mt::apply_quantize(&mut run.model, a.quantize, &dev)?;
-    if a.restrict_vocab {
-        crate::mt::restrict_vocab(&mut run, &a.run)?;
-    }
+    let how = crate::mt::execution(&dev, a.quantize, a.restrict_vocab);
+    let run = crate::mt::load_and_say(&a.run, &how)?;
     let mut lines = transformer_text::parallel::read_lines(&a.src)?;
     if let Some(n) = a.max_sentences {
         lines.truncate(n);

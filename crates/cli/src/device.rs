@@ -2,7 +2,7 @@
 //! device is decided, and it logs where the work runs.
 
 use anyhow::Result;
-use candle_core::{Device, DeviceLocation};
+use candle_core::Device;
 use clap::Args;
 use std::fmt;
 
@@ -152,11 +152,7 @@ pub fn describe(name: DeviceName) -> String {
 
 /// The name of an opened device, as `--device` takes it (`cpu`, `cuda:0`).
 pub fn name_of(device: &Device) -> String {
-    match device.location() {
-        DeviceLocation::Cpu => "cpu".into(),
-        DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
-        DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
-    }
+    transformer_runtime::load::device_name(device)
 }
 
 #[cfg(test)]

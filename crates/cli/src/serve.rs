@@ -83,7 +83,7 @@ pub fn set_threads(threads: Option<usize>) -> Result<()> {
 
 pub fn serve(a: ServeArgs) -> Result<()> {
     set_threads(a.threads)?;
-    transformer_train::runner::require_at_least_one(&[
+    transformer_runtime::run_dir::require_at_least_one(&[
         ("--max-batch", a.max_batch),
         ("--max-queue", a.max_queue),
         ("--batch-limit", a.batch_limit),
@@ -101,13 +101,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         bail!("--beam must be at least 1 (1 = greedy)");
     }
     let device = a.device.open()?;
-    crate::mt::refuse_int8_off_cpu(a.quantize, &device)?;
-    let precision = if device.is_cpu() {
-        a.quantize.map(|q| q.precision())
-    } else {
-        // Off the CPU every run decodes in f32 through the composed layers.
-        Some(transformer_model::DecodePrecision::F32)
-    };
+    crate::mt::execution(&device, a.quantize, false).check()?;
+    let precision = a.quantize.map(|q| q.precision());
     let opts = ServeOptions {
         runs: a.runs,
         host: a.host,

@@ -7,9 +7,10 @@ use crate::model::{MtModel, MtModelConfig};
 use crate::run_dir::{
     self as runner, best_path, config_path, load_tagged, meta_json, AVERAGE_PREFIX,
 };
+use crate::vocab_map::{self, VocabMap};
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
-use transformer_model::{ParamBuilder, Params};
+use transformer_model::{DecodePrecision, ParamBuilder, Params};
 use transformer_text::subword::{Subword, TextTokenizer};
 
 /// Format tag of translation checkpoints.
@@ -20,6 +21,69 @@ pub const WEIGHTS_FORMAT: &str = "transformer-mt-weights/1";
 /// `tokenizer.json` in the run directory `run`: the run's tokenizer.
 pub fn tokenizer_path(run: &Path) -> PathBuf {
     run.join("tokenizer.json")
+}
+
+/// How a loaded model runs: the device, the decoding arithmetic and the output vocabulary.
+/// It is given when the model is loaded ([`load_run`]), and the model is prepared for it
+/// there, once: the choices that depend on the device (int8 decoding runs on the CPU's int8
+/// kernels only) are made in that one place.
+#[derive(Debug, Clone)]
+pub struct Execution {
+    /// Where the weights go and the arithmetic runs.
+    pub device: Device,
+    /// The decoding arithmetic asked for; `None`: the run's own (int8 for a run that
+    /// `transformer mt quantize` wrote, f32 otherwise). Off the CPU decoding is f32 through
+    /// the composed layers whatever the run's own is, and int8 asked for there is an error.
+    pub decoding: Option<DecodePrecision>,
+    /// Decode over each batch's candidate tokens under the run's vocabulary map
+    /// ([`crate::vocab_map`], `vocab_map.json` in the run) instead of the whole vocabulary.
+    pub restrict_vocab: bool,
+}
+
+impl Execution {
+    /// The run as trained on `device`: its own decoding arithmetic, every output token.
+    pub fn on(device: &Device) -> Self {
+        Self {
+            device: device.clone(),
+            decoding: None,
+            restrict_vocab: false,
+        }
+    }
+
+    /// Refuses what `device` cannot run: int8 decoding off the CPU.
+    pub fn check(&self) -> Result<()> {
+        match self.decoding {
+            Some(p @ DecodePrecision::Int8 { .. }) if !self.device.is_cpu() => {
+                Err(Error::Usage(format!(
+                    "--quantize {}: int8 decoding runs on the CPU's int8 kernels, not on {}: use \
+                     --quantize none there, or --device cpu",
+                    decoding_name(p),
+                    device_name(&self.device)
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The name of a decoding arithmetic as `--quantize` takes it: `none`, `int8`, `int8-layers`.
+pub fn decoding_name(p: DecodePrecision) -> &'static str {
+    match p {
+        DecodePrecision::F32 => "none",
+        DecodePrecision::Int8 { output_layer: true } => "int8",
+        DecodePrecision::Int8 {
+            output_layer: false,
+        } => "int8-layers",
+    }
+}
+
+/// A device as the command line names it: `cpu`, `cuda:0`.
+pub fn device_name(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".into(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
 }
 
 /// A trained translation model loaded from a run directory.
@@ -38,10 +102,16 @@ pub struct LoadedMt {
     /// What the front end should tell the user about where the weights came from: set
     /// when there is no `best.safetensors` yet and the checkpoint's weights are used.
     pub note: Option<String>,
+    /// What decoding was prepared with, for the front end to print (`decoding: ...`): set
+    /// when it is not plain f32 over the whole vocabulary, or differs from the run's own.
+    pub decoding: Vec<String>,
 }
 
-/// Loads a run's best weights (or its latest checkpoint's, before the first epoch ends).
-pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
+/// Loads a run's best weights (or its latest checkpoint's, before the first epoch ends) to
+/// run as `how` says ([`Execution`]).
+pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
+    how.check()?;
+    let device = &how.device;
     runner::check_run_exists(run, "`transformer mt train --out DIR`")?;
     if !tokenizer_path(run).exists() {
         let hint = if run.join("vocab.txt").exists() {
@@ -90,10 +160,38 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
         path: path.clone(),
         msg: e.to_string(),
     })?;
-    if int8 {
-        model.set_decode_precision(transformer_model::DecodePrecision::Int8 {
-            output_layer: true,
-        })?;
+    let own = if int8 {
+        DecodePrecision::Int8 { output_layer: true }
+    } else {
+        DecodePrecision::F32
+    };
+    let mut decoding = Vec::new();
+    let precision = if !device.is_cpu() {
+        if own != DecodePrecision::F32 {
+            decoding.push(format!(
+                "decoding: f32 on {} (this run decodes in int8 on the CPU; its int8 kernels do \
+                 not run on a GPU)",
+                device_name(device)
+            ));
+        }
+        DecodePrecision::F32
+    } else {
+        how.decoding.unwrap_or(own)
+    };
+    model.set_decode_precision(precision)?;
+    if precision != DecodePrecision::F32 {
+        decoding.push(format!("decoding: {}", model.describe_decoding()?));
+    }
+    if how.restrict_vocab {
+        let map = restricted_vocab(run, tokenizer.vocab_size())?;
+        decoding.push(format!(
+            "decoding: output vocabulary restricted to each batch's candidates ({} tokens for \
+             every sentence and up to {} per source token, of {})",
+            map.always.len(),
+            map.by_source.iter().map(Vec::len).max().unwrap_or(0),
+            map.vocab
+        ));
+        model.set_candidate_vocab(Some(std::sync::Arc::new(map)))?;
     }
     Ok(LoadedMt {
         model,
@@ -102,5 +200,20 @@ pub fn load_run(run: &Path, device: &Device) -> Result<LoadedMt> {
         model_config,
         tokenizer,
         note,
+        decoding,
     })
+}
+
+/// The vocabulary map of `run` (`vocab_map.json`) for a vocabulary of `vocab` tokens.
+fn restricted_vocab(run: &Path, vocab: usize) -> Result<VocabMap> {
+    let path = run.join(vocab_map::FILE);
+    if !path.exists() {
+        return Err(Error::Usage(format!(
+            "--restrict-vocab: {} has no {}; write it with `transformer mt vocab-map --run {}`",
+            run.display(),
+            vocab_map::FILE,
+            run.display()
+        )));
+    }
+    VocabMap::load(&path, vocab)
 }

@@ -472,14 +472,15 @@ impl MtModel {
     }
 
     /// Decodes in `p` from now on ([`Seq2Seq::set_decode_precision`]); int8 covers the
-    /// Transformer only.
-    pub fn set_decode_precision(&mut self, p: DecodePrecision) -> Result<()> {
+    /// Transformer only. Chosen once, when the model is loaded ([`crate::load::Execution`]).
+    pub(crate) fn set_decode_precision(&mut self, p: DecodePrecision) -> Result<()> {
         self.0.set_decode_precision(p)
     }
 
     /// Restricts decoding's output vocabulary to each batch's candidates under `c`
     /// ([`Seq2Seq::set_candidate_vocab`]; `None`: every token); the Transformer only.
-    pub fn set_candidate_vocab(
+    /// Chosen once, when the model is loaded ([`crate::load::Execution`]).
+    pub(crate) fn set_candidate_vocab(
         &mut self,
         c: Option<std::sync::Arc<dyn transformer_model::restrict::CandidateVocab>>,
     ) -> Result<()> {

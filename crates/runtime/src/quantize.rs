@@ -41,7 +41,7 @@ pub struct QuantizeSummary {
 /// Writes to `out` a copy of the run `run` (its best weights, configuration and tokenizer)
 /// with every weight matrix in int8. `out` must not exist yet or be empty.
 pub fn quantize_run(run: &Path, out: &Path) -> Result<QuantizeSummary> {
-    let loaded = load_run(run, &Device::Cpu)?;
+    let loaded = load_run(run, &crate::load::Execution::on(&Device::Cpu))?;
     if loaded.model.transformer().is_none() {
         return Err(Error::Usage(format!(
             "{}: a {} run; int8 covers the Transformer (the recurrent models decode in f32)",

@@ -23,7 +23,7 @@ use transformer_decode::{DecodeOptions, Hypothesis};
 use transformer_model::DecodePrecision;
 use transformer_runtime::attention::attention_of;
 use transformer_runtime::config::is_language_code;
-use transformer_runtime::load::load_run;
+use transformer_runtime::load::{load_run, Execution};
 use transformer_runtime::model::{Arch, MtDecoder, MtModel};
 use transformer_runtime::translate::{translate, DecodeRequest};
 use transformer_runtime::viz::AttentionSet;
@@ -209,13 +209,13 @@ impl Engine {
         let mut pairs = Vec::new();
         let mut models = Vec::new();
         for spec in specs {
-            let mut run = load_run(&spec.run, &opts.device)
+            let how = Execution {
+                device: opts.device.clone(),
+                decoding: opts.precision,
+                restrict_vocab: false,
+            };
+            let run = load_run(&spec.run, &how)
                 .with_context(|| format!("cannot serve {}", spec.run.display()))?;
-            if let Some(p) = opts.precision {
-                run.model
-                    .set_decode_precision(p)
-                    .with_context(|| format!("cannot serve {}", spec.run.display()))?;
-            }
             let (src, tgt) = match spec.codes.clone().or_else(|| run.config.language_pair()) {
                 Some(c) => c,
                 None => bail!(

@@ -95,9 +95,16 @@ fn trains_translates_and_resumes_exactly() {
         parts.extend(s.step_losses);
     }
     assert_eq!(&parts, losses);
-    let a =
-        transformer_runtime::load::load_run(&dir.join("whole"), &candle_core::Device::Cpu).unwrap();
-    let b = transformer_runtime::load::load_run(&out, &candle_core::Device::Cpu).unwrap();
+    let a = transformer_runtime::load::load_run(
+        &dir.join("whole"),
+        &transformer_runtime::load::Execution::on(&candle_core::Device::Cpu),
+    )
+    .unwrap();
+    let b = transformer_runtime::load::load_run(
+        &out,
+        &transformer_runtime::load::Execution::on(&candle_core::Device::Cpu),
+    )
+    .unwrap();
     for ((n, x), (_, y)) in a.params.iter().zip(b.params.iter()) {
         let d = (x.as_tensor() - y.as_tensor())
             .unwrap()
@@ -162,10 +169,13 @@ fn bad_input_names_the_file_and_the_fix() {
     // A language-model run is not a translation run.
     std::fs::create_dir_all(dir.join("lm")).unwrap();
     std::fs::write(dir.join("lm/vocab.txt"), "<unk>\n").unwrap();
-    let err = transformer_runtime::load::load_run(&dir.join("lm"), &candle_core::Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = transformer_runtime::load::load_run(
+        &dir.join("lm"),
+        &transformer_runtime::load::Execution::on(&candle_core::Device::Cpu),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(err.contains("language-model run"), "{err}");
 }
 
@@ -254,7 +264,11 @@ fn recurrent_baselines_train_translate_and_resume_exactly() {
             losses.last().unwrap()
         );
         // The run directory holds what translating needs, under the model's architecture.
-        let loaded = transformer_runtime::load::load_run(&run, &candle_core::Device::Cpu).unwrap();
+        let loaded = transformer_runtime::load::load_run(
+            &run,
+            &transformer_runtime::load::Execution::on(&candle_core::Device::Cpu),
+        )
+        .unwrap();
         assert!(loaded.model.recurrent().is_some(), "{arch:?}");
         // Its attention over the source, one row per output token, for pictures.
         let sentence = std::fs::read_to_string(dir.join("test.de")).unwrap();

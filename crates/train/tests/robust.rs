@@ -211,7 +211,9 @@ fn damaged_run_directories_are_errors_never_panics() {
     let run = d.join("run");
     tiny_mt_run(&d, &run);
     let dev = Device::Cpu;
-    let reference = transformer_runtime::load::load_run(&run, &dev).unwrap();
+    let reference =
+        transformer_runtime::load::load_run(&run, &transformer_runtime::load::Execution::on(&dev))
+            .unwrap();
     assert!(reference.note.is_none());
     let mut c = Cases(5);
     for file in ["best.safetensors", "checkpoint.safetensors"] {
@@ -220,7 +222,11 @@ fn damaged_run_directories_are_errors_never_panics() {
         for case in 0..60 {
             std::fs::write(&path, damaged(&good, &mut c)).unwrap();
             let e = match file {
-                "best.safetensors" => transformer_runtime::load::load_run(&run, &dev).err(),
+                "best.safetensors" => transformer_runtime::load::load_run(
+                    &run,
+                    &transformer_runtime::load::Execution::on(&dev),
+                )
+                .err(),
                 _ => transformer_train::runner::Saved::load(
                     &run,
                     transformer_runtime::load::CHECKPOINT_FORMAT,
@@ -236,14 +242,17 @@ fn damaged_run_directories_are_errors_never_panics() {
     // A damaged best.safetensors says which file to fall back to.
     let best = run.join("best.safetensors");
     let good = flip_middle_byte(&best, 0x40);
-    let e = transformer_runtime::load::load_run(&run, &dev)
-        .err()
-        .unwrap()
-        .to_string();
+    let e =
+        transformer_runtime::load::load_run(&run, &transformer_runtime::load::Execution::on(&dev))
+            .err()
+            .unwrap()
+            .to_string();
     assert!(e.contains("checksum") && e.contains("checkpoint"), "{e}");
     // Without best.safetensors the checkpoint's weights are used, and the note says so.
     std::fs::remove_file(&best).unwrap();
-    let loaded = transformer_runtime::load::load_run(&run, &dev).unwrap();
+    let loaded =
+        transformer_runtime::load::load_run(&run, &transformer_runtime::load::Execution::on(&dev))
+            .unwrap();
     assert!(loaded.note.unwrap().contains("checkpoint.safetensors"));
     std::fs::write(&best, &good).unwrap();
     for file in ["config.toml", "tokenizer.json"] {
@@ -251,7 +260,10 @@ fn damaged_run_directories_are_errors_never_panics() {
         let good = std::fs::read(&path).unwrap();
         for _ in 0..40 {
             std::fs::write(&path, damaged(&good, &mut c)).unwrap();
-            let _ = transformer_runtime::load::load_run(&run, &dev);
+            let _ = transformer_runtime::load::load_run(
+                &run,
+                &transformer_runtime::load::Execution::on(&dev),
+            );
         }
         std::fs::write(&path, &good).unwrap();
     }

@@ -3,14 +3,14 @@
 use crate::lm::Console;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 use transformer_runtime::attention::attention_set;
 use transformer_runtime::config::{Corpus, MtPreset, MtTrainConfig, TokenizerKind};
-use transformer_runtime::load::{load_run, LoadedMt};
-use transformer_runtime::model::{Arch, MtModel};
+use transformer_runtime::load::{load_run, Execution, LoadedMt};
+use transformer_runtime::model::Arch;
 use transformer_runtime::translate::{over_long_lines, translate_lines, DecodeRequest, Truncated};
 use transformer_runtime::viz;
 use transformer_train::mt;
@@ -469,75 +469,28 @@ impl Quantize {
     }
 }
 
-/// Off the CPU, decoding runs in f32 through the composed layers: int8 asked for there is an
-/// error that says what to do instead.
-pub(crate) fn refuse_int8_off_cpu(q: Option<Quantize>, device: &Device) -> Result<()> {
-    match q {
-        Some(q @ (Quantize::Int8 | Quantize::Int8Layers)) if !device.is_cpu() => bail!(
-            "--quantize {}: int8 decoding runs on the CPU's int8 kernels, not on {}: use \
-             --quantize none there, or --device cpu",
-            q.to_possible_value()
-                .expect("every value is named")
-                .get_name(),
-            crate::device::name_of(device)
-        ),
-        _ => Ok(()),
-    }
-}
-
-/// Sets a loaded run to decode with `q` (when given), and says what that prepared when it
-/// is int8. Off the CPU, decoding is f32 through the composed layers: int8 asked for is an
-/// error, and a run that decodes in int8 by default (`mt quantize`) decodes in f32 there,
-/// with a line that says so.
-/// Restricts a loaded run's decoding to its vocabulary map's candidates, and says so.
-pub(crate) fn restrict_vocab(run: &mut LoadedMt, dir: &std::path::Path) -> Result<()> {
-    use transformer_runtime::vocab_map::{VocabMap, FILE};
-    use transformer_text::subword::TextTokenizer;
-    let path = dir.join(FILE);
-    if !path.exists() {
-        bail!(
-            "--restrict-vocab: {} has no {FILE}; write it with `transformer mt vocab-map --run {}`",
-            dir.display(),
-            dir.display()
-        );
-    }
-    let map = VocabMap::load(&path, run.tokenizer.vocab_size())?;
-    eprintln!(
-        "decoding: output vocabulary restricted to each batch's candidates ({} tokens for \
-         every sentence and up to {} per source token, of {})",
-        map.always.len(),
-        map.by_source.iter().map(Vec::len).max().unwrap_or(0),
-        map.vocab
-    );
-    run.model
-        .set_candidate_vocab(Some(std::sync::Arc::new(map)))?;
-    Ok(())
-}
-
-pub(crate) fn apply_quantize(
-    model: &mut MtModel,
-    q: Option<Quantize>,
+/// How `args` asks a run to be loaded on `device` ([`Execution`]).
+pub(crate) fn execution(
     device: &Device,
-) -> Result<()> {
-    refuse_int8_off_cpu(q, device)?;
-    if !device.is_cpu() {
-        let name = crate::device::name_of(device);
-        if model.decode_precision() != transformer_model::DecodePrecision::F32 {
-            model.set_decode_precision(transformer_model::DecodePrecision::F32)?;
-            eprintln!(
-                "decoding: f32 on {name} (this run decodes in int8 on the CPU; its int8 kernels \
-                 do not run on a GPU)"
-            );
-        }
-        return Ok(());
+    quantize: Option<Quantize>,
+    restrict_vocab: bool,
+) -> Execution {
+    Execution {
+        device: device.clone(),
+        decoding: quantize.map(Quantize::precision),
+        restrict_vocab,
     }
-    if let Some(q) = q {
-        model.set_decode_precision(q.precision())?;
+}
+
+/// Loads a run as `how` says, and prints what was chosen (the weights' origin, the decoding
+/// arithmetic and vocabulary) on stderr.
+pub(crate) fn load_and_say(run: &std::path::Path, how: &Execution) -> Result<LoadedMt> {
+    let run = load_run(run, how)?;
+    crate::lm::warn_note(&run.note);
+    for line in &run.decoding {
+        eprintln!("{line}");
     }
-    if model.decode_precision() != transformer_model::DecodePrecision::F32 {
-        eprintln!("decoding: {}", model.describe_decoding()?);
-    }
-    Ok(())
+    Ok(run)
 }
 
 #[derive(Args)]
@@ -556,13 +509,8 @@ fn load(
     args: &DecodeArgs,
     device: &Device,
 ) -> Result<(LoadedMt, transformer_decode::DecodeOptions)> {
-    refuse_int8_off_cpu(args.quantize, device)?;
-    let mut run = load_run(&args.run, device)?;
-    crate::lm::warn_note(&run.note);
-    apply_quantize(&mut run.model, args.quantize, device)?;
-    if args.restrict_vocab {
-        restrict_vocab(&mut run, &args.run)?;
-    }
+    let how = execution(device, args.quantize, args.restrict_vocab);
+    let run = load_and_say(&args.run, &how)?;
     let mut c = run.config.clone();
     if let Some(a) = args.max_len_a {
         c.max_len_a = a;

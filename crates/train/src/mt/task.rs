@@ -251,7 +251,7 @@ impl Task for MtTask {
             return Ok((Vec::new(), None));
         };
         let (cfg, dev) = (&self.cfg, &self.device);
-        let best = load_run(t.run, dev)?;
+        let best = load_run(t.run, &transformer_runtime::load::Execution::on(dev))?;
         let data = EncodedSplit::encode(src.read()?, &self.tokenizer);
         let loss = evaluate_loss_on(&best.model, &data, cfg.max_tokens, dev, t.dist)?;
         let start = Instant::now();

@@ -150,13 +150,14 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     // resumed one continues from its own checkpoint and its own copy of the tokenizer).
     let init = match (cfg.init_from.clone(), resuming) {
         (Some(from), false) => {
-            let loaded = load_run(&from, dev).map_err(|e| {
-                Error::Usage(format!(
-                    "--init-from {}: {e} (give the directory of a finished `transformer mt \
+            let loaded =
+                load_run(&from, &transformer_runtime::load::Execution::on(dev)).map_err(|e| {
+                    Error::Usage(format!(
+                        "--init-from {}: {e} (give the directory of a finished `transformer mt \
                      train` run)",
-                    from.display()
-                ))
-            })?;
+                        from.display()
+                    ))
+                })?;
             cfg = inherit_model(&cfg, &loaded.config, &from, &opts.given)?;
             Some((from, loaded))
         }

@@ -2,26 +2,18 @@
 //! the encoder output (encoder-decoder attention, section 3.2.3) and a feed-forward network,
 //! each wrapped in a residual connection with layer normalisation.
 
+pub use crate::backend::DecoderWeights;
 use crate::backend::{self, DecoderLayerCall, DecoderLayerParts, Pass};
 use crate::dropout::{Dropout, Mode};
-use crate::encoder::{residual, residual_with, LayerSpec};
+use crate::encoder::{residual, residual_with};
 use crate::feed_forward::FeedForward;
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
 use crate::multi_head::{KvCache, MultiHeadAttention};
 use crate::params::ParamBuilder;
-use crate::stack::Stack;
+use crate::stack::{LayerSpec, Stack, StackLayer};
 use crate::Result;
 use candle_core::Tensor;
-
-/// The attention weights of one decoder layer.
-#[derive(Debug, Clone)]
-pub struct DecoderWeights {
-    /// Masked self-attention, (B, H, T, T).
-    pub self_attn: Tensor,
-    /// Encoder-decoder attention, (B, H, T, S): which source word each target word attends to.
-    pub cross_attn: Tensor,
-}
 
 /// What the encoder-decoder attention attends to: the encoder output, or its keys and values
 /// projected once per sentence for incremental decoding ([`DecoderLayer::project_memory`]).
@@ -350,4 +342,10 @@ impl Stack<DecoderLayer> {
 enum MemoryPerLayer<'a> {
     Full(&'a Tensor),
     Projected(&'a [(Tensor, Tensor)]),
+}
+
+impl StackLayer for DecoderLayer {
+    fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
+        DecoderLayer::new(pb, spec)
+    }
 }

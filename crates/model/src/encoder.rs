@@ -3,49 +3,15 @@
 //! (post-norm, the paper) or `x + Dropout(Sublayer(LayerNorm(x)))` (`norm_first`).
 
 use crate::backend::{EncoderLayerParts, LayerCall, Pass};
-use crate::config::Activation;
 use crate::dropout::{Dropout, Mode};
 use crate::feed_forward::FeedForward;
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
 use crate::multi_head::{KvCache, MultiHeadAttention};
 use crate::params::ParamBuilder;
-use crate::stack::Stack;
+use crate::stack::{LayerSpec, Stack, StackLayer};
 use crate::Result;
 use candle_core::Tensor;
-
-/// The sizes and options one layer needs (a view of the model configs).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LayerSpec {
-    /// Model width C (`d_model`).
-    pub d_model: usize,
-    /// Attention heads H; must divide `d_model`.
-    pub nhead: usize,
-    /// Inner feed-forward width F (`d_ff`).
-    pub dim_feedforward: usize,
-    /// Dropout probability for the residual, attention and feed-forward dropouts.
-    pub dropout: f64,
-    /// Feed-forward activation.
-    pub activation: Activation,
-    /// Epsilon added to the variance in each layer norm.
-    pub layer_norm_eps: f64,
-    /// Pre-norm (`x + f(norm(x))`) instead of post-norm (`norm(x + f(x))`).
-    pub norm_first: bool,
-}
-
-impl From<&crate::config::TransformerConfig> for LayerSpec {
-    fn from(c: &crate::config::TransformerConfig) -> Self {
-        Self {
-            d_model: c.d_model,
-            nhead: c.nhead,
-            dim_feedforward: c.dim_feedforward,
-            dropout: c.dropout,
-            activation: c.activation,
-            layer_norm_eps: c.layer_norm_eps,
-            norm_first: c.norm_first,
-        }
-    }
-}
 
 /// A residual sub-layer connection (section 5.4 "Residual Dropout" and section 3.1):
 /// post-norm `norm(x + dropout(f(x)))` or pre-norm `x + dropout(f(norm(x)))`.
@@ -257,5 +223,11 @@ impl Stack<EncoderLayer> {
             weights.extend(w);
         }
         Ok((self.finish(x)?, weights))
+    }
+}
+
+impl StackLayer for EncoderLayer {
+    fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
+        EncoderLayer::new(pb, spec)
     }
 }

@@ -8,13 +8,14 @@ use crate::backend::{Backend, Backprop, Pass};
 use crate::config::{Activation, LmConfig};
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
-use crate::encoder::{Encoder, LayerSpec};
+use crate::encoder::Encoder;
 use crate::linear::Linear;
 use crate::mask::Mask;
 use crate::multi_head::KvCache;
 use crate::ops::{self, Precision};
 use crate::params::{Init, ParamBuilder};
 use crate::positional::PositionalEncoding;
+use crate::stack::LayerSpec;
 use crate::Result;
 use candle_core::Tensor;
 

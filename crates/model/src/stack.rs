@@ -4,8 +4,7 @@
 //! the backend each layer call goes through live here once.
 
 use crate::backend::{self, Backend};
-use crate::decoder::DecoderLayer;
-use crate::encoder::{EncoderLayer, LayerSpec};
+use crate::config::Activation;
 use crate::layer_norm::LayerNorm;
 use crate::params::ParamBuilder;
 use crate::Result;
@@ -18,15 +17,36 @@ pub trait StackLayer: Sized {
     fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self>;
 }
 
-impl StackLayer for EncoderLayer {
-    fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
-        EncoderLayer::new(pb, spec)
-    }
+/// The sizes and options one layer needs (a view of the model configs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerSpec {
+    /// Model width C (`d_model`).
+    pub d_model: usize,
+    /// Attention heads H; must divide `d_model`.
+    pub nhead: usize,
+    /// Inner feed-forward width F (`d_ff`).
+    pub dim_feedforward: usize,
+    /// Dropout probability for the residual, attention and feed-forward dropouts.
+    pub dropout: f64,
+    /// Feed-forward activation.
+    pub activation: Activation,
+    /// Epsilon added to the variance in each layer norm.
+    pub layer_norm_eps: f64,
+    /// Pre-norm (`x + f(norm(x))`) instead of post-norm (`norm(x + f(x))`).
+    pub norm_first: bool,
 }
 
-impl StackLayer for DecoderLayer {
-    fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
-        DecoderLayer::new(pb, spec)
+impl From<&crate::config::TransformerConfig> for LayerSpec {
+    fn from(c: &crate::config::TransformerConfig) -> Self {
+        Self {
+            d_model: c.d_model,
+            nhead: c.nhead,
+            dim_feedforward: c.dim_feedforward,
+            dropout: c.dropout,
+            activation: c.activation,
+            layer_norm_eps: c.layer_norm_eps,
+            norm_first: c.norm_first,
+        }
     }
 }
 

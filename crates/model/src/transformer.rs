@@ -5,9 +5,10 @@
 use crate::config::TransformerConfig;
 use crate::decoder::Decoder;
 use crate::dropout::Mode;
-use crate::encoder::{Encoder, LayerSpec};
+use crate::encoder::Encoder;
 use crate::mask::Mask;
 use crate::params::ParamBuilder;
+use crate::stack::LayerSpec;
 use crate::Result;
 use candle_core::Tensor;
 

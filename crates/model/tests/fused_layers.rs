@@ -8,10 +8,11 @@ use transformer_kernels::{bf16, DecoderLayerDropout, LayerDropout};
 use transformer_model::config::Activation;
 use transformer_model::decoder::DecoderLayer;
 use transformer_model::dropout::Mode;
-use transformer_model::encoder::{EncoderLayer, LayerSpec};
+use transformer_model::encoder::EncoderLayer;
 use transformer_model::mask::Mask;
 use transformer_model::params::ParamBuilder;
 use transformer_model::rng::Rng;
+use transformer_model::stack::LayerSpec;
 use transformer_model::Pass;
 
 mod common;

@@ -6,7 +6,7 @@ mod common;
 
 use candle_core::{DType, Device, Result};
 use common::{assert_close, check_gradients, Fixture};
-use transformer_model::encoder::LayerSpec;
+use transformer_model::stack::LayerSpec;
 use transformer_model::{
     Activation, DecoderLayer, EncoderLayer, Mask, Mode, MultiHeadAttention, ParamBuilder, Pass,
     PositionalEncoding, Transformer, TransformerConfig,

@@ -136,12 +136,12 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
     let advise = |e| runner::with_fallback_advice(e, run, &path);
     let mut int8 = false;
     let (tensors, model_config) = if path == best_path(run) {
-        let (tensors, meta) = crate::quantize::load_any(&path, device).map_err(advise)?;
-        if crate::quantize::is_int8(&meta) {
+        let (tensors, meta) = crate::checkpoint::load(&path, device).map_err(advise)?;
+        if crate::int8_weights::is_int8(&meta) {
             // A run written by `transformer mt quantize`: decoded in int8.
             int8 = true;
             (
-                crate::quantize::dequantize(&path, tensors)?,
+                crate::int8_weights::dequantize(&path, tensors)?,
                 meta_json(&path, &meta, "model")?,
             )
         } else {

@@ -6,7 +6,8 @@
 use candle_core::{DType, Device, Tensor, Var};
 use std::time::Instant;
 use transformer_model::backend::{Backprop, Pass};
-use transformer_model::encoder::{Encoder, LayerSpec};
+use transformer_model::encoder::Encoder;
+use transformer_model::stack::LayerSpec;
 use transformer_model::{
     Activation, DirectGrads, LmConfig, Mask, Mode, ParamBuilder, Rng, TransformerLm,
 };

@@ -4,8 +4,8 @@
 //! or int8, over the whole vocabulary or a batch's candidates. [`crate::Seq2Seq::start`] and
 //! [`crate::Seq2Seq::step`] only ask what was chosen.
 
+use super::DecoderWeights;
 use super::DecodingStack;
-use crate::decoder::DecoderWeights;
 use crate::kernels::int8::{Int8Kernel, QuantizedLinear};
 use crate::kernels::DecodeCache;
 use crate::linear::Linear;

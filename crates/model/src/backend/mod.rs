@@ -31,6 +31,15 @@ use crate::Result;
 use candle_core::{Device, Tensor};
 use std::sync::Arc;
 
+/// The attention weights of one decoder layer.
+#[derive(Debug, Clone)]
+pub struct DecoderWeights {
+    /// Masked self-attention, (B, H, T, T).
+    pub self_attn: Tensor,
+    /// Encoder-decoder attention, (B, H, T, S): which source word each target word attends to.
+    pub cross_attn: Tensor,
+}
+
 /// The whole decoder as one fused decoding step with its own caches (today the CPU's,
 /// [`kernels::DecoderStack`]: f32, or int8 weights once prepared).
 pub use crate::kernels::DecoderStack as DecodingStack;

@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Result, Tensor, Var};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use transformer_model::config::Activation;
-use transformer_model::encoder::LayerSpec;
+use transformer_model::stack::LayerSpec;
 use transformer_model::{import, LmConfig, Mask};
 
 pub fn fixture_path(name: &str) -> PathBuf {

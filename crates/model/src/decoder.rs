@@ -3,7 +3,7 @@
 //! each wrapped in a residual connection with layer normalisation.
 
 pub use crate::backend::DecoderWeights;
-use crate::backend::{self, DecoderLayerCall, DecoderLayerParts, Pass};
+use crate::backend::{self, Backend, Backprop, DecoderLayerCall, DecoderLayerParts, Pass};
 use crate::dropout::{Dropout, Mode};
 use crate::encoder::{residual, residual_with};
 use crate::feed_forward::FeedForward;
@@ -226,9 +226,12 @@ impl Stack<DecoderLayer> {
         memory_mask: Option<&Mask>,
         pass: Pass,
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
-        let masks = (self_mask, memory_mask);
-        let memory = MemoryPerLayer::Full(memory);
-        self.run(x, memory, None, masks, pass)
+        let inputs = DecoderInputs {
+            memory: MemoryPerLayer::Full(memory),
+            self_mask,
+            memory_mask,
+        };
+        self.run(x, inputs, None, pass)
     }
 
     /// Every layer's encoder-decoder keys and values ([`DecoderLayer::project_memory`]).
@@ -264,9 +267,12 @@ impl Stack<DecoderLayer> {
                 memory_kv.len()
             );
         }
-        let masks = (self_mask, memory_mask);
-        let memory = MemoryPerLayer::Projected(memory_kv);
-        self.run(x, memory, Some(caches), masks, Pass::new(mode).weights())
+        let inputs = DecoderInputs {
+            memory: MemoryPerLayer::Projected(memory_kv),
+            self_mask,
+            memory_mask,
+        };
+        self.run(x, inputs, Some(caches), Pass::new(mode).weights())
     }
 
     /// The stack as one fused decoding step ([`backend::DecodingStack`]) with its weights
@@ -280,61 +286,6 @@ impl Stack<DecoderLayer> {
         self.backend
             .decoding_stack(&layers, self.norm.as_ref(), precision)
     }
-
-    /// The one loop over the layers: each call goes to the backend first, then to the
-    /// composed layer; then the final norm.
-    fn run(
-        &self,
-        x: &Tensor,
-        memory: MemoryPerLayer,
-        mut caches: Option<&mut [KvCache]>,
-        (self_mask, memory_mask): (Option<&Mask>, Option<&Mask>),
-        pass: Pass,
-    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
-        let Pass {
-            mode,
-            backprop,
-            weights: need_weights,
-        } = pass;
-        let mut x = x.clone();
-        let mut weights = Vec::with_capacity(self.layers.len());
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let memory = match memory {
-                MemoryPerLayer::Full(m) => Memory::Full(m),
-                MemoryPerLayer::Projected(kv) => Memory::Projected(&kv[i]),
-            };
-            let fused = match memory {
-                Memory::Full(m) if !need_weights && cache.is_none() => {
-                    let call = DecoderLayerCall {
-                        x: &x,
-                        memory: m,
-                        self_mask,
-                        memory_mask,
-                        mode,
-                        backprop,
-                    };
-                    self.backend.decoder_layer(&layer.parts(), call)?
-                }
-                _ => None,
-            };
-            let (y, w) = match fused {
-                Some(y) => (y, None),
-                None => layer.run(
-                    &x,
-                    memory,
-                    cache,
-                    self_mask,
-                    memory_mask,
-                    mode,
-                    need_weights,
-                )?,
-            };
-            x = y;
-            weights.extend(w);
-        }
-        Ok((self.finish(x)?, weights))
-    }
 }
 
 /// The memory of every layer: the encoder output they share, or one projection each.
@@ -344,8 +295,75 @@ enum MemoryPerLayer<'a> {
     Projected(&'a [(Tensor, Tensor)]),
 }
 
+/// What every decoder layer of a pass reads besides its input.
+#[derive(Debug, Clone, Copy)]
+pub struct DecoderInputs<'a> {
+    memory: MemoryPerLayer<'a>,
+    self_mask: Option<&'a Mask>,
+    memory_mask: Option<&'a Mask>,
+}
+
+impl<'a> DecoderInputs<'a> {
+    /// Layer `i`'s memory.
+    fn memory(&self, i: usize) -> Memory<'a> {
+        match self.memory {
+            MemoryPerLayer::Full(m) => Memory::Full(m),
+            MemoryPerLayer::Projected(kv) => Memory::Projected(&kv[i]),
+        }
+    }
+}
+
 impl StackLayer for DecoderLayer {
+    type Weights = DecoderWeights;
+    type Inputs<'a> = DecoderInputs<'a>;
+
     fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
         DecoderLayer::new(pb, spec)
+    }
+
+    /// The backends' decoder layers take the whole encoder output: a layer over projected
+    /// memory (incremental decoding, which has a cache anyway) runs composed.
+    fn by_backend(
+        &self,
+        backend: &dyn Backend,
+        x: &Tensor,
+        inputs: DecoderInputs<'_>,
+        i: usize,
+        mode: Mode,
+        backprop: Backprop,
+    ) -> Result<Option<Tensor>> {
+        let Memory::Full(memory) = inputs.memory(i) else {
+            return Ok(None);
+        };
+        let call = DecoderLayerCall {
+            x,
+            memory,
+            self_mask: inputs.self_mask,
+            memory_mask: inputs.memory_mask,
+            mode,
+            backprop,
+        };
+        backend.decoder_layer(&self.parts(), call)
+    }
+
+    fn composed(
+        &self,
+        x: &Tensor,
+        inputs: DecoderInputs<'_>,
+        i: usize,
+        cache: Option<&mut KvCache>,
+        mode: Mode,
+        need_weights: bool,
+    ) -> Result<(Tensor, Option<DecoderWeights>)> {
+        let (self_mask, memory_mask) = (inputs.self_mask, inputs.memory_mask);
+        self.run(
+            x,
+            inputs.memory(i),
+            cache,
+            self_mask,
+            memory_mask,
+            mode,
+            need_weights,
+        )
     }
 }

@@ -2,7 +2,7 @@
 //! and a feed-forward sub-layer, each wrapped as `LayerNorm(x + Dropout(Sublayer(x)))`
 //! (post-norm, the paper) or `x + Dropout(Sublayer(LayerNorm(x)))` (`norm_first`).
 
-use crate::backend::{EncoderLayerParts, LayerCall, Pass};
+use crate::backend::{Backend, Backprop, EncoderLayerParts, LayerCall, Pass};
 use crate::dropout::{Dropout, Mode};
 use crate::feed_forward::FeedForward;
 use crate::layer_norm::LayerNorm;
@@ -189,45 +189,43 @@ impl Stack<EncoderLayer> {
         }
         Ok(self.run(x, mask, Some(caches), Pass::new(mode))?.0)
     }
-
-    /// The stack; each layer's attention weights only when `pass` asks for them (else empty).
-    fn run(
-        &self,
-        x: &Tensor,
-        mask: Option<&Mask>,
-        mut caches: Option<&mut [KvCache]>,
-        pass: Pass,
-    ) -> Result<(Tensor, Vec<Tensor>)> {
-        let Pass {
-            mode,
-            backprop,
-            weights: need_weights,
-        } = pass;
-        let mut x = x.clone();
-        let mut weights = Vec::with_capacity(self.layers.len());
-        for (i, layer) in self.layers.iter().enumerate() {
-            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
-            let call = LayerCall {
-                x: &x,
-                mask,
-                mode,
-                backprop,
-                need_weights,
-                cached: cache.is_some(),
-            };
-            let (y, w) = match self.backend.encoder_layer(&layer.parts(), call)? {
-                Some(y) => (y, None),
-                None => layer.run(&x, mask, cache, mode, need_weights)?,
-            };
-            x = y;
-            weights.extend(w);
-        }
-        Ok((self.finish(x)?, weights))
-    }
 }
 
 impl StackLayer for EncoderLayer {
+    type Weights = Tensor;
+    type Inputs<'a> = Option<&'a Mask>;
+
     fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self> {
         EncoderLayer::new(pb, spec)
+    }
+
+    fn by_backend(
+        &self,
+        backend: &dyn Backend,
+        x: &Tensor,
+        mask: Option<&Mask>,
+        _: usize,
+        mode: Mode,
+        backprop: Backprop,
+    ) -> Result<Option<Tensor>> {
+        let call = LayerCall {
+            x,
+            mask,
+            mode,
+            backprop,
+        };
+        backend.encoder_layer(&self.parts(), call)
+    }
+
+    fn composed(
+        &self,
+        x: &Tensor,
+        mask: Option<&Mask>,
+        _: usize,
+        cache: Option<&mut KvCache>,
+        mode: Mode,
+        need_weights: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        self.run(x, mask, cache, mode, need_weights)
     }
 }

@@ -3,18 +3,48 @@
 //! how the stack runs it live with each layer kind; building the stack, its final norm and
 //! the backend each layer call goes through live here once.
 
-use crate::backend::{self, Backend};
+use crate::backend::{self, Backend, Backprop, Pass};
 use crate::config::Activation;
+use crate::dropout::Mode;
 use crate::layer_norm::LayerNorm;
+use crate::multi_head::KvCache;
 use crate::params::ParamBuilder;
 use crate::Result;
 use candle_core::Tensor;
 use std::sync::Arc;
 
-/// A layer kind a [`Stack`] can hold.
+/// A layer kind a [`Stack`] can hold, and what the stack's one loop ([`Stack::run`]) asks
+/// of it: the layer as the backend runs it, or the composed layer.
 pub trait StackLayer: Sized {
+    /// One layer's attention weights, when a pass asks for them.
+    type Weights;
+    /// What every layer of a pass reads besides its input (the masks; the decoder's memory).
+    type Inputs<'a>: Copy;
     /// A layer with its parameters under `pb`.
     fn build(pb: &ParamBuilder, spec: &LayerSpec) -> Result<Self>;
+    /// Layer `index` of the stack run by `backend`, or `None` where the backend leaves it
+    /// to the composed layer. Asked only for a call without a cache and without attention
+    /// weights: the fused layers keep neither.
+    fn by_backend(
+        &self,
+        backend: &dyn Backend,
+        x: &Tensor,
+        inputs: Self::Inputs<'_>,
+        index: usize,
+        mode: Mode,
+        backprop: Backprop,
+    ) -> Result<Option<Tensor>>;
+    /// Layer `index` composed of the paper's modules, extending `cache` when given, with
+    /// its attention weights when `need_weights`.
+    fn composed(
+        &self,
+        x: &Tensor,
+        inputs: Self::Inputs<'_>,
+        index: usize,
+        cache: Option<&mut KvCache>,
+        mode: Mode,
+        need_weights: bool,
+    ) -> Result<(Tensor, Option<Self::Weights>)>;
 }
 
 /// The sizes and options one layer needs (a view of the model configs).
@@ -87,6 +117,43 @@ impl<L: StackLayer> Stack<L> {
             norm,
             backend,
         })
+    }
+}
+
+impl<L: StackLayer> Stack<L> {
+    /// The one loop over the layers, for the encoder and the decoder alike: each layer call
+    /// goes to the backend first when it keeps no cache and wants no attention weights, and
+    /// to the composed layer where the backend declines (or was not asked); then the final
+    /// norm. Each layer's attention weights come back when `pass` asks for them.
+    pub(crate) fn run(
+        &self,
+        x: &Tensor,
+        inputs: L::Inputs<'_>,
+        mut caches: Option<&mut [KvCache]>,
+        pass: Pass,
+    ) -> Result<(Tensor, Vec<L::Weights>)> {
+        let Pass {
+            mode,
+            backprop,
+            weights: need_weights,
+        } = pass;
+        let mut x = x.clone();
+        let mut weights = Vec::with_capacity(self.layers.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let cache = caches.as_deref_mut().map(|c| &mut c[i]);
+            let fused = if need_weights || cache.is_some() {
+                None
+            } else {
+                layer.by_backend(self.backend.as_ref(), &x, inputs, i, mode, backprop)?
+            };
+            let (y, w) = match fused {
+                Some(y) => (y, None),
+                None => layer.composed(&x, inputs, i, cache, mode, need_weights)?,
+            };
+            x = y;
+            weights.extend(w);
+        }
+        Ok((self.finish(x)?, weights))
     }
 }
 

@@ -119,9 +119,9 @@ pub struct DecoderLayerParts<'a> {
     pub(crate) norm_first: bool,
 }
 
-/// One call of a layer: its input, mask and mode, how it will be differentiated, and whether
-/// the caller wants the attention weights or steps with a cache (the fused layer keeps
-/// neither, so it declines those calls).
+/// One call of an encoder layer: its input, mask and mode, and how it will be
+/// differentiated. A stack asks its backend only for calls without a cache and without
+/// attention weights (`Stack::run`); the others run the composed layer.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerCall<'a> {
     /// The layer's input, (B, T, C).
@@ -132,10 +132,6 @@ pub struct LayerCall<'a> {
     pub mode: Mode<'a>,
     /// How the pass will be differentiated.
     pub backprop: Backprop<'a>,
-    /// The attention weights are wanted.
-    pub need_weights: bool,
-    /// The call extends a key/value cache.
-    pub cached: bool,
 }
 
 /// One call of a decoder layer over the whole encoder output, without attention weights
@@ -258,9 +254,6 @@ impl Backend for CpuFused {
             backprop,
             ..
         } = call;
-        if call.need_weights || call.cached {
-            return Ok(None);
-        }
         let (grads, precision) = match backprop {
             Backprop::Graph => return Ok(None),
             Backprop::Direct(g, p) => (Some(g), p),

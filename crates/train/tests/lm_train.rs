@@ -329,8 +329,14 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
     assert_eq!(b.step_losses[..], a.step_losses[4..]);
     assert_eq!(b.test_loss, a.test_loss);
 
+    // The run records what it trained in: bf16 where the CPU has a bf16 unit (AMX or
+    // AVX512-BF16), else f32 (an AVX2-only CPU trains the bf16 run in f32, and says so).
     let toml = std::fs::read_to_string(split.join("config.toml")).unwrap();
-    assert!(toml.contains("precision = \"bf16\""), "{toml}");
+    let recorded = match transformer_model::bf16::backend() {
+        Some(_) => "precision = \"bf16\"",
+        None => "precision = \"f32\"",
+    };
+    assert!(toml.contains(recorded), "{toml}");
     assert!(toml.contains("tie_weights = true"), "{toml}");
     let (tensors, _) =
         transformer_runtime::checkpoint::load(&split.join("checkpoint.safetensors"), &Device::Cpu)
@@ -521,9 +527,17 @@ fn weight_average_is_a_read_out() {
     assert_eq!(v, best);
     if winner == Weights::Average {
         // The tutorial's read-out is still reported: the best SGD weights' test loss, which
-        // is the plain run's.
+        // is the plain run's. The same weights, loaded again in this process, can differ
+        // from the plain run's in the last bit of the mean on AVX2-only CPUs (where candle's
+        // products take other kernels than on AVX-512 ones), so equal to 1e-12 relative.
         assert_eq!(tests.len(), 2);
-        assert_eq!(tests[1], (Weights::Sgd, a.test_loss.unwrap()));
+        let (sgd, plain_loss) = (tests[1], a.test_loss.unwrap());
+        assert_eq!(sgd.0, Weights::Sgd);
+        assert!(
+            (sgd.1 - plain_loss).abs() <= 1e-12 * plain_loss.abs(),
+            "best SGD weights' test loss {} vs the plain run's {plain_loss}",
+            sgd.1
+        );
     } else {
         assert_eq!(tests.len(), 1);
     }

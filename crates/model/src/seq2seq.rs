@@ -488,7 +488,7 @@ impl Seq2Seq {
 
     /// Decoding made ready once for many batches, as the decoder's backend chooses it
     /// ([`crate::backend::Backend::decoding_stack`], [`crate::backend::Backend::output_layer`])
-    /// in this model's [`DecodePrecision`](crate::DecodePrecision)
+    /// in this model's [`DecodePrecision`]
     /// ([`Self::set_decode_precision`]). On the CPU: the fused step's stack with its weight
     /// matrices transposed, or quantized to int8, and the output layer in f32 (its weight
     /// transposed at the first step that needs it) or int8 (else [`Self::start`] makes them
@@ -575,7 +575,7 @@ impl Seq2Seq {
 
     /// [`Self::step`] for greedy decoding: only the most likely next token of each row, the
     /// token of the largest logit (the first of equals), found as the output layer finds it
-    /// ([`OutputLayer::argmax`]: on the CPU without computing every logit exactly).
+    /// ([`crate::backend::OutputLayer::argmax`]: on the CPU without computing every logit exactly).
     ///
     /// # Shapes
     /// tokens (B,) u32 -> B token ids

@@ -13,7 +13,7 @@ use crate::Result;
 use candle_core::Tensor;
 use std::sync::Arc;
 
-/// A layer kind a [`Stack`] can hold, and what the stack's one loop ([`Stack::run`]) asks
+/// A layer kind a [`Stack`] can hold, and what the stack's one loop (`Stack::run`) asks
 /// of it: the layer as the backend runs it, or the composed layer.
 pub trait StackLayer: Sized {
     /// One layer's attention weights, when a pass asks for them.

@@ -5,10 +5,23 @@ use anyhow::Result;
 use transformer_train::dist::Dist;
 
 /// Whether this process was started by an MPI launcher (`mpirun`, `srun`) as one of several.
-fn launched_with_several() -> bool {
+pub(crate) fn launched_with_several() -> bool {
     ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"]
         .iter()
         .any(|k| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok()) > Some(1))
+}
+
+/// Refuses a command that runs in one process (`command`, as `mt translate`) when it was
+/// started as one of several ranks: every rank would do the whole work and write the whole
+/// output.
+pub(crate) fn refuse_several(command: &str) -> Result<()> {
+    anyhow::ensure!(
+        !launched_with_several(),
+        "{command} runs in one process: start it without mpirun or srun (as one of several \
+         ranks, every rank would translate the whole input and print it again); only \
+         training is data-parallel"
+    );
+    Ok(())
 }
 
 /// The processes of a training run, held for its whole life (MPI is finalized when dropped).

@@ -57,6 +57,11 @@ pub struct TrainArgs {
     /// Stop after this many steps in this invocation (continue later with --resume).
     #[arg(long)]
     max_steps: Option<usize>,
+    /// Append the training log to this file too (created if missing), beside stdout. The
+    /// log on stdout is a view of the run, not its work: when stdout is closed (a `| head`
+    /// or `less` that quit), training goes on and this file keeps the whole log.
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
     /// Embedding size [default: 200]
     #[arg(long)]
     emsize: Option<usize>,
@@ -384,6 +389,11 @@ impl Progress for Quiet {
 
 pub(crate) struct Console {
     pub(crate) bar: Option<ProgressBar>,
+    /// `--log-file`: every log line is appended here too.
+    log_file: Option<(PathBuf, std::fs::File)>,
+    /// Standard output was closed by its reader (`| head`): log lines go on to the log file
+    /// only, and training goes on.
+    stdout_closed: bool,
 }
 
 impl Console {
@@ -400,7 +410,25 @@ impl Console {
             );
             bar
         });
-        Self { bar }
+        Self {
+            bar,
+            log_file: None,
+            stdout_closed: false,
+        }
+    }
+
+    /// A console that also appends every log line to `path` (created if missing), the
+    /// training commands' `--log-file`.
+    pub(crate) fn with_log_file(mut self, path: Option<&Path>) -> Result<Self> {
+        if let Some(path) = path {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("--log-file {}", path.display()))?;
+            self.log_file = Some((path.to_path_buf(), file));
+        }
+        Ok(self)
     }
 
     /// Removes the bar.
@@ -412,10 +440,40 @@ impl Console {
 }
 
 impl Progress for Console {
+    /// Prints `line` on stdout and appends it to the log file. The log is not the work: a
+    /// stdout its reader has closed (`| head`, a `less` quit early) or a log file that
+    /// cannot be written is said once on stderr and left, and training goes on.
     fn line(&mut self, line: &str) {
-        match &self.bar {
-            Some(bar) => bar.suspend(|| println!("{line}")),
-            None => println!("{line}"),
+        if !self.stdout_closed {
+            let closed = &mut self.stdout_closed;
+            let logged_elsewhere = self.log_file.as_ref().map(|(p, _)| p.clone());
+            let mut print = || {
+                if let Err(e) = print_line(line) {
+                    *closed = true;
+                    let rest = match &logged_elsewhere {
+                        Some(p) => format!("the log goes on in {}", p.display()),
+                        None => "the log is no longer shown (--log-file PATH keeps it)".into(),
+                    };
+                    say_on_stderr(&format!(
+                        "warning: cannot write the log to standard output ({e}); training goes \
+                         on and {rest}"
+                    ));
+                }
+            };
+            match &self.bar {
+                Some(bar) => bar.suspend(print),
+                None => print(),
+            }
+        }
+        if let Some((path, file)) = &mut self.log_file {
+            use std::io::Write;
+            if let Err(e) = writeln!(file, "{line}").and_then(|_| file.flush()) {
+                say_on_stderr(&format!(
+                    "warning: cannot write the log to {} ({e}); training goes on without it",
+                    path.display()
+                ));
+                self.log_file = None;
+            }
         }
     }
 
@@ -428,6 +486,20 @@ impl Progress for Console {
             bar.set_position(done as u64);
         }
     }
+}
+
+/// Writes `line` and a newline to stdout, an error (a closed pipe) returned, never a panic
+/// as `println!` would.
+pub(crate) fn print_line(line: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").and_then(|_| out.flush())
+}
+
+/// Writes a line to stderr, ignoring a stderr that is closed too (`2>&1 | head`).
+pub(crate) fn say_on_stderr(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// A flag set by the first Ctrl-C (training then checkpoints and stops after the current
@@ -485,6 +557,7 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 resume: args.resume,
                 max_steps: args.max_steps,
                 show_run_dir: true,
+                log_file: args.log_file.as_deref(),
             };
             crate::training::run(
                 cmd,

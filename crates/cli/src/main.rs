@@ -16,7 +16,7 @@ use transformer_model::{
     TransformerLm,
 };
 use transformer_train::copy_task::{self, CopyTaskConfig};
-use transformer_train::runner::RunOptions;
+use transformer_train::runner::{Progress, RunOptions};
 
 mod bench;
 mod bleu;
@@ -160,6 +160,10 @@ struct CopyArgs {
     /// without it the run lives in a temporary folder removed at the end.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Append the log to this file too (created if missing); a closed stdout does not stop
+    /// the run.
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
     #[command(flatten)]
     device: device::DeviceArg,
 }
@@ -304,11 +308,12 @@ fn copy(args: CopyArgs) -> Result<()> {
     cfg.model.validate()?;
     let dev = args.device.open()?;
     let m = &cfg.model;
-    println!(
+    let mut console = lm::Console::new("steps").with_log_file(args.log_file.as_deref())?;
+    console.line(&format!(
         "copy task: {} symbols, length {}, batch {}; model d_model {}, {} heads, {}+{} layers, d_ff {}, dropout {}",
         cfg.vocab, cfg.seq_len, cfg.batch_size, m.d_model, m.nhead, m.num_encoder_layers,
         m.num_decoder_layers, m.dim_feedforward, m.dropout
-    );
+    ));
     let (out, temporary) = match &args.out {
         Some(d) => (d.clone(), false),
         None => (
@@ -334,20 +339,19 @@ fn copy(args: CopyArgs) -> Result<()> {
         given: Vec::new(),
     };
     let start = Instant::now();
-    let mut console = lm::Console::new("steps");
     let summary = copy_task::train(&opts, &mut console);
     console.finish();
     if temporary {
         let _ = std::fs::remove_dir_all(&out);
     } else {
-        println!("run directory: {}", out.display());
+        console.line(&format!("run directory: {}", out.display()));
     }
     let summary = summary?;
-    println!(
+    console.line(&format!(
         "{} parameters, {:.1}s in all",
         summary.parameters,
         start.elapsed().as_secs_f64()
-    );
+    ));
     Ok(())
 }
 

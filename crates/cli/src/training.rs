@@ -20,6 +20,8 @@ pub(crate) struct TrainCommand<'a> {
     pub max_steps: Option<usize>,
     /// Print the run directory at the end.
     pub show_run_dir: bool,
+    /// `--log-file`: the log is appended there too.
+    pub log_file: Option<&'a Path>,
 }
 
 /// What a task's training returned, for the command's last lines.
@@ -59,7 +61,8 @@ pub(crate) fn run<C>(
             device,
             given,
         };
-        let mut console = Console::new("batches");
+        // The log file is the writing process's, as stdout is.
+        let mut console = Console::new("batches").with_log_file(cmd.log_file.filter(|_| prints))?;
         let mut quiet = Quiet;
         let progress: &mut dyn Progress = if prints { &mut console } else { &mut quiet };
         let trained = train(&opts, progress);
@@ -67,14 +70,14 @@ pub(crate) fn run<C>(
         let trained = trained?;
         if prints {
             if let Some(steps) = trained.stopped_after {
-                println!(
+                console.line(&format!(
                     "stopped after {steps} steps; continue with: transformer {} train --out {} --resume",
                     cmd.name,
                     cmd.out.display()
-                );
+                ));
             }
             if cmd.show_run_dir {
-                println!("run directory: {}", cmd.out.display());
+                console.line(&format!("run directory: {}", cmd.out.display()));
             }
         }
         exit_if_interrupted(&interrupt, &ranks);

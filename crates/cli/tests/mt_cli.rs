@@ -316,3 +316,95 @@ fn positional_encoding_picture_has_a_cell_per_position_and_dimension() {
         .unwrap();
     assert!(failure_stderr(&o).contains("even"));
 }
+
+/// A UTF-8 byte order mark where a file or stdin begins is not text: training files with
+/// one build the same tokenizer as without, and translate and eval answer as without.
+#[test]
+fn a_byte_order_mark_where_input_begins_is_not_text() {
+    let dir = temp_dir("bom");
+    write_toy_run_files(
+        &dir,
+        &[("train", 120), ("valid", 12), ("test", 12)],
+        false,
+        "",
+    );
+    let plain = dir.join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    for f in [
+        "train.de", "train.en", "valid.de", "valid.en", "test.de", "test.en",
+    ] {
+        std::fs::copy(dir.join(f), plain.join(f)).unwrap();
+        let text = std::fs::read_to_string(dir.join(f)).unwrap();
+        std::fs::write(dir.join(f), format!("\u{feff}{text}")).unwrap();
+    }
+    let train = |data: &Path, out: &Path| {
+        let mut flags = common::toy_corpus_flags(data);
+        flags.extend(
+            common::TINY_MODEL_FLAGS
+                .iter()
+                .chain(&["--epochs", "1", "--max-batches", "4", "--beam", "1"])
+                .map(|s| s.to_string()),
+        );
+        succeeded(
+            &bin()
+                .args(["mt", "train", "--out"])
+                .arg(out)
+                .args(&flags)
+                .output()
+                .unwrap(),
+        );
+    };
+    let (run, run_plain) = (dir.join("run"), dir.join("run-plain"));
+    train(&dir, &run);
+    train(&plain, &run_plain);
+    let tok = std::fs::read_to_string(run.join("tokenizer.json")).unwrap();
+    assert!(
+        !tok.contains('\u{feff}') && !tok.to_lowercase().contains("\\ufeff"),
+        "the tokenizer learnt the byte order mark"
+    );
+    assert_eq!(
+        tok,
+        std::fs::read_to_string(run_plain.join("tokenizer.json")).unwrap()
+    );
+
+    // stdin and --src: the mark changes no translation.
+    let lines = "ein hund läuft schnell .\nzwei katzen schlafen .\n";
+    let plain_out = succeeded(&mt_translate_stdin(&run, &["--beam", "1"], lines));
+    let bom_out = succeeded(&mt_translate_stdin(
+        &run,
+        &["--beam", "1"],
+        &format!("\u{feff}{lines}"),
+    ));
+    assert_eq!(bom_out, plain_out);
+    assert_eq!(plain_out.lines().count(), 2);
+    let from_file = succeeded(&mt_on_run(
+        "translate",
+        &run,
+        &["--beam", "1", "--src", s(&dir.join("test.de"))],
+    ));
+    let from_plain = succeeded(&mt_on_run(
+        "translate",
+        &run,
+        &["--beam", "1", "--src", s(&plain.join("test.de"))],
+    ));
+    assert_eq!(from_file, from_plain);
+    // eval: the same scores with the marks as without.
+    let eval = |d: &Path| {
+        let o = mt_on_run(
+            "eval",
+            &run,
+            &[
+                "--beam",
+                "1",
+                "--json",
+                "--src",
+                s(&d.join("test.de")),
+                "--ref",
+                s(&d.join("test.en")),
+            ],
+        );
+        succeeded(&o);
+        String::from_utf8(o.stdout).unwrap()
+    };
+    assert_eq!(eval(&dir), eval(&plain));
+}

@@ -71,6 +71,32 @@ fn max_difference(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) 
         .fold(0.0, f32::max)
 }
 
+/// What `transformer serve --run RUN` answers to `GET /languages`.
+fn served_languages(run: &Path) -> serde_json::Value {
+    use std::io::{BufRead, Read, Write};
+    let mut child = bin()
+        .args(["serve", "--quiet", "--port", "0", "--run"])
+        .arg(run)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line.trim().rsplit(':').next().unwrap().parse().unwrap();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /languages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or_else(|_| panic!("{answer}"))
+}
+
 #[test]
 fn reverse_is_recorded_and_fixed_for_the_run() {
     let d = temp_dir("reverse");
@@ -84,18 +110,40 @@ fn reverse_is_recorded_and_fixed_for_the_run() {
             "1",
             "--reverse",
             "--src-lang",
-            "en",
-            "--tgt-lang",
             "de",
+            "--tgt-lang",
+            "en",
         ],
     ));
-    assert!(log.contains("data: reversed (--reverse)"), "{log}");
+    // --src-lang and --tgt-lang name the files' languages (German sources, English
+    // targets); reversed, the run translates English into German, says so, and records it.
+    assert!(
+        log.contains(
+            "data: reversed (--reverse): every split's sides exchanged, translating en to de"
+        ),
+        "{log}"
+    );
     let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
-    assert!(config.contains("reverse = true"), "{config}");
+    assert!(
+        config.contains("reverse = true")
+            && config.contains("src_lang = \"en\"")
+            && config.contains("tgt_lang = \"de\""),
+        "{config}"
+    );
     // The test translations are English sentences turned into German ones: the reference
     // side is the German file.
     let hyps = std::fs::read_to_string(run.join("test.hyp")).unwrap();
     assert_eq!(hyps.lines().count(), 8);
+    // The server offers the direction the run translates.
+    let languages = served_languages(&run);
+    assert_eq!(
+        languages,
+        serde_json::json!([
+            {"code": "en", "name": "English", "targets": ["de"]},
+            {"code": "de", "name": "German", "targets": []}
+        ]),
+        "{languages}"
+    );
 
     // Resuming with more epochs keeps the direction; a non-reversed run may not gain it.
     succeeded(&train(&d, &run, &["--resume", "--epochs", "2"]));

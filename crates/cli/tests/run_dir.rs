@@ -486,3 +486,114 @@ fn ctrl_c_exits_130_after_its_checkpoint_and_closed_pipes_exit_0() {
         );
     }
 }
+
+#[test]
+fn a_closed_stdout_never_stops_training_and_the_log_file_keeps_the_log() {
+    use std::io::BufRead;
+    let dir = corpus_dir("closed-stdout", 2);
+    let out = dir.join("run");
+    let log_file = dir.join("train.log");
+    let mut c = train(&dir, &out, &["--log-file", "train.log"]);
+    c.env("TRANSFORMER_TEST_STEP_DELAY_MS", "30")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    // Read the first lines as `| head -2` would, then close the pipe while training runs.
+    let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0);
+        first.push(line);
+    }
+    drop(reader);
+    assert!(
+        !out.join("best.safetensors").exists(),
+        "the pipe must close before training ends"
+    );
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("cannot write the log to standard output") && err.contains("training goes on"),
+        "{err}"
+    );
+    // The run finished: best weights, both epochs validated, the test run.
+    assert!(out.join("best.safetensors").exists());
+    let r = records(&out);
+    assert!(
+        r.iter().any(|(k, _, e, _, _)| k == "valid" && *e == 2),
+        "{r:?}"
+    );
+    assert_eq!(r.iter().filter(|(k, ..)| k == "test").count(), 1);
+    // The log file holds the whole log: the lines read from the pipe, then the rest.
+    let log = std::fs::read_to_string(&log_file).unwrap();
+    assert!(log.starts_with(&first.concat()), "{log}");
+    assert!(log.lines().count() > 10, "{log}");
+    assert!(log.contains("epoch 2") && log.contains("test"), "{log}");
+
+    // The copy task too: its stdout closed before its first line.
+    let copy_log = dir.join("copy.log");
+    let mut child = bin()
+        .args([
+            "copy-task",
+            "--steps",
+            "60",
+            "--log-every",
+            "10",
+            "--log-file",
+        ])
+        .arg(&copy_log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let log = std::fs::read_to_string(&copy_log).unwrap();
+    assert!(
+        log.starts_with("copy task:") && log.contains("parameters"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_refused_resume_changes_nothing_on_disk() {
+    let dir = corpus_dir("refused-resume", 2);
+    let out = dir.join("run");
+    succeeded(&run(train(&dir, &out, &[])));
+    let snapshot = || {
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, std::fs::read(e.path()).unwrap_or_default())
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let before = snapshot();
+    assert!(before.iter().any(|(n, _)| n == "config.toml"));
+    for args in [
+        &["--resume", "--epochs", "1"][..],
+        &["--resume", "--epochs", "3", "--d-model", "64"][..],
+    ] {
+        let o = run(train(&dir, &out, args));
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+        let after = snapshot();
+        for ((name, a), (_, b)) in before.iter().zip(&after) {
+            assert!(
+                a == b,
+                "{name} changed by a refused {args:?}: {}",
+                String::from_utf8_lossy(b)
+            );
+        }
+        assert_eq!(
+            before.iter().map(|f| &f.0).collect::<Vec<_>>(),
+            after.iter().map(|f| &f.0).collect::<Vec<_>>()
+        );
+    }
+}

@@ -441,3 +441,198 @@ fn bad_input_never_takes_the_server_down() {
     let (status, log) = s.stop();
     assert!(status.success(), "{log}");
 }
+
+#[test]
+fn social_media_html_keeps_mentions_urls_hashtags_code_and_emoji() {
+    // The prose around what is kept is translated piece by piece, in its place.
+    let want = mt_translate(&[
+        "ein hund läuft",
+        "zwei katzen schlafen",
+        "im haus",
+        "ein haus",
+    ]);
+    let esc = |t: &str| {
+        t.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
+    let mention = "<span class=\"h-card\"><a href=\"https://m.social/@bob\" class=\"u-url mention\">@<span>bob</span></a></span>";
+    let link = "<a href=\"https://example.com/x\" rel=\"nofollow noopener\" target=\"_blank\"><span class=\"invisible\">https://</span><span class=\"\">example.com/x</span><span class=\"invisible\"></span></a>";
+    let hashtag = "<a href=\"https://m.social/tags/katzen\" class=\"mention hashtag\" rel=\"tag\">#<span>katzen</span></a>";
+    let kept = "<span translate=\"no\">ein hund</span> <code>zwei katzen</code> <span class=\"notranslate\">schlafen</span>";
+    let bare = "🐶 https://a.org/b @ana@m.social #haus";
+    let status = format!(
+        "<p>ein hund läuft {mention} zwei katzen schlafen {link} {hashtag} 🐱</p>\
+         <p>im haus {kept} ein haus {bare}</p>"
+    );
+    let expect = format!(
+        "<p>{} {mention} {} {link} {hashtag} 🐱</p><p>{} {kept} {} {bare}</p>",
+        esc(&want[0]),
+        esc(&want[1]),
+        esc(&want[2]),
+        esc(&want[3]),
+    );
+    let s = Server::start(&[]);
+    let (st, v) = s.json(
+        "/translate",
+        &json!({"q": [&status], "source": "de", "target": "en", "format": "html"}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["translatedText"][0].as_str().unwrap(), expect);
+    // A link whose text is words is translated.
+    let (_, v) = s.json(
+        "/translate",
+        &json!({"q": "<a href=\"https://a.org/\">ein haus</a>", "source": "de", "target": "en", "format": "html"}),
+    );
+    assert_eq!(
+        v["translatedText"],
+        format!("<a href=\"https://a.org/\">{}</a>", esc(&want[3]))
+    );
+}
+
+#[test]
+fn a_paragraph_is_translated_sentence_by_sentence() {
+    let sentences = [
+        "ein hund läuft schnell !",
+        "zwei katzen schlafen im haus ?",
+        "ein haus .",
+    ];
+    let each = mt_translate_with(&sentences, &["--no-split-sentences"]);
+    let paragraph = format!("{}  {}\t{}", sentences[0], sentences[1], sentences[2]);
+    let expect = format!("{}  {}\t{}", each[0], each[1], each[2]);
+    // mt translate cuts the line into its sentences and keeps the spacing.
+    assert_eq!(mt_translate(&[&paragraph]), [expect.clone()]);
+    // The server does the same, in text and in a list.
+    let s = Server::start(&[]);
+    let (st, v) = s.json(
+        "/translate",
+        &json!({"q": [&paragraph, sentences[2]], "source": "de", "target": "en"}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["translatedText"], json!([expect, each[2]]));
+    // mt eval --split-sentences scores the joined translations.
+    let dir = run_dir().with_file_name("paragraphs");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("p.de"), format!("{paragraph}\n")).unwrap();
+    std::fs::write(
+        dir.join("p.en"),
+        "a dog runs fast ! two cats sleep in the house ? a house .\n",
+    )
+    .unwrap();
+    let out = common::bin()
+        .args(["mt", "eval", "--split-sentences", "--run"])
+        .arg(run_dir())
+        .arg("--src")
+        .arg(dir.join("p.de"))
+        .arg("--ref")
+        .arg(dir.join("p.en"))
+        .arg("--hyp-out")
+        .arg(dir.join("p.hyp"))
+        .output()
+        .unwrap();
+    common::succeeded(&out);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("p.hyp")).unwrap(),
+        format!("{expect}\n")
+    );
+}
+
+#[test]
+fn source_auto_refuses_a_language_no_served_model_reads() {
+    let s = Server::start(&[]);
+    // Korean to a server of German alone: refused, naming both, and /detect says 0.
+    let (st, v) = s.json(
+        "/translate",
+        &json!({"q": "고양이 두 마리가 집에서 잔다.", "source": "auto", "target": "en"}),
+    );
+    assert_eq!(st, 400, "{v}");
+    let err = v["error"].as_str().unwrap();
+    assert!(
+        err.contains("Korean (ko)") && err.contains("German (de)"),
+        "{err}"
+    );
+    let (_, d) = s.json("/detect", &json!({"q": "고양이 두 마리가 집에서 잔다."}));
+    assert_eq!(d, json!([{"confidence": 0.0, "language": "de"}]));
+    // English is no better: it reads as English.
+    let (st, v) = s.json(
+        "/translate",
+        &json!({"q": "The man and the woman are walking with the dog in the park.", "source": "auto", "target": "en"}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("English (en)"), "{v}");
+    // German is translated, with its confidence.
+    let (st, v) = s.json(
+        "/translate",
+        &json!({"q": LINES[1], "source": "auto", "target": "en"}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["translatedText"], mt_translate(&[LINES[1]])[0]);
+    let c = v["detectedLanguage"]["confidence"].as_f64().unwrap();
+    assert!(c >= 10.0 && c <= 100.0, "{v}");
+}
+
+#[test]
+fn an_oversized_body_from_python_gets_its_413_and_a_bad_escape_its_400() {
+    let s = Server::start(&[]);
+    // Python's urllib writes the whole body before it reads the answer: it must read the
+    // 413, not a reset connection.
+    let script = r#"
+import json, sys, urllib.error, urllib.request
+for size in (3_000_000, 12_000_000):
+    body = json.dumps({"q": "x" * size, "source": "de", "target": "en"}).encode()
+    req = urllib.request.Request(sys.argv[1], data=body, headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=60)
+        print("200")
+    except urllib.error.HTTPError as e:
+        print(e.code, json.loads(e.read())["error"])
+    except Exception as e:
+        print("failed:", type(e).__name__, e)
+"#;
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(format!("http://127.0.0.1:{}/translate", s.port))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for l in lines {
+        assert!(l.starts_with("413 Request body too large"), "{text}");
+    }
+    // A %-escape that decodes to invalid UTF-8 in a form is refused, as in JSON.
+    for body in [
+        "q=%FF&source=de&target=en",
+        "q=ein+hund&source=d%C3e&target=en",
+    ] {
+        let (st, _, b) = s.request(
+            "POST",
+            "/translate",
+            "application/x-www-form-urlencoded",
+            body.as_bytes(),
+        );
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(st, 400, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("not UTF-8"), "{v}");
+    }
+    // A valid form still translates, `+` a space and `%C3%A4` an ä.
+    let (st, _, b) = s.request(
+        "POST",
+        "/translate",
+        "application/x-www-form-urlencoded",
+        b"q=ein+hund+l%C3%A4uft+schnell+.&source=de&target=en",
+    );
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!(
+        (st, &v["translatedText"]),
+        (200, &json!(mt_translate(&[LINES[0]])[0]))
+    );
+    // The server is still up.
+    assert_eq!(s.get("/health").2, json!({"status": "ok"}));
+}

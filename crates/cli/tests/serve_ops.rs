@@ -342,3 +342,50 @@ fn mt_quantize_writes_a_smaller_run_that_decodes_in_int8() {
     assert_eq!(translated.len(), LINES.len());
     assert!(failure_stderr(&quantize()).contains("not an empty directory"));
 }
+
+#[test]
+fn web_page_asks_for_the_api_key_and_sends_it_in_chromium() {
+    let want = mt_translate(&[LINES[1]]);
+    let keys = run_dir().with_file_name("page-keys.txt");
+    std::fs::write(&keys, "page-key\n").unwrap();
+    let s = Server::start(&["--api-keys", keys.to_str().unwrap()]);
+    let (_, _, page) = s.request("GET", "/", "", b"");
+    let page = String::from_utf8(page).unwrap();
+    assert!(page.contains("id=\"apikey\"") && page.contains("api_key"));
+    let Some(browser) = chromium() else {
+        eprintln!("SKIPPED the browser part: no Chromium (install chromium or set CHROMIUM)");
+        return;
+    };
+    let text = form_urlencoded(&[("", LINES[1])]);
+    let profile = run_dir().with_file_name(format!("chromium-key-{}", std::process::id()));
+    let dom_of = |hash: &str| {
+        let out = Command::new(&browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--virtual-time-budget=8000",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg("--dump-dom")
+            .arg(format!("http://127.0.0.1:{}/#{hash}", s.port))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let expect = want[0]
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    // With the key the page translates; without, it shows the server's refusal.
+    let dom = dom_of(&format!("key=page-key&type{text}"));
+    assert!(
+        dom.contains(&format!(
+            "<div id=\"output\" aria-live=\"polite\">{expect}</div>"
+        )),
+        "{dom}"
+    );
+    let dom = dom_of(&format!("type{text}"));
+    assert!(dom.contains("missing api_key"), "{dom}");
+}

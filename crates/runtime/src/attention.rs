@@ -48,6 +48,32 @@ pub fn attention_set(
     attention_of(&run.model, tok, run.config.arch, sentence, &ids, &hyp, dev)
 }
 
+/// The subword marker of the tokenizers' pieces: `▁woman` starts a word, `man` continues
+/// one.
+const WORD_START: char = '\u{2581}';
+
+/// Shown before a piece that continues the word before it.
+pub const CONTINUES: char = '\u{b7}';
+
+/// Token labels as a reader reads them: a piece that starts a word without its marker
+/// (`▁woman` as `woman`), a piece that continues a word marked with [`CONTINUES`] (`·man`),
+/// specials as they are. Tokens of a tokenizer without the marker (words) stay as they are.
+pub fn readable_tokens(tokens: &[String]) -> Vec<String> {
+    let marked = tokens.iter().any(|t| t.starts_with(WORD_START));
+    tokens
+        .iter()
+        .map(|t| {
+            let special = t.starts_with('<') && t.ends_with('>');
+            match t.strip_prefix(WORD_START) {
+                Some(word) if !word.is_empty() => word.to_string(),
+                Some(_) => t.clone(),
+                None if marked && !special => format!("{CONTINUES}{t}"),
+                None => t.clone(),
+            }
+        })
+        .collect()
+}
+
 /// Every attention of `model` translating `sentence` (tokens `ids`, without `<eos>`) as
 /// `hyp` (output tokens, without `<bos>` and `<eos>`), fed through the model with teacher
 /// forcing: what [`attention_set`] returns once it has translated.
@@ -67,7 +93,9 @@ pub fn attention_of(
     tgt_ids.extend(hyp);
     let src = Tensor::from_vec(src_ids.clone(), (1, src_ids.len()), dev)?;
     let tgt_in = Tensor::from_vec(tgt_ids.clone(), (1, tgt_ids.len()), dev)?;
-    let name = |ids: &[u32]| -> Vec<String> { ids.iter().map(|&i| tok.token(i)).collect() };
+    let name = |ids: &[u32]| -> Vec<String> {
+        readable_tokens(&ids.iter().map(|&i| tok.token(i)).collect::<Vec<_>>())
+    };
     let mut tgt_out = hyp.to_vec();
     tgt_out.push(sp.eos);
     let mut set = crate::viz::AttentionSet {
@@ -91,4 +119,30 @@ pub fn attention_of(
     set.decoder = w.decoder.iter().map(heads_of).collect::<Result<_>>()?;
     set.cross = w.cross.iter().map(heads_of).collect::<Result<_>>()?;
     Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_drop_the_word_marker_and_mark_continuations() {
+        let t = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            readable_tokens(&t(&[
+                "<bos>",
+                "\u{2581}A",
+                "\u{2581}wo",
+                "man",
+                "\u{2581}.",
+                "<eos>"
+            ])),
+            t(&["<bos>", "A", "wo", "\u{b7}man", ".", "<eos>"])
+        );
+        // Words (no marker anywhere) stay as they are.
+        assert_eq!(
+            readable_tokens(&t(&["a", "dog", "<eos>"])),
+            t(&["a", "dog", "<eos>"])
+        );
+    }
 }

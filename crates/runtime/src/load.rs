@@ -153,6 +153,21 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
         tensors.retain(|n, _| !n.starts_with("adam.") && !n.starts_with(AVERAGE_PREFIX));
         (tensors, config.model_config(tokenizer.vocab_size()))
     };
+    // A tokenizer of another size than the weights' embeddings would fail mid-translation.
+    let (src_vocab, tgt_vocab) = match &model_config {
+        MtModelConfig::Transformer(c) => (c.src_vocab, c.tgt_vocab),
+        MtModelConfig::Rnn(c) => (c.src_vocab, c.tgt_vocab),
+    };
+    let size = tokenizer.vocab_size();
+    if src_vocab != size || tgt_vocab != size {
+        return Err(Error::Usage(format!(
+            "{}: tokenizer.json has {size} tokens but the weights in {} are for {src_vocab} \
+             source and {tgt_vocab} target tokens: the tokenizer is not the one the run was \
+             trained with (put that one back, or train anew)",
+            run.display(),
+            path.display()
+        )));
+    }
     let pb = ParamBuilder::new(DType::F32, device, 0);
     let mut model = MtModel::build(&pb, &model_config)?;
     let params = pb.params();

@@ -97,6 +97,47 @@ pub fn colour(v: f32, scale: Scale) -> String {
     )
 }
 
+/// The widest a picture grows to fit its title on one line (pixels).
+const TITLE_WIDTH: f64 = 900.0;
+
+/// The width of `text` in the 14-pixel title font, estimated: 7.6 pixels a character, 14 for
+/// the wide characters of Hangul, CJK and the like.
+fn title_px(text: &str) -> f64 {
+    text.chars()
+        .map(|c| if c as u32 >= 0x1100 { 14.0 } else { 7.6 })
+        .sum()
+}
+
+/// `title` in lines of at most `width` pixels ([`title_px`]), broken at spaces (inside a word
+/// longer than a line).
+fn wrap_title(title: &str, width: f64) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in title.split(' ') {
+        let line = lines.last_mut().expect("one line at least");
+        let joined = if line.is_empty() {
+            word.to_string()
+        } else {
+            format!("{line} {word}")
+        };
+        if title_px(&joined) <= width || line.is_empty() && title_px(word) <= width {
+            *line = joined;
+            continue;
+        }
+        if !line.is_empty() {
+            lines.push(String::new());
+        }
+        // A word wider than a line is cut.
+        for c in word.chars() {
+            let line = lines.last_mut().expect("one line at least");
+            if !line.is_empty() && title_px(line) + title_px(&c.to_string()) > width {
+                lines.push(String::new());
+            }
+            lines.last_mut().expect("one line at least").push(c);
+        }
+    }
+    lines
+}
+
 /// The heatmap as an SVG document. Every cell has a `<title>` (its row, column and value)
 /// that a browser shows on hover. Cells are square; for large matrices (more than 60 rows or
 /// columns) they shrink and only every n-th label is drawn.
@@ -112,25 +153,34 @@ pub fn heatmap_svg(h: &Heatmap) -> String {
     let longest = |v: &[String]| v.iter().map(|s| s.chars().count()).max().unwrap_or(1);
     let label_px = 7.5;
     let left = 40.0 + label_px * longest(&h.rows).min(24) as f64;
-    let top = 50.0 + label_px * 0.8 * longest(&h.cols).min(24) as f64;
     let (gw, gh) = (cell * nc as f64, cell * nr as f64);
-    let title_px = 20.0 + 7.6 * h.title.chars().count() as f64;
-    let width = (left + gw + 110.0).max(title_px);
+    // The picture is as wide as its title up to TITLE_WIDTH; a longer title is wrapped.
+    let width = (left + gw + 110.0).max((20.0 + title_px(&h.title)).min(TITLE_WIDTH));
+    let title = wrap_title(&h.title, width - 20.0);
+    let below_title = 18.0 * (title.len() - 1) as f64;
+    let top = below_title + 50.0 + label_px * 0.8 * longest(&h.cols).min(24) as f64;
     let height = top + gh + 30.0;
     let mut s = String::new();
     let _ = writeln!(
         s,
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" \
          font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" \
-         fill=\"white\"/>\n<text x=\"{:.1}\" y=\"18\" font-size=\"14\">{}</text>",
-        10.0,
-        escape(&h.title)
+         fill=\"white\"/>"
     );
+    for (k, line) in title.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "<text x=\"10.0\" y=\"{:.0}\" font-size=\"14\">{}</text>",
+            18.0 + 18.0 * k as f64,
+            escape(line)
+        );
+    }
     // Column labels, rotated, above the grid; the axis title above them.
     let _ = writeln!(
         s,
-        "<text x=\"{:.1}\" y=\"36\" font-style=\"italic\">{}</text>",
+        "<text x=\"{:.1}\" y=\"{:.0}\" font-style=\"italic\">{}</text>",
         left,
+        36.0 + below_title,
         escape(&h.col_axis)
     );
     for (j, c) in h.cols.iter().enumerate() {
@@ -499,6 +549,57 @@ mod tests {
         assert_eq!(colour(1.0, Scale::Unit), "#08306b");
         assert_eq!(colour(0.0, Scale::Signed), "#ffffff");
         assert_ne!(colour(-1.0, Scale::Signed), colour(1.0, Scale::Signed));
+    }
+
+    #[test]
+    fn a_long_title_is_wrapped_inside_the_picture() {
+        let title = format!(
+            "encoder-decoder attention, layer 3, heads averaged: \u{201c}{}\u{201d} \u{2192} \u{201c}{}\u{201d}",
+            "남자가 공원에서 자전거를 탄다 ".repeat(6),
+            "a man rides a bike in the park ".repeat(4)
+        );
+        let h = Heatmap {
+            title: title.clone(),
+            rows: vec!["a".into(), "<eos>".into()],
+            cols: vec!["x".into(), "<eos>".into()],
+            values: vec![vec![0.5, 0.5], vec![0.2, 0.8]],
+            scale: Scale::Unit,
+            row_axis: "target".into(),
+            col_axis: "source".into(),
+        };
+        let svg = heatmap_svg(&h);
+        let width: f64 = svg
+            .split("width=\"")
+            .nth(1)
+            .and_then(|w| w.split('"').next())
+            .and_then(|w| w.parse().ok())
+            .unwrap();
+        assert!(width <= TITLE_WIDTH, "{width}");
+        let lines: Vec<&str> = svg
+            .lines()
+            .filter(|l| l.contains("font-size=\"14\""))
+            .collect();
+        assert!(lines.len() >= 3, "{svg}");
+        for l in &lines {
+            let text = l.split('>').nth(1).unwrap().split('<').next().unwrap();
+            assert!(10.0 + title_px(text) <= width, "past the edge: {text}");
+        }
+        // Nothing of the title is lost.
+        let shown: String = lines
+            .iter()
+            .map(|l| l.split('>').nth(1).unwrap().split('<').next().unwrap())
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert_eq!(
+            shown.split_whitespace().collect::<Vec<_>>(),
+            escape(&title).split_whitespace().collect::<Vec<_>>()
+        );
+        // A short title stays one line.
+        let one = heatmap_svg(&Heatmap {
+            title: "short".into(),
+            ..h
+        });
+        assert_eq!(one.matches("font-size=\"14\"").count(), 1);
     }
 
     #[test]

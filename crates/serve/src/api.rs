@@ -12,9 +12,9 @@
 //! line of `q` is one sentence to the model; the lines are joined back with `\n`), so an
 //! answer is exactly what `mt translate` prints for the same lines.
 
-use crate::detect::{detect, Detection};
+use crate::detect::{detect, read, Detection, Reading};
 use crate::engine::{encode_checked, Engine, EngineError};
-use crate::{html, languages};
+use crate::{html, keep, languages};
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
@@ -251,18 +251,24 @@ fn pair_for(engine: &Engine, src: &str, tgt: &str) -> Result<usize, ApiError> {
     })
 }
 
-/// One text split into what the model translates: its lines (text) or text nodes (HTML),
-/// each an index into the request's segments.
-enum Layout {
-    /// Each line's segment.
-    Lines(Vec<usize>),
-    /// The fragment's pieces and the segment of its first text node (the others follow).
-    Html(Vec<html::Piece>, usize),
+/// One text or text node cut into its parts ([`keep::parts`]), the parts to translate
+/// being the segments from `first` on.
+struct Unit {
+    parts: Vec<keep::Part>,
+    first: usize,
 }
 
-/// Splits every text into segments, their token ids appended to `ids` (empty for a segment
-/// with no tokens, which translates to nothing); refuses a segment longer than the model
-/// takes.
+/// One text split into what the model translates: its lines (text) or text nodes (HTML),
+/// each cut into sentences and kept parts.
+enum Layout {
+    /// Each line.
+    Lines(Vec<Unit>),
+    /// The fragment's pieces and each of its text nodes.
+    Html(Vec<html::Piece>, Vec<Unit>),
+}
+
+/// Splits every text into segments, their token ids appended to `ids`; refuses a segment
+/// longer than the model takes.
 fn segment(
     engine: &Engine,
     pair: usize,
@@ -271,39 +277,48 @@ fn segment(
     ids: &mut Vec<Vec<u32>>,
 ) -> Result<Vec<Layout>, ApiError> {
     let p = &engine.pairs()[pair];
+    let unk = p.tokenizer.specials().unk;
+    let mut spelled: std::collections::HashMap<char, bool> = Default::default();
+    let mut spells = |c: char| {
+        !p.spells_characters
+            || *spelled.entry(c).or_insert_with(|| {
+                !p.tokenizer
+                    .encode(c.encode_utf8(&mut [0; 4]))
+                    .contains(&unk)
+            })
+    };
     let mut layouts = Vec::with_capacity(texts.len());
     for (i, text) in texts.iter().enumerate() {
-        let add = |ids: &mut Vec<Vec<u32>>, s: &str| -> Result<usize, ApiError> {
-            let v = encode_checked(p, s).map_err(|n| {
-                ApiError::bad(format!(
-                    "Invalid request: text {} holds a sentence of {n} tokens; this model takes \
-                     at most {} tokens per sentence (split the text into shorter sentences or lines)",
-                    i + 1,
-                    p.max_source_tokens
-                ))
-            })?;
-            ids.push(v);
-            Ok(ids.len() - 1)
+        let mut unit = |ids: &mut Vec<Vec<u32>>, s: &str, keep: keep::Keep| {
+            let parts = keep::parts(s, keep, &mut spells);
+            let first = ids.len();
+            for t in transformer_text::sentence::to_translate(&parts) {
+                let v = encode_checked(p, t).map_err(|n| {
+                    ApiError::bad(format!(
+                        "Invalid request: text {} holds a sentence of {n} tokens; this model \
+                         takes at most {} tokens per sentence (split the text into shorter \
+                         sentences or lines)",
+                        i + 1,
+                        p.max_source_tokens
+                    ))
+                })?;
+                ids.push(v);
+            }
+            Ok::<_, ApiError>(Unit { parts, first })
         };
         if format_html {
             let pieces = html::split(text);
-            let first = ids.len();
-            for t in html::texts(&pieces) {
-                if t.chars().any(char::is_alphanumeric) {
-                    add(ids, t)?;
-                } else {
-                    // Punctuation or symbols between tags (the `.` after a link): kept as
-                    // written rather than given to a model trained on sentences.
-                    ids.push(Vec::new());
-                }
-            }
-            layouts.push(Layout::Html(pieces, first));
+            let units = html::texts(&pieces)
+                .into_iter()
+                .map(|t| unit(ids, t, keep::Keep::Tokens))
+                .collect::<Result<_, _>>()?;
+            layouts.push(Layout::Html(pieces, units));
         } else {
-            let mut lines = Vec::new();
-            for l in text.split('\n') {
-                lines.push(add(ids, l.strip_suffix('\r').unwrap_or(l))?);
-            }
-            layouts.push(Layout::Lines(lines));
+            let units = text
+                .split('\n')
+                .map(|l| unit(ids, l.strip_suffix('\r').unwrap_or(l), keep::Keep::Spacing))
+                .collect::<Result<_, _>>()?;
+            layouts.push(Layout::Lines(units));
         }
     }
     Ok(layouts)
@@ -342,18 +357,18 @@ fn render(
         let hs = &hyps[seg];
         hs.get(k).or(hs.first()).map(|h| tok.decode(&h.tokens))
     };
-    match layout {
-        Layout::Lines(lines) => lines
+    let unit_text = |u: &Unit| -> String {
+        let originals: Vec<&str> = transformer_text::sentence::to_translate(&u.parts).collect();
+        let tr = originals
             .iter()
-            .map(|&l| text_of(l).unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("\n"),
-        Layout::Html(pieces, first) => {
-            let n = html::texts(pieces).len();
-            let originals = html::texts(pieces);
-            let tr: Vec<String> = (0..n)
-                .map(|j| text_of(first + j).unwrap_or_else(|| originals[j].to_string()))
-                .collect();
+            .enumerate()
+            .map(|(j, o)| text_of(u.first + j).unwrap_or_else(|| o.to_string()));
+        keep::join(&u.parts, tr)
+    };
+    match layout {
+        Layout::Lines(lines) => lines.iter().map(unit_text).collect::<Vec<_>>().join("\n"),
+        Layout::Html(pieces, units) => {
+            let tr: Vec<String> = units.iter().map(unit_text).collect();
             html::join(pieces, tr.iter().map(|s| s.as_str()))
         }
     }
@@ -397,18 +412,46 @@ async fn translate(State(st): State<Arc<AppState>>, req: Request) -> ApiResult {
         // the whole request's text, as LibreTranslate judges texts of 40 characters or
         // fewer; a short text in a script of its own (Korean among German) keeps its own.
         let all = texts.join("\n");
-        let whole = detect(&all, &candidates);
-        let d: Vec<Detection> = texts
+        let whole = read(&all, &candidates);
+        let readings: Vec<Reading> = texts
             .iter()
             .map(|t| {
-                let own = detect(t, &candidates).remove(0);
-                if t.chars().count() > 40 || own.confidence >= 80.0 {
+                let own = read(t, &candidates);
+                if t.chars().count() > 40 || own.top().confidence >= 80.0 {
                     own
                 } else {
-                    whole[0].clone()
+                    whole.clone()
                 }
             })
             .collect();
+        // A text that no served language fits well enough is refused, not translated from
+        // a language it is probably not in.
+        if let Some((i, r)) = readings.iter().enumerate().find(|(_, r)| r.unsure()) {
+            let served: Vec<String> = candidates
+                .iter()
+                .map(|c| format!("{} ({c})", languages::name(c)))
+                .collect();
+            let which = if texts.len() > 1 {
+                format!("text {}", i + 1)
+            } else {
+                "the text".into()
+            };
+            let b = &r.best;
+            return Err(ApiError::bad(format!(
+                "Cannot detect the language of {which}: it reads as {} ({}) with confidence \
+                 {:.1}, the best served language, {} ({}), has {:.1}; this server \
+                 translates into {} from: {}. Give source to translate it anyway",
+                languages::name(&b.language),
+                b.language,
+                b.confidence,
+                languages::name(&r.top().language),
+                r.top().language,
+                r.top().confidence,
+                languages::name(&target),
+                served.join(", ")
+            )));
+        }
+        let d: Vec<Detection> = readings.into_iter().map(|r| r.top().clone()).collect();
         let pairs = d
             .iter()
             .map(|x| pair_for(engine, &x.language, &target))

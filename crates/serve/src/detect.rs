@@ -146,9 +146,62 @@ pub struct Detection {
     pub language: String,
 }
 
+/// The languages every text is weighed against besides the served ones, so that a
+/// confidence says how well a served language fits the text among the languages it might
+/// be in, not only among those served.
+pub const KNOWN: &[&str] = &[
+    "en", "de", "fr", "es", "it", "pt", "nl", "ko", "zh", "ja", "ru", "el", "ar", "he", "th", "hi",
+];
+
+/// Below this confidence (percent) `source=auto` refuses a text rather than translate it
+/// from a language it is probably not written in.
+pub const CONFIDENCE_FLOOR: f64 = 10.0;
+
+/// A text that reads as a language no candidate is with at least this confidence (percent)
+/// is refused by `source=auto` too.
+pub const OTHER_LANGUAGE_FLOOR: f64 = 50.0;
+
+/// What detection says about a text: the served candidates' confidences, best first, and
+/// the language it reads as best among the candidates and [`KNOWN`] together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    /// The candidates, best first (ties keep the candidates' order).
+    pub candidates: Vec<Detection>,
+    /// The best language of all, served or not.
+    pub best: Detection,
+}
+
+impl Reading {
+    /// The best candidate.
+    pub fn top(&self) -> &Detection {
+        &self.candidates[0]
+    }
+
+    /// Whether the best candidate is too unlikely to translate from: below
+    /// [`CONFIDENCE_FLOOR`] (a text in a script no candidate reads has 0), or the text
+    /// reads as another language with [`OTHER_LANGUAGE_FLOOR`] or more.
+    pub fn unsure(&self) -> bool {
+        let served = self
+            .candidates
+            .iter()
+            .any(|c| c.language == self.best.language);
+        self.top().confidence < CONFIDENCE_FLOOR
+            || (!served && self.best.confidence >= OTHER_LANGUAGE_FLOOR)
+    }
+}
+
 /// The confidence of each of `candidates` (language codes) that `text` is written in it,
-/// best first (ties keep the candidates' order).
+/// best first (ties keep the candidates' order). Confidences are percentages of the
+/// evidence over the candidates and the [`KNOWN`] languages together: a text in a script no
+/// candidate reads gives every candidate 0, and a text that reads as English gives German a
+/// low confidence even where German is the only candidate. A text with no letters gives
+/// every candidate the same share of 100.
 pub fn detect(text: &str, candidates: &[String]) -> Vec<Detection> {
+    read(text, candidates).candidates
+}
+
+/// [`detect`], with the best language of all beside the candidates'.
+pub fn read(text: &str, candidates: &[String]) -> Reading {
     let mut letters = 0usize;
     let mut by_script: Vec<(Script, usize)> = Vec::new();
     let lower = text.to_lowercase();
@@ -161,6 +214,21 @@ pub fn detect(text: &str, candidates: &[String]) -> Vec<Detection> {
             }
         }
     }
+    if letters == 0 {
+        let share = (1000.0 / candidates.len().max(1) as f64).round() / 10.0;
+        let candidates: Vec<Detection> = candidates
+            .iter()
+            .map(|c| Detection {
+                confidence: share,
+                language: c.clone(),
+            })
+            .collect();
+        let best = candidates.first().cloned().unwrap_or(Detection {
+            confidence: 0.0,
+            language: String::new(),
+        });
+        return Reading { candidates, best };
+    }
     // Japanese is written in kana and kanji together.
     let share = |s: Script| -> f64 {
         let n = |s| by_script.iter().find(|(t, _)| *t == s).map_or(0, |x| x.1);
@@ -169,47 +237,59 @@ pub fn detect(text: &str, candidates: &[String]) -> Vec<Detection> {
         } else {
             n(s)
         };
-        count as f64 / letters.max(1) as f64
+        count as f64 / letters as f64
     };
     let words: Vec<&str> = lower
         .split(|c: char| !c.is_alphanumeric() && c != '\'')
         .filter(|w| !w.is_empty())
         .collect();
-    let scores: Vec<f64> = candidates
-        .iter()
-        .map(|code| {
-            if letters == 0 {
-                return 1.0;
-            }
-            let p = profile(code);
-            let script = share(p.script);
-            if script == 0.0 {
-                return 0.0;
-            }
-            let known = words.iter().filter(|w| p.words.contains(w)).count();
-            let own = lower.chars().filter(|c| p.letters.contains(*c)).count();
-            let word_share = known as f64 / words.len().max(1) as f64;
-            let letter_share = (own as f64 * 5.0 / letters as f64).min(1.0);
-            // Script decides between scripts; words and letters within one. A small
-            // constant keeps a candidate of the right script above zero with no evidence.
-            script * (0.05 + word_share + 0.5 * letter_share)
-        })
-        .collect();
+    let score = |code: &str| -> f64 {
+        let p = profile(code);
+        let script = share(p.script);
+        if script == 0.0 {
+            return 0.0;
+        }
+        let known = words.iter().filter(|w| p.words.contains(w)).count();
+        let own = lower.chars().filter(|c| p.letters.contains(*c)).count();
+        let word_share = known as f64 / words.len().max(1) as f64;
+        let letter_share = (own as f64 * 5.0 / letters as f64).min(1.0);
+        // Script decides between scripts; words and letters within one. A small
+        // constant keeps a language of the right script above zero with no evidence.
+        script * (0.05 + word_share + 0.5 * letter_share)
+    };
+    // The candidates, then the known languages no candidate stands for (by base code: a
+    // served `pt-BR` is Portuguese).
+    let base = |c: &str| c.split('-').next().unwrap_or(c).to_string();
+    let mut all: Vec<String> = candidates.to_vec();
+    for k in KNOWN {
+        if !all.iter().any(|c| base(c) == *k) {
+            all.push(k.to_string());
+        }
+    }
+    let scores: Vec<f64> = all.iter().map(|c| score(c)).collect();
     let total: f64 = scores.iter().sum();
-    let mut out: Vec<Detection> = candidates
+    let confidence = |s: f64| {
+        if total > 0.0 {
+            (1000.0 * s / total).round() / 10.0
+        } else {
+            0.0
+        }
+    };
+    let mut everything: Vec<Detection> = all
         .iter()
         .zip(&scores)
         .map(|(c, &s)| Detection {
-            confidence: if total > 0.0 {
-                (1000.0 * s / total).round() / 10.0
-            } else {
-                0.0
-            },
+            confidence: confidence(s),
             language: c.clone(),
         })
         .collect();
-    out.sort_by(|a, b| b.confidence.total_cmp(&a.confidence));
-    out
+    let mut served: Vec<Detection> = everything[..candidates.len()].to_vec();
+    served.sort_by(|a, b| b.confidence.total_cmp(&a.confidence));
+    everything.sort_by(|a, b| b.confidence.total_cmp(&a.confidence));
+    Reading {
+        candidates: served,
+        best: everything.swap_remove(0),
+    }
 }
 
 #[cfg(test)]
@@ -235,14 +315,39 @@ mod tests {
     #[test]
     fn confidences_are_percentages_best_first() {
         let c = ["de".to_string(), "ko".to_string()];
-        let d = detect("Hallo, wie geht es dir?", &c);
+        let d = detect("Hallo, wie geht es dir? Ich bin in der Stadt.", &c);
         assert_eq!(d[0].language, "de");
-        assert!(d[0].confidence > 90.0 && d[0].confidence <= 100.0);
+        // Well above a Latin language with no evidence (1 in 7), though English and Dutch
+        // share "in".
+        assert!(d[0].confidence > 30.0 && d[0].confidence <= 100.0, "{d:?}");
+        assert_eq!(d[1].confidence, 0.0);
         let sum: f64 = d.iter().map(|x| x.confidence).sum();
-        assert!((sum - 100.0).abs() < 0.2);
+        assert!(sum <= 100.05);
         // No letters: every candidate the same, in the order given.
         let d = detect("123 :-)", &c);
         assert_eq!(d[0].language, "de");
         assert_eq!(d[0].confidence, d[1].confidence);
+    }
+
+    #[test]
+    fn a_text_no_candidate_reads_is_unsure_and_names_its_language() {
+        let de = ["de".to_string()];
+        let r = read("남자가 자전거를 탄다.", &de);
+        assert_eq!(r.top().language, "de");
+        assert_eq!(r.top().confidence, 0.0);
+        assert!(r.unsure());
+        assert_eq!(r.best.language, "ko");
+        assert!(r.best.confidence > 90.0);
+        // English sent to a German-only server reads as English.
+        let r = read(
+            "The man and the woman are riding a bike on the street with the dog.",
+            &de,
+        );
+        assert!(r.unsure(), "{r:?}");
+        assert_eq!(r.best.language, "en");
+        // German is sure enough.
+        let r = read("Ein Mann fährt mit seinem Hund auf der Straße.", &de);
+        assert!(!r.unsure(), "{r:?}");
+        assert_eq!(r.best.language, "de");
     }
 }

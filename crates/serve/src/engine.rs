@@ -50,6 +50,12 @@ impl std::str::FromStr for RunSpec {
                     if dir.is_empty() {
                         return Err(format!("{s:?}: give the run directory after '='"));
                     }
+                    if src == tgt {
+                        return Err(format!(
+                            "{s:?}: the source and the target are both {src}: name the \
+                             languages the run translates from and to (as de:en={dir})"
+                        ));
+                    }
                     return Ok(RunSpec {
                         codes: Some((src.to_string(), tgt.to_string())),
                         run: PathBuf::from(dir),
@@ -107,6 +113,9 @@ pub struct Pair {
     pub run: PathBuf,
     /// The run's tokenizer (both languages).
     pub tokenizer: Arc<Subword>,
+    /// Whether the tokenizer spells text character by character (subwords), so that a
+    /// character it reads as `<unk>` is one the model cannot spell; not so for words.
+    pub spells_characters: bool,
     /// How its sentences are decoded.
     pub opts: DecodeOptions,
     /// The longest source, in tokens, whose translation stays within the model's positions.
@@ -225,6 +234,14 @@ impl Engine {
                     spec.run.display()
                 ),
             };
+            if src == tgt {
+                bail!(
+                    "{}: the run records {src} as both its source and its target language: \
+                     name the languages it translates from and to, as --run SRC:TGT={}",
+                    spec.run.display(),
+                    spec.run.display()
+                );
+            }
             if let Some(p) = pairs.iter().find(|p: &&Pair| p.src == src && p.tgt == tgt) {
                 bail!(
                     "{src} -> {tgt} is served twice ({} and {}): give one run per pair",
@@ -245,6 +262,7 @@ impl Engine {
                 src,
                 tgt,
                 run: spec.run.clone(),
+                spells_characters: !run.tokenizer.is_words(),
                 tokenizer: Arc::new(run.tokenizer),
                 opts: dopts,
                 max_source_tokens: max_source_tokens(positions, &dopts),
@@ -595,6 +613,8 @@ mod tests {
         let s: RunSpec = "pt-BR:en=r".parse().unwrap();
         assert_eq!(s.codes, Some(("pt-BR".into(), "en".into())));
         assert!("de:en=".parse::<RunSpec>().is_err());
+        let same = "de:de=runs/de-en".parse::<RunSpec>().unwrap_err();
+        assert!(same.contains("both de"), "{same}");
         assert!("".parse::<RunSpec>().is_err());
     }
 

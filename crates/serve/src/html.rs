@@ -12,6 +12,12 @@
 //! A sentence split by inline markup (`Ein <b>Mann</b> fährt`) is translated piece by
 //! piece, as LibreTranslate's own HTML mode does: the markup stays exactly where it was, at
 //! some cost to the translation of such sentences.
+//!
+//! Text that is not to be translated is markup here, written back as it was: inside an
+//! element with `translate="no"` or `class="notranslate"`, inside code (`<code>`, `<pre>`,
+//! ...), inside the elements social-media HTML marks mentions, hashtags and URL parts with
+//! (Mastodon's classes), and in a link whose text is a URL, a mention or a hashtag. What is
+//! kept inside the remaining text (URLs, emoji, ...) is [`crate::keep`]'s.
 
 use html5ever::tendril::StrTendril;
 use html5ever::tokenizer::states::RawKind;
@@ -42,6 +48,85 @@ struct Sink {
     text: RefCell<String>,
     /// Inside `<script>` or `<style>`: text is kept raw.
     raw: Cell<bool>,
+    /// The elements open, innermost last (void elements are never open).
+    open: RefCell<Vec<Open>>,
+}
+
+/// An open element.
+struct Open {
+    /// Its tag name.
+    name: String,
+    /// Its text is not to be translated ([`keeps_its_text`]).
+    keep: bool,
+    /// For a link (`<a>`): what decides at its end whether it is a URL, a mention or a
+    /// hashtag.
+    link: Option<Link>,
+}
+
+/// An open link.
+struct Link {
+    /// The index of the first piece inside it.
+    first: usize,
+    /// Its text so far.
+    text: String,
+    /// Its `href`.
+    href: String,
+}
+
+/// Elements that are never open: they have no content.
+const VOID: &[&str] = &[
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track",
+    "wbr",
+];
+
+/// Whether an element's text is kept as written: `translate="no"` (HTML's attribute for it),
+/// `class="notranslate"` (Google's and LibreTranslate's convention), code (`code`, `pre`,
+/// `kbd`, `samp`, `var`), and the classes social-media HTML marks mentions, hashtags and the
+/// parts of shortened URLs with (Mastodon's `mention`, `hashtag`, `h-card`, `u-url`,
+/// `invisible`, `ellipsis`).
+fn keeps_its_text(name: &str, attrs: &[html5ever::Attribute]) -> bool {
+    if matches!(
+        name,
+        "code" | "pre" | "kbd" | "samp" | "var" | "math" | "svg"
+    ) {
+        return true;
+    }
+    attrs.iter().any(|a| match &*a.name.local {
+        "translate" => a.value.trim().eq_ignore_ascii_case("no"),
+        "class" => a.value.split_ascii_whitespace().any(|c| {
+            matches!(
+                c,
+                "notranslate"
+                    | "mention"
+                    | "hashtag"
+                    | "h-card"
+                    | "u-url"
+                    | "invisible"
+                    | "ellipsis"
+            )
+        }),
+        _ => false,
+    })
+}
+
+/// Whether a link's text is a URL, a mention or a hashtag (kept as written) rather than
+/// words (translated).
+fn is_link_token(text: &str, href: &str) -> bool {
+    let t: String = text.split(is_html_space).collect();
+    if t.is_empty() {
+        return false;
+    }
+    let bare = |u: &str| {
+        let u = u.split_once("://").map_or(u, |(_, rest)| rest);
+        u.trim_start_matches("www.")
+            .trim_end_matches('/')
+            .to_lowercase()
+    };
+    t.starts_with('@')
+        || t.starts_with('#')
+        || t.contains("://")
+        || t.starts_with("www.")
+        || (!href.is_empty() && bare(href).starts_with(&bare(&t)) && t.contains(['.', '/']))
 }
 
 impl Sink {
@@ -50,12 +135,61 @@ impl Sink {
         if text.is_empty() {
             return;
         }
+        let mut open = self.open.borrow_mut();
+        if let Some(link) = open.iter_mut().rev().find_map(|o| o.link.as_mut()) {
+            link.text.push_str(&text);
+        }
         let piece = if self.raw.get() {
             Piece::Markup(text)
+        } else if open.iter().any(|o| o.keep) {
+            Piece::Markup(escape(&text))
         } else {
             text_piece(&text)
         };
         self.pieces.borrow_mut().push(piece);
+    }
+
+    /// Notes an element's start (before its tag is pushed as a piece).
+    fn start(&self, name: &str, attrs: &[html5ever::Attribute]) {
+        if VOID.contains(&name) {
+            return;
+        }
+        let link = (name == "a").then(|| Link {
+            first: self.pieces.borrow().len() + 1,
+            text: String::new(),
+            href: attrs
+                .iter()
+                .find(|a| &*a.name.local == "href")
+                .map(|a| a.value.to_string())
+                .unwrap_or_default(),
+        });
+        self.open.borrow_mut().push(Open {
+            name: name.to_string(),
+            keep: keeps_its_text(name, attrs),
+            link,
+        });
+    }
+
+    /// Notes an element's end: closes it and what was left open inside it. A link whose
+    /// text is a URL, a mention or a hashtag has its text turned back into markup.
+    fn end(&self, name: &str) {
+        let mut open = self.open.borrow_mut();
+        let Some(at) = open.iter().rposition(|o| o.name == name) else {
+            return;
+        };
+        for o in open.drain(at..).rev() {
+            let Some(link) = o.link else {
+                continue;
+            };
+            if !is_link_token(&link.text, &link.href) {
+                continue;
+            }
+            for p in self.pieces.borrow_mut()[link.first..].iter_mut() {
+                if let Piece::Text { lead, text, trail } = p {
+                    *p = Piece::Markup(escape(&format!("{lead}{text}{trail}")));
+                }
+            }
+        }
     }
 }
 
@@ -92,6 +226,11 @@ impl TokenSink for Sink {
             Token::TagToken(tag) => {
                 self.flush();
                 let name = tag.name.to_string();
+                match tag.kind {
+                    TagKind::StartTag if !tag.self_closing => self.start(&name, &tag.attrs),
+                    TagKind::StartTag => {}
+                    TagKind::EndTag => self.end(&name),
+                }
                 let mut s = String::new();
                 match tag.kind {
                     TagKind::StartTag => {
@@ -163,6 +302,7 @@ pub fn split(html: &str) -> Vec<Piece> {
         pieces: RefCell::new(Vec::new()),
         text: RefCell::new(String::new()),
         raw: Cell::new(false),
+        open: RefCell::new(Vec::new()),
     };
     let tok = Tokenizer::new(sink, TokenizerOpts::default());
     let input = BufferQueue::default();
@@ -221,12 +361,13 @@ mod tests {
 
     #[test]
     fn markup_and_nesting_are_kept_and_text_is_replaced() {
+        // (The mention is kept: see `text_not_to_translate_is_markup`.)
         let html = "<p>Ein <b>großer <i>Hund</i></b> läuft.<br>Zweite Zeile<br/></p>\
                     <p><a href=\"https://example.org/?a=1&amp;b=2\" class=\"mention\">@ana</a> hallo</p>";
         assert_eq!(
             upper(html),
             "<p>EIN <b>GROSSER <i>HUND</i></b> LÄUFT.<br>ZWEITE ZEILE<br /></p>\
-             <p><a href=\"https://example.org/?a=1&amp;b=2\" class=\"mention\">@ANA</a> HALLO</p>"
+             <p><a href=\"https://example.org/?a=1&amp;b=2\" class=\"mention\">@ana</a> HALLO</p>"
         );
     }
 
@@ -246,6 +387,27 @@ mod tests {
         let pieces = split(html);
         assert_eq!(texts(&pieces), vec!["hi"]);
         assert_eq!(upper(html), html.replace("hi", "HI"));
+    }
+
+    #[test]
+    fn text_not_to_translate_is_markup() {
+        let html = "<p>hi <span translate=\"no\">keep <b>me</b></span> <code>x = 1</code> \
+                    <pre>a &lt; b</pre><span class=\"x notranslate\">no</span>\
+                    <a href=\"https://a.org/x\">a.org/x</a> <a href=\"https://a.org\">words here</a> \
+                    <a href=\"https://m.social/@ana\">@<span>ana</span></a>\
+                    <a href=\"https://m.social/tags/x\">#<span>x</span></a> bye<br>now</p>";
+        let pieces = split(html);
+        assert_eq!(texts(&pieces), vec!["hi", "words here", "bye", "now"]);
+        assert_eq!(
+            upper(html),
+            html.replace("hi", "HI")
+                .replace("words here", "WORDS HERE")
+                .replace("bye", "BYE")
+                .replace("now", "NOW")
+        );
+        // An element closed implicitly does not keep what follows.
+        let pieces = split("<p><code>x</p><p>text</p>");
+        assert_eq!(texts(&pieces), vec!["text"]);
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! - [`api`]: the endpoints (`/translate`, `/detect`, `/languages`, `/frontend/settings`,
 //!   `/health`, the native `/v1/translate` and `/v1/attention`, the web page at `/`).
 //! - [`html`]: `format=html`, text translated and markup kept.
+//! - [`keep`]: what of a text goes to the model (its sentences) and what is kept as written
+//!   (URLs, mentions, hashtags, emoji in social-media HTML).
 //! - [`detect`]: which served language a text is in.
 //! - [`load`]: the load generator of `transformer bench serve`.
 //!
@@ -21,6 +23,7 @@ pub mod api;
 pub mod detect;
 pub mod engine;
 pub mod html;
+pub mod keep;
 pub mod languages;
 pub mod load;
 

@@ -221,6 +221,8 @@ fn for_each_line(path: &Path, split: Option<Split>, mut f: impl FnMut(&str)) -> 
         }
         line_number += 1;
         match std::str::from_utf8(&line) {
+            // A byte order mark where the file begins is not text.
+            Ok(text) if line_number == 1 => f(crate::strip_bom(text)),
             Ok(text) => f(text),
             Err(e) => {
                 let column = e.valid_up_to();

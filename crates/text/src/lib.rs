@@ -65,6 +65,7 @@ pub mod corpus;
 pub mod error;
 pub mod parallel;
 pub mod score;
+pub mod sentence;
 mod split;
 pub mod subword;
 pub mod tokenize;
@@ -76,3 +77,13 @@ pub use error::{Error, Result, VocabProblem};
 pub use subword::{Specials, Subword, TextTokenizer};
 pub use tokenize::basic_english;
 pub use vocab::{Vocab, UNK, VOCAB_HEADER};
+
+/// The byte order mark U+FEFF that some editors (Notepad, Excel's "UTF-8" export) write at
+/// the start of a UTF-8 file.
+pub const BOM: char = '\u{feff}';
+
+/// `text` without a byte order mark at its start: a file or stdin read as text begins after
+/// it, so that it never reaches a tokenizer or a vocabulary as a character.
+pub fn strip_bom(text: &str) -> &str {
+    text.strip_prefix(BOM).unwrap_or(text)
+}

@@ -86,13 +86,17 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Splits bytes into trimmed UTF-8 lines; an invalid byte is an error naming its line.
+/// Splits bytes into trimmed UTF-8 lines, a byte order mark at the start dropped
+/// ([`crate::strip_bom`]); an invalid byte is an error naming its line.
 pub fn lines_of(path: &Path, bytes: &[u8]) -> Result<Vec<String>> {
     let text = match std::str::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => return Err(crate::error::utf8_error(path, bytes, e.valid_up_to())),
     };
-    Ok(text.lines().map(|l| l.trim().to_string()).collect())
+    Ok(crate::strip_bom(text)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .collect())
 }
 
 /// Reads two files of one split, line i of `src` the translation of line i of `tgt`.
@@ -586,6 +590,12 @@ impl LineReader {
                 byte_offset: self.offset + e.valid_up_to() as u64,
                 byte: buf[e.valid_up_to()],
             })?;
+            // A byte order mark where the input begins is not text.
+            let text = if self.line == 0 {
+                crate::strip_bom(text)
+            } else {
+                text
+            };
             out.push(text.trim().to_string());
             self.line += 1;
             self.offset += read as u64;

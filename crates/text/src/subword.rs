@@ -257,6 +257,16 @@ impl Subword {
         Self::from_bytes(v.to_string().as_bytes(), origin)
     }
 
+    /// Whether this is the word tokenizer (`words`): its pieces are whole words, so a
+    /// character alone says nothing of what it spells.
+    pub fn is_words(&self) -> bool {
+        self.inner
+            .to_string(false)
+            .ok()
+            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+            .is_some_and(|v| v["model"]["type"] == "WordLevel")
+    }
+
     /// Whether a character the tokenizer has no piece for is spelled as bytes.
     pub fn byte_fallback(&self) -> bool {
         self.inner

@@ -124,3 +124,45 @@ fn tokenizer_loader_never_panics() {
     }
     assert!(errors > 50, "only {errors} damaged files were rejected");
 }
+
+/// A byte order mark where a file begins is dropped by every reader (plain and gzip files,
+/// chunked reading, the word vocabulary), and kept nowhere else.
+#[test]
+fn a_byte_order_mark_where_a_file_begins_is_not_text() {
+    let dir = std::env::temp_dir().join(format!("text-bom-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "Ein Hund läuft.\nZwei Katzen.\n";
+    let with = dir.join("bom.de");
+    let without = dir.join("plain.de");
+    std::fs::write(&with, format!("\u{feff}{text}")).unwrap();
+    std::fs::write(&without, text).unwrap();
+    let gz = dir.join("bom.de.gz");
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).unwrap(),
+        flate2::Compression::default(),
+    );
+    enc.write_all(format!("\u{feff}{text}").as_bytes()).unwrap();
+    enc.finish().unwrap();
+    let want = vec!["Ein Hund läuft.".to_string(), "Zwei Katzen.".to_string()];
+    assert_eq!(read_lines(&with).unwrap(), want);
+    assert_eq!(read_lines(&gz).unwrap(), want);
+    assert_eq!(read_lines(&without).unwrap(), want);
+    let mut chunks = transformer_text::parallel::LineReader::open(&with).unwrap();
+    assert_eq!(chunks.next_chunk(10).unwrap(), want);
+    // Only where the input begins: a mark inside a line is text.
+    let inner = format!("a\u{feff}b\n\u{feff}c\n");
+    assert_eq!(
+        lines_of(Path::new("x"), inner.as_bytes()).unwrap(),
+        ["a\u{feff}b", "\u{feff}c"]
+    );
+    // The word vocabulary of a training file with a mark has no token holding it.
+    std::fs::write(dir.join("train.txt"), "\u{feff}the cat sat\nthe dog\n").unwrap();
+    let vocab = transformer_text::build_vocab(&dir.join("train.txt")).unwrap();
+    assert!(vocab.get("the").is_some());
+    assert!(
+        vocab.tokens().iter().all(|t| !t.contains('\u{feff}')),
+        "a token holds the byte order mark: {:?}",
+        vocab.tokens()
+    );
+}

@@ -50,6 +50,11 @@ pub struct EvalArgs {
     /// Print one JSON object per set.
     #[arg(long)]
     json: bool,
+    /// Cut each source line into its sentences, translate them as one batch and join them
+    /// back (as `mt translate` does by default); without it each line is one sentence to
+    /// the model, as test sets of single sentences are scored.
+    #[arg(long)]
+    split_sentences: bool,
 }
 
 /// One set to score: its name (as the run names it, or the --src file), sources and
@@ -152,13 +157,23 @@ pub(super) fn run(args: &EvalArgs, device: &Device) -> Result<()> {
         std::fs::File::create(p)
             .with_context(|| format!("--hyp-out {}: cannot write it", p.display()))?;
     }
+    for set in &sets {
+        if set.src.iter().all(|l| l.is_empty()) {
+            bail!(
+                "{}: nothing to score: it has no sentences ({} lines, all empty); a score of \
+                 an empty set would mean nothing",
+                set.name,
+                set.src.len()
+            );
+        }
+    }
     let korean_output = run.config.language_pair().is_some_and(|(_, t)| t == "ko");
     for (set, hyp_path) in sets.iter().zip(&hyp_paths) {
         if sets.len() > 1 && !args.json {
             println!("== {} ({} sentences)", set.name, set.src.len());
         }
         let t = Instant::now();
-        let hyps = translate_with_bar(&run, &set.src, &opts, device)?;
+        let hyps = translate_with_bar(&run, &set.src, args.split_sentences, &opts, device)?;
         let secs = t.elapsed().as_secs_f64();
         if let Some(p) = hyp_path {
             let write = |p: &std::path::Path, lines: &[String]| {

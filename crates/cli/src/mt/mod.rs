@@ -10,7 +10,7 @@ use std::time::Instant;
 use transformer_runtime::attention::attention_set;
 use transformer_runtime::config::{Corpus, MtPreset, MtTrainConfig, TokenizerKind};
 use transformer_runtime::load::{load_run, Execution, LoadedMt};
-use transformer_runtime::model::Arch;
+use transformer_runtime::model::{Arch, MtDecoder};
 use transformer_runtime::translate::{over_long_lines, translate_lines, DecodeRequest, Truncated};
 use transformer_runtime::viz;
 use transformer_train::mt;
@@ -157,12 +157,14 @@ pub struct TrainArgs {
     /// Test target sentences, line i translating line i of --test-src.
     #[arg(long)]
     test_tgt: Option<PathBuf>,
-    /// The source language's code, recorded in the run for `transformer serve` (ISO 639-1,
-    /// as de) [default: the corpus's, de for multi30k-de-en, ko for ko-en]
+    /// The language of the source files (--train-src ...), ISO 639-1 as de; the run
+    /// records the languages it translates from and to for `transformer serve`, so with
+    /// --reverse it translates into this language [default: the corpus's, de for
+    /// multi30k-de-en, ko for ko-en]
     #[arg(long)]
     src_lang: Option<String>,
-    /// The target language's code (as en); into Korean (ko) the best model is chosen by
-    /// validation chrF instead of BLEU [default: the corpus's]
+    /// The language of the target files (--train-tgt ...), as en; into Korean (ko) the best
+    /// model is chosen by validation chrF instead of BLEU [default: the corpus's]
     #[arg(long)]
     tgt_lang: Option<String>,
     /// Run directory for config, tokenizer, checkpoints, metrics and the loss plot.
@@ -185,6 +187,11 @@ pub struct TrainArgs {
     /// Stop after this many steps in this invocation (continue later with --resume).
     #[arg(long)]
     max_steps: Option<usize>,
+    /// Append the training log to this file too (created if missing), beside stdout. The
+    /// log on stdout is a view of the run, not its work: when stdout is closed (a `| head`
+    /// or `less` that quit), training goes on and this file keeps the whole log.
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
     /// Model sizes: small (3+3 layers, d_model 256, 8 heads, FFN 512, dropout 0.1), or the
     /// paper's base (6+6, 512, 8, 2048, 0.1) or big (6+6, 1024, 16, 4096, 0.3); the size
     /// flags below override single values [default: small]
@@ -374,11 +381,19 @@ impl TrainArgs {
             c.init_from.clone_from(&self.init_from);
             given.push(Given::new("init_from", "--init-from"));
         }
-        if self.src_lang.is_some() {
-            c.src_lang.clone_from(&self.src_lang);
+        // The flags name the languages of the files (--train-src, --train-tgt), as --corpus
+        // does; the run records the languages it translates from and to, so --reverse
+        // exchanges them.
+        let (src_lang, tgt_lang) = if c.reverse {
+            (&self.tgt_lang, &self.src_lang)
+        } else {
+            (&self.src_lang, &self.tgt_lang)
+        };
+        if src_lang.is_some() {
+            c.src_lang.clone_from(src_lang);
         }
-        if self.tgt_lang.is_some() {
-            c.tgt_lang.clone_from(&self.tgt_lang);
+        if tgt_lang.is_some() {
+            c.tgt_lang.clone_from(tgt_lang);
         }
         if let Some(l) = self.layers {
             c.encoder_layers = l;
@@ -495,7 +510,7 @@ pub(crate) fn load_and_say(run: &std::path::Path, how: &Execution) -> Result<Loa
 
 #[derive(Args)]
 #[command(
-    after_help = "Examples:\n  echo \"Ein Mann fährt Fahrrad.\" | transformer mt translate --run runs/de-en\n  transformer mt translate --run runs/de-en --src test.de --beam 5 > test.hyp"
+    after_help = "Examples:\n  echo \"Ein Mann fährt Fahrrad.\" | transformer mt translate --run runs/de-en\n  echo \"Ein Hund läuft. Dr. Müller kommt am 1. Mai.\" | transformer mt translate --run runs/de-en\n  transformer mt translate --run runs/de-en --src test.de --beam 5 > test.hyp"
 )]
 pub struct TranslateArgs {
     #[command(flatten)]
@@ -503,6 +518,12 @@ pub struct TranslateArgs {
     /// Read sentences from this file instead of stdin.
     #[arg(long)]
     src: Option<PathBuf>,
+    /// Translate each line whole, as one sentence. By default a line is cut into its
+    /// sentences (abbreviations, numbers and quotes kept inside them), which are translated
+    /// as one batch and joined back with the line's own spacing: the models are trained on
+    /// single sentences.
+    #[arg(long)]
+    no_split_sentences: bool,
 }
 
 fn load(
@@ -537,20 +558,77 @@ fn load(
 fn translate_with_bar(
     run: &LoadedMt,
     lines: &[String],
+    split: bool,
     opts: &transformer_decode::DecodeOptions,
     device: &Device,
 ) -> Result<Vec<String>> {
-    for t in over_long_lines(&run.model, &run.tokenizer, lines) {
-        eprintln!("warning: {t}");
-    }
     let mut console = Console::new("sentences");
-    let request = DecodeRequest::new(*opts);
     let decoder = run.model.decoder()?;
-    let out = translate_lines(&decoder, &run.tokenizer, lines, &request, device, |d, t| {
+    let request = DecodeRequest::new(*opts);
+    let out = translate_chunk(run, &decoder, lines, 0, split, &request, device, |d, t| {
         console.batch(0, d, t)
     })?;
     console.finish();
     Ok(out)
+}
+
+/// Translates `lines` (the first being line `first + 1` of the input), with a warning for
+/// each sentence longer than the model takes. With `split`, each line is cut into its
+/// sentences ([`transformer_text::sentence::parts`]), the sentences of every line are
+/// translated as one batch, and each line's translations are joined back with its own
+/// spacing; without, each line is one sentence to the model. `on_batch(done, total)` counts
+/// sentences.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn translate_chunk(
+    run: &LoadedMt,
+    decoder: &MtDecoder<'_>,
+    lines: &[String],
+    first: usize,
+    split: bool,
+    request: &DecodeRequest,
+    device: &Device,
+    on_batch: impl FnMut(usize, usize),
+) -> Result<Vec<String>> {
+    use transformer_text::sentence::{join_parts, parts, to_translate, Part};
+    let cut: Vec<Vec<Part>> = if split {
+        lines.iter().map(|l| parts(l)).collect()
+    } else {
+        lines
+            .iter()
+            .map(|l| vec![Part::Translate(l.clone())])
+            .collect()
+    };
+    let mut sentences = Vec::new();
+    let mut line_of = Vec::new();
+    for (i, p) in cut.iter().enumerate() {
+        for t in to_translate(p) {
+            sentences.push(t.to_string());
+            line_of.push(first + i);
+        }
+    }
+    for t in over_long_lines(&run.model, &run.tokenizer, &sentences) {
+        let t = Truncated {
+            index: line_of[t.index],
+            ..t
+        };
+        eprintln!("warning: {t}");
+    }
+    let translated = translate_lines(
+        decoder,
+        &run.tokenizer,
+        &sentences,
+        request,
+        device,
+        on_batch,
+    )?;
+    let mut next = translated.into_iter();
+    Ok(cut
+        .iter()
+        .map(|p| {
+            let n = to_translate(p).count();
+            join_parts(p, next.by_ref().take(n).collect::<Vec<_>>())
+        })
+        .collect())
 }
 
 /// Lines read and translated at a time by `mt translate`: enough to batch sentences of
@@ -579,22 +657,19 @@ fn translate_stream(args: &TranslateArgs, device: &Device) -> Result<()> {
             break;
         }
         let before = reader.lines_read() - lines.len();
-        for t in over_long_lines(&run.model, &run.tokenizer, &lines) {
-            let t = Truncated {
-                index: before + t.index,
-                ..t
-            };
-            eprintln!("warning: {t}");
-        }
-        let out = translate_lines(
+        let split = !args.no_split_sentences;
+        let n = lines.len();
+        let out = translate_chunk(
+            &run,
             &decoder,
-            &run.tokenizer,
             &lines,
+            before,
+            split,
             &request,
             device,
-            |d, _| {
+            |d, all| {
                 if let Some(t) = total {
-                    console.batch(0, before + d, t)
+                    console.batch(0, before + d * n / all.max(1), t)
                 }
             },
         )?;
@@ -649,6 +724,7 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 resume: args.resume,
                 max_steps: args.max_steps,
                 show_run_dir: false,
+                log_file: args.log_file.as_deref(),
             };
             crate::training::run(
                 cmd,
@@ -662,8 +738,16 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 },
             )?;
         }
-        MtCommand::Translate(args) => translate_stream(&args, &device)?,
+        MtCommand::Translate(args) => {
+            crate::dist::refuse_several("transformer mt translate")?;
+            translate_stream(&args, &device)?
+        }
         MtCommand::Quantize(args) => {
+            if args.run.is_dir() {
+                if let (_, Some(note)) = transformer_runtime::run_dir::weights_file(&args.run) {
+                    eprintln!("warning: {note}");
+                }
+            }
             let s = transformer_runtime::quantize::quantize_run(&args.run, &args.out)?;
             println!(
                 "wrote {}: {} weight matrices in int8; weights {:.1} MB -> {:.1} MB",
@@ -693,7 +777,10 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 map.vocab
             );
         }
-        MtCommand::Eval(args) => eval::run(&args, &device)?,
+        MtCommand::Eval(args) => {
+            crate::dist::refuse_several("transformer mt eval")?;
+            eval::run(&args, &device)?
+        }
     }
     Ok(())
 }

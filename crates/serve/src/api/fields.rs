@@ -1,7 +1,7 @@
 //! A request's fields, whatever the body's encoding, and the key and size checks.
 
 use super::*;
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use serde_json::{Map, Value};
@@ -95,12 +95,18 @@ pub(super) async fn read_fields(st: &AppState, req: Request) -> Result<Fields, A
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > limit) {
+        // A client that writes its whole body before it reads (Python's urllib and
+        // requests) would meet a closed connection instead of the answer: the body is read
+        // and dropped first, up to a bound.
+        if declared.is_some_and(|n| n <= DRAIN_BOUND) {
+            let _ = tokio::time::timeout(st.limits.body_timeout, drain(req.into_body())).await;
+        }
         return Err(too_large());
     }
     let mut map = Map::new();
     if let Some(q) = req.uri().query() {
-        for (k, v) in form_urlencoded::parse(q.as_bytes()) {
-            map.insert(k.into_owned(), Value::String(v.into_owned()));
+        for (k, v) in form_fields(q.as_bytes())? {
+            map.insert(k, Value::String(v));
         }
     }
     let ctype = req
@@ -110,23 +116,19 @@ pub(super) async fn read_fields(st: &AppState, req: Request) -> Result<Fields, A
         .unwrap_or("")
         .to_ascii_lowercase();
     let (parts, body) = req.into_parts();
-    let bytes = match tokio::time::timeout(st.limits.body_timeout, to_bytes(body, limit)).await {
+    let bytes = match tokio::time::timeout(st.limits.body_timeout, read_body(body, limit)).await {
         Err(_) => {
             return Err(ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "Request body not received in time",
             ))
         }
-        Ok(Err(e)) => {
-            // A body past the limit, or a client that went away mid-body.
-            let length = std::error::Error::source(&e)
-                .is_some_and(|s| s.to_string().contains("length limit"))
-                || e.to_string().contains("length limit");
-            return Err(if length {
-                too_large()
-            } else {
-                ApiError::bad(format!("Invalid request: cannot read the body: {e}"))
-            });
+        Ok(Err(BodyError::TooLarge)) => return Err(too_large()),
+        // A client that went away mid-body.
+        Ok(Err(BodyError::Failed(e))) => {
+            return Err(ApiError::bad(format!(
+                "Invalid request: cannot read the body: {e}"
+            )))
         }
         Ok(Ok(b)) => b,
     };
@@ -158,11 +160,95 @@ pub(super) async fn read_fields(st: &AppState, req: Request) -> Result<Fields, A
         if std::str::from_utf8(&bytes).is_err() {
             return Err(ApiError::bad("Invalid request: the body is not UTF-8"));
         }
-        for (k, v) in form_urlencoded::parse(&bytes) {
-            map.insert(k.into_owned(), Value::String(v.into_owned()));
+        for (k, v) in form_fields(&bytes)? {
+            map.insert(k, Value::String(v));
         }
     }
     Ok(Fields { map })
+}
+
+/// The most bytes of an over-large body read and dropped before the 413 is sent.
+pub(super) const DRAIN_BOUND: usize = 64 << 20;
+
+/// Why a body could not be read.
+enum BodyError {
+    /// Over the limit (the rest read and dropped, up to [`DRAIN_BOUND`]).
+    TooLarge,
+    /// The connection failed.
+    Failed(String),
+}
+
+/// The body's bytes, at most `limit`. A body over it is read on and dropped, up to
+/// [`DRAIN_BOUND`] bytes in all, so that a client still writing it gets the answer.
+async fn read_body(mut body: Body, limit: usize) -> Result<Vec<u8>, BodyError> {
+    use http_body_util::BodyExt;
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BodyError::Failed(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > limit {
+                let seen = out.len() + data.len();
+                if seen <= DRAIN_BOUND {
+                    drain_from(body, seen).await;
+                }
+                return Err(BodyError::TooLarge);
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out)
+}
+
+/// Reads and drops a body, up to [`DRAIN_BOUND`] bytes.
+async fn drain(body: Body) {
+    drain_from(body, 0).await
+}
+
+/// Reads and drops the rest of a body of which `seen` bytes were read, until it ends,
+/// fails, or [`DRAIN_BOUND`] bytes were read in all.
+async fn drain_from(mut body: Body, mut seen: usize) {
+    use http_body_util::BodyExt;
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Ok(data) = frame.into_data() {
+            seen += data.len();
+            if seen > DRAIN_BOUND {
+                return;
+            }
+        }
+    }
+}
+
+/// The fields of a url-encoded form (or query string): `+` is a space and `%XX` a byte, and
+/// the bytes of every name and value must be UTF-8 once decoded (a `%FF` is refused, as
+/// invalid UTF-8 in JSON is, rather than replaced).
+fn form_fields(bytes: &[u8]) -> Result<Vec<(String, String)>, ApiError> {
+    let decode = |part: &[u8]| -> Result<String, ApiError> {
+        let spaced: Vec<u8> = part
+            .iter()
+            .map(|&b| if b == b'+' { b' ' } else { b })
+            .collect();
+        percent_encoding::percent_decode(&spaced)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| {
+                ApiError::bad(format!(
+                    "Invalid request: the form field {:?} is not UTF-8 once its %-escapes are \
+                     decoded",
+                    String::from_utf8_lossy(part)
+                ))
+            })
+    };
+    bytes
+        .split(|&b| b == b'&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = match pair.iter().position(|&b| b == b'=') {
+                Some(i) => (&pair[..i], &pair[i + 1..]),
+                None => (pair, &pair[..0]),
+            };
+            Ok((decode(k)?, decode(v)?))
+        })
+        .collect()
 }
 
 pub(super) fn check_key(st: &AppState, f: &Fields) -> Result<(), ApiError> {

@@ -143,6 +143,21 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     let run = &opts.out;
     let dev = &opts.device;
     let writer = opts.dist.writes();
+    let load_init = |from: &Path| {
+        load_run(from, &Execution::on(dev)).map_err(|e| {
+            Error::Usage(format!(
+                "--init-from {}: {e} (give the directory of a finished `transformer mt \
+                 train` run)",
+                from.display()
+            ))
+        })
+    };
+    // A fresh run's --init-from is read before the run directory is made: a run that cannot
+    // start leaves nothing behind.
+    let mut early = match (&opts.config.init_from, opts.resume) {
+        (Some(from), false) => Some(load_init(from)?),
+        _ => None,
+    };
     let opened = runner::open_run(opts, CHECKPOINT_FORMAT, progress)?;
     let (resuming, _lock) = (opened.resuming, opened.lock);
     let (mut cfg, saved) = (opened.config, opened.saved);
@@ -150,14 +165,22 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     // resumed one continues from its own checkpoint and its own copy of the tokenizer).
     let init = match (cfg.init_from.clone(), resuming) {
         (Some(from), false) => {
-            let loaded =
-                load_run(&from, &transformer_runtime::load::Execution::on(dev)).map_err(|e| {
-                    Error::Usage(format!(
-                        "--init-from {}: {e} (give the directory of a finished `transformer mt \
-                     train` run)",
-                        from.display()
-                    ))
-                })?;
+            let loaded = match early.take() {
+                Some(l) => l,
+                None => load_init(&from)?,
+            };
+            if let Some(note) = &loaded.note {
+                progress.line(&format!("init: {note}"));
+            }
+            if loaded.model.decode_precision() != transformer_model::DecodePrecision::F32 {
+                progress.line(&format!(
+                    "init: {} holds int8 weights (written by `transformer mt quantize`): \
+                     training starts from their values as rounded to int8, not from the \
+                     f32 weights they were made from (--init-from the run that was quantized \
+                     starts from those)",
+                    from.display()
+                ));
+            }
             cfg = inherit_model(&cfg, &loaded.config, &from, &opts.given)?;
             Some((from, loaded))
         }
@@ -252,13 +275,16 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
             per_source_counts(&source_sizes, &keep)
         ));
     }
-    if cfg.reverse {
-        let (s, t) = cfg
-            .language_pair()
-            .map_or(("target".into(), "source".into()), |p| p);
-        progress.line(&format!(
+    match (cfg.language_pair(), cfg.reverse) {
+        (Some((s, t)), true) => progress.line(&format!(
             "data: reversed (--reverse): every split's sides exchanged, translating {s} to {t}"
-        ));
+        )),
+        (None, true) => progress.line(
+            "data: reversed (--reverse): every split's sides exchanged, translating the \
+             target files' language into the source files'",
+        ),
+        (Some((s, t)), false) => progress.line(&format!("data: translating {s} to {t}")),
+        (None, false) => {}
     }
     if cfg.corpus == Some(Corpus::KoEnAll) && cfg.train_src.is_none() {
         let data = cfg

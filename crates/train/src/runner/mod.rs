@@ -91,13 +91,7 @@ pub fn run<T: Task, C>(
             state.best_trained = None;
         }
         let done = state.epoch - 1;
-        if settings.epochs < done {
-            return Err(Error::Usage(format!(
-                "{}: the run has trained {done} epochs already: give --epochs {done} or more \
-                 to resume it",
-                run.display()
-            )));
-        }
+        check_epochs(run, &state, settings.epochs)?;
         if state.finished && state.epoch <= settings.epochs {
             state.finished = false;
             progress.line(&format!(

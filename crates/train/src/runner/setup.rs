@@ -338,11 +338,14 @@ pub fn open_run<C: RunConfig>(
         own.without_averaging();
     }
     let (config, notes) = resume_config(run, &own, &asked, &opts.given, C::MAY_CHANGE_ON_RESUME)?;
+    // Every refusal comes before `config.toml` is rewritten: a refused resume changes
+    // nothing on disk.
+    check_epochs(run, &saved.state, config.settings().epochs)?;
+    check_global_batch(run, &saved.state, config.settings().accumulate, &opts.dist)?;
+    check_recorded_paths(run, &config.recorded_paths(), &opts.given)?;
     for n in &notes {
         progress.line(n);
     }
-    check_global_batch(run, &saved.state, config.settings().accumulate, &opts.dist)?;
-    check_recorded_paths(run, &config.recorded_paths(), &opts.given)?;
     if writer && !notes.is_empty() {
         crate::checkpoint::write_atomic(&config_path(run), config.to_toml().as_bytes())?;
     }
@@ -353,3 +356,17 @@ pub fn open_run<C: RunConfig>(
         lock,
     })
 }
+
+/// Refuses to resume a run that has trained more epochs than `epochs` asks for.
+pub fn check_epochs(run: &Path, state: &RunState, epochs: usize) -> Result<()> {
+    let done = state.epoch - 1;
+    if epochs < done {
+        return Err(Error::Usage(format!(
+            "{}: the run has trained {done} epochs already: give --epochs {done} or more \
+             to resume it",
+            run.display()
+        )));
+    }
+    Ok(())
+}
+

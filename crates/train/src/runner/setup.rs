@@ -369,4 +369,3 @@ pub fn check_epochs(run: &Path, state: &RunState, epochs: usize) -> Result<()> {
     }
     Ok(())
 }
-

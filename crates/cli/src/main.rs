@@ -20,6 +20,7 @@ use transformer_train::runner::{Progress, RunOptions};
 
 mod bench;
 mod bleu;
+mod console;
 mod device;
 mod dist;
 mod lm;
@@ -308,7 +309,7 @@ fn copy(args: CopyArgs) -> Result<()> {
     cfg.model.validate()?;
     let dev = args.device.open()?;
     let m = &cfg.model;
-    let mut console = lm::Console::new("steps").with_log_file(args.log_file.as_deref())?;
+    let mut console = console::Console::new("steps").with_log_file(args.log_file.as_deref())?;
     console.line(&format!(
         "copy task: {} symbols, length {}, batch {}; model d_model {}, {} heads, {}+{} layers, d_ff {}, dropout {}",
         cfg.vocab, cfg.seq_len, cfg.batch_size, m.d_model, m.nhead, m.num_encoder_layers,

@@ -2,7 +2,7 @@
 //! or an MPI job's), resolve the configuration, catch Ctrl-C and SIGTERM, show progress on
 //! the writing process only, say how to resume a stopped run, and end every process together.
 
-use crate::lm::{exit_if_interrupted, interrupt_flag, Console, Quiet};
+use crate::console::{exit_if_interrupted, interrupt_flag, Console, Quiet};
 use anyhow::Result;
 use candle_core::Device;
 use std::path::Path;

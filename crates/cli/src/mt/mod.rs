@@ -1,6 +1,6 @@
 //! `transformer mt ...`: translation with an encoder-decoder Transformer.
 
-use crate::lm::Console;
+use crate::console::Console;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Subcommand};
@@ -501,7 +501,7 @@ pub(crate) fn execution(
 /// arithmetic and vocabulary) on stderr.
 pub(crate) fn load_and_say(run: &std::path::Path, how: &Execution) -> Result<LoadedMt> {
     let run = load_run(run, how)?;
-    crate::lm::warn_note(&run.note);
+    crate::console::warn_note(&run.note);
     for line in &run.decoding {
         eprintln!("{line}");
     }

@@ -369,25 +369,30 @@ fn a_byte_order_mark_where_input_begins_is_not_text() {
 
     // stdin and --src: the mark changes no translation.
     let lines = "ein hund läuft schnell .\nzwei katzen schlafen .\n";
-    let plain_out = succeeded(&mt_translate_stdin(&run, &["--beam", "1"], lines));
-    let bom_out = succeeded(&mt_translate_stdin(
+    let stdout = |o: Output| {
+        succeeded(&o);
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let plain_out = stdout(mt_translate_stdin(&run, &["--beam", "1"], lines));
+    let bom_out = stdout(mt_translate_stdin(
         &run,
         &["--beam", "1"],
         &format!("\u{feff}{lines}"),
     ));
     assert_eq!(bom_out, plain_out);
-    assert_eq!(plain_out.lines().count(), 2);
-    let from_file = succeeded(&mt_on_run(
+    assert_eq!(plain_out.lines().count(), 2, "{plain_out}");
+    let from_file = stdout(mt_on_run(
         "translate",
         &run,
         &["--beam", "1", "--src", s(&dir.join("test.de"))],
     ));
-    let from_plain = succeeded(&mt_on_run(
+    let from_plain = stdout(mt_on_run(
         "translate",
         &run,
         &["--beam", "1", "--src", s(&plain.join("test.de"))],
     ));
     assert_eq!(from_file, from_plain);
+    assert_eq!(from_file.lines().count(), 12);
     // eval: the same scores with the marks as without.
     let eval = |d: &Path| {
         let o = mt_on_run(
@@ -404,7 +409,13 @@ fn a_byte_order_mark_where_input_begins_is_not_text() {
             ],
         );
         succeeded(&o);
-        String::from_utf8(o.stdout).unwrap()
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            v["bleu"].clone(),
+            v["chrf"].clone(),
+            v["loss"].clone(),
+            v["sentences"].clone(),
+        )
     };
     assert_eq!(eval(&dir), eval(&plain));
 }

@@ -530,7 +530,10 @@ fn a_closed_stdout_never_stops_training_and_the_log_file_keeps_the_log() {
     let log = std::fs::read_to_string(&log_file).unwrap();
     assert!(log.starts_with(&first.concat()), "{log}");
     assert!(log.lines().count() > 10, "{log}");
-    assert!(log.contains("epoch 2") && log.contains("test"), "{log}");
+    assert!(
+        log.contains("| end of epoch   2 |") && log.contains("| End of training |"),
+        "{log}"
+    );
 
     // The copy task too: its stdout closed before its first line.
     let copy_log = dir.join("copy.log");

@@ -42,6 +42,14 @@ pub struct RunLock {
     _file: std::fs::File,
 }
 
+/// The lock file names its holder only while it is held: a process that ends (or is
+/// refused) leaves it as it found it, empty.
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        let _ = self._file.set_len(0);
+    }
+}
+
 impl RunLock {
     /// Locks the run directory `run` (which exists) or says which process holds it.
     pub fn acquire(run: &Path) -> Result<Self> {

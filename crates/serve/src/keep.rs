@@ -7,7 +7,7 @@
 //! piece by piece in their places:
 //! - URLs (`https://...`, `www....`, `example.com/path`, and bare domains of common
 //!   top-level domains);
-//! - mentions (`@bob`, `@bob@m.social`) and hashtags (`#cats`);
+//! - mentions (`@bob`, `@bob@m.social`), hashtags (`#cats`) and e-mail addresses;
 //! - emoji (pictographs, flags, keycaps, with their joiners and modifiers), and any other
 //!   character the model's vocabulary cannot spell (its tokenizer gives `<unk>` for it).
 
@@ -67,7 +67,8 @@ fn tokens_regex() -> &'static Regex {
     RE.get_or_init(|| {
         Regex::new(
             r"(?xi)
-              \b(?:https?|ftp)://\S+
+              [\p{L}\p{N}_.+-]+@[\p{L}\p{N}_-]+(?:\.[\p{L}\p{N}_-]+)+
+            | \b(?:https?|ftp)://\S+
             | \bwww\.\S+
             | \b[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)*\.[a-z]{2,}/\S*
             | \b[a-z0-9][a-z0-9-]*(?:\.[a-z0-9-]+)*\.(?:com|org|net|edu|gov|io|dev|app|social|info|eu|de|at|ch|uk|fr|kr|jp|us|me|co)\b
@@ -190,9 +191,13 @@ mod tests {
                 "+schnell."
             ]
         );
-        // E-mail-like and in-word characters are no mentions or hashtags.
+        // In-word characters are no mentions or hashtags; an e-mail address is kept whole.
         let p = parts("C# and a@b are fine.", Keep::Tokens, &mut |_| true);
         assert_eq!(shown(&p), ["+C# and a@b are fine."]);
+        let p = parts("Schreib an info@firma.de bitte.", Keep::Tokens, &mut |_| {
+            true
+        });
+        assert_eq!(shown(&p), ["+Schreib an", "= info@firma.de ", "+bitte."]);
     }
 
     #[test]

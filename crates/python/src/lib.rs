@@ -125,7 +125,7 @@ fn open_device(device: &str, index: usize) -> PyResult<Device> {
              build is `cargo build --release --features cuda`); use device='cpu'",
         )),
         other => Err(value_err(format!(
-            "device={other:?}: unknown device; use 'cpu' (or 'auto')"
+            "device='{other}': unknown device; use 'cpu' (or 'auto')"
         ))),
     }
 }
@@ -365,7 +365,7 @@ impl TranslationResult {
                 }
                 "attention" => Ok(self.attention.clone().into_pyobject(py)?.into_any()),
                 _ => Err(PyKeyError::new_err(format!(
-                    "{k:?}: a TranslationResult has hypotheses, tokens (the best \
+                    "'{k}': a TranslationResult has hypotheses, tokens (the best \
                      hypothesis), scores, score (with return_scores) and attention"
                 ))),
             };
@@ -395,7 +395,7 @@ fn precision_of(compute_type: &str) -> PyResult<Option<DecodePrecision>> {
         "float32" | "float" => Ok(Some(DecodePrecision::F32)),
         "int8" | "int8_float32" => Ok(Some(DecodePrecision::Int8 { output_layer: true })),
         other => Err(value_err(format!(
-            "compute_type={other:?}: this engine decodes in 'default' (the run's own: int8 \
+            "compute_type='{other}': this engine decodes in 'default' (the run's own: int8 \
              for a run written by `transformer mt quantize`, else float32), 'float32' or \
              'int8' (int8_float32); float16, bfloat16 and int8_float16 are not supported"
         ))),
@@ -671,7 +671,7 @@ impl Translator {
         if batch_type != "examples" {
             return Err(unsupported(
                 "batch_type",
-                format!("{batch_type:?}"),
+                format!("'{batch_type}'"),
                 "'examples'",
             ));
         }
@@ -926,7 +926,7 @@ impl Translator {
 
     fn __repr__(&self) -> String {
         format!(
-            "Translator({:?}, device='cpu', compute_type={:?})",
+            "Translator('{}', device='cpu', compute_type='{}')",
             self.model_path, self.compute_type
         )
     }
@@ -1033,7 +1033,7 @@ impl Tokenizer {
 
     fn __repr__(&self) -> String {
         format!(
-            "Tokenizer({:?}, vocab_size={})",
+            "Tokenizer('{}', vocab_size={})",
             self.path,
             self.inner.vocab_size()
         )
@@ -1081,10 +1081,11 @@ impl Tokenizer {
 struct BleuScore {
     /// BLEU, 0 to 100.
     score: f64,
-    /// Clipped n-gram matches of each order.
-    counts: Vec<u64>,
-    /// Hypothesis n-grams of each order.
-    totals: Vec<u64>,
+    /// Clipped n-gram matches of each order (with add-k smoothing, k added to orders 2 to
+    /// 4 as sacreBLEU reports them).
+    counts: Py<PyList>,
+    /// Hypothesis n-grams of each order (k added likewise).
+    totals: Py<PyList>,
     /// Precision of each order in percent, after smoothing.
     precisions: Vec<f64>,
     /// Brevity penalty.
@@ -1220,6 +1221,7 @@ fn streams(
     force=false, lowercase=false, tokenize="13a", use_effective_order=false))]
 #[allow(clippy::too_many_arguments)]
 fn corpus_bleu(
+    py: Python<'_>,
     hypotheses: &Bound<'_, PyAny>,
     references: &Bound<'_, PyAny>,
     smooth_method: &str,
@@ -1251,15 +1253,32 @@ fn corpus_bleu(
         ..BleuOptions::default()
     };
     let s = score::corpus_bleu(&hyps, &refs, &opts).map_err(|e| value_err(e.to_string()))?;
+    // sacreBLEU reports add-k's k added into the counts and totals of orders 2 and up
+    // (unless nothing matched: it stops before smoothing then), as ints for an integral k.
+    let added = match opts.smoothing {
+        Smoothing::AddK(k) if s.counts.iter().any(|&c| c > 0) => k,
+        _ => 0.0,
+    };
+    let stats = |v: &[u64]| -> PyResult<Py<PyList>> {
+        let list = if added.fract() == 0.0 {
+            let k = added as u64;
+            let v: Vec<u64> = v.iter().enumerate().map(|(n, &c)| c + if n > 0 { k } else { 0 }).collect();
+            PyList::new(py, v)?
+        } else {
+            let v: Vec<f64> = v.iter().enumerate().map(|(n, &c)| c as f64 + if n > 0 { added } else { 0.0 }).collect();
+            PyList::new(py, v)?
+        };
+        Ok(list.unbind())
+    };
     Ok(BleuScore {
+        counts: stats(&s.counts)?,
+        totals: stats(&s.totals)?,
         // sacreBLEU's name and line (the command line labels one convention apart).
         line: format!("BLEU = {:.2} {}", s.score, s.verbose()),
         verbose: s.verbose(),
         signature: s.signature(),
         name: "BLEU".to_string(),
         score: s.score,
-        counts: s.counts,
-        totals: s.totals,
         precisions: s.precisions,
         bp: s.bp,
         sys_len: s.sys_len,
@@ -1328,7 +1347,7 @@ fn toml_value(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Option<toml::Value>> 
         return Ok(Some(toml::Value::String(p.display().to_string())));
     }
     Err(PyTypeError::new_err(format!(
-        "config[{key:?}]: a {} cannot be a setting (give a str, int, float, bool, path or None)",
+        "config['{key}']: a {} cannot be a setting (give a str, int, float, bool, path or None)",
         v.get_type().name()?
     )))
 }
@@ -1497,7 +1516,7 @@ fn train(
         "lm" => Config::Lm(toml::Value::Table(table).try_into().map_err(bad_key)?),
         other => {
             return Err(value_err(format!(
-                "task={other:?}: 'mt' (translation) or 'lm' (language model)"
+                "task='{other}': 'mt' (translation) or 'lm' (language model)"
             )))
         }
     };
@@ -1541,7 +1560,7 @@ fn train(
         // continues.
         if e.is_instance_of::<PyKeyboardInterrupt>(py) {
             return Err(PyKeyboardInterrupt::new_err(format!(
-                "training interrupted; the checkpoint is saved: train(..., out={:?}, \
+                "training interrupted; the checkpoint is saved: train(..., out='{}', \
                  resume=True) continues",
                 out.display().to_string()
             )));
@@ -1551,7 +1570,7 @@ fn train(
     let stopped = stopped.map_err(engine_err)?;
     if let (Some(steps), true) = (stopped, print) {
         let line = format!(
-            "stopped after {steps} steps; continue with train(..., out={:?}, resume=True)",
+            "stopped after {steps} steps; continue with train(..., out='{}', resume=True)",
             out.display().to_string()
         );
         py.import("builtins")?.getattr("print")?.call1((line,))?;

@@ -17,7 +17,7 @@ def test_train_wrote_a_run_and_reported_progress(run_dir):
     assert "epoch 1" in log.lower()
     assert "bleu" in log.lower()
     config = (run_dir / "config.toml").read_text()
-    assert "d_model = 32" in config and "vocab_size = 1000" in config
+    assert "d_model = 64" in config and "vocab_size = 1000" in config
 
 
 def test_train_errors(tmp_path, data):

@@ -1262,10 +1262,18 @@ fn corpus_bleu(
     let stats = |v: &[u64]| -> PyResult<Py<PyList>> {
         let list = if added.fract() == 0.0 {
             let k = added as u64;
-            let v: Vec<u64> = v.iter().enumerate().map(|(n, &c)| c + if n > 0 { k } else { 0 }).collect();
+            let v: Vec<u64> = v
+                .iter()
+                .enumerate()
+                .map(|(n, &c)| c + if n > 0 { k } else { 0 })
+                .collect();
             PyList::new(py, v)?
         } else {
-            let v: Vec<f64> = v.iter().enumerate().map(|(n, &c)| c as f64 + if n > 0 { added } else { 0.0 }).collect();
+            let v: Vec<f64> = v
+                .iter()
+                .enumerate()
+                .map(|(n, &c)| c as f64 + if n > 0 { added } else { 0.0 })
+                .collect();
             PyList::new(py, v)?
         };
         Ok(list.unbind())

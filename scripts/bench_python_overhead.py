@@ -9,7 +9,9 @@ All three run on the same sentences (the first --sentences of --src), the same n
 CPU threads (--threads; the command line and this process get CANDLE_NUM_THREADS), in
 alternating rounds (--rounds); each round reports the median milliseconds per sentence, and
 the result is the median over rounds. The overhead is the package's median less the command
-line's. The outputs are checked to be the same ids as the command line's greedy ones.
+line's. The outputs are checked to be the same ids as the command line's greedy ones. On a
+busy machine the medians of whole translations move by more than the overhead; the binding's
+own cost is also timed apart, on calls that run no model (an empty source).
 
 Example:
 
@@ -93,8 +95,8 @@ def main():
         def ct2_round():
             ms, outs = [], []
             for s in src_ids[: len(pieces)]:
-                body = s[:-1] if s and s[-1] == eos else s
-                limit = int(math.floor(config["max_len_a"] * len(body) + config["max_len_b"]))
+                # The length rule counts the source's <eos> (as the engine's batches hold it).
+                limit = int(math.floor(config["max_len_a"] * len(s) + config["max_len_b"]))
                 t0 = time.perf_counter()
                 r = ct2.translate_batch([[str(i) for i in s]], beam_size=1, num_hypotheses=1,
                                         max_decoding_length=limit, min_decoding_length=0,
@@ -118,7 +120,18 @@ def main():
             ct2_ms.append(m2)
             same_ct2 = sum(o == g for o, g in zip(outs2, greedy_ids)) / len(outs2)
 
+    # The binding's own cost per call: a call whose source is empty runs no model (it
+    # translates to an empty hypothesis), so its time is argument checking, the release and
+    # return of the GIL, and building the result.
+    floor = []
+    for _ in range(2000):
+        t0 = time.perf_counter()
+        translator.translate_batch([[]], beam_size=1)
+        floor.append((time.perf_counter() - t0) * 1e6)
+
     result = {
+        "binding_floor_us": statistics.median(floor),
+        "load_average": os.getloadavg()[0],
         "sentences": len(pieces),
         "rounds": a.rounds,
         "threads": a.threads,

@@ -242,7 +242,8 @@ fn decode(
             }];
             continue;
         }
-        let len = max_src.map_or(s.len(), |m| s.len().min(m));
+        // The rule counts the source's <eos>, which the batch appends.
+        let len = max_src.map_or(s.len(), |m| s.len().min(m)) + 1;
         if job.opts.max_len(len) > job.max_decoding_length {
             capped.push(i);
         } else {

@@ -87,9 +87,12 @@ def test_result_objects_follow_ctranslate2(translator, pieces):
     greedy = translator.translate_batch(src, beam_size=1, return_scores=True)
     assert all(len(r.scores) == 1 and r.scores[0] <= 0 for r in greedy)
     # The same, unnormalized (length_penalty=0), is the sum: more negative for longer outputs.
-    raw = translator.translate_batch(src, beam_size=1, return_scores=True, length_penalty=0)
+    # (The length counts <eos> when the hypothesis ended with it: return_end_token shows it.)
+    raw = translator.translate_batch(
+        src, beam_size=1, return_scores=True, length_penalty=0, return_end_token=True
+    )
     for g, r in zip(greedy, raw):
-        n = len(g.hypotheses[0]) + 1
+        n = len(r.hypotheses[0])
         assert r.scores[0] == pytest.approx(g.scores[0] * n, rel=1e-9)
 
 
@@ -111,9 +114,14 @@ def test_lengths_batches_and_unknown_pieces(translator, pieces):
     cut = translator.translate_batch([src[0]], beam_size=1, max_input_length=2)
     assert cut[0].hypotheses == translator.translate_batch([src[0][:2]], beam_size=1)[0].hypotheses
     # end token on request
-    ended = translator.translate_batch([src[0]], beam_size=2, return_end_token=True)
-    h = ended[0].hypotheses[0]
-    assert h[-1] == "<eos>" or len(h) >= 1
+    # The end token on request, on the hypotheses that ended with it.
+    ended = translator.translate_batch(src, beam_size=2, return_end_token=True)
+    finished = 0
+    for e, f in zip(ended, full):
+        if e.hypotheses[0] != f.hypotheses[0]:
+            assert e.hypotheses[0] == f.hypotheses[0] + ["<eos>"]
+            finished += 1
+    assert finished > 0
 
 
 def test_int8_equals_the_command_line(cli, run_dir, sources, tmp_path):

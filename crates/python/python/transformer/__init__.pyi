@@ -175,7 +175,7 @@ class Translator:
 
         beam_size: 1 is greedy search. num_hypotheses: at most beam_size.
         length_penalty: beam scores are divided by length ** length_penalty.
-        max_decoding_length: the longest output; the run's own rule (max_len_a * source +
+        max_decoding_length: the longest output; the run's own rule (max_len_a * (source + 1) +
             max_len_b, 1.2 and 10 by default) also applies, the smaller limit wins.
         max_input_length: sources are cut to this many pieces (0: no limit; the model
             takes at most 1,023).

@@ -314,7 +314,7 @@ fn attention_rows(
 /// CTranslate2's `TranslationResult`. `result[i]` is hypothesis `i` as a dict (`tokens`,
 /// and `score`, `attention` when returned), as CTranslate2 1.x returned it.
 #[pyclass(module = "transformer", frozen, get_all)]
-struct TranslationResult {
+pub struct TranslationResult {
     /// Hypotheses, best first: lists of subword pieces.
     hypotheses: Vec<Vec<String>>,
     /// Each hypothesis's score (empty unless `return_scores`).
@@ -429,7 +429,7 @@ fn source_tokens(source: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
 /// A trained translation run, loaded to translate: `ctranslate2.Translator`'s interface
 /// over a run directory of `transformer mt train`.
 #[pyclass(module = "transformer", subclass, frozen)]
-struct Translator {
+pub struct Translator {
     engine: Engine,
     model_path: String,
     compute_type: String,
@@ -942,7 +942,7 @@ fn device_index_of(v: &Bound<'_, PyAny>) -> PyResult<usize> {
 
 /// A run's subword tokenizer (`tokenizer.json`): text to pieces and ids, and back.
 #[pyclass(module = "transformer", frozen)]
-struct Tokenizer {
+pub struct Tokenizer {
     inner: Subword,
     path: String,
 }
@@ -1079,7 +1079,7 @@ impl Tokenizer {
 
 /// A corpus BLEU score, with sacreBLEU's `BLEUScore` fields.
 #[pyclass(module = "transformer", frozen, get_all)]
-struct BleuScore {
+pub struct BleuScore {
     /// BLEU, 0 to 100.
     score: f64,
     /// Clipped n-gram matches of each order (with add-k smoothing, k added to orders 2 to
@@ -1132,7 +1132,7 @@ impl BleuScore {
 
 /// A corpus chrF score, with sacreBLEU's `CHRFScore` fields.
 #[pyclass(module = "transformer", frozen, get_all)]
-struct ChrfScore {
+pub struct ChrfScore {
     /// chrF, 0 to 100.
     score: f64,
     /// Character n-gram order.

@@ -91,3 +91,36 @@ def test_a_ctranslate2_script_runs_with_its_import_changed(run_dir, sources, tmp
     for line in out:
         score = float(line.split("\t")[1])
         assert score < 0
+
+
+def test_train_a_language_model(tmp_path, data):
+    # WikiText-2 cut to its first 300 lines per split, so that evaluation takes no time.
+    small = tmp_path / "wikitext-small"
+    small.mkdir()
+    for split in ["train", "valid", "test"]:
+        with open(data / "wikitext-2" / f"{split}.txt", encoding="utf-8") as f:
+            head = [next(f, "") for _ in range(300)]
+        (small / f"{split}.txt").write_text("".join(head), encoding="utf-8")
+    lines = []
+    out = transformer.train(
+        {
+            "data": str(small),
+            "emsize": 16,
+            "nhid": 16,
+            "nlayers": 1,
+            "nhead": 2,
+            "epochs": 1,
+            "max_batches": 5,
+            "average_decay": 0.0,
+        },
+        task="lm",
+        out=tmp_path / "lm",
+        progress=lines.append,
+    )
+    assert Path(out) == tmp_path / "lm"
+    assert (tmp_path / "lm" / "vocab.txt").exists()
+    assert (tmp_path / "lm" / "best.safetensors").exists()
+    assert any("test" in line.lower() and "ppl" in line.lower() for line in lines), lines
+    # A language-model run is not a translation run, and the error says so.
+    with pytest.raises(ValueError, match="language-model run"):
+        transformer.Translator(out)

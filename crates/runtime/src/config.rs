@@ -46,7 +46,7 @@ pub struct MtTrainConfig {
     /// language codes follow ([`MtTrainConfig::language_pair`]).
     pub reverse: bool,
     /// Fine-tune: start from this translation run's weights (its `best.safetensors`, as
-    /// [`load_run`] reads it) and tokenizer instead of fresh ones. The model's shape and the
+    /// [`load_run`](crate::load::load_run) reads it) and tokenizer instead of fresh ones. The model's shape and the
     /// tokenizer are that run's; the warm-up, learning rate, data and epochs are this run's,
     /// and Adam starts afresh.
     pub init_from: Option<PathBuf>,
@@ -404,10 +404,10 @@ pub enum Corpus {
     /// set, test on the news test set.
     KoEn,
     /// Korean to English on every pair that is not held out for testing
-    /// ([`ko_en_all_train`]): Tatoeba, JHE, the Python documentation and LibreOffice's help
-    /// and UI (each but its held-out slice, [`HELD_OUT_EVERY`]) and Korean PUD; validate on
+    /// (`transformer_train::mt::corpus::ko_en_all_train`): Tatoeba, JHE, the Python documentation and LibreOffice's help
+    /// and UI (each but its held-out slice, `HELD_OUT_EVERY` there) and Korean PUD; validate on
     /// the news dev set, test on the news test set. NTREX-128 and the held-out slices are
-    /// left for [`ko_en_test_sets`].
+    /// left for `ko_en_test_sets` there.
     KoEnAll,
 }
 

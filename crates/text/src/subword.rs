@@ -155,6 +155,12 @@ fn tok_err(path: &Path, msg: impl std::fmt::Display) -> Error {
 }
 
 impl Subword {
+    /// The id of the piece `token` as [`TextTokenizer::token`] spells it (`▁Ein`, `<unk>`),
+    /// or `None` when the vocabulary has no such piece.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     /// Trains BPE on `texts` (every sentence of the training split, both languages for a
     /// joint vocabulary). `origin` names the data in errors.
     pub fn train_bpe<S: AsRef<str> + Send>(
@@ -453,6 +459,11 @@ mod tests {
         assert!(ids.contains(&3), "{ids:?}");
         assert_eq!(t.decode(&[1, t.encode("Two")[0], 2, 0]), "Two");
         assert!(t.encode("   ").is_empty());
+        // Every id's spelling maps back to the id; an unknown spelling to none.
+        for id in t.encode(s).into_iter().chain([0, 1, 2, 3]) {
+            assert_eq!(t.token_to_id(&t.token(id)), Some(id));
+        }
+        assert_eq!(t.token_to_id("no such piece ☃"), None);
     }
 
     /// Unigram and byte fallback: text of seen characters round-trips; with byte fallback an

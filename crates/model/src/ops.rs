@@ -2,8 +2,12 @@
 //! the kernels crate ([`transformer_kernels`]). Whole layers are chosen in
 //! [`crate::backend`]; the single ops below are chosen per call by their tensors: the fused
 //! CPU kernel for f32/f64 tensors on the CPU (one pass, a hand-written backward, tested
-//! against the composition it replaces in the kernels' tests), candle's composed ops
-//! elsewhere (CUDA, bf16). An op of another device plugs in here, not in the modules.
+//! against the composition it replaces in the kernels' tests), the fused CUDA kernel for
+//! f32/f64 tensors on a GPU (layer norm, softmax, dropout, and [`attention_gpu`],
+//! [`bias_activation_dropout`], [`smoothed_cross_entropy_gpu`]: tested against the
+//! compositions in `crates/cli/tests/cuda_parity.rs`), candle's composed ops elsewhere
+//! (bf16, or a GPU with `TRANSFORMER_CUDA_FUSED=0`). An op of another device plugs in here,
+//! not in the modules.
 
 use crate::grads::DirectGrads;
 use crate::Result;

@@ -19,8 +19,11 @@
 #   DATA     the data folder with multi30k/ (../shared/data)
 #   OUT      where logs, JSON and the summary go (gpu-checks)
 #   PY       a Python with torch, numpy and safetensors (python3)
-#   STEPS    which steps, in order (env parity bench decode train); `env` stops the script
-#            when the GPU cannot run a first small job, so nothing else wastes the machine
+#   STEPS    which steps, in order (env parity bench decode train; also `composed`: our
+#            training steps again with the fused CUDA kernels switched off,
+#            TRANSFORMER_CUDA_FUSED=0, every layer composed of candle's ops as before them);
+#            `env` stops the script when the GPU cannot run a first small job, so nothing else
+#            wastes the machine
 #   REPEATS  timed training steps per benchmark (20); SENTENCES to decode (1000); MODELS
 #            the translation models to time (default base)
 #   TRAIN_SECONDS  a limit on the full run (none); EPOCHS for it (the default, 20);
@@ -28,6 +31,8 @@
 #            TRAIN_ARGS more flags for it (e.g. "--max-batches 20" for a trial of the script)
 #   DEVICE   cuda (cuda:N for another GPU; cpu to try the script itself on a machine without
 #            one: every step then runs on the CPU)
+#   PARITY_TIMEOUT  seconds the parity tests may take (600); CMD_TIMEOUT seconds for each
+#            benchmark, decoding and training command (no limit), for a machine lent briefly
 #
 # Writes $OUT/summary.txt last, and $OUT.tgz: everything under $OUT but the full run's weights and
 # the decoded ids (a few hundred kB, to bring back from a machine that keeps nothing). The
@@ -53,6 +58,8 @@ EPOCHS="${EPOCHS:-}"
 TRAIN_SECONDS="${TRAIN_SECONDS:-}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
 DEVICE="${DEVICE:-cuda}"
+PARITY_TIMEOUT="${PARITY_TIMEOUT:-600}"
+CMD_TIMEOUT="${CMD_TIMEOUT:-86400}"
 TORCH_DEVICE="${DEVICE}"
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
@@ -90,7 +97,7 @@ with_gpu_peak() {
         sleep 0.2
     done) &
     local sampler=$!
-    "$@"
+    timeout "$CMD_TIMEOUT" "$@"
     local rc=$?
     kill "$sampler" 2>/dev/null
     wait "$sampler" 2>/dev/null
@@ -120,7 +127,7 @@ step_env() {
 
 step_parity() {
     say "parity: $PARITY --ignored --test-threads 1"
-    TRANSFORMER_BIN="$BIN" timeout 600 "$PARITY" --ignored --test-threads 1 >"$OUT/parity.log" 2>&1
+    TRANSFORMER_BIN="$BIN" timeout "$PARITY_TIMEOUT" "$PARITY" --ignored --test-threads 1 >"$OUT/parity.log" 2>&1
     local rc=$?
     grep -E '^test |test result' "$OUT/parity.log" >&2
     record "parity_rc=$rc $(grep -E 'test result' "$OUT/parity.log" | tail -n 1)"
@@ -143,6 +150,18 @@ step_bench() {
         >"$OUT/lm.ours.json" 2>"$OUT/lm.ours.log"
     with_gpu_peak lm.torch "$PY" scripts/bench_lm_torch.py --device "$DEVICE" --repeats "$REPEATS" --json \
         >"$OUT/lm.torch.json" 2>"$OUT/lm.torch.log"
+}
+
+step_composed() {
+    local m
+    for m in ${MODELS:-default base}; do
+        say "composed: translation training step, $m model, the fused CUDA kernels switched off"
+        with_gpu_peak "mt_$m.composed" env TRANSFORMER_CUDA_FUSED=0 "$BIN" bench mt --device "$DEVICE" \
+            --model "$m" --repeats "$REPEATS" --json >"$OUT/mt_$m.composed.json" 2>"$OUT/mt_$m.composed.log"
+    done
+    say "composed: language model, the fused CUDA kernels switched off"
+    with_gpu_peak lm.composed env TRANSFORMER_CUDA_FUSED=0 "$BIN" bench lm --device "$DEVICE" \
+        --repeats "$REPEATS" --json >"$OUT/lm.composed.json" 2>"$OUT/lm.composed.log"
 }
 
 step_decode() {
@@ -200,9 +219,10 @@ for s in $STEPS; do
         env) step_env || { record "stopped=env"; exit 1; } ;;
         parity) step_parity ;;
         bench) step_bench ;;
+        composed) step_composed ;;
         decode) step_decode ;;
         train) step_train ;;
-        *) say "unknown step $s (env parity bench decode train)"; exit 2 ;;
+        *) say "unknown step $s (env parity bench composed decode train)"; exit 2 ;;
     esac
 done
 
@@ -245,6 +265,17 @@ for m in ("default", "base"):
         print(f"mt_train_{m}_tokens_per_s: ours {ours['tokens_per_s']:.0f} "
               f"(bf16 {ours.get('tokens_per_s_bf16') or 0:.0f}), pytorch "
               f"{(t32 or {}).get('tokens_per_s', 0):.0f} (bf16 {(t16 or {}).get('tokens_per_s', 0):.0f})")
+    comp = load(f"mt_{m}.composed")
+    if comp:
+        c32, c16 = med(comp, "train_step_ms"), med(comp, "train_step_bf16_ms")
+        print(f"mt_train_{m}_composed: f32 {c32} ms bf16 {c16} ms (peak GPU "
+              f"{mem(f'mt_{m}.composed')} MiB); phases_ms {json.dumps(comp.get('phases_ms'))}")
+        if c32 and o32:
+            print(f"cuda_mt_train{tag}_fused_vs_composed={c32 / o32:.2f}")
+        if c32 and p32:
+            print(f"cuda_mt_train{tag}_composed_vs_pytorch={p32 / c32:.2f}")
+        if c16 and p16:
+            print(f"cuda_mt_train{tag}_composed_bf16_vs_pytorch_bf16={p16 / c16:.2f}")
     if o32 and p32:
         print(f"cuda_mt_train{tag}_vs_pytorch={p32 / o32:.2f}")
     if o16 and p16:
@@ -258,6 +289,11 @@ if lo and lt:
     if a and b:
         print(f"cuda_lm_train_vs_pytorch={b / a:.2f}")
     print(f"lm_peak_gpu_mib: ours {mem('lm.ours')} pytorch {mem('lm.torch')}")
+    lc = load("lm.composed")
+    if lc and a and b:
+        c = med(lc, "train_step_ms")
+        print(f"lm_train_step_ms_composed: {c} (peak GPU {mem('lm.composed')} MiB)"
+              + (f" cuda_lm_train_composed_vs_pytorch={b / c:.2f}" if c else ""))
 do, dt, dc = load("decode.ours"), load("decode.torch"), load("decode.cpu")
 if do:
     print(f"decode: ours {do['seconds']:.2f} s ({do['tokens_per_s']:.0f} tokens/s, greedy latency "

@@ -144,8 +144,9 @@ pub fn describe(name: DeviceName) -> String {
             "cpu (candle's CPU ops, and the fused f32 kernels where they apply)".into()
         }
         DeviceName::Cuda(_) => format!(
-            "{name} (candle's CUDA ops through the composed layers, bf16 training as autocast; \
-             the fused CPU kernels and int8 decoding do not run there)"
+            "{name} (cuBLAS and candle's CUDA ops, fused CUDA kernels for layer norm, attention's \
+             softmax, dropout, the feed-forward activation and the loss; bf16 training as \
+             autocast; the fused CPU kernels and int8 decoding do not run there)"
         ),
     }
 }

@@ -144,6 +144,202 @@ fn building_blocks_match_the_cpu() -> Result<()> {
     Ok(())
 }
 
+/// `f(inputs)` on the CPU and on the GPU, each differentiated through `sum(y * r)` for a
+/// fixed cotangent `r`: the outputs and every input's gradient agree within `dtype`'s
+/// tolerance. `cpu` is the composed op (the reference), `gpu` the fused kernel.
+fn check_op(
+    what: &str,
+    dtype: DType,
+    inputs: &[Tensor],
+    cpu: impl Fn(&[Tensor]) -> candle_core::Result<Tensor>,
+    gpu_op: impl Fn(&[Tensor]) -> candle_core::Result<Tensor>,
+) -> Result<()> {
+    let g = gpu();
+    let vars_cpu: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t))
+        .collect::<candle_core::Result<_>>()?;
+    let vars_gpu: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(&t.to_device(&g)?))
+        .collect::<candle_core::Result<_>>()?;
+    let ts_cpu: Vec<Tensor> = vars_cpu.iter().map(|v| v.as_tensor().clone()).collect();
+    let ts_gpu: Vec<Tensor> = vars_gpu.iter().map(|v| v.as_tensor().clone()).collect();
+    let (ya, yb) = (cpu(&ts_cpu)?, gpu_op(&ts_gpu)?);
+    assert_close(what, &ya, &yb, dtype)?;
+    let r = input(ya.dims(), dtype, &Device::Cpu)?.affine(0.5, 0.25)?;
+    let (ga, gb) = (
+        (&ya * &r)?.sum_all()?.backward()?,
+        (&yb * r.to_device(&g)?)?.sum_all()?.backward()?,
+    );
+    for (i, (va, vb)) in vars_cpu.iter().zip(&vars_gpu).enumerate() {
+        let da = ga.get(va.as_tensor()).expect("a CPU gradient");
+        let db = gb.get(vb.as_tensor()).expect("a GPU gradient");
+        assert_close(&format!("{what}: gradient of input {i}"), da, db, dtype)?;
+    }
+    Ok(())
+}
+
+/// Every fused GPU kernel (`crates/kernels/src/cuda/fused.cu`) against the composed ops it
+/// replaces, run on the CPU, forward and every gradient, in f64 and f32: layer norm, softmax,
+/// attention's softmax with scale, causal and padding masks and dropout, bias + ReLU / GELU +
+/// dropout, dropout, and the output layer's label-smoothed cross-entropy with ignored rows.
+#[test]
+#[ignore = "needs an NVIDIA GPU and the cuda feature; see the file's docs"]
+fn fused_gpu_kernels_match_the_composed_ops() -> Result<()> {
+    use transformer_model::kernels::{self as k, gpu as kg, Activation as KAct};
+    let (p, seed, stream) = (0.25, 11u64, 3u64);
+    for dtype in [DType::F64, DType::F32] {
+        let cpu = Device::Cpu;
+        // Layer norm over rows of 48 (and 512: more than one pass of a warp per row).
+        for c in [48usize, 512] {
+            let ins = [
+                input(&[5, 9, c], dtype, &cpu)?,
+                input(&[c], dtype, &cpu)?.affine(0.3, 1.0)?,
+                input(&[c], dtype, &cpu)?.affine(0.2, 0.1)?,
+            ];
+            check_op(
+                &format!("layer norm C={c}"),
+                dtype,
+                &ins,
+                |t| k::layer_norm_reference(&t[0], &t[1], &t[2], 1e-5),
+                |t| k::layer_norm(&t[0], &t[1], &t[2], 1e-5),
+            )?;
+        }
+        // Softmax over the last dimension.
+        let ins = [input(&[4, 3, 70], dtype, &cpu)?.affine(3.0, 0.0)?];
+        check_op(
+            "softmax",
+            dtype,
+            &ins,
+            |t| k::softmax_last_dim_reference(&t[0]),
+            |t| k::softmax_last_dim(&t[0]),
+        )?;
+        // Attention: causal self-attention and padded cross-attention (a row of nothing to
+        // attend to included), with and without dropout.
+        let (b, h, t, s, d) = (3usize, 2usize, 6usize, 7usize, 8usize);
+        let causal: Vec<u8> = (0..t * s).map(|i| u8::from(i % s <= i / s)).collect();
+        let causal = Tensor::from_vec(causal, (1, 1, t, s), &cpu)?;
+        let padding: Vec<u8> = (0..b * s)
+            .map(|i| u8::from(i % s < [7, 4, 0][i / s]))
+            .collect();
+        let padding = Tensor::from_vec(padding, (b, 1, 1, s), &cpu)?;
+        for (name, keep) in [("causal", causal), ("padding", padding)] {
+            for drop in [None, Some((p, seed, stream))] {
+                let ins = [
+                    input(&[b, h, t, d], dtype, &cpu)?,
+                    input(&[b, h, s, d], dtype, &cpu)?.affine(-1.3, 0.1)?,
+                    input(&[b, h, s, d], dtype, &cpu)?.affine(0.7, 0.0)?,
+                ];
+                let scale = 1.0 / (d as f64).sqrt();
+                let keep_gpu = keep.to_device(&gpu())?;
+                check_op(
+                    &format!("attention, {name} mask, dropout {drop:?}"),
+                    dtype,
+                    &ins,
+                    |x| {
+                        let mult = match drop {
+                            Some((p, seed, stream)) => {
+                                let ones = Tensor::ones((b, h, t, s), dtype, &cpu)?;
+                                Some(k::dropout(&ones, p, seed, stream)?)
+                            }
+                            None => None,
+                        };
+                        k::attention_reference(
+                            &x[0],
+                            &x[1],
+                            &x[2],
+                            Some(&keep),
+                            mult.as_ref(),
+                            scale,
+                        )
+                    },
+                    |x| {
+                        Ok(
+                            kg::attention_gpu(&x[0], &x[1], &x[2], Some(&keep_gpu), drop, scale)?
+                                .expect("the fused GPU attention applies"),
+                        )
+                    },
+                )?;
+            }
+        }
+        // Bias + activation + dropout, and dropout alone.
+        for act in [KAct::Relu, KAct::Gelu] {
+            for drop in [None, Some((p, seed, stream))] {
+                // No pre-activation exactly 0, where ReLU's gradient is a convention: the
+                // kernel takes 0 there (as PyTorch and the fused CPU layers), candle's
+                // composed `relu` 1.
+                let ins = [
+                    input(&[6, 5, 40], dtype, &cpu)?.affine(2.0, 0.0)?,
+                    input(&[40], dtype, &cpu)?.affine(0.5, 0.01)?,
+                ];
+                check_op(
+                    &format!("bias + {act:?} + dropout {drop:?}"),
+                    dtype,
+                    &ins,
+                    |x| {
+                        let u = x[0].broadcast_add(&x[1])?;
+                        let a = match act {
+                            KAct::Relu => u.relu()?,
+                            KAct::Gelu => transformer_model::feed_forward::gelu_erf(&u)
+                                .map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+                        };
+                        match drop {
+                            Some((p, seed, stream)) => k::dropout(&a, p, seed, stream),
+                            None => Ok(a),
+                        }
+                    },
+                    |x| {
+                        Ok(kg::bias_activation_dropout(&x[0], &x[1], act, drop)?
+                            .expect("the fused GPU op applies"))
+                    },
+                )?;
+            }
+        }
+        let ins = [input(&[7, 300], dtype, &cpu)?];
+        check_op(
+            "dropout",
+            dtype,
+            &ins,
+            |x| k::dropout(&x[0], p, seed, stream),
+            |x| k::dropout(&x[0], p, seed, stream),
+        )?;
+        // The output layer's label-smoothed cross-entropy: 11 rows, 3 of them ignored (0),
+        // a vocabulary of 1,000 (more than one pass of a block per row).
+        let (n, c, v) = (11usize, 16usize, 1000usize);
+        let targets: Vec<u32> = (0..n as u32)
+            .map(|i| if i % 4 == 1 { 0 } else { 1 + i * 37 % 999 })
+            .collect();
+        let tc = Tensor::from_vec(targets, n, &cpu)?;
+        let tg = tc.to_device(&gpu())?;
+        let ins = [
+            input(&[n, c], dtype, &cpu)?.affine(2.0, 0.0)?,
+            input(&[v, c], dtype, &cpu)?.affine(0.5, 0.0)?,
+            input(&[v], dtype, &cpu)?.affine(0.3, 0.0)?,
+        ];
+        for eps in [0.0, 0.1] {
+            check_op(
+                &format!("smoothed cross-entropy, eps {eps}"),
+                dtype,
+                &ins,
+                |x| {
+                    let nll = k::linear_cross_entropy_reference(&x[0], &x[1], &x[2], &tc, Some(0))?;
+                    let smooth =
+                        k::label_smoothing_term_reference(&x[0], &x[1], &x[2], &tc, 0, eps)?;
+                    nll + smooth
+                },
+                |x| {
+                    let (loss, _) =
+                        kg::linear_smoothed_cross_entropy(&x[0], &x[1], &x[2], &tg, Some(0), eps)?
+                            .expect("the fused GPU loss applies");
+                    Ok(loss)
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn tiny_mt(dropout: f64) -> MtModelConfig {
     MtModelConfig::Transformer(Seq2SeqConfig {
         transformer: TransformerConfig {

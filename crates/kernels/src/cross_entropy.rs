@@ -206,6 +206,14 @@ fn fused(
     direct: Option<&DirectGrads>,
 ) -> Result<Tensor> {
     let (n, c, v) = check_shapes(hidden, weight, bias, targets)?;
+    #[cfg(feature = "cuda")]
+    if crate::cuda::applies(&inputs) {
+        // The GPU's fused loss (no smoothing): its first output.
+        let _ = (n, c, v, precision, direct);
+        let (loss, _) =
+            crate::cuda::smoothed_cross_entropy(hidden, weight, bias, targets, ignore_index, 0.0)?;
+        return Ok(loss);
+    }
     if !fused_applies(&inputs) {
         return linear_cross_entropy_reference(hidden, weight, bias, targets, ignore_index);
     }

@@ -26,6 +26,13 @@ pub fn dropout(x: &Tensor, p: f64, seed: u64, stream: u64) -> Result<Tensor> {
     if !(0.0..1.0).contains(&p) {
         bail!("dropout: p = {p} must lie in [0, 1)");
     }
+    #[cfg(feature = "cuda")]
+    if crate::cuda::applies(&[x]) {
+        // One pass on the GPU: the mask regenerated there, its backward the same op.
+        return x
+            .contiguous()?
+            .apply_op1(Dropout(MaskSpec::new(p, seed, stream)));
+    }
     if !fused_applies(&[x]) {
         return dropout_reference(x, p, seed, stream);
     }
@@ -153,6 +160,12 @@ impl MaskSpec {
         }
     }
 
+    /// The mask's key and threshold, for the GPU kernels that regenerate it.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn key_threshold(&self) -> (u64, u64) {
+        (self.key, self.threshold)
+    }
+
     #[inline(always)]
     pub(crate) fn keep(&self, i: u64) -> bool {
         mix64(self.key.wrapping_add(i.wrapping_mul(GOLDEN))) >> 11 >= self.threshold
@@ -173,6 +186,18 @@ impl CustomOp1 for Dropout {
             _ => bail!("kernels-dropout: only f32 and f64"),
         };
         Ok((storage, l.shape().clone()))
+    }
+
+    /// The same mask applied on the GPU in one pass ([`crate::cuda`]).
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::cuda_backend::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::cuda_backend::CudaStorage, Shape)> {
+        let spec = self.0;
+        let out = crate::cuda::dropout_apply(s, l, spec.key, spec.threshold, 1.0 / (1.0 - spec.p))?;
+        Ok((out, l.shape().clone()))
     }
 
     /// Linear in `x`: the gradient goes through the same mask.

@@ -23,7 +23,8 @@ use candle_core::{bail, CpuStorage, Result, Shape, Tensor, D};
 /// Layer normalisation over the last dimension with a hand-written backward pass giving the
 /// gradients of `x`, `weight` and `bias`.
 ///
-/// CPU f32/f64 run the fused kernel; other devices and dtypes run [`layer_norm_reference`].
+/// CPU f32/f64 run the fused kernel, CUDA f32/f64 the fused GPU kernel (one launch forward,
+/// three backward); other devices and dtypes run [`layer_norm_reference`].
 ///
 /// # Shapes
 /// - x: (..., C), weight: (C,), bias: (C,)
@@ -37,6 +38,10 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
             weight.dims(),
             bias.dims()
         );
+    }
+    #[cfg(feature = "cuda")]
+    if crate::cuda::applies(&[x, weight, bias]) {
+        return crate::cuda::layer_norm(x, weight, bias, eps);
     }
     if !fused_applies(&[x, weight, bias]) {
         return layer_norm_reference(x, weight, bias, eps);

@@ -50,6 +50,8 @@ mod attention;
 pub mod autocast;
 pub mod bf16;
 mod cross_entropy;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod decoder_layer;
 mod decoder_step;
 mod dropout;
@@ -57,6 +59,7 @@ mod encoder_layer;
 mod few_rows;
 mod float;
 mod fused_layer;
+pub mod gpu;
 pub mod grads;
 pub mod int8;
 mod layer_norm;

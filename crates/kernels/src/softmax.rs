@@ -15,11 +15,16 @@ use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Ten
 ///
 /// The row maximum is subtracted before `exp`, so large inputs do not overflow; a row that is
 /// entirely `-inf` gives NaN, as in PyTorch and in [`softmax_last_dim_reference`]. CPU f32/f64
-/// run the fused kernel; other devices and dtypes run the reference.
+/// run the fused kernel, CUDA f32/f64 the fused GPU kernel; other devices and dtypes run the
+/// reference.
 ///
 /// # Shapes
 /// (..., L) -> (..., L)
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::applies(&[x]) && x.rank() > 0 {
+        return crate::cuda::masked_softmax(x, None, 1.0, None);
+    }
     if !fused_applies(&[x]) || x.rank() == 0 {
         return softmax_last_dim_reference(x);
     }

@@ -69,7 +69,8 @@ pub fn scaled_dot_product_attention(
 /// hand-written backward on CPU f32/f64 ([`crate::ops::attention`]: 2x the composed op's
 /// forward + backward at the tutorial's sizes, because nothing of the (B, H, T, S) weights is
 /// kept). Same masking (rows with no key get zeros) and the same dropout mask, drawn from the
-/// same RNG stream.
+/// same RNG stream. On a GPU the softmax with its scale, mask and dropout is one fused kernel
+/// between cuBLAS's two products ([`crate::ops::attention_gpu`]).
 ///
 /// # Shapes
 /// as [`scaled_dot_product_attention`] -> output (B, H, T, Dv)
@@ -83,6 +84,15 @@ pub fn attention_output(
 ) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     let s = k.dim(2)?;
+    if crate::ops::gpu_fused(&[q, k, v]) {
+        // On the GPU: the scale, mask, softmax and dropout as one fused kernel each way.
+        let keep = mask.map(|m| m.keep());
+        let stream = dropout.stream(mode);
+        let scale = 1.0 / (d as f64).sqrt();
+        if let Some(out) = crate::ops::attention_gpu(q, k, v, keep, stream, scale)? {
+            return Ok(out);
+        }
+    }
     let drop = dropout.multiplier((b, h, t, s), q.dtype(), q.device(), mode)?;
     crate::ops::attention(
         q,

@@ -57,6 +57,19 @@ impl Dropout {
         }
     }
 
+    /// The mask [`Self::forward`] would apply, as `(p, seed, stream)` for a fused kernel that
+    /// regenerates it (drawing the same RNG stream); `None` where dropout is the identity
+    /// (evaluation, or p = 0).
+    pub fn stream(&self, mode: Mode) -> Option<(f64, u64, u64)> {
+        match mode {
+            Mode::Train(rng) if self.p > 0.0 => {
+                let (seed, _) = rng.state();
+                Some((self.p, seed, rng.next_stream()))
+            }
+            _ => None,
+        }
+    }
+
     /// The multiplier [`Self::forward`] would apply to a tensor of `shape` (0 or `1 / (1 - p)`
     /// per element, drawing the same RNG stream), for ops that take dropout as an argument;
     /// `None` where dropout is the identity (evaluation, or p = 0).

@@ -46,6 +46,25 @@ impl FeedForward {
     /// # Shapes
     /// (B, T, C) -> (B, T, F) -> (B, T, C)
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        if let (Some(b1), true) = (
+            self.linear1.bias(),
+            crate::ops::gpu_fused(&[x, self.linear1.weight()]),
+        ) {
+            // On the GPU: the product, then bias + activation + dropout as one fused kernel
+            // each way.
+            let w1 = self.linear1.weight();
+            let (f, c) = w1.dims2()?;
+            let rows = x.elem_count() / c.max(1);
+            let h = crate::ops::matmul(&x.reshape((rows, c))?, &w1.t()?)?;
+            let stream = self.dropout.stream(mode);
+            if let Some(h) = crate::ops::bias_activation_dropout(&h, b1, self.activation, stream)? {
+                let mut dims = x.dims().to_vec();
+                if let Some(last) = dims.last_mut() {
+                    *last = f;
+                }
+                return self.linear2.forward(&h.reshape(dims)?);
+            }
+        }
         let h = self.linear1.forward(x)?;
         let h = match self.activation {
             Activation::Relu => h.relu()?,

@@ -2,8 +2,12 @@
 //! the kernels crate ([`transformer_kernels`]). Whole layers are chosen in
 //! [`crate::backend`]; the single ops below are chosen per call by their tensors: the fused
 //! CPU kernel for f32/f64 tensors on the CPU (one pass, a hand-written backward, tested
-//! against the composition it replaces in the kernels' tests), candle's composed ops
-//! elsewhere (CUDA, bf16). An op of another device plugs in here, not in the modules.
+//! against the composition it replaces in the kernels' tests), the fused CUDA kernel for
+//! f32/f64 tensors on a GPU (layer norm, softmax, dropout, and [`attention_gpu`],
+//! [`bias_activation_dropout`], [`smoothed_cross_entropy_gpu`]: tested against the
+//! compositions in `crates/cli/tests/cuda_parity.rs`), candle's composed ops elsewhere
+//! (bf16, or a GPU with `TRANSFORMER_CUDA_FUSED=0`). An op of another device plugs in here,
+//! not in the modules.
 
 use crate::grads::DirectGrads;
 use crate::Result;
@@ -107,4 +111,49 @@ pub fn label_smoothing_term(
     grads: Option<&DirectGrads>,
 ) -> Result<Tensor> {
     kernels::label_smoothing_term(h, w, b, targets, pad, eps, grads)
+}
+
+/// Whether the fused GPU kernels take these tensors (f32 or f64 on a CUDA device, in a
+/// build with the `cuda` feature): then [`attention_gpu`], [`bias_activation_dropout`] and
+/// [`smoothed_cross_entropy_gpu`] run, and a caller draws its dropout stream for them.
+pub fn gpu_fused(ts: &[&Tensor]) -> bool {
+    kernels::gpu::applies(ts)
+}
+
+/// Attention's output with the softmax, scale, mask and dropout fused on the GPU
+/// ([`kernels::gpu::attention_gpu`]); `None` where [`gpu_fused`] does not hold.
+pub fn attention_gpu(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    keep: Option<&Tensor>,
+    dropout: Option<kernels::gpu::DropoutStream>,
+    scale: f64,
+) -> Result<Option<Tensor>> {
+    kernels::gpu::attention_gpu(q, k, v, keep, dropout, scale)
+}
+
+/// `dropout(activation(x + bias))` fused on the GPU ([`kernels::gpu::bias_activation_dropout`]);
+/// `None` where [`gpu_fused`] does not hold.
+pub fn bias_activation_dropout(
+    x: &Tensor,
+    bias: &Tensor,
+    activation: crate::config::Activation,
+    dropout: Option<kernels::gpu::DropoutStream>,
+) -> Result<Option<Tensor>> {
+    kernels::gpu::bias_activation_dropout(x, bias, activation.into(), dropout)
+}
+
+/// `(loss, nll)`: the output layer and its label-smoothed cross-entropy fused on the GPU
+/// ([`kernels::gpu::linear_smoothed_cross_entropy`]); `None` where [`gpu_fused`] does not
+/// hold.
+pub fn smoothed_cross_entropy_gpu(
+    h: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    targets: &Tensor,
+    ignore: Option<u32>,
+    eps: f64,
+) -> Result<Option<(Tensor, Tensor)>> {
+    kernels::gpu::linear_smoothed_cross_entropy(h, w, b, targets, ignore, eps)
 }

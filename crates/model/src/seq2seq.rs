@@ -175,6 +175,12 @@ pub fn label_smoothed_loss_with(
         (h.clone(), targets.clone())
     };
     let (h, targets) = (&h, &targets);
+    // On the GPU: the output layer's product, then the smoothed loss as one fused kernel.
+    if let Some((loss, nll)) =
+        ops::smoothed_cross_entropy_gpu(h, w, bias, targets, Some(pad_id), eps)?
+    {
+        return Ok(Seq2SeqLoss { nll, loss });
+    }
     let nll = match direct {
         Some((d, precision)) => {
             ops::output_cross_entropy(h, w, bias, targets, Some(pad_id), precision, Some(d))?

@@ -136,8 +136,21 @@ impl Gradients {
     /// temporaries); a dense fused gradient whose sum of squares its op took on the way is
     /// not read again; row gradients are read as the rows they are. Gradients off the CPU are
     /// summed there, in the same order, and read back once (a read per gradient would make
-    /// the GPU wait for the host about 135 times a step).
+    /// the GPU wait for the host about 135 times a step); where they are all f32 (or all f64)
+    /// on a GPU with the fused kernels, by one kernel over all of them.
     pub fn sum_sq(&self) -> Result<f64> {
+        // Every gradient in the autograd's store and on the GPU: one kernel over all of them
+        // (`transformer_model::kernels::gpu::sum_of_squares`).
+        if self.direct.is_empty() {
+            let gs: Vec<&Tensor> = self
+                .vars
+                .iter()
+                .filter_map(|v| self.store.get(v.as_tensor()))
+                .collect();
+            if let Some(s) = transformer_model::kernels::gpu::sum_of_squares(&gs)? {
+                return s.to_scalar::<f64>();
+            }
+        }
         let mut sq = 0f64;
         let mut on_device: Option<Tensor> = None;
         for v in &self.vars {

@@ -225,7 +225,8 @@ impl Adam {
         let (c1, c2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
         let h = [self.beta1, self.beta2, self.eps, self.lr];
         if self.vars.first().is_some_and(|v| !v.device().is_cpu())
-            && self.step_flat(grads, scale, h, [c1, c2])?
+            && (self.step_fused_gpu(grads, scale, h, [c1, c2])?
+                || self.step_flat(grads, scale, h, [c1, c2])?)
         {
             return Ok(());
         }
@@ -329,6 +330,65 @@ impl Adam {
         }
         let views = self.moments.iter().map(|(a, b)| (a.id(), b.id())).collect();
         self.flat = Some(FlatMoments { m, s, views });
+        Ok(true)
+    }
+
+    /// [`Self::step_flat`] as one kernel on the GPU (`transformer_model::kernels::gpu::adam_step`):
+    /// every parameter, its moments (laid end to end, as the flat step keeps them) and its
+    /// gradient read and written once, in place, the same f32 operations per element. Returns
+    /// false, having changed nothing, where it does not apply (as the flat step, and where the
+    /// fused GPU kernels do not take the tensors).
+    fn step_fused_gpu(
+        &mut self,
+        grads: &Gradients,
+        scale: f64,
+        hyper: [f64; 4],
+        corrections: [f64; 2],
+    ) -> Result<bool> {
+        let params: Vec<&Tensor> = self.vars.iter().map(|v| v.as_tensor()).collect();
+        if params.is_empty() || !transformer_model::kernels::gpu::applies(&params) {
+            return Ok(false);
+        }
+        let mut gs = Vec::with_capacity(self.vars.len());
+        for v in &self.vars {
+            match grads.get(v)? {
+                Some(g) if g.dtype() == v.dtype() && g.dims() == v.dims() => gs.push(g),
+                _ => return Ok(false),
+            }
+        }
+        let (m, s) = self.flat_moments()?;
+        let gs: Vec<&Tensor> = gs.iter().collect();
+        let done = transformer_model::kernels::gpu::adam_step(
+            &params,
+            &gs,
+            (&m, &s),
+            hyper,
+            corrections,
+            scale,
+        )?;
+        if !done {
+            return Ok(false);
+        }
+        // The moments as views of the flat buffers the kernel updated (already so after the
+        // first such step).
+        let current = self.moments.iter().map(|(a, b)| (a.id(), b.id()));
+        let views_current = self
+            .flat
+            .as_ref()
+            .is_some_and(|f| f.m.id() == m.id() && current.eq(f.views.iter().copied()));
+        if !views_current {
+            let mut at = 0;
+            for (v, moments) in self.vars.iter().zip(self.moments.iter_mut()) {
+                let (n, shape) = (v.elem_count(), v.shape());
+                *moments = (
+                    m.narrow(0, at, n)?.reshape(shape)?,
+                    s.narrow(0, at, n)?.reshape(shape)?,
+                );
+                at += n;
+            }
+            let views = self.moments.iter().map(|(a, b)| (a.id(), b.id())).collect();
+            self.flat = Some(FlatMoments { m, s, views });
+        }
         Ok(true)
     }
 

@@ -12,7 +12,7 @@
 //! backward with one or three; `crates/cli/tests/cuda_parity.rs` checks each, forward and
 //! every gradient, against the composed ops on the CPU.
 
-use crate::dropout::MaskSpec;
+use crate::rng::MaskSpec;
 use crate::shared::Activation;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{

@@ -10,8 +10,8 @@
 //! and the partial sums added in thread order. The parameters' gradients go to
 //! [`DirectGrads`]; the op returns its inputs' gradients to candle's graph.
 
-use super::dropout::MaskSpec;
 use super::float::{self, simd, Float};
+use super::rng::MaskSpec;
 use super::shared::{group_ranges, split_at_ranges, Keep, LayerShape, Run, MIN_PARALLEL_MACS};
 use super::sublayer::{
     attn_bwd, attn_fwd, ff_bwd, ff_fwd, AttnSaved, FfDrops, FfSaved, Rows, SublayerDrops,

@@ -80,6 +80,39 @@ impl Rng {
     }
 }
 
+/// Which elements a mask keeps: `uniform_at(seed, stream, i) >= p`, i.e. the top 53 bits of
+/// `mix64(key + i * GOLDEN)` at or above `p * 2^53` (an exact integer comparison: both sides
+/// are whole numbers below 2^53).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MaskSpec {
+    pub(crate) p: f64,
+    pub(crate) key: u64,
+    pub(crate) threshold: u64,
+}
+
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl MaskSpec {
+    pub(crate) fn new(p: f64, seed: u64, stream: u64) -> Self {
+        Self {
+            p,
+            key: mix64(seed ^ mix64(stream.wrapping_add(GOLDEN))),
+            threshold: (p * (1u64 << 53) as f64).ceil() as u64,
+        }
+    }
+
+    /// The mask's key and threshold, for the GPU kernels that regenerate it.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn key_threshold(&self) -> (u64, u64) {
+        (self.key, self.threshold)
+    }
+
+    #[inline(always)]
+    pub(crate) fn keep(&self, i: u64) -> bool {
+        mix64(self.key.wrapping_add(i.wrapping_mul(GOLDEN))) >> 11 >= self.threshold
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

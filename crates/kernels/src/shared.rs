@@ -4,10 +4,10 @@
 //! weight and bias gradients, the attention mask expanded per sequence, and the split of a
 //! batch into one group of sequences per thread.
 
-use super::dropout::MaskSpec;
 use super::float::Float;
 use super::layer_norm;
 use super::linear::{bias_grad_add, weight_grad_rows};
+use super::rng::MaskSpec;
 
 /// The feed-forward activation of a fused layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -13,10 +13,10 @@
 
 use super::attention::masked_softmax_rows;
 use super::bf16;
-use super::dropout::MaskSpec;
 use super::float::{self, Float};
 use super::linear::{bias_grad_add, bias_rows, rows_forward, rows_input_grad};
 use super::matmul::{gemm, Mat};
+use super::rng::MaskSpec;
 pub(super) use super::rows::{check_lengths, Rows};
 use super::shared::{
     drop_inplace, drop_into, linear_grads, ln_bwd, ln_rows, two, LayerShape, Norm,

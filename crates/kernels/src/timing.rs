@@ -4,9 +4,9 @@
 //! hence their place here. Not a stable API.
 
 use super::bf16::{self, backend, gemm_bf16, pack_rows_transposed, pad32};
-use super::dropout::MaskSpec;
 use super::linear::{rows_forward, rows_input_grad, weight_grad_rows};
 use super::matmul::{gemm, Mat};
+use super::rng::MaskSpec;
 use super::shared::drop_inplace;
 use super::small_rows;
 use std::time::Instant;

@@ -25,7 +25,7 @@ use pyo3::exceptions::{
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -431,6 +431,8 @@ fn source_tokens(source: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
 #[pyclass(module = "transformer", subclass, frozen)]
 pub struct Translator {
     engine: Engine,
+    /// The run's tokenizer as a Python object, made once.
+    tokenizer: Py<Tokenizer>,
     model_path: String,
     compute_type: String,
     intra_threads: usize,
@@ -531,8 +533,16 @@ impl Translator {
             DecodePrecision::F32 => "float32",
             _ => "int8",
         };
+        let tokenizer = Py::new(
+            py,
+            Tokenizer {
+                inner: engine.run().tokenizer.clone(),
+                path: tokenizer_path(&model_path).display().to_string(),
+            },
+        )?;
         Ok(Self {
             engine,
+            tokenizer,
             model_path: model_path.display().to_string(),
             compute_type: compute_type.to_string(),
             intra_threads: *INTRA_THREADS.get().unwrap_or(&intra),
@@ -589,13 +599,8 @@ impl Translator {
 
     /// The run's tokenizer.
     #[getter]
-    fn tokenizer(&self) -> Tokenizer {
-        Tokenizer {
-            inner: self.tokenizer_ref().clone(),
-            path: tokenizer_path(Path::new(&self.model_path))
-                .display()
-                .to_string(),
-        }
+    fn tokenizer(&self, py: Python<'_>) -> Py<Tokenizer> {
+        self.tokenizer.clone_ref(py)
     }
 
     /// The run's own decoding settings: beam, length_penalty, max_len_a, max_len_b.

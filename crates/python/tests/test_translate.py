@@ -197,8 +197,11 @@ def test_translation_releases_the_gil(translator, pieces):
         rate = count[0] / 0.3
         count[0] = 0
         inside.set()
+        # Calls for at least a second, however fast the machine: between calls this thread
+        # holds the GIL only for a moment.
         t0 = time.perf_counter()
-        translator.translate_batch(pieces[:200], beam_size=4)
+        while time.perf_counter() - t0 < 1.0:
+            translator.translate_batch(pieces[:200], beam_size=4)
         seconds = time.perf_counter() - t0
         inside.clear()
     finally:

@@ -1119,11 +1119,7 @@ impl BleuScore {
         if score_only {
             return format!("{:.*}", width, self.score);
         }
-        let name = if signature.is_empty() {
-            self.name.clone()
-        } else {
-            format!("{}|{signature}", self.name)
-        };
+        let name = signed_name(&self.name, signature);
         format!("{name} = {:.*} {}", width, self.score, self.verbose)
     }
 
@@ -1133,6 +1129,15 @@ impl BleuScore {
 
     fn __repr__(&self) -> String {
         self.line.clone()
+    }
+}
+
+/// A score's name in sacreBLEU's `format`, with the signature after a `|` when one is given.
+fn signed_name(name: &str, signature: &str) -> String {
+    if signature.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}|{signature}")
     }
 }
 
@@ -1162,11 +1167,7 @@ impl ChrfScore {
         if score_only {
             return format!("{:.*}", width, self.score);
         }
-        let name = if signature.is_empty() {
-            self.name.clone()
-        } else {
-            format!("{}|{signature}", self.name)
-        };
+        let name = signed_name(&self.name, signature);
         format!("{name} = {:.*}", width, self.score)
     }
 

@@ -319,17 +319,12 @@ impl Adam {
         let denom = ((&s / c2)?.sqrt()? + eps)?;
         let update = (((&m / c1)? / denom)? * lr)?;
         let mut at = 0;
-        for (v, moments) in self.vars.iter().zip(self.moments.iter_mut()) {
+        for v in &self.vars {
             let (n, shape) = (v.elem_count(), v.shape());
             v.set(&(v.as_tensor() - update.narrow(0, at, n)?.reshape(shape)?)?)?;
-            *moments = (
-                m.narrow(0, at, n)?.reshape(shape)?,
-                s.narrow(0, at, n)?.reshape(shape)?,
-            );
             at += n;
         }
-        let views = self.moments.iter().map(|(a, b)| (a.id(), b.id())).collect();
-        self.flat = Some(FlatMoments { m, s, views });
+        self.keep_flat_moments(m, s)?;
         Ok(true)
     }
 
@@ -377,19 +372,26 @@ impl Adam {
             .as_ref()
             .is_some_and(|f| f.m.id() == m.id() && current.eq(f.views.iter().copied()));
         if !views_current {
-            let mut at = 0;
-            for (v, moments) in self.vars.iter().zip(self.moments.iter_mut()) {
-                let (n, shape) = (v.elem_count(), v.shape());
-                *moments = (
-                    m.narrow(0, at, n)?.reshape(shape)?,
-                    s.narrow(0, at, n)?.reshape(shape)?,
-                );
-                at += n;
-            }
-            let views = self.moments.iter().map(|(a, b)| (a.id(), b.id())).collect();
-            self.flat = Some(FlatMoments { m, s, views });
+            self.keep_flat_moments(m, s)?;
         }
         Ok(true)
+    }
+
+    /// Keeps the moments laid end to end (`m`, `s`) for the next flat step, and each
+    /// parameter's moments as views of them.
+    fn keep_flat_moments(&mut self, m: Tensor, s: Tensor) -> Result<()> {
+        let mut at = 0;
+        for (v, moments) in self.vars.iter().zip(self.moments.iter_mut()) {
+            let (n, shape) = (v.elem_count(), v.shape());
+            *moments = (
+                m.narrow(0, at, n)?.reshape(shape)?,
+                s.narrow(0, at, n)?.reshape(shape)?,
+            );
+            at += n;
+        }
+        let views = self.moments.iter().map(|(a, b)| (a.id(), b.id())).collect();
+        self.flat = Some(FlatMoments { m, s, views });
+        Ok(())
     }
 
     /// The moments end to end: those of the last flat step while `moments` still holds its

@@ -349,6 +349,7 @@ fn tiny_mt(dropout: f64) -> MtModelConfig {
         src_vocab: 40,
         tgt_vocab: 40,
         share_embeddings: false,
+        inputs: Default::default(),
     })
 }
 

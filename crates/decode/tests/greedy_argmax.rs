@@ -25,6 +25,7 @@ fn f32_model(seed: u64) -> Result<Seq2Seq> {
             src_vocab: VOCAB,
             tgt_vocab: TGT_VOCAB,
             share_embeddings: false,
+            inputs: Default::default(),
         },
     )
 }

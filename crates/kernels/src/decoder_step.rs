@@ -33,7 +33,7 @@ use super::linear::rows_forward;
 use super::matmul::{gemm, unpacked_row_chunks, Mat};
 use super::one_row;
 use super::panels;
-use super::shared::ln_rows;
+use super::shared::{ln_rows, Activation};
 use super::sublayer::{residual_sum, sublayer_input};
 use super::{num_threads, run_parallel, with_f32};
 use candle_core::{bail, DType, Result, Tensor};
@@ -106,6 +106,7 @@ pub struct DecoderStack {
     nhead: usize,
     eps: f64,
     norm_first: bool,
+    activation: Activation,
     /// The weight matrices transposed and packed ([`DecodeCache`]'s `wt`), when made once
     /// for every batch decoded with this stack ([`DecoderStack::with_transposed_weights`]).
     wt: Option<Arc<Vec<WeightForms>>>,
@@ -197,6 +198,7 @@ struct Dims {
     s: usize,
     eps: f32,
     norm_first: bool,
+    activation: Activation,
 }
 
 /// What one group of rows needs to read of the cache.
@@ -217,13 +219,15 @@ struct CacheView<'a> {
 pub type StepWeights = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
 impl DecoderStack {
-    /// A stack of `layers`, with the final norm `final_norm` (weight, bias) if any.
+    /// A stack of `layers`, with the final norm `final_norm` (weight, bias) if any, and the
+    /// feed-forward `activation`.
     pub fn new(
         layers: Vec<DecoderLayerParams>,
         final_norm: Option<(Tensor, Tensor)>,
         nhead: usize,
         eps: f64,
         norm_first: bool,
+        activation: Activation,
     ) -> Self {
         Self {
             layers,
@@ -231,6 +235,7 @@ impl DecoderStack {
             nhead,
             eps,
             norm_first,
+            activation,
             wt: None,
             q: None,
         }
@@ -353,6 +358,7 @@ impl DecoderStack {
             s,
             eps: self.eps as f32,
             norm_first: self.norm_first,
+            activation: self.activation,
         }
     }
 
@@ -710,11 +716,12 @@ fn step_group(
         project_layer(cache, lw, l, slot::CO_W, &mut y, &o, (n, c, c));
         // x = y + x, then the post-norm.
         residual_sum((d.norm_first, d.eps), lw, slot::N2_W, &y, x, None);
-        // Feed-forward network (ReLU).
+        // Feed-forward network.
         let src = sublayer_input(d.norm_first, d.eps, lw, slot::N3_W, x, &mut a, None);
         project_layer(cache, lw, l, slot::L1_W, &mut hid, src, (n, f, c));
-        for hv in hid.iter_mut() {
-            *hv = hv.max(0.0);
+        match d.activation {
+            Activation::Relu => hid.iter_mut().for_each(|hv| *hv = hv.max(0.0)),
+            act => hid.iter_mut().for_each(|hv| *hv = act.apply(*hv)),
         }
         project_layer(cache, lw, l, slot::L2_W, &mut y, &hid, (n, c, f));
         // x = y + x, then the post-norm.

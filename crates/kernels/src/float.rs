@@ -27,6 +27,7 @@ pub trait Float: WithDType + Send + Sync {
     fn sqrt(self) -> Self;
     /// The error function, as candle's `erf` op computes it.
     fn erf(self) -> Self;
+    fn tanh(self) -> Self;
 
     // Row primitives (see the free functions of the same names). The defaults are the
     // portable versions; f32 overrides them with AVX-512 code where the CPU has it.
@@ -90,6 +91,10 @@ macro_rules! scalar_basics {
         #[inline(always)]
         fn erf(self) -> Self {
             $erf(self)
+        }
+        #[inline(always)]
+        fn tanh(self) -> Self {
+            $t::tanh(self)
         }
     };
 }

@@ -61,8 +61,9 @@ pub fn bias_activation_dropout(
     activation: Activation,
     dropout: Option<DropoutStream>,
 ) -> Result<Option<Tensor>> {
+    // The CUDA kernel has ReLU and the exact GELU; the other activations run composed.
     #[cfg(feature = "cuda")]
-    if applies(&[x, bias]) {
+    if matches!(activation, Activation::Relu | Activation::Gelu) && applies(&[x, bias]) {
         return crate::cuda::bias_activation_dropout(x, bias, activation, dropout).map(Some);
     }
     let _ = (x, bias, activation, dropout);

@@ -17,6 +17,75 @@ pub enum Activation {
     Relu,
     /// The exact (erf) GELU.
     Gelu,
+    /// GELU's tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    GeluTanh,
+    /// Swish (SiLU): `x sigmoid(x) = x / (1 + exp(-x))`, Marian's and OPUS-MT's.
+    Swish,
+}
+
+/// sqrt(2 / pi), of GELU's tanh approximation.
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+
+impl Activation {
+    /// The activation of `x`. GELU is computed as the composed layer computes it:
+    /// `x * ((erf(x / sqrt 2) + 1) * 0.5)`.
+    #[inline(always)]
+    pub fn apply<T: Float>(self, x: T) -> T {
+        let half = T::from_f64(0.5);
+        match self {
+            Activation::Relu => {
+                if x > T::ZERO {
+                    x
+                } else {
+                    T::ZERO
+                }
+            }
+            Activation::Gelu => {
+                let s2 = T::from_f64(std::f64::consts::SQRT_2);
+                x * (((x / s2).erf() + T::ONE) * half)
+            }
+            Activation::GeluTanh => {
+                let inner = T::from_f64(SQRT_2_OVER_PI) * (x + T::from_f64(0.044715) * x * x * x);
+                half * x * (T::ONE + inner.tanh())
+            }
+            Activation::Swish => x / (T::ONE + (T::ZERO - x).exp()),
+        }
+    }
+
+    /// The activation's derivative at the input `x`.
+    #[inline(always)]
+    pub fn derivative<T: Float>(self, x: T) -> T {
+        let half = T::from_f64(0.5);
+        match self {
+            Activation::Relu => {
+                if x > T::ZERO {
+                    T::ONE
+                } else {
+                    T::ZERO
+                }
+            }
+            // Phi(x) + x phi(x).
+            Activation::Gelu => {
+                let s2 = T::from_f64(std::f64::consts::SQRT_2);
+                let cdf = ((x / s2).erf() + T::ONE) * half;
+                let pdf = (T::ZERO - x * x * half).exp()
+                    * T::from_f64(1.0 / (2.0 * std::f64::consts::PI).sqrt());
+                cdf + x * pdf
+            }
+            Activation::GeluTanh => {
+                let k = T::from_f64(SQRT_2_OVER_PI);
+                let a = T::from_f64(0.044715);
+                let th = (k * (x + a * x * x * x)).tanh();
+                let dinner = k * (T::ONE + T::from_f64(3.0) * a * x * x);
+                half * (T::ONE + th) + half * x * (T::ONE - th * th) * dinner
+            }
+            // s + x s (1 - s), s = sigmoid(x).
+            Activation::Swish => {
+                let s = T::ONE / (T::ONE + (T::ZERO - x).exp());
+                s + x * s * (T::ONE - s)
+            }
+        }
+    }
 }
 
 /// The layer's options (the model's layer specification without what the parameters give).
@@ -33,7 +102,7 @@ pub struct EncoderLayerOptions {
     /// a bf16 unit and the inputs are f32 (with gradients: the f64 path has none); the
     /// attention heads, norms, softmax and everything else stay fp32.
     pub precision: super::Precision,
-    /// The feed-forward activation: ReLU (the paper's) or the exact GELU.
+    /// The feed-forward activation: ReLU (the paper's), GELU (exact or tanh) or Swish.
     pub activation: Activation,
 }
 
@@ -221,8 +290,8 @@ pub struct LayerShape {
     /// feed-forward layer's, with fp32 accumulation ([`super::bf16`]); everything else, the
     /// attention heads' products included, stays in the inputs' precision.
     pub bf16: bool,
-    /// GELU instead of ReLU.
-    pub gelu: bool,
+    /// The feed-forward activation.
+    pub activation: Activation,
 }
 
 impl LayerShape {
@@ -247,7 +316,7 @@ impl LayerShape {
             bf16: opts.precision == super::Precision::Bf16
                 && dtype == candle_core::DType::F32
                 && super::bf16::available(),
-            gelu: opts.activation == Activation::Gelu,
+            activation: opts.activation,
         }
     }
 }

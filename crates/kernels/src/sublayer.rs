@@ -19,7 +19,7 @@ use super::matmul::{gemm, Mat};
 use super::rng::MaskSpec;
 pub(super) use super::rows::{check_lengths, Rows};
 use super::shared::{
-    drop_inplace, drop_into, linear_grads, ln_bwd, ln_rows, two, LayerShape, Norm,
+    drop_inplace, drop_into, linear_grads, ln_bwd, ln_rows, two, Activation, LayerShape, Norm,
 };
 
 thread_local! {
@@ -268,27 +268,9 @@ pub(super) struct FfSaved<T> {
     f_in: Vec<T>,
     /// After the activation, before dropout.
     hid: Vec<T>,
-    /// GELU: the activation's input (empty for ReLU, whose output says where it passed).
+    /// The activation's input, except for ReLU (empty: its output says where it passed).
     pre: Vec<T>,
     norm: Norm<T>,
-}
-
-/// `x Phi(x)` (PyTorch's exact GELU), as the composed layer computes it:
-/// `x * ((erf(x / sqrt 2) + 1) * 0.5)`.
-#[inline(always)]
-fn gelu<T: Float>(x: T) -> T {
-    let s2 = T::from_f64(std::f64::consts::SQRT_2);
-    x * (((x / s2).erf() + T::ONE) * T::from_f64(0.5))
-}
-
-/// The derivative of [`gelu`]: `Phi(x) + x phi(x)`.
-#[inline(always)]
-fn gelu_grad<T: Float>(x: T) -> T {
-    let s2 = T::from_f64(std::f64::consts::SQRT_2);
-    let cdf = ((x / s2).erf() + T::ONE) * T::from_f64(0.5);
-    let pdf = (T::ZERO - x * x * T::from_f64(0.5)).exp()
-        * T::from_f64(1.0 / (2.0 * std::f64::consts::PI).sqrt());
-    cdf + x * pdf
 }
 
 /// Dropout (or its backward) on the group's rows `x` (`width` elements each), at the mask
@@ -603,10 +585,10 @@ pub(super) fn ff_fwd<T: Float>(
     let mut hid = vec![T::ZERO; n * f];
     lin_forward(sh, &mut hid, f_src, (w, l1), (n, f, c));
     let mut pre = Vec::new();
-    if sh.gelu {
+    if sh.activation != Activation::Relu {
         pre = hid.clone();
         for v in hid.iter_mut() {
-            *v = gelu(*v);
+            *v = sh.activation.apply(*v);
         }
     } else {
         for v in hid.iter_mut() {
@@ -660,9 +642,9 @@ pub(super) fn ff_bwd<T: Float>(
     if let Some(m) = drops.hidden {
         drop_rows(&mut dhid, m, rows, f, dscale);
     }
-    if sh.gelu {
+    if sh.activation != Activation::Relu {
         for (dv, &pv) in dhid.iter_mut().zip(&sv.pre) {
-            *dv *= gelu_grad(pv);
+            *dv *= sh.activation.derivative(pv);
         }
     } else {
         for (dv, &hv) in dhid.iter_mut().zip(&sv.hid) {

@@ -12,6 +12,11 @@ pub enum Activation {
     Relu,
     /// The exact (erf) GELU, PyTorch's `activation="gelu"`; not in the paper.
     Gelu,
+    /// GELU's tanh approximation (`gelu_new`, CTranslate2's `GELUTanh`); published models.
+    #[serde(rename = "gelu_tanh")]
+    GeluTanh,
+    /// Swish (SiLU), `x sigmoid(x)`: Marian's and OPUS-MT's activation.
+    Swish,
 }
 
 impl std::str::FromStr for Activation {
@@ -20,6 +25,8 @@ impl std::str::FromStr for Activation {
         match s.to_ascii_lowercase().as_str() {
             "relu" => Ok(Self::Relu),
             "gelu" => Ok(Self::Gelu),
+            "gelu_tanh" | "gelu-tanh" | "gelu_new" => Ok(Self::GeluTanh),
+            "swish" | "silu" => Ok(Self::Swish),
             _ => Err(ConfigError::UnknownActivation(s.to_string())),
         }
     }
@@ -51,6 +58,14 @@ pub struct TransformerConfig {
     pub norm_first: bool,
     /// Longest sequence the positional encoding is precomputed for.
     pub max_len: usize,
+    /// A layer norm after each stack's last layer, as `nn.Transformer` has in both
+    /// arrangements; published post-norm models (Marian, CTranslate2's) have none.
+    #[serde(skip_serializing_if = "is_true")]
+    pub final_norm: bool,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl Default for TransformerConfig {
@@ -73,6 +88,7 @@ impl TransformerConfig {
             layer_norm_eps: 1e-5,
             norm_first: false,
             max_len: 5000,
+            final_norm: true,
         }
     }
 

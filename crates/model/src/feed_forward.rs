@@ -69,6 +69,8 @@ impl FeedForward {
         let h = match self.activation {
             Activation::Relu => h.relu()?,
             Activation::Gelu => gelu_erf(&h)?,
+            Activation::GeluTanh => gelu_tanh(&h)?,
+            Activation::Swish => h.silu()?,
         };
         self.linear2.forward(&self.dropout.forward(&h, mode)?)
     }
@@ -79,4 +81,14 @@ impl FeedForward {
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     let cdf = ((x / std::f64::consts::SQRT_2)?.erf()? + 1.0)? * 0.5;
     x * cdf?
+}
+
+/// GELU's tanh approximation, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, composed of
+/// tensor ops so that its gradient is exact (candle's own `gelu` differentiates with
+/// six-digit constants).
+pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let cube = ((x * x)? * x)?;
+    let inner = ((x + (cube * 0.044715)?)? * k)?;
+    ((x * 0.5)? * (inner.tanh()? + 1.0)?)
 }

@@ -146,11 +146,11 @@ pub use lm::TransformerLm;
 pub use mask::Mask;
 pub use multi_head::{KvCache, MultiHeadAttention};
 pub use params::{Init, ParamBuilder, Params};
-pub use positional::PositionalEncoding;
+pub use positional::{PositionalEncoding, Positions};
 pub use rng::Rng;
 pub use rnn::{RnnAttention, RnnSeq2Seq, RnnSeq2SeqConfig, RnnState};
 pub use seq2seq::{
-    DecodePrecision, DecodeState, PreparedDecoding, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,
+    DecodePrecision, DecodeState, Inputs, PreparedDecoding, Seq2Seq, Seq2SeqConfig, Seq2SeqLoss,
 };
 pub use transformer::Transformer;
 

@@ -26,7 +26,7 @@ use crate::linear::Linear;
 use crate::mask::Mask;
 use crate::multi_head::KvCache;
 use crate::params::{Init, ParamBuilder};
-use crate::positional::PositionalEncoding;
+use crate::positional::{PositionalEncoding, Positions};
 use crate::restrict::CandidateVocab;
 use crate::transformer::Transformer;
 use crate::Result;
@@ -77,6 +77,40 @@ pub struct Seq2SeqConfig {
     /// (section 3.4; needs one joint vocabulary, so `src_vocab == tgt_vocab`).
     #[serde(default)]
     pub share_embeddings: bool,
+    /// How tokens enter the stacks: the paper's by default; published models differ.
+    #[serde(default, skip_serializing_if = "Inputs::is_paper")]
+    pub inputs: Inputs,
+}
+
+/// How token ids become the stacks' inputs: embedding, scale, positions. [`Default`] is the
+/// paper's (sections 3.4 and 3.5); published models ([`crate::positional::Positions`]) vary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Inputs {
+    /// Embeddings multiplied by sqrt(d_model) (section 3.4).
+    pub scale_embeddings: bool,
+    /// The position table added to them.
+    pub positions: Positions,
+    /// The decoder's first input (position 0) is a zero vector, whatever its token: what
+    /// CTranslate2 does for Marian models, whose start token's embedding is zero.
+    pub zero_start_embedding: bool,
+}
+
+impl Default for Inputs {
+    fn default() -> Self {
+        Self {
+            scale_embeddings: true,
+            positions: Positions::Interleaved,
+            zero_start_embedding: false,
+        }
+    }
+}
+
+impl Inputs {
+    /// The paper's: scaled embeddings, interleaved sinusoids, the start token embedded.
+    pub fn is_paper(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl Seq2SeqConfig {
@@ -103,10 +137,15 @@ impl Seq2SeqConfig {
 pub struct Seq2Seq {
     pub(crate) src_embedding: Embedding,
     pub(crate) tgt_embedding: Embedding,
-    pos_encoder: PositionalEncoding,
+    /// The source's positions, and the target's (one table but for learned ones).
+    src_positions: PositionalEncoding,
+    tgt_positions: PositionalEncoding,
+    /// What the embeddings are multiplied by: sqrt(d_model), or 1.
+    embed_scale: Option<f64>,
+    /// The target's position 0 gets a zero embedding ([`Inputs::zero_start_embedding`]).
+    zero_start: bool,
     pub(crate) transformer: Transformer,
     pub(crate) generator: Linear,
-    pub(crate) d_model: usize,
     pub(crate) decode_precision: DecodePrecision,
     /// Decoding's output vocabulary per batch, when restricted ([`crate::restrict`]).
     pub(crate) candidates: Option<Arc<dyn CandidateVocab>>,
@@ -217,6 +256,7 @@ impl Seq2Seq {
                 src_vocab,
                 tgt_vocab,
                 share_embeddings: false,
+                inputs: Inputs::default(),
             },
         )
     }
@@ -259,15 +299,44 @@ impl Seq2Seq {
                 Init::Uniform((3.0 / c as f64).sqrt()),
             )?;
         }
-        let pos_encoder =
-            PositionalEncoding::new(c, tcfg.max_len, tcfg.dropout, pb.dtype(), &pb.device())?;
+        let inputs = cfg.inputs;
+        let (src_positions, tgt_positions) = match inputs.positions {
+            Positions::Interleaved => {
+                let pe = PositionalEncoding::new(
+                    c,
+                    tcfg.max_len,
+                    tcfg.dropout,
+                    pb.dtype(),
+                    &pb.device(),
+                )?;
+                (pe.clone(), pe)
+            }
+            Positions::Learned => {
+                let learned = |name: &str| -> Result<PositionalEncoding> {
+                    let init = Init::Uniform((3.0 / c as f64).sqrt());
+                    let pe = pb.pp(name).var("weight", (tcfg.max_len, c), init)?;
+                    Ok(PositionalEncoding::with_table(pe, tcfg.dropout))
+                };
+                (learned("src_positions")?, learned("tgt_positions")?)
+            }
+            fixed => {
+                let table = fixed
+                    .table(c, tcfg.max_len, &pb.device())?
+                    .expect("a fixed table")
+                    .to_dtype(pb.dtype())?;
+                let pe = PositionalEncoding::with_table(table, tcfg.dropout);
+                (pe.clone(), pe)
+            }
+        };
         Ok(Self {
             src_embedding,
             tgt_embedding,
-            pos_encoder,
+            src_positions,
+            tgt_positions,
+            embed_scale: inputs.scale_embeddings.then(|| (c as f64).sqrt()),
+            zero_start: inputs.zero_start_embedding,
             transformer,
             generator,
-            d_model: c,
             decode_precision: DecodePrecision::F32,
             candidates: None,
         })
@@ -299,7 +368,9 @@ impl Seq2Seq {
     /// Positions the positional encoding covers: the longest sequence (source with its
     /// `<eos>`, or target with its `<bos>`) the model takes.
     pub fn max_positions(&self) -> usize {
-        self.pos_encoder.max_len()
+        self.src_positions
+            .max_len()
+            .min(self.tgt_positions.max_len())
     }
 
     /// The device the weights live on.
@@ -307,6 +378,8 @@ impl Seq2Seq {
         self.generator.weight().device().clone()
     }
 
+    /// The stack's input for `ids` at positions `offset ..`: the embedding (`emb`, the
+    /// source's or the target's), scaled, plus the positions, dropped out.
     pub(crate) fn embed(
         &self,
         emb: &Embedding,
@@ -314,8 +387,30 @@ impl Seq2Seq {
         offset: usize,
         mode: Mode,
     ) -> Result<Tensor> {
-        let x = (emb.forward(ids)? * (self.d_model as f64).sqrt())?;
-        self.pos_encoder.forward(&x, offset, mode)
+        self.inputs(emb, emb.forward(ids)?, offset, mode)
+    }
+
+    /// [`Self::embed`] after the lookup: `x` (B, T, C) the rows of `emb`.
+    fn inputs(&self, emb: &Embedding, x: Tensor, offset: usize, mode: Mode) -> Result<Tensor> {
+        let x = match self.embed_scale {
+            Some(s) => (x * s)?,
+            None => x,
+        };
+        let target = std::ptr::eq(emb, &self.tgt_embedding);
+        let x = if target && self.zero_start && offset == 0 {
+            // Position 0's embedding is zero; the others are kept.
+            let t = x.dim(1)?;
+            let keep: Vec<f32> = (0..t).map(|i| if i == 0 { 0.0 } else { 1.0 }).collect();
+            let keep = Tensor::from_vec(keep, (1, t, 1), x.device())?.to_dtype(x.dtype())?;
+            x.broadcast_mul(&keep)?
+        } else {
+            x
+        };
+        let positions = match target {
+            true => &self.tgt_positions,
+            false => &self.src_positions,
+        };
+        positions.forward(&x, offset, mode)
     }
 
     /// Embeds and encodes the source: the memory the decoder attends to.
@@ -464,8 +559,7 @@ impl Seq2Seq {
         mode: Mode,
         backprop: Backprop,
     ) -> Result<Tensor> {
-        let x = (emb.forward_as(ids, backprop)? * (self.d_model as f64).sqrt())?;
-        self.pos_encoder.forward(&x, 0, mode)
+        self.inputs(emb, emb.forward_as(ids, backprop)?, 0, mode)
     }
 }
 

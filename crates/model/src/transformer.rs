@@ -27,8 +27,18 @@ impl Transformer {
         cfg.validate()
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         let spec = LayerSpec::from(cfg);
-        let encoder = Encoder::new(&pb.pp("encoder"), &spec, cfg.num_encoder_layers, true)?;
-        let decoder = Decoder::new(&pb.pp("decoder"), &spec, cfg.num_decoder_layers, true)?;
+        let encoder = Encoder::new(
+            &pb.pp("encoder"),
+            &spec,
+            cfg.num_encoder_layers,
+            cfg.final_norm,
+        )?;
+        let decoder = Decoder::new(
+            &pb.pp("decoder"),
+            &spec,
+            cfg.num_decoder_layers,
+            cfg.final_norm,
+        )?;
         pb.reinit_xavier_matrices()?;
         Ok(Self { encoder, decoder })
     }

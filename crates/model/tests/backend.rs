@@ -246,6 +246,7 @@ fn decoding_is_prepared_by_the_registered_backend() -> Result<()> {
         src_vocab: 17,
         tgt_vocab: 17,
         share_embeddings: true,
+        inputs: Default::default(),
     };
     let cpu = Seq2Seq::with_config(&ParamBuilder::new(DType::F32, &dev, 4), &cfg)?;
     let mut model = cpu.clone();

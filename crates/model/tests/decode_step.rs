@@ -4,7 +4,10 @@
 //! repeated and reordered as a beam search does, and rows dropped.
 
 use candle_core::{DType, Device, Result, Tensor};
-use transformer_model::{ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
+use transformer_model::{
+    seq2seq::Seq2SeqMasks, Activation, Inputs, Mode, ParamBuilder, Positions, Seq2Seq,
+    Seq2SeqConfig, TransformerConfig,
+};
 
 const PAD: u32 = 0;
 
@@ -24,13 +27,104 @@ fn max_rel_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
 /// A translation model on the CPU in f32 with `transformer`'s layers, one vocabulary of
 /// `vocab` shared by both sides, its parameters drawn from `seed`.
 fn model(transformer: TransformerConfig, vocab: usize, seed: u64) -> Result<Seq2Seq> {
+    model_with(transformer, Inputs::default(), vocab, seed)
+}
+
+/// [`model`] with the token inputs `inputs`.
+fn model_with(
+    transformer: TransformerConfig,
+    inputs: Inputs,
+    vocab: usize,
+    seed: u64,
+) -> Result<Seq2Seq> {
     let cfg = Seq2SeqConfig {
         transformer,
         src_vocab: vocab,
         tgt_vocab: vocab,
         share_embeddings: true,
+        inputs,
     };
     Seq2Seq::with_config(&ParamBuilder::new(DType::F32, &Device::Cpu, seed), &cfg)
+}
+
+/// The layer and input variants of published models: activations, no final norms, other
+/// position tables, unscaled embeddings, a zero start embedding.
+fn variants() -> Vec<(TransformerConfig, Inputs)> {
+    let t = |norm_first, activation, final_norm| TransformerConfig {
+        norm_first,
+        activation,
+        final_norm,
+        ..TransformerConfig::tiny()
+    };
+    let inputs = |scale_embeddings, positions, zero_start_embedding| Inputs {
+        scale_embeddings,
+        positions,
+        zero_start_embedding,
+    };
+    vec![
+        (t(false, Activation::Relu, true), Inputs::default()),
+        (t(true, Activation::Relu, true), Inputs::default()),
+        (
+            t(false, Activation::Swish, false),
+            inputs(true, Positions::Halves, true),
+        ),
+        (
+            t(true, Activation::GeluTanh, true),
+            inputs(false, Positions::Timing, false),
+        ),
+        (
+            t(false, Activation::Gelu, false),
+            inputs(true, Positions::Learned, false),
+        ),
+    ]
+}
+
+/// Step-by-step decoding (fused and composed) gives the logits of the teacher-forced forward
+/// pass at every position, for each variant of [`variants`].
+#[test]
+fn every_variant_decodes_step_by_step_as_the_forward_pass() -> Result<()> {
+    let dev = Device::Cpu;
+    let src = Tensor::new(&[[5u32, 6, 7, 8, 2], [9, 10, 2, 0, 0]], &dev)?;
+    let tgt = Tensor::new(&[[1u32, 4, 9, 12, 3], [1, 7, 7, 2, 5]], &dev)?;
+    for (i, (transformer, inputs)) in variants().into_iter().enumerate() {
+        let model = model_with(transformer, inputs, 17, 7 + i as u64)?;
+        let masks = Seq2SeqMasks::new(&src, &tgt, PAD)?;
+        let full = model.forward(&src, &tgt, &masks, Mode::Eval)?;
+        for fused in [true, false] {
+            let mut state = model.start_with(&src, PAD, fused)?;
+            assert_eq!(state.is_fused(), fused, "variant {i}");
+            for t in 0..tgt.dim(1)? {
+                let ids = tgt.narrow(1, t, 1)?.squeeze(1)?;
+                let (logits, _) = model.step(&mut state, &ids, false)?;
+                let want = full.narrow(1, t, 1)?.squeeze(1)?;
+                let d = max_rel_diff(&logits, &want)?;
+                assert!(d < 1e-5, "variant {i}, fused {fused}, position {t}: {d}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A zero start embedding makes the first output the same whatever the first token; the
+/// other variants' depends on it.
+#[test]
+fn a_zero_start_embedding_ignores_the_start_token() -> Result<()> {
+    let dev = Device::Cpu;
+    let src = Tensor::new(&[[5u32, 6, 7, 2]], &dev)?;
+    for zero in [false, true] {
+        let inputs = Inputs {
+            zero_start_embedding: zero,
+            ..Inputs::default()
+        };
+        let model = model_with(TransformerConfig::tiny(), inputs, 17, 3)?;
+        let first = |token: u32| -> Result<Vec<f32>> {
+            let mut state = model.start(&src, PAD)?;
+            let (logits, _) = model.step(&mut state, &Tensor::new(&[token], &dev)?, false)?;
+            logits.flatten_all()?.to_vec1::<f32>()
+        };
+        assert_eq!(first(1)? == first(4)?, zero, "zero start {zero}");
+    }
+    Ok(())
 }
 
 /// One step's input tokens for `rows` rows: `token(row)` each.

@@ -39,21 +39,16 @@ fn zero_padding_rows(
 }
 
 /// The composed layer that `build` makes (an encoder or decoder layer) in f64 on the CPU
-/// under `l.` (seed 4): width, heads and feed-forward size `(c, h, f)`, dropout `p`, GELU
-/// or ReLU, the norms first or last; and its parameters.
+/// under `l.` (seed 4): width, heads and feed-forward size `(c, h, f)`, dropout `p`, the
+/// activation, the norms first or last; and its parameters.
 fn f64_layer<L>(
     build: impl Fn(&ParamBuilder, &LayerSpec) -> Result<L>,
     (c, h, f): (usize, usize, usize),
     p: f64,
-    gelu: bool,
+    activation: Activation,
     norm_first: bool,
 ) -> Result<(L, transformer_model::params::Params)> {
     let pb = ParamBuilder::new(DType::F64, &Device::Cpu, 4);
-    let activation = if gelu {
-        Activation::Gelu
-    } else {
-        Activation::Relu
-    };
     let layer = build(&pb.pp("l"), &layer_spec(c, h, f, p, activation, norm_first))?;
     Ok((layer, pb.params()))
 }
@@ -64,8 +59,16 @@ fn f64_layer<L>(
 fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
     let dev = Device::Cpu;
     let (b, t, c, f, h) = (5, 6, 8, 12, 2);
-    let cases = [(false, false), (true, false), (false, true), (true, true)];
-    for (norm_first, gelu) in cases {
+    // Every activation, each with both norm placements.
+    let cases = [
+        (false, Activation::Relu),
+        (true, Activation::Relu),
+        (false, Activation::Gelu),
+        (true, Activation::Gelu),
+        (false, Activation::GeluTanh),
+        (true, Activation::Swish),
+    ];
+    for (norm_first, activation) in cases {
         // "lengths": the padding mask with the sequences' lengths, padding rows not
         // computed (the reference's are zeroed in `y` and `dy`; the fused layer's `dy`
         // there is not read).
@@ -76,7 +79,8 @@ fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             ("lengths", 0.3),
         ];
         for (mask_kind, p) in kinds {
-            let (layer, params) = f64_layer(EncoderLayer::new, (c, h, f), p, gelu, norm_first)?;
+            let (layer, params) =
+                f64_layer(EncoderLayer::new, (c, h, f), p, activation, norm_first)?;
             let x = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, t, c), &dev)?)?;
             let mask = match mask_kind {
                 "causal" => Some(Mask::causal(t, &dev)?),
@@ -127,7 +131,7 @@ fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
                 eps: 1e-5,
                 norm_first,
                 bf16: false,
-                gelu,
+                activation: activation.into(),
             };
             let keep = match &mask {
                 Some(m) => {
@@ -162,7 +166,7 @@ fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             assert_eq!(run.groups, 3);
             let (fy, fdx, fg) = (run.y, run.dx, run.grads);
 
-            let case = format!("norm_first {norm_first}, gelu {gelu}, {mask_kind}");
+            let case = format!("norm_first {norm_first}, {activation:?}, {mask_kind}");
             let close = |what: &str, want: &Tensor, got: &[f64]| close_f64(&case, what, want, got);
             close("y", &y, &fy)?;
             close("dx", store.get(x.as_tensor()).expect("dx"), &fdx)?;
@@ -306,7 +310,7 @@ fn decoder_layer_bf16_products_stay_within_bf16_rounding_of_f32() -> Result<()> 
             eps: 1e-5,
             norm_first: false,
             bf16,
-            gelu: false,
+            activation: Default::default(),
         };
         let r = decoder_layer_slices(
             &shape,
@@ -360,12 +364,21 @@ fn decoder_layer_bf16_products_stay_within_bf16_rounding_of_f32() -> Result<()> 
 fn fused_decoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
     let dev = Device::Cpu;
     let (b, t, s, c, f, h) = (5, 6, 4, 8, 12, 2);
-    let cases = [(false, false), (true, false), (false, true), (true, true)];
-    for (norm_first, gelu) in cases {
+    // Every activation, each with both norm placements.
+    let cases = [
+        (false, Activation::Relu),
+        (true, Activation::Relu),
+        (false, Activation::Gelu),
+        (true, Activation::Gelu),
+        (false, Activation::GeluTanh),
+        (true, Activation::Swish),
+    ];
+    for (norm_first, activation) in cases {
         // `skip`: with the sequences' lengths, padding rows not computed (the reference's
         // are then zeroed in `y` and in `dy`; the fused layer's `dy` there is not read).
         for (p, skip) in [(0.0, false), (0.3, false), (0.0, true), (0.3, true)] {
-            let (layer, params) = f64_layer(DecoderLayer::new, (c, h, f), p, gelu, norm_first)?;
+            let (layer, params) =
+                f64_layer(DecoderLayer::new, (c, h, f), p, activation, norm_first)?;
             let x = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, t, c), &dev)?)?;
             let mem = candle_core::Var::from_tensor(&Tensor::randn(0f64, 1.0, (b, s, c), &dev)?)?;
             let tgt_valid: Vec<u8> = (0..b * t)
@@ -407,7 +420,7 @@ fn fused_decoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
                 eps: 1e-5,
                 norm_first,
                 bf16: false,
-                gelu,
+                activation: activation.into(),
             };
             let self_keep = tgt_mask
                 .keep()
@@ -443,7 +456,7 @@ fn fused_decoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
             assert_eq!(run.groups, 3);
             let (fy, fdx, fdm, fg) = (run.y, run.dx, run.dmemory, run.grads);
 
-            let case = format!("norm_first {norm_first}, gelu {gelu}, p {p}, skip {skip}");
+            let case = format!("norm_first {norm_first}, {activation:?}, p {p}, skip {skip}");
             let close = |what: &str, want: &Tensor, got: &[f64]| close_f64(&case, what, want, got);
             close("y", &y, &fy)?;
             close("dx", store.get(x.as_tensor()).expect("dx"), &fdx)?;

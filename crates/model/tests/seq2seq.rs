@@ -18,6 +18,7 @@ fn config(share: bool) -> Seq2SeqConfig {
         src_vocab: 11,
         tgt_vocab: 11,
         share_embeddings: share,
+        inputs: Default::default(),
     }
 }
 

@@ -243,6 +243,7 @@ impl MtTrainConfig {
             src_vocab: vocab,
             tgt_vocab: vocab,
             share_embeddings: self.share_embeddings,
+            inputs: Default::default(),
         }
     }
 

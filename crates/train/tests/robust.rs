@@ -42,6 +42,7 @@ fn damaged_checkpoints_are_errors() {
         src_vocab: 9,
         tgt_vocab: 9,
         share_embeddings: true,
+        inputs: Default::default(),
     };
     Seq2Seq::with_config(&pb, &cfg).unwrap();
     let good_path = dir().join("good.safetensors");
@@ -284,6 +285,7 @@ fn over_long_sources_are_cut_to_the_model_and_the_job_goes_on() {
         src_vocab: 12,
         tgt_vocab: 12,
         share_embeddings: true,
+        inputs: Default::default(),
     };
     let model = transformer_runtime::model::MtModel::build(
         &pb,

@@ -63,6 +63,7 @@ pub fn model(seed: u64, share: bool) -> Result<Seq2Seq> {
             src_vocab: VOCAB,
             tgt_vocab: VOCAB,
             share_embeddings: share,
+            inputs: Default::default(),
         },
     )
 }

@@ -410,7 +410,7 @@ impl Backend for CpuFused {
     }
 
     /// The stack as one fused decoding step ([`kernels::DecoderStack`]) when it applies
-    /// (ReLU layers with biases, one layer-norm epsilon, CPU f32 contiguous parameters), its
+    /// (layers with biases and one activation, one layer-norm epsilon, CPU f32 contiguous parameters), its
     /// weights transposed once, or quantized to int8 with this CPU's fastest int8 kernel
     /// when `precision` asks.
     fn decoding_stack(
@@ -438,7 +438,7 @@ impl Backend for CpuFused {
 }
 
 /// The decoder `layers` (and final norm) as the CPU's fused decoding step, when it fits it:
-/// ReLU layers with biases, one layer-norm epsilon, CPU f32 contiguous parameters.
+/// layers with biases and one activation, one layer-norm epsilon, CPU f32 contiguous parameters.
 fn fused_decoding_stack(
     layers: &[DecoderLayerParts<'_>],
     norm: Option<&LayerNorm>,
@@ -447,9 +447,6 @@ fn fused_decoding_stack(
     let eps = first.norms[0].parts().2;
     let mut params = Vec::with_capacity(layers.len());
     for l in layers {
-        if l.ff.parts().2 != Activation::Relu {
-            return None;
-        }
         let (p, e) = kernel_params(l)?;
         if e != eps {
             return None;
@@ -467,7 +464,18 @@ fn fused_decoding_stack(
         None => None,
     };
     let (nhead, norm_first) = (first.self_attn.nhead(), first.norm_first);
-    let stack = kernels::DecoderStack::new(params, final_norm, nhead, eps, norm_first);
+    let activation = first.ff.parts().2;
+    if layers.iter().any(|l| l.ff.parts().2 != activation) {
+        return None;
+    }
+    let stack = kernels::DecoderStack::new(
+        params,
+        final_norm,
+        nhead,
+        eps,
+        norm_first,
+        activation.into(),
+    );
     stack.applies().then_some(stack)
 }
 
@@ -510,6 +518,8 @@ impl From<Activation> for transformer_kernels::Activation {
         match a {
             Activation::Relu => Self::Relu,
             Activation::Gelu => Self::Gelu,
+            Activation::GeluTanh => Self::GeluTanh,
+            Activation::Swish => Self::Swish,
         }
     }
 }

@@ -23,6 +23,7 @@ mod bleu;
 mod console;
 mod device;
 mod dist;
+mod import;
 mod lm;
 mod mt;
 mod serve;
@@ -64,6 +65,9 @@ enum Command {
     /// scripts/bench_vs_pytorch.sh).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Import a published translation model (CTranslate2, Argos Translate) as a run
+    /// directory that every command takes.
+    Import(import::ImportArgs),
     /// Print a model configuration and its parameter count (checks the configuration).
     Info(InfoArgs),
     /// Score a translation: corpus BLEU and chrF as sacreBLEU computes them, with signatures.
@@ -276,6 +280,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::CopyTask(args) => copy(args),
         Command::Info(args) => info(args),
+        Command::Import(args) => import::run(args),
         Command::Lm(cmd) => lm::run(cmd),
         Command::Mt(cmd) => mt::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),

@@ -30,6 +30,9 @@ pub struct DecodeOptions {
     pub eos: u32,
     /// Padding id of the source batch.
     pub pad: u32,
+    /// What ends every source sentence (`None`: nothing is appended), for the callers that
+    /// batch sources; the searches do not read it.
+    pub source_end: Option<u32>,
     /// Keep each step's encoder-decoder attention with the hypotheses.
     pub want_attention: bool,
     /// Score the hypotheses ([`Hypothesis::score`]). Greedy search without scores (nor
@@ -37,6 +40,9 @@ pub struct DecodeOptions {
     /// ([`StepModel::step_argmax`]), which it may find without computing every logit
     /// exactly; the tokens are the same, the scores NaN. Beam search always scores.
     pub want_scores: bool,
+    /// Whose search rules: this project's, or those of the engine a published model comes
+    /// from ([`crate::engines`]).
+    pub rules: crate::engines::SearchRules,
 }
 
 impl Default for DecodeOptions {
@@ -49,8 +55,10 @@ impl Default for DecodeOptions {
             bos: 1,
             eos: 2,
             pad: 0,
+            source_end: Some(2),
             want_attention: false,
             want_scores: true,
+            rules: crate::engines::SearchRules::Native,
         }
     }
 }
@@ -203,7 +211,13 @@ fn block_max(x: &[f32]) -> f32 {
 
 /// Adds to `cand` (best first, at most `limit`) every `(score + log p(t), r, t)` of row `r`
 /// that beats its last entry, in token order, a later equal one after the earlier.
-fn scan_row(cand: &mut Vec<(f64, usize, u32)>, limit: usize, lp: &LogProbs, r: usize, score: f64) {
+pub(crate) fn scan_row(
+    cand: &mut Vec<(f64, usize, u32)>,
+    limit: usize,
+    lp: &LogProbs,
+    r: usize,
+    score: f64,
+) {
     let (logits, lse) = (lp.logits(r), lp.lse(r));
     // Monotone in the logit (each rounding is), so a block's maximum bounds all of it.
     let value = |l: f32| score + (l - lse) as f64;

@@ -90,5 +90,5 @@ pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
     let k = (2.0 / std::f64::consts::PI).sqrt();
     let cube = ((x * x)? * x)?;
     let inner = ((x + (cube * 0.044715)?)? * k)?;
-    ((x * 0.5)? * (inner.tanh()? + 1.0)?)
+    (x * 0.5)? * (inner.tanh()? + 1.0)?
 }

@@ -88,7 +88,7 @@ pub fn attention_of(
 ) -> Result<crate::viz::AttentionSet> {
     let sp = tok.specials();
     let mut src_ids = ids.to_vec();
-    src_ids.push(sp.eos);
+    src_ids.extend(sp.source_end);
     let mut tgt_ids = vec![sp.bos];
     tgt_ids.extend(hyp);
     let src = Tensor::from_vec(src_ids.clone(), (1, src_ids.len()), dev)?;
@@ -96,12 +96,15 @@ pub fn attention_of(
     let name = |ids: &[u32]| -> Vec<String> {
         readable_tokens(&ids.iter().map(|&i| tok.token(i)).collect::<Vec<_>>())
     };
+    let source_name = |ids: &[u32]| -> Vec<String> {
+        readable_tokens(&ids.iter().map(|&i| tok.source_token(i)).collect::<Vec<_>>())
+    };
     let mut tgt_out = hyp.to_vec();
     tgt_out.push(sp.eos);
     let mut set = crate::viz::AttentionSet {
         source: sentence.to_string(),
         translation: tok.decode(hyp),
-        src_tokens: name(&src_ids),
+        src_tokens: source_name(&src_ids),
         tgt_in_tokens: name(&tgt_ids),
         tgt_out_tokens: name(&tgt_out),
         model: arch.name().to_string(),

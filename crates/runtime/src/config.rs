@@ -7,7 +7,7 @@ use crate::model::{Arch, MtModelConfig};
 use crate::run_dir::{self as runner, require_at_least_one};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use transformer_decode::DecodeOptions;
+use transformer_decode::{DecodeOptions, SearchRules};
 use transformer_model::Precision;
 use transformer_model::{RnnSeq2SeqConfig, Seq2SeqConfig, TransformerConfig};
 
@@ -129,6 +129,52 @@ pub struct MtTrainConfig {
     /// in bf16 only if it is faster on this CPU (`transformer_train::precision`); false: bf16 as
     /// asked, unmeasured (the run's `config.toml` records the outcome either way).
     pub measure_precision: bool,
+    /// Set for a published model brought in by `transformer import`: its exact architecture
+    /// (which the sizes above only summarize), its special tokens and whose search rules it
+    /// decodes by.
+    pub published: Option<Published>,
+}
+
+/// A published model's record in its run's `config.toml` (`[published]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Published {
+    /// What it was imported from: `ctranslate2` or `argos`.
+    pub format: crate::import::Format,
+    /// Where it was imported from.
+    pub origin: PathBuf,
+    /// Whose search rules it decodes by.
+    pub engine: Engine,
+    /// The source's and the target's language names, when the model says.
+    pub language_names: Option<(String, String)>,
+    /// The special ids: padding, the decoder's start, the end, what ends a source sentence
+    /// (none: nothing is appended).
+    pub pad: u32,
+    /// The decoder's start token.
+    pub bos: u32,
+    /// The end token.
+    pub eos: u32,
+    /// The token appended to every source sentence, if any.
+    pub source_end: Option<u32>,
+    /// The exact architecture.
+    pub model: Seq2SeqConfig,
+}
+
+/// The engine whose search rules a published model decodes by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// CTranslate2's `translate_batch` (CTranslate2 and Argos Translate models).
+    CTranslate2,
+}
+
+impl Engine {
+    /// The search rules, with the engine's defaults.
+    pub fn rules(self) -> SearchRules {
+        match self {
+            Engine::CTranslate2 => SearchRules::CTRANSLATE2,
+        }
+    }
 }
 
 impl Default for MtTrainConfig {
@@ -178,6 +224,7 @@ impl Default for MtTrainConfig {
             max_len_b: 10,
             precision: Precision::F32,
             measure_precision: true,
+            published: None,
         }
     }
 }
@@ -227,7 +274,11 @@ impl MtTrainConfig {
     }
 
     /// The model configuration for a joint vocabulary of `vocab` tokens.
+    /// A published model's is its own whatever `vocab`.
     pub fn model(&self, vocab: usize) -> Seq2SeqConfig {
+        if let Some(p) = &self.published {
+            return p.model.clone();
+        }
         Seq2SeqConfig {
             transformer: TransformerConfig {
                 d_model: self.d_model,
@@ -348,7 +399,7 @@ impl MtTrainConfig {
     /// The decoding options of this run's model (beam from the config unless overridden).
     pub fn decode_options(&self, beam: usize) -> DecodeOptions {
         let sp = transformer_text::Specials::FIXED;
-        DecodeOptions {
+        let opts = DecodeOptions {
             beam,
             max_len_a: self.max_len_a,
             max_len_b: self.max_len_b,
@@ -356,8 +407,21 @@ impl MtTrainConfig {
             bos: sp.bos,
             eos: sp.eos,
             pad: sp.pad,
+            source_end: sp.source_end,
             want_attention: false,
             want_scores: true,
+            rules: SearchRules::Native,
+        };
+        match &self.published {
+            Some(p) => DecodeOptions {
+                bos: p.bos,
+                eos: p.eos,
+                pad: p.pad,
+                source_end: p.source_end,
+                rules: p.engine.rules(),
+                ..opts
+            },
+            None => opts,
         }
     }
 

@@ -40,6 +40,7 @@ pub mod attention;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod import;
 pub mod int8_weights;
 pub mod load;
 pub mod model;

@@ -158,10 +158,14 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
         MtModelConfig::Transformer(c) => (c.src_vocab, c.tgt_vocab),
         MtModelConfig::Rnn(c) => (c.src_vocab, c.tgt_vocab),
     };
-    let size = tokenizer.vocab_size();
-    if src_vocab != size || tgt_vocab != size {
+    let (src_size, size) = (tokenizer.source_vocab_size(), tokenizer.vocab_size());
+    if src_vocab != src_size || tgt_vocab != size {
+        let has = match src_size == size {
+            true => format!("{size} tokens"),
+            false => format!("{src_size} source and {size} target tokens"),
+        };
         return Err(Error::Usage(format!(
-            "{}: tokenizer.json has {size} tokens but the weights in {} are for {src_vocab} \
+            "{}: tokenizer.json has {has} but the weights in {} are for {src_vocab} \
              source and {tgt_vocab} target tokens: the tokenizer is not the one the run was \
              trained with (put that one back, or train anew)",
             run.display(),

@@ -4,7 +4,9 @@
 use crate::error::{Error, Result};
 use crate::model::{MtDecoder, MtModel};
 use candle_core::{Device, Tensor};
-use transformer_decode::{beam_search_nbest, greedy, DecodeOptions, Hypothesis};
+use transformer_decode::{
+    beam_search_nbest, ctranslate2_search, greedy, DecodeOptions, Hypothesis, SearchRules,
+};
 use transformer_text::bucket::{make_batch, source_batches};
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
 use transformer_text::subword::{Subword, TextTokenizer};
@@ -125,7 +127,13 @@ pub fn translate(
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<Vec<Vec<Hypothesis>>> {
     let opts = &request.options;
-    let sp = transformer_text::Specials::FIXED;
+    let sp = transformer_text::Specials {
+        pad: opts.pad,
+        bos: opts.bos,
+        eos: opts.eos,
+        unk: transformer_text::Specials::FIXED.unk,
+        source_end: opts.source_end,
+    };
     let src = &*fit(src, max_source_tokens(decoder.model()));
     // Sentences per batch: beams multiply the decoder's rows.
     let max_rows = (request.batch_rows / opts.beam.max(1)).max(1);
@@ -136,7 +144,13 @@ pub fn translate(
         let empty: Vec<Vec<u32>> = vec![Vec::new(); src.len()];
         let b = make_batch(src, &empty, g.clone(), sp);
         let s = Tensor::from_vec(b.src.clone(), (b.rows, b.src_len), dev)?;
-        let hyps = if opts.beam <= 1 {
+        let hyps = if let SearchRules::CTranslate2 {
+            min_length,
+            num_hypotheses,
+        } = opts.rules
+        {
+            ctranslate2_search(decoder, &s, opts, min_length, num_hypotheses)?
+        } else if opts.beam <= 1 {
             greedy(decoder, &s, opts)?
                 .into_iter()
                 .map(|h| vec![h])

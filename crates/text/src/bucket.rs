@@ -105,7 +105,10 @@ pub fn make_batch(
     specials: Specials,
 ) -> PairBatch {
     let rows = indices.len();
-    let s_len = indices.iter().map(|&i| src[i].len() + 1).max().unwrap_or(1);
+    let end = usize::from(specials.source_end.is_some());
+    let s_len = (indices.iter().map(|&i| src[i].len() + end).max())
+        .unwrap_or(1)
+        .max(1);
     let t_len = indices.iter().map(|&i| tgt[i].len() + 1).max().unwrap_or(1);
     let mut b = PairBatch {
         rows,
@@ -120,7 +123,9 @@ pub fn make_batch(
     for (r, &i) in b.indices.iter().enumerate() {
         let s = &mut b.src[r * s_len..(r + 1) * s_len];
         s[..src[i].len()].copy_from_slice(&src[i]);
-        s[src[i].len()] = specials.eos;
+        if let Some(e) = specials.source_end {
+            s[src[i].len()] = e;
+        }
         let (ti, to) = (
             &mut b.tgt_in[r * t_len..(r + 1) * t_len],
             &mut b.tgt_out[r * t_len..(r + 1) * t_len],

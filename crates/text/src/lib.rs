@@ -64,6 +64,7 @@ pub mod bucket;
 pub mod corpus;
 pub mod error;
 pub mod parallel;
+pub mod published;
 pub mod score;
 pub mod sentence;
 mod split;

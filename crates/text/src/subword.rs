@@ -22,6 +22,7 @@
 //! `<bos>` 1, `<eos>` 2, `<unk>` 3.
 
 use crate::error::{Error, Result};
+use crate::published::PublishedTokenizer;
 use std::path::Path;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::models::unigram::{Unigram, UnigramTrainerBuilder};
@@ -46,6 +47,9 @@ pub struct Specials {
     pub eos: u32,
     /// Unknown: what a character outside the vocabulary becomes.
     pub unk: u32,
+    /// What ends every source sentence: `<eos>` for this project's models; published models
+    /// say whether they take one (CTranslate2's `add_source_eos`, Marian's `</s>`).
+    pub source_end: Option<u32>,
 }
 
 /// The special tokens' spellings, in id order.
@@ -58,22 +62,32 @@ impl Specials {
         bos: 1,
         eos: 2,
         unk: 3,
+        source_end: Some(2),
     };
 }
 
 /// What a translation model needs of a tokenizer: text to ids and back, the special ids, the
 /// vocabulary size, and each id's spelling (to label attention pictures).
 pub trait TextTokenizer {
-    /// Ids of `text`, without `<bos>` or `<eos>`.
+    /// Source ids of `text`, without `<bos>` or `<eos>` (a published model's own source
+    /// prefix included).
     fn encode(&self, text: &str) -> Vec<u32>;
-    /// Text of `ids`, special tokens left out.
+    /// Text of target `ids`, special tokens left out.
     fn decode(&self, ids: &[u32]) -> String;
     /// The special ids.
     fn specials(&self) -> Specials;
-    /// Number of ids, specials included.
+    /// Number of target ids, specials included.
     fn vocab_size(&self) -> usize;
-    /// The spelling of one id (`<unk>` style for specials).
+    /// Number of source ids: the target's for one joint vocabulary.
+    fn source_vocab_size(&self) -> usize {
+        self.vocab_size()
+    }
+    /// The spelling of one target id (`<unk>` style for specials).
     fn token(&self, id: u32) -> String;
+    /// The spelling of one source id: [`TextTokenizer::token`] for one joint vocabulary.
+    fn source_token(&self, id: u32) -> String {
+        self.token(id)
+    }
 }
 
 /// How to train a BPE tokenizer.
@@ -94,10 +108,14 @@ impl Default for BpeOptions {
     }
 }
 
-/// A trained tokenizer (BPE subwords, or lowercased words) with the fixed [`Specials`].
+/// A run's tokenizer: one trained here (BPE subwords, or lowercased words) with the fixed
+/// [`Specials`], or a published model's own ([`PublishedTokenizer`]: its vocabularies, its
+/// SentencePiece models, its special ids).
 #[derive(Clone)]
 pub struct Subword {
     inner: Tokenizer,
+    /// Set for a published model's tokenizer; `inner` is then unused (an empty model).
+    published: Option<std::sync::Arc<PublishedTokenizer>>,
 }
 
 impl std::fmt::Debug for Subword {
@@ -158,7 +176,10 @@ impl Subword {
     /// The id of the piece `token` as [`TextTokenizer::token`] spells it (`▁Ein`, `<unk>`),
     /// or `None` when the vocabulary has no such piece.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
+        match &self.published {
+            Some(p) => p.target.vocab.id(token),
+            None => self.inner.token_to_id(token),
+        }
     }
 
     /// Trains BPE on `texts` (every sentence of the training split, both languages for a
@@ -266,20 +287,24 @@ impl Subword {
     /// Whether this is the word tokenizer (`words`): its pieces are whole words, so a
     /// character alone says nothing of what it spells.
     pub fn is_words(&self) -> bool {
-        self.inner
-            .to_string(false)
-            .ok()
-            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
-            .is_some_and(|v| v["model"]["type"] == "WordLevel")
+        self.published.is_none()
+            && self
+                .inner
+                .to_string(false)
+                .ok()
+                .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+                .is_some_and(|v| v["model"]["type"] == "WordLevel")
     }
 
     /// Whether a character the tokenizer has no piece for is spelled as bytes.
     pub fn byte_fallback(&self) -> bool {
-        self.inner
-            .to_string(false)
-            .ok()
-            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
-            .is_some_and(|v| v["model"]["byte_fallback"] == true)
+        self.published.is_none()
+            && self
+                .inner
+                .to_string(false)
+                .ok()
+                .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+                .is_some_and(|v| v["model"]["byte_fallback"] == true)
     }
 
     /// Trains a word vocabulary on `texts`: NFKC and lowercase, split at whitespace and
@@ -341,13 +366,44 @@ impl Subword {
                 ));
             }
         }
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            published: None,
+        })
+    }
+
+    /// A published model's tokenizer.
+    pub fn published(p: PublishedTokenizer) -> Self {
+        Self {
+            inner: Tokenizer::new(WordLevel::default()),
+            published: Some(std::sync::Arc::new(p)),
+        }
+    }
+
+    /// The published model's tokenizer, if this is one.
+    pub fn as_published(&self) -> Option<&PublishedTokenizer> {
+        self.published.as_deref()
+    }
+
+    /// The source side's pieces of `text` (what [`TextTokenizer::encode`] looks up).
+    pub fn pieces(&self, text: &str) -> Vec<String> {
+        match &self.published {
+            Some(p) => p.source_pieces(text),
+            None => self
+                .encode(text)
+                .into_iter()
+                .map(|i| self.token(i))
+                .collect(),
+        }
     }
 
     /// Writes `tokenizer.json` (the `tokenizers` crate's format; Python's `tokenizers`
     /// reads it too).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let json = self.inner.to_string(false).map_err(|e| tok_err(path, e))?;
+        let json = match &self.published {
+            Some(p) => p.to_json().to_string(),
+            None => self.inner.to_string(false).map_err(|e| tok_err(path, e))?,
+        };
         std::fs::write(path, json).map_err(|source| Error::Io {
             action: "write",
             path: path.into(),
@@ -367,6 +423,11 @@ impl Subword {
 
     /// Parses the bytes of a `tokenizer.json`; `path` names it in errors.
     pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            if v.get("published").is_some() {
+                return Ok(Self::published(PublishedTokenizer::from_json(&v, path)?));
+            }
+        }
         // The `tokenizers` crate panics (an `expect` inside its decoder deserializer) on some
         // damaged files instead of returning an error; a damaged file must be an error here.
         let parsed = std::panic::catch_unwind(|| Tokenizer::from_bytes(bytes)).map_err(|_| {
@@ -387,6 +448,9 @@ impl TextTokenizer for Subword {
         if text.trim().is_empty() {
             return Vec::new();
         }
+        if let Some(p) = &self.published {
+            return p.encode(text);
+        }
         // Encoding only fails on a model error; this model maps anything unknown to <unk>.
         self.inner
             .encode(text, false)
@@ -395,18 +459,44 @@ impl TextTokenizer for Subword {
     }
 
     fn decode(&self, ids: &[u32]) -> String {
+        if let Some(p) = &self.published {
+            return p.decode(ids);
+        }
         self.inner.decode(ids, true).unwrap_or_default()
     }
 
     fn specials(&self) -> Specials {
-        Specials::FIXED
+        match &self.published {
+            Some(p) => p.specials,
+            None => Specials::FIXED,
+        }
     }
 
     fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        match &self.published {
+            Some(p) => p.target.vocab.len(),
+            None => self.inner.get_vocab_size(true),
+        }
+    }
+
+    fn source_vocab_size(&self) -> usize {
+        match &self.published {
+            Some(p) => p.source.vocab.len(),
+            None => self.vocab_size(),
+        }
+    }
+
+    fn source_token(&self, id: u32) -> String {
+        match &self.published {
+            Some(p) => p.source.vocab.token(id).unwrap_or("<unk>").to_string(),
+            None => self.token(id),
+        }
     }
 
     fn token(&self, id: u32) -> String {
+        if let Some(p) = &self.published {
+            return p.target.vocab.token(id).unwrap_or("<unk>").to_string();
+        }
         self.inner
             .id_to_token(id)
             .unwrap_or_else(|| SPECIAL_TOKENS[3].to_string())

@@ -44,8 +44,10 @@ pub fn opts(beam: usize) -> DecodeOptions {
         bos: BOS,
         eos: EOS,
         pad: PAD,
+        source_end: Some(EOS),
         want_attention: false,
         want_scores: true,
+        rules: Default::default(),
     }
 }
 

@@ -1,0 +1,243 @@
+//! The searches of the engines that published models come from, rule for rule, so that an
+//! imported model decodes as its own engine decodes it ([`SearchRules`]).
+//!
+//! - **CTranslate2** (`Translator.translate_batch`, the engine of Argos Translate and of
+//!   converted OPUS-MT models): greedy search for beam 1, else its beam search. At every step
+//!   the log-softmax of the logits after the end token is disabled (set to minus infinity)
+//!   while fewer than `min_length` tokens are out; the `2 x beam` best extensions are ranked,
+//!   and each of the first `beam` that ends (or every one, at the last step) is registered as
+//!   a finished hypothesis while the next non-ending extension of the second `beam` takes its
+//!   place. A sentence is done when `beam` hypotheses are registered (with a length penalty),
+//!   or when the best one has finished and `num_hypotheses` are registered (without), or at
+//!   the last step. `max_length` counts the end token: at step `max_length - 1` every live
+//!   hypothesis is registered as it is. Scores are sums of log-probabilities, end token
+//!   included; CTranslate2 reports them divided by `length^length_penalty`, the length counting
+//!   the end token ([`Hypothesis::engine_score`]).
+//!
+//! The rules are CTranslate2's `src/decoding.cc` (`BeamSearch::search`, `GreedySearch::search`)
+//! as its version 4 has them; the tests compare tokens and scores with `ctranslate2` itself.
+
+use crate::search::{scan_row, DecodeOptions, Hypothesis};
+use crate::step::{LogProbs, StepModel};
+use candle_core::{Result, Tensor};
+
+/// Which engine's search rules a decoding follows.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum SearchRules {
+    /// This project's own ([`crate::greedy`], [`crate::beam_search_nbest`]): the length limit
+    /// `max_len_a * source + max_len_b` counts tokens before `<eos>`.
+    #[default]
+    Native,
+    /// CTranslate2's `translate_batch`: `max_len_b` is its `max_decoding_length` (the end
+    /// token counted; `max_len_a` is ignored), with its `min_decoding_length` and
+    /// `num_hypotheses`.
+    CTranslate2 {
+        /// No end token before this many tokens (CTranslate2's default 1: no empty output).
+        min_length: usize,
+        /// Hypotheses returned per sentence, at most the beam.
+        num_hypotheses: usize,
+    },
+}
+
+impl SearchRules {
+    /// CTranslate2's rules with its defaults (`min_decoding_length` 1, one hypothesis).
+    pub const CTRANSLATE2: SearchRules = SearchRules::CTranslate2 {
+        min_length: 1,
+        num_hypotheses: 1,
+    };
+}
+
+impl Hypothesis {
+    /// The score an engine reports for this hypothesis under `length_penalty`: for
+    /// CTranslate2, `score / length^length_penalty` with the end token counted in the length
+    /// when the hypothesis ended with it.
+    pub fn engine_score(&self, length_penalty: f64) -> f64 {
+        let len = self.tokens.len() + usize::from(self.finished);
+        if length_penalty == 0.0 {
+            self.score
+        } else {
+            self.score / (len.max(1) as f64).powf(length_penalty)
+        }
+    }
+}
+
+/// A live hypothesis of the CTranslate2 search.
+#[derive(Clone)]
+struct Live {
+    sentence: usize,
+    tokens: Vec<u32>,
+    score: f64,
+}
+
+/// Decodes `src` by CTranslate2's rules (see the module docs), `opts.beam` 1 greedy; returns
+/// each sentence's hypotheses, best first by [`Hypothesis::engine_score`].
+///
+/// # Shapes
+/// src (B, S) u32 padded with `opts.pad`
+pub fn ctranslate2_search<M: StepModel>(
+    model: &M,
+    src: &Tensor,
+    opts: &DecodeOptions,
+    min_length: usize,
+    num_hypotheses: usize,
+) -> Result<Vec<Vec<Hypothesis>>> {
+    let k = opts.beam.max(1);
+    let max_length = opts.max_len_b.max(1);
+    let max_length = model
+        .max_output_len()
+        .map_or(max_length, |m| max_length.min(m + 1));
+    let num_hypotheses = num_hypotheses.clamp(1, k);
+    let mut state = model.start(src, opts.pad)?;
+    let n = model.src_lens(&state).len();
+    let mut results: Vec<Vec<Hypothesis>> = vec![Vec::new(); n];
+    let mut top_finished = vec![false; n];
+    let mut rows: Vec<Live> = (0..n)
+        .map(|sentence| Live {
+            sentence,
+            tokens: Vec::new(),
+            score: 0.0,
+        })
+        .collect();
+    let finish = |hyps: &mut Vec<Hypothesis>, keep: usize| {
+        hyps.sort_by(|a, b| {
+            b.engine_score(opts.length_penalty)
+                .total_cmp(&a.engine_score(opts.length_penalty))
+        });
+        hyps.truncate(keep);
+    };
+    for step in 0..max_length {
+        let last: Vec<u32> = rows
+            .iter()
+            .map(|r| *r.tokens.last().unwrap_or(&opts.bos))
+            .collect();
+        let out = model.step(&mut state, &last, false)?;
+        // The end token disabled before the softmax while the output is shorter than
+        // `min_length`: the other tokens' probabilities then sum to one.
+        let masked;
+        let logits = if step < min_length {
+            masked = disable_column(&out.logits, opts.eos, out.vocab.as_deref())?;
+            &masked
+        } else {
+            &out.logits
+        };
+        let mut lp = LogProbs::new(logits)?;
+        lp.set_vocab(out.vocab.clone());
+        let is_last = step + 1 == max_length;
+        let mut next: Vec<Live> = Vec::with_capacity(rows.len());
+        let mut parents: Vec<u32> = Vec::with_capacity(rows.len());
+        let mut start = 0;
+        while start < rows.len() {
+            let sentence = rows[start].sentence;
+            let end = start + rows[start..].partition_point(|r| r.sentence == sentence);
+            let result = &mut results[sentence];
+            let mut group_next = Vec::with_capacity(k);
+            if k == 1 {
+                // Greedy: the most likely token (of the disabled-aware log-probabilities).
+                let r = start;
+                let t = argmax_of(&lp, r);
+                let s = rows[r].score + lp.get(r, t).unwrap_or(f32::NEG_INFINITY) as f64;
+                if t == opts.eos || is_last {
+                    result.push(hypothesis(&rows[r], t, s, opts.eos));
+                    top_finished[sentence] = true;
+                } else {
+                    group_next.push((s, r, t));
+                }
+            } else {
+                let mut cand: Vec<(f64, usize, u32)> = Vec::with_capacity(2 * k + 1);
+                for (r, row) in rows.iter().enumerate().take(end).skip(start) {
+                    scan_row(&mut cand, 2 * k, &lp, r, row.score);
+                }
+                let mut secondary = k;
+                for kk in 0..k.min(cand.len()) {
+                    let (s, r, t) = cand[kk];
+                    let mut chosen = kk;
+                    if t == opts.eos || is_last {
+                        if kk == 0 {
+                            top_finished[sentence] = true;
+                        }
+                        result.push(hypothesis(&rows[r], t, s, opts.eos));
+                        if let Some(j) = (secondary..cand.len()).find(|&j| cand[j].2 != opts.eos) {
+                            chosen = j;
+                            secondary = j + 1;
+                        }
+                    }
+                    group_next.push(cand[chosen]);
+                }
+            }
+            let done = is_last
+                || if k == 1 {
+                    top_finished[sentence]
+                } else if opts.length_penalty == 0.0 {
+                    top_finished[sentence] && result.len() >= num_hypotheses
+                } else {
+                    result.len() >= k
+                };
+            if done {
+                finish(result, num_hypotheses);
+            } else {
+                for (s, r, t) in group_next {
+                    let mut tokens = rows[r].tokens.clone();
+                    tokens.push(t);
+                    next.push(Live {
+                        sentence,
+                        tokens,
+                        score: s,
+                    });
+                    parents.push(r as u32);
+                }
+            }
+            start = end;
+        }
+        if next.is_empty() {
+            break;
+        }
+        model.select_rows(&mut state, &parents)?;
+        rows = next;
+    }
+    Ok(results)
+}
+
+/// The hypothesis that `row` extended by `t` (at total score `s`) registers: finished when
+/// `t` is the end token (which it does not keep), else cut at the length limit with `t`.
+fn hypothesis(row: &Live, t: u32, s: f64, eos: u32) -> Hypothesis {
+    let mut tokens = row.tokens.clone();
+    let finished = t == eos;
+    if !finished {
+        tokens.push(t);
+    }
+    Hypothesis {
+        tokens,
+        score: s,
+        finished,
+        attention: Vec::new(),
+    }
+}
+
+/// The token of row `r`'s largest log-probability, the first of equals.
+fn argmax_of(lp: &LogProbs, r: usize) -> u32 {
+    lp.argmax(r)
+}
+
+/// `logits` (B, V) with the column of token `t` set to minus infinity (`vocab`: the token of
+/// each column when restricted).
+fn disable_column(logits: &Tensor, t: u32, vocab: Option<&[u32]>) -> Result<Tensor> {
+    let (b, v) = logits.dims2()?;
+    let col = match vocab {
+        Some(v) => match v.binary_search(&t) {
+            Ok(c) => c,
+            Err(_) => return Ok(logits.clone()),
+        },
+        None => t as usize,
+    };
+    if col >= v {
+        return Ok(logits.clone());
+    }
+    let mut data = logits
+        .to_dtype(candle_core::DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    for r in 0..b {
+        data[r * v + col] = f32::NEG_INFINITY;
+    }
+    Tensor::from_vec(data, (b, v), logits.device())
+}

@@ -12,7 +12,8 @@
 //!    (`get_batch`), sequence-first like the tutorial.
 //!
 //! Translation adds subword tokenizers ([`subword`]), sentence pairs ([`parallel`]), batches
-//! of pairs of similar lengths ([`bucket`]) and sacreBLEU's BLEU and chrF ([`score`]).
+//! of pairs of similar lengths ([`bucket`]) and sacreBLEU's BLEU and chrF ([`score`]);
+//! [`sentencepiece`] reads the SentencePiece `.model` files of published translation models.
 //!
 //! The steps on two lines in memory, and a BLEU score:
 //!
@@ -67,6 +68,7 @@ pub mod parallel;
 pub mod published;
 pub mod score;
 pub mod sentence;
+pub mod sentencepiece;
 mod split;
 pub mod subword;
 pub mod tokenize;

@@ -156,6 +156,9 @@ pub struct Published {
     pub eos: u32,
     /// The token appended to every source sentence, if any.
     pub source_end: Option<u32>,
+    /// Its weights were int8: it decodes in int8 unless told otherwise.
+    #[serde(default)]
+    pub int8: bool,
     /// The exact architecture.
     pub model: Seq2SeqConfig,
 }

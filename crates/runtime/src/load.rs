@@ -179,7 +179,7 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
         path: path.clone(),
         msg: e.to_string(),
     })?;
-    let own = if int8 {
+    let own = if int8 || config.published.as_ref().is_some_and(|p| p.int8) {
         DecodePrecision::Int8 { output_layer: true }
     } else {
         DecodePrecision::F32

@@ -149,7 +149,10 @@ pub struct Imported {
     pub model: Seq2SeqConfig,
     /// The weights.
     pub weights: Weights,
-    /// Whether its weights were stored in int8 (the run then decodes in int8).
+    /// Whether its weights were stored in int8: the run then decodes in int8, from f32
+    /// weights that are the stored ones dequantized as CTranslate2 does (so that `--quantize
+    /// none` computes what CTranslate2's float32 arithmetic does, and int8 decoding finds
+    /// the stored int8 values again).
     pub int8: bool,
     /// Its tokenizer.
     pub tokenizer: PublishedTokenizer,
@@ -200,17 +203,6 @@ impl Imported {
             msg: e.to_string(),
         })?;
         crate::checkpoint::write_atomic(&config_path(out), text.as_bytes())?;
-        if self.int8 {
-            // Stored in int8: the run keeps int8 weights and decodes in int8.
-            let tmp = out.with_extension("int8-tmp");
-            let _ = std::fs::remove_dir_all(&tmp);
-            crate::quantize::quantize_run(out, &tmp)?;
-            std::fs::rename(best_path(&tmp), best_path(out)).map_err(|source| Error::Io {
-                path: best_path(out),
-                source,
-            })?;
-            let _ = std::fs::remove_dir_all(&tmp);
-        }
         Ok(())
     }
 
@@ -249,6 +241,7 @@ impl Imported {
                 bos: self.tokenizer.specials.bos,
                 eos: self.tokenizer.specials.eos,
                 source_end: self.tokenizer.specials.source_end,
+                int8: self.int8,
                 model: self.model.clone(),
             }),
             ..MtTrainConfig::default()

@@ -16,8 +16,13 @@ pub struct ServeArgs {
     /// A trained translation run to serve: DIR (its language codes come from the run:
     /// --src-lang/--tgt-lang or --corpus at training), or SRC:TGT=DIR to name them
     /// (de:en=runs/de-en). Repeat for more pairs.
-    #[arg(long = "run", required = true, value_name = "[SRC:TGT=]DIR")]
+    #[arg(long = "run", value_name = "[SRC:TGT=]DIR")]
     runs: Vec<RunSpec>,
+    /// A published model to serve beside (or instead of) runs: an Argos Translate package
+    /// (.argosmodel, its languages and names from its metadata), a CTranslate2 model
+    /// directory (name its languages: SRC:TGT=DIR), or a run directory. Repeat for more.
+    #[arg(long = "model", value_name = "[SRC:TGT=]PATH")]
+    models: Vec<RunSpec>,
     /// Address to listen on: loopback by default; 0.0.0.0 to serve other machines.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -103,8 +108,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let device = a.device.open()?;
     crate::mt::execution(&device, a.quantize, false).check()?;
     let precision = a.quantize.map(|q| q.precision());
+    if a.runs.is_empty() && a.models.is_empty() {
+        bail!("give a run (--run DIR) or a published model (--model PATH) to serve");
+    }
     let opts = ServeOptions {
-        runs: a.runs,
+        runs: a.runs.into_iter().chain(a.models).collect(),
         host: a.host,
         port: a.port,
         engine: EngineOptions {

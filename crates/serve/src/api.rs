@@ -552,7 +552,16 @@ fn language_list(engine: &Engine) -> Value {
                     .map(|p| p.tgt.as_str())
                     .collect();
                 targets.sort_unstable();
-                json!({ "code": c, "name": languages::name(c), "targets": targets })
+                // A published model's own name for its language (an Argos package's), as
+                // LibreTranslate answers with it; else the code's name.
+                let own = engine.pairs().iter().find_map(|p| {
+                    let (s, t) = p.names.as_ref()?;
+                    (&p.src == c)
+                        .then(|| s.clone())
+                        .or_else(|| (&p.tgt == c).then(|| t.clone()))
+                });
+                let name = own.unwrap_or_else(|| languages::name(c));
+                json!({ "code": c, "name": name, "targets": targets })
             })
             .collect(),
     )

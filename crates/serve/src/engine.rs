@@ -122,6 +122,9 @@ pub struct Pair {
     pub max_source_tokens: usize,
     /// The model's name (transformer, gru-bahdanau, ...).
     pub arch: Arch,
+    /// The source's and target's language names as a published model gives them (an Argos
+    /// package's metadata); `None`: the names of the codes.
+    pub names: Option<(String, String)>,
     /// What decoding was prepared with (f32 or int8, and the kernel), for the log.
     pub decoding: String,
 }
@@ -223,7 +226,11 @@ impl Engine {
                 decoding: opts.precision,
                 restrict_vocab: false,
             };
-            let run = load_run(&spec.run, &how)
+            // A published model (an Argos package, a CTranslate2 directory) is imported
+            // into a temporary run first.
+            let (dir, _imported) = transformer_runtime::import::as_run(&spec.run)
+                .with_context(|| format!("cannot serve {}", spec.run.display()))?;
+            let run = load_run(&dir, &how)
                 .with_context(|| format!("cannot serve {}", spec.run.display()))?;
             let (src, tgt) = match spec.codes.clone().or_else(|| run.config.language_pair()) {
                 Some(c) => c,
@@ -263,6 +270,11 @@ impl Engine {
                 tgt,
                 run: spec.run.clone(),
                 spells_characters: !run.tokenizer.is_words(),
+                names: run
+                    .config
+                    .published
+                    .as_ref()
+                    .and_then(|p| p.language_names.clone()),
                 tokenizer: Arc::new(run.tokenizer),
                 opts: dopts,
                 max_source_tokens: max_source_tokens(positions, &dopts),

@@ -248,3 +248,42 @@ impl Imported {
         }
     }
 }
+
+/// A temporary run directory, removed when dropped.
+#[derive(Debug)]
+pub struct TempRun(PathBuf);
+
+impl TempRun {
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempRun {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `path` as a run directory: itself when it is one (it holds `tokenizer.json`: a trained or
+/// an imported run); else the published model there (a CTranslate2 directory, an Argos
+/// package) imported into a temporary run, which is removed when the guard drops (load it
+/// first: a loaded run needs its directory no more).
+pub fn as_run(path: &Path) -> Result<(PathBuf, Option<TempRun>)> {
+    if tokenizer_path(path).exists() {
+        return Ok((path.to_path_buf(), None));
+    }
+    let format = Format::detect(path)?;
+    let imported = format.read(path)?;
+    let dir = std::env::temp_dir().join(format!(
+        "transformer-model-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let guard = TempRun(dir.clone());
+    imported.write_run(&dir)?;
+    Ok((dir, Some(guard)))
+}

@@ -389,3 +389,49 @@ fn web_page_asks_for_the_api_key_and_sends_it_in_chromium() {
     let dom = dom_of(&format!("type{text}"));
     assert!(dom.contains("missing api_key"), "{dom}");
 }
+
+/// An Argos Translate package served directly (`--model pkg.argosmodel`) answers the real
+/// libretranslatepy client as LibreTranslate with that package would: its languages with the
+/// package's names, and the translations `mt translate` gives with the package imported.
+#[test]
+fn an_argos_package_is_served_to_libretranslatepy() {
+    let Some(python) = client_python() else {
+        eprintln!(
+            "SKIPPED: no Python with libretranslatepy==2.1.4 (set TRANSFORMER_CLIENTS_PYTHON)"
+        );
+        return;
+    };
+    let package = repo_root().join("crates/runtime/tests/fixtures/marian/de_en.argosmodel");
+    let imported = run_dir().with_file_name(format!("argos-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&imported);
+    succeeded(
+        &bin()
+            .arg("import")
+            .arg(&package)
+            .arg("--out")
+            .arg(&imported)
+            .output()
+            .unwrap(),
+    );
+    let texts = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."];
+    let (want, _) = translate_run(&imported, &texts, &[]);
+    assert_eq!(want.len(), 2, "{want:?}");
+    let package_arg = package.to_string_lossy().to_string();
+    let s = Server::start(&["--model", &package_arg]);
+    let out = Command::new(&python)
+        .arg(repo_root().join("scripts/serve_clients.py"))
+        .arg(format!("http://127.0.0.1:{}", s.port))
+        .args(["--source", "de", "--target", "en"])
+        .args(texts)
+        .output()
+        .unwrap();
+    succeeded(&out);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["translate_each"], json!(want));
+    let langs = &v["languages"];
+    assert_eq!(langs[0]["code"], "de");
+    assert_eq!(langs[0]["name"], "German");
+    assert_eq!(langs[0]["targets"], json!(["en"]));
+    assert_eq!(langs[1]["name"], "English");
+    let _ = std::fs::remove_dir_all(&imported);
+}

@@ -43,8 +43,12 @@ fn an_argos_package_translates_as_argos_translate_does() {
     let lines = want["lines"].as_array().unwrap();
     let decoder = run.model.decoder().unwrap();
     for (beam, key) in [(1, "beam1"), (4, "beam4")] {
+        // The fixture's references were made with length penalty 1 (Argos Translate itself
+        // calls with 0.2, the imported run's default).
+        assert_eq!(run.config.length_penalty, 0.2);
         let opts = transformer_decode::DecodeOptions {
             max_len_b: 127,
+            length_penalty: 1.0,
             rules: SearchRules::CTRANSLATE2,
             ..run.config.decode_options(beam)
         };

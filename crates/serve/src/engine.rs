@@ -205,6 +205,10 @@ pub struct Engine {
 /// `<eos>`, each within the positional encoding.
 fn max_source_tokens(positions: usize, opts: &DecodeOptions) -> usize {
     let mut n = positions.saturating_sub(1);
+    // An engine's rules cap the output at the positions themselves, whatever the source.
+    if opts.rules != transformer_decode::SearchRules::Native {
+        return n;
+    }
     while n > 0 && opts.max_len(n) + 2 > positions {
         n -= 1;
     }

@@ -76,7 +76,7 @@ impl Server {
         let log = run_dir().with_file_name(format!("server-{n}.log"));
         let mut cmd = bin();
         cmd.arg("serve");
-        if !extra.contains(&"--run") {
+        if !extra.contains(&"--run") && !extra.contains(&"--model") {
             cmd.arg("--run").arg(run_dir());
         }
         let mut child = cmd

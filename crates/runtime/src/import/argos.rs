@@ -134,6 +134,10 @@ fn read_folder(dir: &Path, origin: &Path) -> Result<Imported> {
     imported.format = super::Format::Argos;
     imported.origin = origin.to_path_buf();
     imported.languages = Some((from_code, from_name, to_code, to_name));
+    // Argos Translate's own call (`translate_batch(..., beam_size=max(num_hypotheses, 4),
+    // length_penalty=0.2)`), which LibreTranslate makes.
+    imported.beam = 4;
+    imported.length_penalty = 0.2;
     imported.notes.insert(
         0,
         format!(

@@ -14,6 +14,15 @@
 //!   included; CTranslate2 reports them divided by `length^length_penalty`, the length counting
 //!   the end token ([`Hypothesis::engine_score`]).
 //!
+//! - **Hugging Face** (`generate()` of `transformers` 5, MarianMT's settings): greedy search
+//!   takes the largest logit once the suppressed token is masked; beam search ranks the `2 x
+//!   beam` best extensions by the log-softmax over the whole vocabulary (the suppressed token
+//!   then masked), keeps the `beam` best finished hypotheses by `score / length^penalty`
+//!   (the length counting the end token, not the start), continues the `beam` best unfinished
+//!   ones, and stops a sentence once it has `beam` finished hypotheses that the best running
+//!   one, normalised at its current length, cannot beat. At `max_length - 1` tokens the end
+//!   token is forced with log-probability 0.
+//!
 //! The rules are CTranslate2's `src/decoding.cc` (`BeamSearch::search`, `GreedySearch::search`)
 //! as its version 4 has them; the tests compare tokens and scores with `ctranslate2` itself.
 
@@ -36,6 +45,14 @@ pub enum SearchRules {
         min_length: usize,
         /// Hypotheses returned per sentence, at most the beam.
         num_hypotheses: usize,
+    },
+    /// Hugging Face `generate()` as MarianMT's generation configuration sets it: `max_len_b`
+    /// is its `max_length` (the start token counted; the end token forced at the last
+    /// position), `suppress` its `bad_words_ids` token, `early_stopping` false.
+    HuggingFace {
+        /// A token never generated (`bad_words_ids`: Marian's `<pad>`), masked after the
+        /// log-softmax as `generate()` does.
+        suppress: Option<u32>,
     },
 }
 
@@ -240,4 +257,162 @@ fn disable_column(logits: &Tensor, t: u32, vocab: Option<&[u32]>) -> Result<Tens
         data[r * v + col] = f32::NEG_INFINITY;
     }
     Tensor::from_vec(data, (b, v), logits.device())
+}
+
+/// Decodes `src` by Hugging Face `generate()`'s rules (see the module docs), `opts.beam` 1
+/// greedy; returns each sentence's finished hypotheses, best first by
+/// [`Hypothesis::engine_score`] (greedy: the one).
+///
+/// # Shapes
+/// src (B, S) u32 padded with `opts.pad`
+pub fn huggingface_search<M: StepModel>(
+    model: &M,
+    src: &Tensor,
+    opts: &DecodeOptions,
+    suppress: Option<u32>,
+) -> Result<Vec<Vec<Hypothesis>>> {
+    let k = opts.beam.max(1);
+    // `max_length` counts the start token: at most `max_length - 1` generated tokens.
+    let max_length = opts.max_len_b.max(2);
+    let max_length = model
+        .max_output_len()
+        .map_or(max_length, |m| max_length.min(m + 1));
+    let lp = opts.length_penalty;
+    let norm = |score: f64, len: usize| score / (len.max(1) as f64).powf(lp);
+    let mut state = model.start(src, opts.pad)?;
+    let n = model.src_lens(&state).len();
+    let mut results: Vec<Vec<Hypothesis>> = vec![Vec::new(); n];
+    let mut rows: Vec<Live> = (0..n)
+        .map(|sentence| Live {
+            sentence,
+            tokens: Vec::new(),
+            score: 0.0,
+        })
+        .collect();
+    // `cur_len`: the sequences' length with the start token.
+    for cur_len in 1..max_length {
+        let last: Vec<u32> = rows
+            .iter()
+            .map(|r| *r.tokens.last().unwrap_or(&opts.bos))
+            .collect();
+        let out = model.step(&mut state, &last, false)?;
+        let mut lp_rows = LogProbs::new(&out.logits)?;
+        lp_rows.set_vocab(out.vocab.clone());
+        let forced = cur_len + 1 == max_length;
+        let mut next: Vec<Live> = Vec::with_capacity(rows.len());
+        let mut parents: Vec<u32> = Vec::with_capacity(rows.len());
+        let mut start = 0;
+        while start < rows.len() {
+            let sentence = rows[start].sentence;
+            let end = start + rows[start..].partition_point(|r| r.sentence == sentence);
+            // Candidates (score, row, token), best first: the end token alone when forced.
+            let cand: Vec<(f64, usize, u32)> = if forced {
+                let mut c: Vec<(f64, usize, u32)> =
+                    (start..end).map(|r| (rows[r].score, r, opts.eos)).collect();
+                c.sort_by(|a, b| b.0.total_cmp(&a.0));
+                c
+            } else if k == 1 {
+                let r = start;
+                let t = argmax_except(&lp_rows, r, suppress);
+                let s = rows[r].score + lp_rows.get(r, t).unwrap_or(f32::NEG_INFINITY) as f64;
+                vec![(s, r, t)]
+            } else {
+                let mut c: Vec<(f64, usize, u32)> = Vec::with_capacity(2 * k + end - start);
+                for (r, row) in rows.iter().enumerate().take(end).skip(start) {
+                    scan_row(&mut c, 2 * k + (end - start), &lp_rows, r, row.score);
+                }
+                c.retain(|&(_, _, t)| Some(t) != suppress);
+                c.truncate(2 * k);
+                c
+            };
+            let result = &mut results[sentence];
+            if k == 1 {
+                let (s, r, t) = cand[0];
+                if t == opts.eos {
+                    result.push(hypothesis(&rows[r], t, s, opts.eos));
+                } else {
+                    let mut tokens = rows[r].tokens.clone();
+                    tokens.push(t);
+                    if cur_len + 1 >= max_length {
+                        result.push(Hypothesis {
+                            tokens,
+                            score: s,
+                            finished: false,
+                            attention: Vec::new(),
+                        });
+                    } else {
+                        next.push(Live {
+                            sentence,
+                            tokens,
+                            score: s,
+                        });
+                        parents.push(r as u32);
+                    }
+                }
+                start = end;
+                continue;
+            }
+            // Endings among the first `k` candidates join the finished set, which keeps the
+            // `k` best by normalised score.
+            for &(s, r, t) in cand.iter().take(k) {
+                if t == opts.eos {
+                    result.push(hypothesis(&rows[r], t, s, opts.eos));
+                }
+            }
+            let len_of = |h: &Hypothesis| h.tokens.len() + usize::from(h.finished);
+            result.sort_by(|a, b| norm(b.score, len_of(b)).total_cmp(&norm(a.score, len_of(a))));
+            result.truncate(k);
+            // The `k` best unfinished extensions run on.
+            let running: Vec<(f64, usize, u32)> = cand
+                .iter()
+                .filter(|c| c.2 != opts.eos)
+                .take(k)
+                .copied()
+                .collect();
+            let done = cur_len + 1 >= max_length
+                || (result.len() >= k
+                    && running.first().is_none_or(|&(s, r, _)| {
+                        // The best running hypothesis at its new length (generated tokens).
+                        let worst = result
+                            .iter()
+                            .map(|h| norm(h.score, len_of(h)))
+                            .fold(f64::INFINITY, f64::min);
+                        norm(s, rows[r].tokens.len() + 1) <= worst
+                    }));
+            if !done {
+                for (s, r, t) in running {
+                    let mut tokens = rows[r].tokens.clone();
+                    tokens.push(t);
+                    next.push(Live {
+                        sentence,
+                        tokens,
+                        score: s,
+                    });
+                    parents.push(r as u32);
+                }
+            }
+            start = end;
+        }
+        if next.is_empty() {
+            break;
+        }
+        model.select_rows(&mut state, &parents)?;
+        rows = next;
+    }
+    Ok(results)
+}
+
+/// The token of row `r`'s largest logit other than `suppress`, the first of equals.
+fn argmax_except(lp: &LogProbs, r: usize, suppress: Option<u32>) -> u32 {
+    let logits = lp.logits(r);
+    let mut best: Option<(usize, f32)> = None;
+    for (c, &l) in logits.iter().enumerate() {
+        if Some(lp.token(c)) == suppress {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| l > b) {
+            best = Some((c, l));
+        }
+    }
+    lp.token(best.map_or(0, |b| b.0))
 }

@@ -53,8 +53,12 @@ impl Seq2SeqMasks {
     pub fn new(src: &Tensor, tgt: &Tensor, pad_id: u32) -> Result<Self> {
         let src_pad = Mask::key_padding_from_ids(src, pad_id)?;
         let (_, t) = tgt.dims2()?;
-        let tgt_mask =
-            Mask::causal(t, tgt.device())?.and(&Mask::key_padding_from_ids(tgt, pad_id)?)?;
+        // The first position is the start token, always a real one, even where it is the
+        // padding id (Marian starts decoding from `<pad>`).
+        let first: Vec<u8> = (0..t).map(|i| u8::from(i == 0)).collect();
+        let first = Tensor::from_vec(first, (1, t), tgt.device())?;
+        let tgt_keep = tgt.ne(pad_id)?.broadcast_maximum(&first)?;
+        let tgt_mask = Mask::causal(t, tgt.device())?.and(&Mask::key_valid(&tgt_keep)?)?;
         Ok(Self {
             src: src_pad.clone(),
             tgt: tgt_mask,

@@ -169,13 +169,20 @@ pub struct Published {
 pub enum Engine {
     /// CTranslate2's `translate_batch` (CTranslate2 and Argos Translate models).
     CTranslate2,
+    /// Hugging Face's `generate()` (MarianMT models): `<pad>`, its start token, never
+    /// generated.
+    #[serde(rename = "huggingface")]
+    HuggingFace,
 }
 
 impl Engine {
-    /// The search rules, with the engine's defaults.
-    pub fn rules(self) -> SearchRules {
+    /// The search rules, with the engine's defaults (`pad`: the padding id).
+    pub fn rules(self, pad: u32) -> SearchRules {
         match self {
             Engine::CTranslate2 => SearchRules::CTRANSLATE2,
+            Engine::HuggingFace => SearchRules::HuggingFace {
+                suppress: Some(pad),
+            },
         }
     }
 }
@@ -421,7 +428,7 @@ impl MtTrainConfig {
                 eos: p.eos,
                 pad: p.pad,
                 source_end: p.source_end,
-                rules: p.engine.rules(),
+                rules: p.engine.rules(p.pad),
                 ..opts
             },
             None => opts,

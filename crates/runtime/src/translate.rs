@@ -5,7 +5,8 @@ use crate::error::{Error, Result};
 use crate::model::{MtDecoder, MtModel};
 use candle_core::{Device, Tensor};
 use transformer_decode::{
-    beam_search_nbest, ctranslate2_search, greedy, DecodeOptions, Hypothesis, SearchRules,
+    beam_search_nbest, ctranslate2_search, greedy, huggingface_search, DecodeOptions, Hypothesis,
+    SearchRules,
 };
 use transformer_text::bucket::{make_batch, source_batches};
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
@@ -150,6 +151,8 @@ pub fn translate(
         } = opts.rules
         {
             ctranslate2_search(decoder, &s, opts, min_length, num_hypotheses)?
+        } else if let SearchRules::HuggingFace { suppress } = opts.rules {
+            huggingface_search(decoder, &s, opts, suppress)?
         } else if opts.beam <= 1 {
             greedy(decoder, &s, opts)?
                 .into_iter()

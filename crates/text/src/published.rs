@@ -116,13 +116,19 @@ pub struct PublishedTokenizer {
     pub specials: Specials,
     /// Ids put before every source sentence (CTranslate2's `add_source_bos`).
     pub source_prefix: Vec<u32>,
+    /// A leading `>>xxx<<` (a multilingual OPUS-MT model's target language) is one token,
+    /// the rest of the text the splitter's, as `MarianTokenizer` reads it.
+    pub language_tags: bool,
+    /// Decoding leaves `<unk>` out (`MarianTokenizer.decode(skip_special_tokens=True)`);
+    /// else its piece is detokenized as any other (CTranslate2 and Argos Translate).
+    pub skip_unknown: bool,
 }
 
 impl PublishedTokenizer {
     /// The source ids of `text`: its pieces looked up (unknown ones as the source's unknown
     /// id) after [`Self::source_prefix`]; without the source end, which batching adds.
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        let pieces = self.source.pieces(text);
+        let pieces = self.source_pieces(text);
         if pieces.is_empty() {
             return Vec::new();
         }
@@ -132,8 +138,28 @@ impl PublishedTokenizer {
         ids
     }
 
-    /// The source pieces of `text`, before the lookup.
+    /// The target ids of `text` (a reference, for training): the target side's pieces
+    /// looked up, without the end token.
+    pub fn encode_target(&self, text: &str) -> Vec<u32> {
+        let v = &self.target.vocab;
+        self.target
+            .pieces(text)
+            .iter()
+            .map(|p| v.id(p).unwrap_or(v.unk))
+            .collect()
+    }
+
+    /// The source pieces of `text`, before the lookup: a leading `>>xxx<<` kept whole when
+    /// the model has language tags.
     pub fn source_pieces(&self, text: &str) -> Vec<String> {
+        if self.language_tags && text.starts_with(">>") {
+            if let Some(end) = text.find("<<") {
+                let tag = &text[..end + 2];
+                let mut pieces = vec![tag.to_string()];
+                pieces.extend(self.source.pieces(&text[end + 2..]));
+                return pieces;
+            }
+        }
         self.source.pieces(text)
     }
 
@@ -143,6 +169,7 @@ impl PublishedTokenizer {
         let pieces: Vec<&str> = ids
             .iter()
             .filter(|&&i| i != sp.bos && i != sp.eos && i != sp.pad)
+            .filter(|&&i| !(self.skip_unknown && i == self.target.vocab.unk()))
             .filter_map(|&i| self.target.vocab.token(i))
             .collect();
         self.target.detokenize(&pieces)
@@ -169,6 +196,8 @@ impl PublishedTokenizer {
                 "source_end": sp.source_end,
             },
             "source_prefix": self.source_prefix,
+            "language_tags": self.language_tags,
+            "skip_unknown": self.skip_unknown,
         }})
     }
 
@@ -224,6 +253,8 @@ impl PublishedTokenizer {
             target: side(&p["target"], "target")?,
             specials,
             source_prefix,
+            language_tags: p["language_tags"].as_bool().unwrap_or(false),
+            skip_unknown: p["skip_unknown"].as_bool().unwrap_or(false),
         };
         t.check(path)?;
         Ok(t)

@@ -385,6 +385,15 @@ impl Subword {
         self.published.as_deref()
     }
 
+    /// Target ids of `text` (a reference, for training): the target side's own pieces for a
+    /// published model with two, else [`TextTokenizer::encode`].
+    pub fn encode_target(&self, text: &str) -> Vec<u32> {
+        match &self.published {
+            Some(p) if !text.trim().is_empty() => p.encode_target(text),
+            _ => self.encode(text),
+        }
+    }
+
     /// The source side's pieces of `text` (what [`TextTokenizer::encode`] looks up).
     pub fn pieces(&self, text: &str) -> Vec<String> {
         match &self.published {

@@ -329,6 +329,7 @@ fn over_long_sources_are_cut_to_the_model_and_the_job_goes_on() {
         },
         src: src.clone(),
         tgt: vec![vec![4, 5], long.clone(), vec![6]],
+        specials: transformer_text::Specials::FIXED,
     };
     let loss = mt::evaluate_loss(&model, &data, 4096, &dev).unwrap();
     assert!(loss.is_finite() && loss > 0.0);

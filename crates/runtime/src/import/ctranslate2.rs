@@ -848,6 +848,8 @@ fn tokenizer(
         },
         specials,
         source_prefix,
+        language_tags: false,
+        skip_unknown: false,
     })
 }
 

@@ -4,7 +4,8 @@
 //! - [`ctranslate2`]: CTranslate2 model directories (`model.bin`, binary versions 1 to 6, and
 //!   their vocabularies and `config.json`);
 //! - [`argos`]: Argos Translate packages (`.argosmodel`: a CTranslate2 model, a SentencePiece
-//!   model and the languages' metadata).
+//!   model and the languages' metadata);
+//! - [`marian`]: Hugging Face MarianMT directories (OPUS-MT).
 //!
 //! An imported run holds what a trained one does: `best.safetensors` (the weights under this
 //! project's names; int8 for an int8 model), `tokenizer.json` (the model's own vocabularies
@@ -14,6 +15,7 @@
 
 pub mod argos;
 pub mod ctranslate2;
+pub mod marian;
 pub mod model_bin;
 
 use crate::config::{Engine, MtTrainConfig, Published};
@@ -35,6 +37,8 @@ pub enum Format {
     CTranslate2,
     /// An Argos Translate package (`.argosmodel`, or its unzipped folder).
     Argos,
+    /// A Hugging Face MarianMT directory (OPUS-MT).
+    Marian,
 }
 
 impl Format {
@@ -43,6 +47,7 @@ impl Format {
         match self {
             Format::CTranslate2 => "ctranslate2",
             Format::Argos => "argos",
+            Format::Marian => "marian",
         }
     }
 
@@ -69,6 +74,9 @@ impl Format {
         if path.join("model.bin").exists() {
             return Ok(Format::CTranslate2);
         }
+        if marian::is_marian(path) {
+            return Ok(Format::Marian);
+        }
         if !path.exists() {
             return Err(Error::Usage(format!(
                 "{}: no such file or directory",
@@ -89,6 +97,7 @@ impl Format {
                 ctranslate2::read(path, (Splitter::Whitespace, Splitter::Whitespace))
             }
             Format::Argos => argos::read(path),
+            Format::Marian => marian::read(path),
         }
     }
 }
@@ -99,7 +108,10 @@ impl std::str::FromStr for Format {
         match s {
             "ctranslate2" | "ct2" => Ok(Format::CTranslate2),
             "argos" => Ok(Format::Argos),
-            _ => Err(format!("unknown format {s:?}: use ctranslate2 or argos")),
+            "marian" | "opus-mt" => Ok(Format::Marian),
+            _ => Err(format!(
+                "unknown format {s:?}: use ctranslate2, argos or marian"
+            )),
         }
     }
 }

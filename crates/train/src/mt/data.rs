@@ -23,14 +23,21 @@ pub struct EncodedSplit {
     pub src: Vec<Vec<u32>>,
     /// The target sentences' token ids, one list per sentence.
     pub tgt: Vec<Vec<u32>>,
+    /// The tokenizer's special ids (a published model's own).
+    pub specials: transformer_text::Specials,
 }
 
 impl EncodedSplit {
     /// Tokenizes both sides of `pairs` with `tok`.
     pub fn encode(pairs: Pairs, tok: &Subword) -> Self {
         let src = pairs.src.iter().map(|s| tok.encode(s)).collect();
-        let tgt = pairs.tgt.iter().map(|s| tok.encode(s)).collect();
-        Self { pairs, src, tgt }
+        let tgt = pairs.tgt.iter().map(|s| tok.encode_target(s)).collect();
+        Self {
+            pairs,
+            src,
+            tgt,
+            specials: tok.specials(),
+        }
     }
 
     /// The first `n` pairs.
@@ -89,7 +96,7 @@ pub fn evaluate_loss_on(
     dev: &Device,
     dist: &crate::dist::Dist,
 ) -> Result<f64> {
-    let sp = transformer_text::Specials::FIXED;
+    let sp = data.specials;
     let all: Vec<usize> = (0..data.src.len()).collect();
     // Sentences longer than the model takes are scored on their first positions (the length
     // rule of `translate`).

@@ -32,6 +32,7 @@ pub const MODEL_SHAPE_KEYS: &[&str] = &[
     "decoder_layers",
     "dim_feedforward",
     "norm_first",
+    "published",
 ];
 
 /// `cfg` with the model's shape and tokenizer settings ([`MODEL_SHAPE_KEYS`]) of `from_cfg`,
@@ -254,7 +255,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         let unk = side
             .iter()
             .flatten()
-            .filter(|&&i| i == transformer_text::Specials::FIXED.unk)
+            .filter(|&&i| i == tokenizer.specials().unk)
             .count();
         100.0 * unk as f64 / total.max(1) as f64
     };

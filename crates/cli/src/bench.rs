@@ -699,7 +699,6 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     // Greedy, one sentence at a time: the interactive case, a loaded model (its decoding
     // weights made ready once, as a translation server keeps them) given one sentence.
     let decoder = run.model.decoder()?;
-    let sp = transformer_text::Specials::FIXED;
     // The translation alone, as an interactive user wants it (no scores).
     let greedy_opts = transformer_decode::DecodeOptions {
         want_scores: false,
@@ -710,8 +709,9 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
     let mut greedy_hyps = Vec::with_capacity(n_lat);
     for ids in src.iter().take(n_lat) {
         let mut row = ids.clone();
-        row.push(sp.eos);
-        let s = Tensor::from_vec(row, (1, ids.len() + 1), &dev)?;
+        row.extend(greedy_opts.source_end);
+        let len = row.len();
+        let s = Tensor::from_vec(row, (1, len), &dev)?;
         let t = Instant::now();
         let h = greedy(&decoder, &s, &greedy_opts)?;
         lat.push(t.elapsed().as_secs_f64() * 1e3);
@@ -726,7 +726,7 @@ fn mt_decode(a: MtDecodeBenchArgs) -> Result<()> {
         };
         let src_ids = join(&mut src.iter().map(|s| {
             let mut r = s.clone();
-            r.push(sp.eos);
+            r.extend(greedy_opts.source_end);
             r
         }));
         let hyp_ids = join(&mut hyps.iter().map(|h| h.tokens.clone()));

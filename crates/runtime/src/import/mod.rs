@@ -84,8 +84,9 @@ impl Format {
             )));
         }
         Err(Error::Usage(format!(
-            "{}: neither a CTranslate2 model directory (model.bin) nor an Argos Translate \
-             package (metadata.json and model/): give one of them, or --format",
+            "{}: not a CTranslate2 model directory (model.bin), an Argos Translate package \
+             (metadata.json and model/) or a MarianMT directory (config.json of model_type \
+             marian): give one of them, or --format",
             path.display()
         )))
     }

@@ -244,10 +244,16 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         )));
     }
     let vocab = tokenizer.vocab_size();
+    let vocabulary = match tokenizer.as_published() {
+        Some(_) => format!(
+            "the imported model's own vocabularies ({} source, {vocab} target tokens)",
+            tokenizer.source_vocab_size()
+        ),
+        None => format!("joint {} vocabulary {vocab}", cfg.tokenizer.describe()),
+    };
     progress.line(&format!(
-        "data: {stats}; validation {} pairs; joint {} vocabulary {vocab} ({:.1}s)",
+        "data: {stats}; validation {} pairs; {vocabulary} ({:.1}s)",
         valid.src.len(),
-        cfg.tokenizer.describe(),
         t0.elapsed().as_secs_f64()
     ));
     let unk_share = |side: &[Vec<u32>]| {
@@ -264,6 +270,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         unk_share(&valid.src),
         unk_share(&valid.tgt),
         match cfg.tokenizer {
+            _ if tokenizer.as_published().is_some() => "",
             TokenizerKind::Bpe | TokenizerKind::Unigram => {
                 " (characters without a piece; --tokenizer bpe-bytes or unigram-bytes spells them in bytes)"
             }

@@ -53,6 +53,9 @@ pub enum SearchRules {
         /// A token never generated (`bad_words_ids`: Marian's `<pad>`), masked after the
         /// log-softmax as `generate()` does.
         suppress: Option<u32>,
+        /// `renormalize_logits`: the log-probabilities normalised again once the suppressed
+        /// token is masked (newer OPUS-MT generation configurations set it).
+        renormalize: bool,
     },
 }
 
@@ -270,6 +273,7 @@ pub fn huggingface_search<M: StepModel>(
     src: &Tensor,
     opts: &DecodeOptions,
     suppress: Option<u32>,
+    renormalize: bool,
 ) -> Result<Vec<Vec<Hypothesis>>> {
     let k = opts.beam.max(1);
     // `max_length` counts the start token: at most `max_length - 1` generated tokens.
@@ -296,7 +300,16 @@ pub fn huggingface_search<M: StepModel>(
             .map(|r| *r.tokens.last().unwrap_or(&opts.bos))
             .collect();
         let out = model.step(&mut state, &last, false)?;
-        let mut lp_rows = LogProbs::new(&out.logits)?;
+        // Renormalised: the suppressed token is out of the softmax's sum.
+        let masked;
+        let logits = match (renormalize, suppress) {
+            (true, Some(t)) => {
+                masked = disable_column(&out.logits, t, out.vocab.as_deref())?;
+                &masked
+            }
+            _ => &out.logits,
+        };
+        let mut lp_rows = LogProbs::new(logits)?;
         lp_rows.set_vocab(out.vocab.clone());
         let forced = cur_len + 1 == max_length;
         let mut next: Vec<Live> = Vec::with_capacity(rows.len());

@@ -448,7 +448,7 @@ impl Translator {
         let unk = tok.specials().unk;
         let mut ids: Vec<u32> = pieces
             .iter()
-            .map(|p| tok.token_to_id(p).unwrap_or(unk))
+            .map(|p| tok.source_token_to_id(p).unwrap_or(unk))
             .collect();
         if max_input_length > 0 {
             ids.truncate(max_input_length);

@@ -173,6 +173,10 @@ pub enum Engine {
     /// generated.
     #[serde(rename = "huggingface")]
     HuggingFace,
+    /// The same with `renormalize_logits` (the log-probabilities normalised again without
+    /// `<pad>`).
+    #[serde(rename = "huggingface-renormalized")]
+    HuggingFaceRenormalized,
 }
 
 impl Engine {
@@ -182,6 +186,11 @@ impl Engine {
             Engine::CTranslate2 => SearchRules::CTRANSLATE2,
             Engine::HuggingFace => SearchRules::HuggingFace {
                 suppress: Some(pad),
+                renormalize: false,
+            },
+            Engine::HuggingFaceRenormalized => SearchRules::HuggingFace {
+                suppress: Some(pad),
+                renormalize: true,
             },
         }
     }

@@ -151,8 +151,12 @@ pub fn translate(
         } = opts.rules
         {
             ctranslate2_search(decoder, &s, opts, min_length, num_hypotheses)?
-        } else if let SearchRules::HuggingFace { suppress } = opts.rules {
-            huggingface_search(decoder, &s, opts, suppress)?
+        } else if let SearchRules::HuggingFace {
+            suppress,
+            renormalize,
+        } = opts.rules
+        {
+            huggingface_search(decoder, &s, opts, suppress, renormalize)?
         } else if opts.beam <= 1 {
             greedy(decoder, &s, opts)?
                 .into_iter()

@@ -184,3 +184,46 @@ fn marians_ctranslate2_conversion_decodes_as_translate_batch() {
         }
     }
 }
+
+/// `renormalize_logits` (newer OPUS-MT generation configurations): the same greedy tokens,
+/// scored over the vocabulary without `<pad>`, as `compute_transition_scores(...,
+/// normalize_logits=True)` scores them.
+#[test]
+fn renormalized_logits_score_without_pad() {
+    let want = expected();
+    let lines = want["lines"].as_array().unwrap();
+    let run = load(&fixture("marian-de-en"));
+    let eos = run.tokenizer.specials().eos;
+    let src: Vec<Vec<u32>> = lines
+        .iter()
+        .map(|l| run.tokenizer.encode(l["src"].as_str().unwrap()))
+        .collect();
+    let opts = transformer_decode::DecodeOptions {
+        rules: SearchRules::HuggingFace {
+            suppress: Some(run.tokenizer.specials().pad),
+            renormalize: true,
+        },
+        ..run.config.decode_options(1)
+    };
+    let decoder = run.model.decoder().unwrap();
+    let out = translate(
+        &decoder,
+        &src,
+        &DecodeRequest::new(opts),
+        &Device::Cpu,
+        |_, _| {},
+    )
+    .unwrap();
+    for (l, hyps) in lines.iter().zip(&out) {
+        let r = &l["hf"]["float32"]["greedy"];
+        let mut got = hyps[0].tokens.clone();
+        got.push(eos);
+        assert_eq!(got, ids(&r["ids"]));
+        let theirs = r["sum_logprob_nopad"].as_f64().unwrap();
+        assert!(
+            (hyps[0].score - theirs).abs() < 1e-4,
+            "{} vs {theirs}",
+            hyps[0].score
+        );
+    }
+}

@@ -182,6 +182,15 @@ impl Subword {
         }
     }
 
+    /// The source id of the piece `token` (a published model's source vocabulary; else
+    /// [`Subword::token_to_id`]).
+    pub fn source_token_to_id(&self, token: &str) -> Option<u32> {
+        match &self.published {
+            Some(p) => p.source.vocab.id(token),
+            None => self.inner.token_to_id(token),
+        }
+    }
+
     /// Trains BPE on `texts` (every sentence of the training split, both languages for a
     /// joint vocabulary). `origin` names the data in errors.
     pub fn train_bpe<S: AsRef<str> + Send>(

@@ -334,7 +334,10 @@ pub fn read(dir: &Path) -> Result<Imported> {
         int8: false,
         tokenizer,
         languages: None,
-        engine: Engine::HuggingFace,
+        engine: match generation["renormalize_logits"].as_bool() {
+            Some(true) => Engine::HuggingFaceRenormalized,
+            _ => Engine::HuggingFace,
+        },
         beam,
         length_penalty,
         max_length,

@@ -42,6 +42,9 @@
 #   REPEATS timed training steps per round (10), LATENCY sentences for greedy latency (50)
 #   ONLY       `decode` to measure decoding against CTranslate2 alone (no training, no
 #              PyTorch decoding: minutes instead of half an hour)
+#   CT2_CONFIGS CTranslate2's configurations tried ("threads:mkl" pairs; default 1 and all
+#              threads, with MKL and with CT2_USE_MKL=0); each measurement takes the best
+#   KEY_PREFIX the prefix of the printed keys (mt; base for a base-size run)
 #   PYTHON     a Python with torch and ctranslate2; otherwise .venv/bin/python in the
 #              repository root, created (pip install torch numpy safetensors ctranslate2) when
 #              missing.
@@ -93,13 +96,22 @@ decode_torch() {
         --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$THREADS" \
         --json > "$TMP/decode.torch.$1.json"
 }
+# CTranslate2 at its best on this machine: each of CT2_CONFIGS ("threads:mkl" pairs, mkl 0
+# setting CT2_USE_MKL=0) is run, and each measurement takes the best of them (the table also
+# prints every configuration's own figures).
+CT2_CONFIGS="${CT2_CONFIGS:-1:0 1:1 $THREADS:0 $THREADS:1}"
+CT2_CONFIGS="$(echo $CT2_CONFIGS | tr ' ' '\n' | awk '!seen[$0]++' | tr '\n' ' ')"
 decode_ct2() {
-    "$PY" scripts/bench_mt_ct2.py --model "$TMP/ct2" --run "$RUN" --src-ids "$TMP/dump/src.ids" \
-        --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$THREADS" \
-        --greedy-latency "$LATENCY" --json > "$TMP/decode.ct2.$1.json"
-    "$PY" scripts/bench_mt_ct2.py --model "$TMP/ct2" --run "$RUN" --src-ids "$TMP/dump/src.ids" \
-        --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$THREADS" \
-        --greedy-latency "$LATENCY" --compute-type int8 --json > "$TMP/decode.ct2_int8.$1.json"
+    local cfg t m
+    for cfg in $CT2_CONFIGS; do
+        t="${cfg%%:*}"; m="${cfg##*:}"
+        CT2_USE_MKL="$m" "$PY" scripts/bench_mt_ct2.py --model "$TMP/ct2" --run "$RUN" --src-ids "$TMP/dump/src.ids" \
+            --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$t" \
+            --greedy-latency "$LATENCY" --json > "$TMP/decode.ct2@t${t}m${m}.$1.json"
+        CT2_USE_MKL="$m" "$PY" scripts/bench_mt_ct2.py --model "$TMP/ct2" --run "$RUN" --src-ids "$TMP/dump/src.ids" \
+            --ref-ids "$TMP/dump/hyp.ids" --beam "$BEAM" --batch "$BATCH" --threads "$t" \
+            --greedy-latency "$LATENCY" --compute-type int8 --json > "$TMP/decode.ct2_int8@t${t}m${m}.$1.json"
+    done
 }
 decode_ours_restricted() {
     "$BIN" bench mt-decode --run "$RUN" --src "$SRC" --max-sentences "$SENTENCES" --beam "$BEAM" \
@@ -132,12 +144,42 @@ for (( r = 1; r <= ROUNDS; r++ )); do
 done
 
 CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)"
-"$PY" - "$TMP" "$ROUNDS" "${CPU_MODEL:-unknown}" "$THREADS" "$(date -u '+%Y-%m-%d %H:%M UTC')" "${ONLY:-}" <<'EOF'
+"$PY" - "$TMP" "$ROUNDS" "${CPU_MODEL:-unknown}" "$THREADS" "$(date -u '+%Y-%m-%d %H:%M UTC')" "${ONLY:-}" "${KEY_PREFIX:-mt}" "$CT2_CONFIGS" <<'EOF'
 import json, statistics, sys
 
-tmp, rounds, cpu, threads, date, only = sys.argv[1:7]
+tmp, rounds, cpu, threads, date, only, prefix, ct2_configs = sys.argv[1:9]
 R = range(1, int(rounds) + 1)
-load = lambda kind, side: [json.load(open(f"{tmp}/{kind}.{side}.{r}.json")) for r in R]
+CONFIGS = [c for c in ct2_configs.split() if c]
+
+
+def load_one(kind, side):
+    return [json.load(open(f"{tmp}/{kind}.{side}.{r}.json")) for r in R]
+
+
+def load(kind, side):
+    """One side's results per round; CTranslate2's are the best of its configurations."""
+    if not side.startswith("ct2") or side == "ct2_vmap":
+        return load_one(kind, side)
+    per = {c: load_one(kind, f"{side}@t{c.split(':')[0]}m{c.split(':')[1]}") for c in CONFIGS}
+    best = []
+    for i in range(len(R)):
+        runs = [per[c][i] for c in CONFIGS]
+        fastest = min(runs, key=lambda j: j["seconds"])
+        b = dict(fastest)
+        b["greedy_latency_ms"] = min(j["greedy_latency_ms"] for j in runs)
+        b["sentences_per_s"] = max(j["sentences_per_s"] for j in runs)
+        b["tokens_per_s"] = max(j["tokens_per_s"] for j in runs)
+        best.append(b)
+    for c in CONFIGS:
+        js = per[c]
+        print(f"  CTranslate2 {side} intra_threads {c.split(':')[0]}, "
+              f"{'MKL' if c.split(':')[1] == '1' else 'CT2_USE_MKL=0'}: beam "
+              f"{statistics.median(j['seconds'] for j in js):.2f} s, greedy "
+              f"{statistics.median(j['greedy_latency_ms'] for j in js):.2f} ms, peak RSS "
+              f"{statistics.median(j['peak_rss_mb'] for j in js):.0f} MB")
+    return best
+
+
 full = only != "decode"
 if full:
     to, tt, tb = load("train", "ours"), load("train", "torch"), load("train", "torch_bf16")
@@ -201,10 +243,10 @@ if bf16 is not None:
 if full:
     print(f"mt_train_speedup_vs_pytorch={train:.2f}")
     print(f"mt_beam_speedup_vs_pytorch={beam_pt:.2f}")
-print(f"mt_beam_vs_ctranslate2={beam_ct:.2f}")
-print(f"mt_beam_int8_vs_ctranslate2_int8={beam_ct8:.2f}")
-print(f"mt_greedy_latency_vs_ctranslate2={lat_ct:.2f}")
-print(f"mt_beam_restricted_vs_ctranslate2={beam_r:.2f}")
-print(f"mt_beam_restricted_vs_ctranslate2_vmap={beam_rv:.2f}")
-print(f"mt_greedy_latency_restricted_vs_ctranslate2={lat_r:.2f}")
+print(f"{prefix}_beam_vs_ctranslate2={beam_ct:.2f}")
+print(f"{prefix}_beam_int8_vs_ctranslate2_int8={beam_ct8:.2f}")
+print(f"{prefix}_greedy_latency_vs_ctranslate2={lat_ct:.2f}")
+print(f"{prefix}_beam_restricted_vs_ctranslate2={beam_r:.2f}")
+print(f"{prefix}_beam_restricted_vs_ctranslate2_vmap={beam_rv:.2f}")
+print(f"{prefix}_greedy_latency_restricted_vs_ctranslate2={lat_r:.2f}")
 EOF

@@ -304,7 +304,12 @@ mod tests {
             ..LmConfig::default()
         };
         assert_eq!(c.validate().unwrap_err(), ConfigError::BadEps(0.0));
-        assert!("swish".parse::<Activation>().is_err());
+        assert!("mish".parse::<Activation>().is_err());
         assert_eq!("GELU".parse::<Activation>().unwrap(), Activation::Gelu);
+        assert_eq!("swish".parse::<Activation>().unwrap(), Activation::Swish);
+        assert_eq!(
+            "gelu_new".parse::<Activation>().unwrap(),
+            Activation::GeluTanh
+        );
     }
 }

@@ -177,7 +177,7 @@ pub struct Imported {
     pub beam: usize,
     /// Its engine's default length penalty.
     pub length_penalty: f64,
-    /// Its engine's default length limit (see [`SearchRules`]).
+    /// Its engine's default length limit (see [`transformer_decode::SearchRules`]).
     pub max_length: usize,
     /// What was read, for the log.
     pub notes: Vec<String>,

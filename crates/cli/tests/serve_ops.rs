@@ -52,6 +52,20 @@ fn client_python() -> Option<PathBuf> {
     None
 }
 
+/// What the real clients got from the server `s` for German `texts` into English
+/// (`scripts/serve_clients.py`).
+fn clients(python: &Path, s: &Server, texts: &[&str]) -> Value {
+    let out = Command::new(python)
+        .arg(repo_root().join("scripts/serve_clients.py"))
+        .arg(format!("http://127.0.0.1:{}", s.port))
+        .args(["--source", "de", "--target", "en"])
+        .args(texts)
+        .output()
+        .unwrap();
+    succeeded(&out);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn several_runs_are_routed_by_pair_and_source_auto_detects() {
     let want = mt_translate(&[LINES[1]]);
@@ -142,15 +156,7 @@ fn real_clients_libretranslatepy_and_a_mastodon_request() {
     let texts = [LINES[0], LINES[1], LINES[3]];
     let want = mt_translate(&texts);
     let s = Server::start(&[]);
-    let out = Command::new(&python)
-        .arg(repo_root().join("scripts/serve_clients.py"))
-        .arg(format!("http://127.0.0.1:{}", s.port))
-        .args(["--source", "de", "--target", "en"])
-        .args(texts)
-        .output()
-        .unwrap();
-    succeeded(&out);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = clients(&python, &s, &texts);
     assert_eq!(v["translate_one"], want[0]);
     assert_eq!(v["translate_each"], json!(want));
     assert_eq!(v["languages"][0]["code"], "de");
@@ -418,15 +424,7 @@ fn an_argos_package_is_served_to_libretranslatepy() {
     assert_eq!(want.len(), 2, "{want:?}");
     let package_arg = package.to_string_lossy().to_string();
     let s = Server::start(&["--model", &package_arg]);
-    let out = Command::new(&python)
-        .arg(repo_root().join("scripts/serve_clients.py"))
-        .arg(format!("http://127.0.0.1:{}", s.port))
-        .args(["--source", "de", "--target", "en"])
-        .args(texts)
-        .output()
-        .unwrap();
-    succeeded(&out);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = clients(&python, &s, &texts);
     assert_eq!(v["translate_each"], json!(want));
     let langs = &v["languages"];
     assert_eq!(langs[0]["code"], "de");

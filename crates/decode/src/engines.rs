@@ -81,12 +81,51 @@ impl Hypothesis {
     }
 }
 
-/// A live hypothesis of the CTranslate2 search.
+/// A live hypothesis of the engines' searches.
 #[derive(Clone)]
 struct Live {
     sentence: usize,
     tokens: Vec<u32>,
     score: f64,
+}
+
+impl Live {
+    /// The start of a search: one empty hypothesis per sentence.
+    fn one_per_sentence(n: usize) -> Vec<Live> {
+        (0..n)
+            .map(|sentence| Live {
+                sentence,
+                tokens: Vec::new(),
+                score: 0.0,
+            })
+            .collect()
+    }
+
+    /// Every row's last token (`bos` before the first).
+    fn last_tokens(rows: &[Live], bos: u32) -> Vec<u32> {
+        rows.iter()
+            .map(|r| *r.tokens.last().unwrap_or(&bos))
+            .collect()
+    }
+}
+
+/// Row `r` of `rows` extended by token `t` at total score `s`, as the next step's row (its
+/// parent recorded for the state's row selection).
+fn extend(
+    next: &mut Vec<Live>,
+    parents: &mut Vec<u32>,
+    rows: &[Live],
+    sentence: usize,
+    (s, r, t): (f64, usize, u32),
+) {
+    let mut tokens = rows[r].tokens.clone();
+    tokens.push(t);
+    next.push(Live {
+        sentence,
+        tokens,
+        score: s,
+    });
+    parents.push(r as u32);
 }
 
 /// Decodes `src` by CTranslate2's rules (see the module docs), `opts.beam` 1 greedy; returns
@@ -111,13 +150,7 @@ pub fn ctranslate2_search<M: StepModel>(
     let n = model.src_lens(&state).len();
     let mut results: Vec<Vec<Hypothesis>> = vec![Vec::new(); n];
     let mut top_finished = vec![false; n];
-    let mut rows: Vec<Live> = (0..n)
-        .map(|sentence| Live {
-            sentence,
-            tokens: Vec::new(),
-            score: 0.0,
-        })
-        .collect();
+    let mut rows = Live::one_per_sentence(n);
     let finish = |hyps: &mut Vec<Hypothesis>, keep: usize| {
         hyps.sort_by(|a, b| {
             b.engine_score(opts.length_penalty)
@@ -126,10 +159,7 @@ pub fn ctranslate2_search<M: StepModel>(
         hyps.truncate(keep);
     };
     for step in 0..max_length {
-        let last: Vec<u32> = rows
-            .iter()
-            .map(|r| *r.tokens.last().unwrap_or(&opts.bos))
-            .collect();
+        let last = Live::last_tokens(&rows, opts.bos);
         let out = model.step(&mut state, &last, false)?;
         // The end token disabled before the softmax while the output is shorter than
         // `min_length`: the other tokens' probabilities then sum to one.
@@ -195,15 +225,8 @@ pub fn ctranslate2_search<M: StepModel>(
             if done {
                 finish(result, num_hypotheses);
             } else {
-                for (s, r, t) in group_next {
-                    let mut tokens = rows[r].tokens.clone();
-                    tokens.push(t);
-                    next.push(Live {
-                        sentence,
-                        tokens,
-                        score: s,
-                    });
-                    parents.push(r as u32);
+                for c in group_next {
+                    extend(&mut next, &mut parents, &rows, sentence, c);
                 }
             }
             start = end;
@@ -286,19 +309,10 @@ pub fn huggingface_search<M: StepModel>(
     let mut state = model.start(src, opts.pad)?;
     let n = model.src_lens(&state).len();
     let mut results: Vec<Vec<Hypothesis>> = vec![Vec::new(); n];
-    let mut rows: Vec<Live> = (0..n)
-        .map(|sentence| Live {
-            sentence,
-            tokens: Vec::new(),
-            score: 0.0,
-        })
-        .collect();
+    let mut rows = Live::one_per_sentence(n);
     // `cur_len`: the sequences' length with the start token.
     for cur_len in 1..max_length {
-        let last: Vec<u32> = rows
-            .iter()
-            .map(|r| *r.tokens.last().unwrap_or(&opts.bos))
-            .collect();
+        let last = Live::last_tokens(&rows, opts.bos);
         let out = model.step(&mut state, &last, false)?;
         // Renormalised: the suppressed token is out of the softmax's sum.
         let masked;
@@ -341,26 +355,11 @@ pub fn huggingface_search<M: StepModel>(
             let result = &mut results[sentence];
             if k == 1 {
                 let (s, r, t) = cand[0];
-                if t == opts.eos {
+                // An ending, or the last position: a hypothesis (unfinished without `</s>`).
+                if t == opts.eos || cur_len + 1 >= max_length {
                     result.push(hypothesis(&rows[r], t, s, opts.eos));
                 } else {
-                    let mut tokens = rows[r].tokens.clone();
-                    tokens.push(t);
-                    if cur_len + 1 >= max_length {
-                        result.push(Hypothesis {
-                            tokens,
-                            score: s,
-                            finished: false,
-                            attention: Vec::new(),
-                        });
-                    } else {
-                        next.push(Live {
-                            sentence,
-                            tokens,
-                            score: s,
-                        });
-                        parents.push(r as u32);
-                    }
+                    extend(&mut next, &mut parents, &rows, sentence, (s, r, t));
                 }
                 start = end;
                 continue;
@@ -393,15 +392,8 @@ pub fn huggingface_search<M: StepModel>(
                         norm(s, rows[r].tokens.len() + 1) <= worst
                     }));
             if !done {
-                for (s, r, t) in running {
-                    let mut tokens = rows[r].tokens.clone();
-                    tokens.push(t);
-                    next.push(Live {
-                        sentence,
-                        tokens,
-                        score: s,
-                    });
-                    parents.push(r as u32);
+                for c in running {
+                    extend(&mut next, &mut parents, &rows, sentence, c);
                 }
             }
             start = end;

@@ -293,27 +293,28 @@ impl Subword {
         Self::from_bytes(v.to_string().as_bytes(), origin)
     }
 
+    /// The `model` object of a tokenizer trained here, as `tokenizer.json` holds it; `None`
+    /// for a published model's.
+    fn trained_model(&self) -> Option<serde_json::Value> {
+        if self.published.is_some() {
+            return None;
+        }
+        let json = self.inner.to_string(false).ok()?;
+        let mut v: serde_json::Value = serde_json::from_str(&json).ok()?;
+        Some(v["model"].take())
+    }
+
     /// Whether this is the word tokenizer (`words`): its pieces are whole words, so a
     /// character alone says nothing of what it spells.
     pub fn is_words(&self) -> bool {
-        self.published.is_none()
-            && self
-                .inner
-                .to_string(false)
-                .ok()
-                .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
-                .is_some_and(|v| v["model"]["type"] == "WordLevel")
+        self.trained_model()
+            .is_some_and(|m| m["type"] == "WordLevel")
     }
 
     /// Whether a character the tokenizer has no piece for is spelled as bytes.
     pub fn byte_fallback(&self) -> bool {
-        self.published.is_none()
-            && self
-                .inner
-                .to_string(false)
-                .ok()
-                .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
-                .is_some_and(|v| v["model"]["byte_fallback"] == true)
+        self.trained_model()
+            .is_some_and(|m| m["byte_fallback"] == true)
     }
 
     /// Trains a word vocabulary on `texts`: NFKC and lowercase, split at whitespace and

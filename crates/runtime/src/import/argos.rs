@@ -37,13 +37,7 @@ impl Unzipped {
         })?;
         let mut archive = zip::ZipArchive::new(file)
             .map_err(|e| bad(format!("not a readable zip (an Argos package is one): {e}")))?;
-        let dir = std::env::temp_dir().join(format!(
-            "transformer-import-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
-        ));
+        let dir = super::fresh_temp_dir("transformer-import");
         let out = Self { dir };
         archive
             .extract(&out.dir)

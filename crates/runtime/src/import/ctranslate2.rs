@@ -379,62 +379,39 @@ impl Spec {
         w.insert("generator.bias", out_b, &[out_dims[0]]);
         let mut ff = 0;
         let (enc_layers, dec_layers) = (self.layers("encoder"), self.layers("decoder"));
-        for i in 0..enc_layers {
-            let (src, dst) = (
-                format!("encoder/layer_{i}"),
-                format!("transformer.encoder.layers.{i}"),
-            );
-            self.self_attention(
-                &mut w,
-                &format!("{src}/self_attention"),
-                &format!("{dst}.self_attn"),
-                d_model,
-            )?;
-            self.norm(
-                &mut w,
-                &format!("{src}/self_attention/layer_norm"),
-                &format!("{dst}.norm1"),
-            )?;
-            ff = self.ffn(&mut w, &format!("{src}/ffn"), &dst)?;
-            self.norm(
-                &mut w,
-                &format!("{src}/ffn/layer_norm"),
-                &format!("{dst}.norm2"),
-            )?;
-        }
-        for i in 0..dec_layers {
-            let (src, dst) = (
-                format!("decoder/layer_{i}"),
-                format!("transformer.decoder.layers.{i}"),
-            );
-            self.self_attention(
-                &mut w,
-                &format!("{src}/self_attention"),
-                &format!("{dst}.self_attn"),
-                d_model,
-            )?;
-            self.norm(
-                &mut w,
-                &format!("{src}/self_attention/layer_norm"),
-                &format!("{dst}.norm1"),
-            )?;
-            self.cross_attention(
-                &mut w,
-                &format!("{src}/attention"),
-                &format!("{dst}.multihead_attn"),
-                d_model,
-            )?;
-            self.norm(
-                &mut w,
-                &format!("{src}/attention/layer_norm"),
-                &format!("{dst}.norm2"),
-            )?;
-            ff = self.ffn(&mut w, &format!("{src}/ffn"), &dst)?;
-            self.norm(
-                &mut w,
-                &format!("{src}/ffn/layer_norm"),
-                &format!("{dst}.norm3"),
-            )?;
+        for (stack, layers) in [("encoder", enc_layers), ("decoder", dec_layers)] {
+            for i in 0..layers {
+                let src = format!("{stack}/layer_{i}");
+                let dst = format!("transformer.{stack}.layers.{i}");
+                let (attn, attn_dst) =
+                    (format!("{src}/self_attention"), format!("{dst}.self_attn"));
+                self.self_attention(&mut w, &attn, &attn_dst, d_model)?;
+                self.norm(
+                    &mut w,
+                    &format!("{attn}/layer_norm"),
+                    &format!("{dst}.norm1"),
+                )?;
+                // A decoder layer's encoder-decoder attention comes second, its norm norm2.
+                let ffn_norm = if stack == "decoder" {
+                    let (cross, cross_dst) =
+                        (format!("{src}/attention"), format!("{dst}.multihead_attn"));
+                    self.cross_attention(&mut w, &cross, &cross_dst, d_model)?;
+                    self.norm(
+                        &mut w,
+                        &format!("{cross}/layer_norm"),
+                        &format!("{dst}.norm2"),
+                    )?;
+                    "norm3"
+                } else {
+                    "norm2"
+                };
+                ff = self.ffn(&mut w, &format!("{src}/ffn"), &dst)?;
+                self.norm(
+                    &mut w,
+                    &format!("{src}/ffn/layer_norm"),
+                    &format!("{dst}.{ffn_norm}"),
+                )?;
+            }
         }
         if final_norms[0] {
             self.norm(&mut w, "encoder/layer_norm", "transformer.encoder.norm")?;
@@ -550,60 +527,51 @@ impl Spec {
     /// Fused (3C, C) query/key/value rows and the output projection.
     fn self_attention(&mut self, w: &mut Weights, src: &str, dst: &str, c: usize) -> Result<()> {
         self.no_relative(src)?;
-        let ((qkv, dims), bias) = self.linear(&format!("{src}/linear_0"))?;
-        if dims != [3 * c, c] {
-            return Err(self.err(format!(
-                "{src}/linear_0/weight has shape {dims:?}, not [{}, {c}]",
-                3 * c
-            )));
-        }
-        for (i, p) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
-            w.insert(
-                &format!("{dst}.{p}.weight"),
-                qkv[i * c * c..(i + 1) * c * c].to_vec(),
-                &[c, c],
-            );
-            w.insert(
-                &format!("{dst}.{p}.bias"),
-                bias[i * c..(i + 1) * c].to_vec(),
-                &[c],
-            );
-        }
-        let ((o, od), ob) = self.linear(&format!("{src}/linear_1"))?;
-        w.insert(&format!("{dst}.out_proj.weight"), o, &od);
-        w.insert(&format!("{dst}.out_proj.bias"), ob, &[c]);
-        Ok(())
+        let fused = format!("{src}/linear_0");
+        self.split_rows(w, &fused, dst, &["q_proj", "k_proj", "v_proj"], c)?;
+        self.output_projection(w, &format!("{src}/linear_1"), dst, c)
     }
 
     /// The query projection, fused (2C, C) key/value rows, and the output projection.
     fn cross_attention(&mut self, w: &mut Weights, src: &str, dst: &str, c: usize) -> Result<()> {
         self.no_relative(src)?;
-        let ((q, qd), qb) = self.linear(&format!("{src}/linear_0"))?;
-        w.insert(&format!("{dst}.q_proj.weight"), q, &qd);
-        w.insert(&format!("{dst}.q_proj.bias"), qb, &[c]);
-        let ((kv, dims), bias) = self.linear(&format!("{src}/linear_1"))?;
-        if dims != [2 * c, c] {
+        self.split_rows(w, &format!("{src}/linear_0"), dst, &["q_proj"], c)?;
+        self.split_rows(w, &format!("{src}/linear_1"), dst, &["k_proj", "v_proj"], c)?;
+        self.output_projection(w, &format!("{src}/linear_2"), dst, c)
+    }
+
+    /// The linear layer `fused`, whose rows are the (C, C) projections `parts` stacked in
+    /// that order, as `dst.<part>`.
+    fn split_rows(
+        &mut self,
+        w: &mut Weights,
+        fused: &str,
+        dst: &str,
+        parts: &[&str],
+        c: usize,
+    ) -> Result<()> {
+        let ((rows, dims), bias) = self.linear(fused)?;
+        if dims != [parts.len() * c, c] {
             return Err(self.err(format!(
-                "{src}/linear_1/weight has shape {dims:?}, not [{}, {c}]",
-                2 * c
+                "{fused}/weight has shape {dims:?}, not [{}, {c}]",
+                parts.len() * c
             )));
         }
-        for (i, p) in ["k_proj", "v_proj"].iter().enumerate() {
-            w.insert(
-                &format!("{dst}.{p}.weight"),
-                kv[i * c * c..(i + 1) * c * c].to_vec(),
-                &[c, c],
-            );
+        for (i, p) in parts.iter().enumerate() {
+            let weight = rows[i * c * c..(i + 1) * c * c].to_vec();
+            w.insert(&format!("{dst}.{p}.weight"), weight, &[c, c]);
             w.insert(
                 &format!("{dst}.{p}.bias"),
                 bias[i * c..(i + 1) * c].to_vec(),
                 &[c],
             );
         }
-        let ((o, od), ob) = self.linear(&format!("{src}/linear_2"))?;
-        w.insert(&format!("{dst}.out_proj.weight"), o, &od);
-        w.insert(&format!("{dst}.out_proj.bias"), ob, &[c]);
         Ok(())
+    }
+
+    /// The attention's output projection `src` as `dst.out_proj`.
+    fn output_projection(&mut self, w: &mut Weights, src: &str, dst: &str, c: usize) -> Result<()> {
+        self.split_rows(w, src, dst, &["out_proj"], c)
     }
 
     fn no_relative(&self, scope: &str) -> Result<()> {

@@ -23,6 +23,35 @@ use transformer_model::{Activation, Inputs, Positions, Seq2SeqConfig, Transforme
 use transformer_text::published::{PublishedTokenizer, Side, Splitter, Vocabulary};
 use transformer_text::Specials;
 
+/// An encoder layer's parts: (MarianMT's name, this project's), each a weight and a bias.
+const ENCODER_PARTS: &[(&str, &str)] = &[
+    ("self_attn.q_proj", "self_attn.q_proj"),
+    ("self_attn.k_proj", "self_attn.k_proj"),
+    ("self_attn.v_proj", "self_attn.v_proj"),
+    ("self_attn.out_proj", "self_attn.out_proj"),
+    ("self_attn_layer_norm", "norm1"),
+    ("fc1", "linear1"),
+    ("fc2", "linear2"),
+    ("final_layer_norm", "norm2"),
+];
+
+/// A decoder layer's parts, as [`ENCODER_PARTS`].
+const DECODER_PARTS: &[(&str, &str)] = &[
+    ("self_attn.q_proj", "self_attn.q_proj"),
+    ("self_attn.k_proj", "self_attn.k_proj"),
+    ("self_attn.v_proj", "self_attn.v_proj"),
+    ("self_attn.out_proj", "self_attn.out_proj"),
+    ("self_attn_layer_norm", "norm1"),
+    ("encoder_attn.q_proj", "multihead_attn.q_proj"),
+    ("encoder_attn.k_proj", "multihead_attn.k_proj"),
+    ("encoder_attn.v_proj", "multihead_attn.v_proj"),
+    ("encoder_attn.out_proj", "multihead_attn.out_proj"),
+    ("encoder_attn_layer_norm", "norm2"),
+    ("fc1", "linear1"),
+    ("fc2", "linear2"),
+    ("final_layer_norm", "norm3"),
+];
+
 /// Whether `dir` holds a MarianMT model (its `config.json` says `marian`).
 pub fn is_marian(dir: &Path) -> bool {
     std::fs::read_to_string(dir.join("config.json"))
@@ -174,105 +203,17 @@ pub fn read(dir: &Path) -> Result<Imported> {
     };
     w.insert("generator.bias", bias, &[tgt_vocab_size]);
     let (enc_layers, dec_layers) = (num("encoder_layers")?, num("decoder_layers")?);
-    for i in 0..enc_layers {
-        let (s, d) = (
-            format!("model.encoder.layers.{i}"),
-            format!("transformer.encoder.layers.{i}"),
-        );
-        for p in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-            linear(
-                &mut tensors,
-                dir,
-                &mut w,
-                &format!("{s}.self_attn.{p}"),
-                &format!("{d}.self_attn.{p}"),
-            )?;
+    for (stack, layers, parts) in [
+        ("encoder", enc_layers, ENCODER_PARTS),
+        ("decoder", dec_layers, DECODER_PARTS),
+    ] {
+        for i in 0..layers {
+            for (theirs, ours) in parts {
+                let src = format!("model.{stack}.layers.{i}.{theirs}");
+                let dst = format!("transformer.{stack}.layers.{i}.{ours}");
+                linear(&mut tensors, dir, &mut w, &src, &dst)?;
+            }
         }
-        linear(
-            &mut tensors,
-            dir,
-            &mut w,
-            &format!("{s}.self_attn_layer_norm"),
-            &format!("{d}.norm1"),
-        )?;
-        linear(
-            &mut tensors,
-            dir,
-            &mut w,
-            &format!("{s}.fc1"),
-            &format!("{d}.linear1"),
-        )?;
-        linear(
-            &mut tensors,
-            dir,
-            &mut w,
-            &format!("{s}.fc2"),
-            &format!("{d}.linear2"),
-        )?;
-        linear(
-            &mut tensors,
-            dir,
-            &mut w,
-            &format!("{s}.final_layer_norm"),
-            &format!("{d}.norm2"),
-        )?;
-    }
-    for i in 0..dec_layers {
-        let (s, d) = (
-            format!("model.decoder.layers.{i}"),
-            format!("transformer.decoder.layers.{i}"),
-        );
-        for p in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-            linear(
-                &mut tensors,
-                dir,
-                &mut w,
-                &format!("{s}.self_attn.{p}"),
-                &format!("{d}.self_attn.{p}"),
-            )?;
-            linear(
-                &mut tensors,
-                dir,
-                &mut w,
-                &format!("{s}.encoder_attn.{p}"),
-                &format!("{d}.multihead_attn.{p}"),
-            )?;
-        }
-        linear(
-            &mut tensors,
-            dir,
-            &mut w,
-            &format!("{s}.self_attn_layer_norm"),
-            &format!("{d}.norm1"),
-        )?;
-        linear(
-            &mut tensors,
-            dir,
-            &mut w,
-            &format!("{s}.encoder_attn_layer_norm"),
-            &format!("{d}.norm2"),
-        )?;
-        linear(
-            &mut tensors,
-            dir,
-            &mut w,
-            &format!("{s}.fc1"),
-            &format!("{d}.linear1"),
-        )?;
-        linear(
-            &mut tensors,
-            dir,
-            &mut w,
-            &format!("{s}.fc2"),
-            &format!("{d}.linear2"),
-        )?;
-        linear(
-            &mut tensors,
-            dir,
-            &mut w,
-            &format!("{s}.final_layer_norm"),
-            &format!("{d}.norm3"),
-        )?;
     }
     if let Some(name) = tensors.keys().next() {
         return Err(Error::Checkpoint {

@@ -289,14 +289,19 @@ pub fn as_run(path: &Path) -> Result<(PathBuf, Option<TempRun>)> {
     }
     let format = Format::detect(path)?;
     let imported = format.read(path)?;
-    let dir = std::env::temp_dir().join(format!(
-        "transformer-model-{}-{}",
+    let dir = fresh_temp_dir("transformer-model");
+    let guard = TempRun(dir.clone());
+    imported.write_run(&dir)?;
+    Ok((dir, Some(guard)))
+}
+
+/// A new folder name under the system's temporary folder, unique to this process and moment.
+pub(crate) fn fresh_temp_dir(prefix: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "{prefix}-{}-{}",
         std::process::id(),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
-    ));
-    let guard = TempRun(dir.clone());
-    imported.write_run(&dir)?;
-    Ok((dir, Some(guard)))
+    ))
 }

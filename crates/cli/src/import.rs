@@ -1,5 +1,6 @@
 //! `transformer import`: a published translation model (a CTranslate2 model directory, an
-//! Argos Translate package) as a run directory that every command takes.
+//! Argos Translate package, a Hugging Face MarianMT directory) as a run directory that every
+//! command takes.
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -16,24 +17,28 @@ use transformer_runtime::import::Format;
                   to 6, config.json, vocabularies); weights in float32, float16, bfloat16, \
                   int16 or int8 (an int8 model decodes in int8)\n  \
                   argos        an Argos Translate package (.argosmodel, or its unzipped \
-                  folder): its CTranslate2 model, SentencePiece model and languages\n\n\
-                  The run decodes as the model's engine does (CTranslate2's search rules, beam \
-                  2, length penalty 1, at most 256 tokens) unless options say otherwise. \
+                  folder): its CTranslate2 model, SentencePiece model and languages\n  \
+                  marian       a Hugging Face MarianMT directory (OPUS-MT: config.json, \
+                  model.safetensors or pytorch_model.bin, vocab.json, source.spm, target.spm)\n\n\
+                  The run decodes as the model's engine does (CTranslate2's translate_batch: \
+                  beam 2, or an Argos package's beam 4 and length penalty 0.2; MarianMT: \
+                  generate() with its generation_config.json) unless options say otherwise. \
                   Whatever the reader does not support is an error that names the file and the \
                   feature; nothing is written then.",
     after_help = "Examples:\n  \
                   transformer import translate-de_en-1_9.argosmodel --out runs/argos-de-en\n  \
-                  transformer import ende_ctranslate2/ --out runs/ct2-en-de\n  \
+                  transformer import ende_ctranslate2/ --src-lang en --tgt-lang de --out runs/ct2-en-de\n  \
+                  transformer import opus-mt-de-en/ --src-lang de --tgt-lang en --out runs/opus-de-en\n  \
                   echo 'Guten Morgen!' | transformer mt translate --run runs/argos-de-en"
 )]
 pub struct ImportArgs {
-    /// The model: a CTranslate2 model directory, or an Argos Translate package (.argosmodel
-    /// file or unzipped folder).
+    /// The model: a CTranslate2 model directory, an Argos Translate package (.argosmodel file
+    /// or unzipped folder), or a MarianMT directory.
     path: PathBuf,
     /// The run directory to write (must not exist, or be empty).
     #[arg(long)]
     out: PathBuf,
-    /// The model's format, when its files do not tell it: ctranslate2 or argos.
+    /// The model's format, when its files do not tell it: ctranslate2, argos or marian.
     #[arg(long)]
     format: Option<Format>,
     /// The source language's code, for `serve` (an Argos package names its own).

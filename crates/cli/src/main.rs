@@ -65,8 +65,8 @@ enum Command {
     /// scripts/bench_vs_pytorch.sh).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// Import a published translation model (CTranslate2, Argos Translate) as a run
-    /// directory that every command takes.
+    /// Import a published translation model (CTranslate2, Argos Translate, OPUS-MT's
+    /// MarianMT) as a run directory that every command takes.
     Import(import::ImportArgs),
     /// Print a model configuration and its parameter count (checks the configuration).
     Info(InfoArgs),

@@ -19,8 +19,9 @@ pub struct ServeArgs {
     #[arg(long = "run", value_name = "[SRC:TGT=]DIR")]
     runs: Vec<RunSpec>,
     /// A published model to serve beside (or instead of) runs: an Argos Translate package
-    /// (.argosmodel, its languages and names from its metadata), a CTranslate2 model
-    /// directory (name its languages: SRC:TGT=DIR), or a run directory. Repeat for more.
+    /// (.argosmodel, its languages and names from its metadata), a CTranslate2 or MarianMT
+    /// (OPUS-MT) directory (name its languages: de:en=DIR), or a run directory. Repeat for
+    /// more.
     #[arg(long = "model", value_name = "[SRC:TGT=]PATH")]
     models: Vec<RunSpec>,
     /// Address to listen on: loopback by default; 0.0.0.0 to serve other machines.

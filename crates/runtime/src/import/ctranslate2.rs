@@ -26,6 +26,9 @@ const BUILTIN_POSITIONS: usize = 1024;
 /// The int16 scale CTranslate2 assumes where a binary version 1 file stores none.
 const DEFAULT_INT16_SCALE: f64 = 1000.0;
 
+/// A weight's f32 values and shape.
+type Matrix = (Vec<f32>, Vec<usize>);
+
 /// The special tokens and source framing of `config.json` (or, before binary version 6,
 /// of the model's attributes).
 #[derive(Debug, Clone)]
@@ -166,7 +169,7 @@ impl Spec {
 
     /// A weight in f32 with its shape: float types converted, int8 (one scale per row) and
     /// int16 (one scale) dequantized with the scale stored beside it.
-    fn weight(&mut self, name: &str) -> Result<(Vec<f32>, Vec<usize>)> {
+    fn weight(&mut self, name: &str) -> Result<Matrix> {
         let v = self.var(name)?.clone();
         let values = v.values();
         let out: Vec<f32> = match v.dtype {
@@ -206,7 +209,7 @@ impl Spec {
     }
 
     /// The weight and bias of a linear layer (a missing bias as zeros).
-    fn linear(&mut self, scope: &str) -> Result<((Vec<f32>, Vec<usize>), Vec<f32>)> {
+    fn linear(&mut self, scope: &str) -> Result<(Matrix, Vec<f32>)> {
         let w = self.weight(&format!("{scope}/weight"))?;
         let rows = w.1[0];
         let bias = match self.has(&format!("{scope}/bias")) {

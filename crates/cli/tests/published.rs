@@ -151,3 +151,40 @@ fn what_the_importer_cannot_read_is_a_clear_error_and_writes_nothing() {
     assert!(!out.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An Argos package (a CTranslate2 conversion without a padding token) translates, but
+/// fine-tuning it is refused with the reason, before anything is trained.
+#[test]
+fn a_model_without_padding_translates_and_refuses_fine_tuning() {
+    let dir = temp_dir("published", "argos");
+    let run = dir.join("run");
+    let log = import(&fixture("marian/de_en.argosmodel"), &run);
+    assert_mentions(&log, &["Argos Translate package", "<pad> added"]);
+    assert_eq!(
+        translate(&run, "Ein Mann fährt Fahrrad.\n", &[])
+            .lines()
+            .count(),
+        1
+    );
+    let data = repo_root().join("../shared/data");
+    if !data.join("multi30k").exists() {
+        eprintln!("SKIPPED the fine-tuning part: no ../shared/data/multi30k");
+        return;
+    }
+    let tuned = dir.join("tuned");
+    let err = failed(
+        &bin()
+            .args(["mt", "train", "--init-from"])
+            .arg(&run)
+            .args(["--corpus", "multi30k-de-en", "--data"])
+            .arg(&data)
+            .arg("--out")
+            .arg(&tuned)
+            .args(["--max-batches", "2", "--epochs", "1"])
+            .output()
+            .unwrap(),
+    );
+    assert_mentions(&err, &["no padding token", "cannot be fine-tuned"]);
+    assert!(!tuned.join("best.safetensors").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -228,6 +228,21 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         }
         tok
     };
+    // A published model without a padding token of its own (a CTranslate2 conversion whose
+    // source got one at import) has none on the target side, where batches need one.
+    if tokenizer.as_published().is_some()
+        && tokenizer.specials().pad as usize >= tokenizer.vocab_size()
+    {
+        return Err(Error::Usage(format!(
+            "{}: the imported model has no padding token in its target vocabulary (a \
+             CTranslate2 or Argos model converted without one), so it cannot be fine-tuned \
+             here; translating and serving it work. Fine-tune the model it was converted from \
+             (an OPUS-MT MarianMT directory has <pad>).",
+            cfg.init_from
+                .as_deref()
+                .map_or_else(|| "the run".to_string(), |p| p.display().to_string())
+        )));
+    }
     let train_data = EncodedSplit::encode(train_pairs, &tokenizer);
     let mut valid = EncodedSplit::encode(files.valid.read()?, &tokenizer);
     if let Some(n) = cfg.max_valid {

@@ -219,7 +219,7 @@ impl Spec {
         Ok((w, bias))
     }
 
-    /// The stored type of the model's weights, for the log.
+    /// The stored type of the model's weights, for the log (and whether it decodes in int8).
     fn weight_type(&self) -> &'static str {
         let types: BTreeSet<&'static str> = self
             .bin
@@ -228,7 +228,11 @@ impl Spec {
             .filter(|(n, v)| n.ends_with("/weight") && !v.dims.is_empty())
             .map(|(_, v)| v.dtype.name())
             .collect();
-        types.into_iter().next().unwrap_or("float32")
+        // The narrowest type any weight has: an int8 model keeps some in float32 at most.
+        ["int8", "int16", "float16", "bfloat16", "float32"]
+            .into_iter()
+            .find(|t| types.contains(t))
+            .unwrap_or("float32")
     }
 
     /// The number of `layer_<i>` of a stack.

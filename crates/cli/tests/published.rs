@@ -31,6 +31,28 @@ fn translate(run: &Path, text: &str, flags: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `mt train --init-from run` on Multi30k (the bundled data in ../shared/data), a few
+/// batches, into `out`; `None` (and a note) where the data is not there.
+fn fine_tune(run: &Path, out: &Path, extra: &[&str]) -> Option<std::process::Output> {
+    let data = repo_root().join("../shared/data");
+    if !data.join("multi30k").exists() {
+        eprintln!("SKIPPED the fine-tuning part: no ../shared/data/multi30k");
+        return None;
+    }
+    let output = bin()
+        .args(["mt", "train", "--init-from"])
+        .arg(run)
+        .args(["--corpus", "multi30k-de-en", "--data"])
+        .arg(&data)
+        .arg("--out")
+        .arg(out)
+        .args(["--max-batches", "4", "--epochs", "1"])
+        .args(extra)
+        .output()
+        .unwrap();
+    Some(output)
+}
+
 #[test]
 fn an_imported_marian_model_translates_quantizes_and_fine_tunes() {
     let dir = temp_dir("published", "marian");
@@ -60,32 +82,10 @@ fn an_imported_marian_model_translates_quantizes_and_fine_tunes() {
     // Fine-tuning on a few Multi30k batches keeps the model's tokenizer and rules.
     let tuned = dir.join("tuned");
     let _ = std::fs::remove_dir_all(&tuned);
-    let data = repo_root().join("../shared/data");
-    if !data.join("multi30k").exists() {
-        eprintln!("SKIPPED the fine-tuning part: no ../shared/data/multi30k");
+    let Some(out) = fine_tune(&run, &tuned, &["--max-valid", "20", "--beam", "1"]) else {
         return;
-    }
-    let log = succeeded(
-        &bin()
-            .args(["mt", "train", "--init-from"])
-            .arg(&run)
-            .args(["--corpus", "multi30k-de-en", "--data"])
-            .arg(&data)
-            .arg("--out")
-            .arg(&tuned)
-            .args([
-                "--max-batches",
-                "4",
-                "--epochs",
-                "1",
-                "--max-valid",
-                "20",
-                "--beam",
-                "1",
-            ])
-            .output()
-            .unwrap(),
-    );
+    };
+    let log = succeeded(&out);
     assert_mentions(
         &log,
         &["the imported model's own vocabularies", "test BLEU"],
@@ -166,24 +166,11 @@ fn a_model_without_padding_translates_and_refuses_fine_tuning() {
             .count(),
         1
     );
-    let data = repo_root().join("../shared/data");
-    if !data.join("multi30k").exists() {
-        eprintln!("SKIPPED the fine-tuning part: no ../shared/data/multi30k");
-        return;
-    }
     let tuned = dir.join("tuned");
-    let err = failed(
-        &bin()
-            .args(["mt", "train", "--init-from"])
-            .arg(&run)
-            .args(["--corpus", "multi30k-de-en", "--data"])
-            .arg(&data)
-            .arg("--out")
-            .arg(&tuned)
-            .args(["--max-batches", "2", "--epochs", "1"])
-            .output()
-            .unwrap(),
-    );
+    let Some(out) = fine_tune(&run, &tuned, &[]) else {
+        return;
+    };
+    let err = failed(&out);
     assert_mentions(&err, &["no padding token", "cannot be fine-tuned"]);
     assert!(!tuned.join("best.safetensors").exists());
     let _ = std::fs::remove_dir_all(&dir);

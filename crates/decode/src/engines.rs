@@ -101,6 +101,19 @@ impl Live {
             .collect()
     }
 
+    /// Each sentence's rows: (sentence, first row, row after the last), in row order.
+    fn groups(rows: &[Live]) -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < rows.len() {
+            let sentence = rows[start].sentence;
+            let end = start + rows[start..].partition_point(|r| r.sentence == sentence);
+            out.push((sentence, start, end));
+            start = end;
+        }
+        out
+    }
+
     /// Every row's last token (`bos` before the first).
     fn last_tokens(rows: &[Live], bos: u32) -> Vec<u32> {
         rows.iter()
@@ -175,16 +188,13 @@ pub fn ctranslate2_search<M: StepModel>(
         let is_last = step + 1 == max_length;
         let mut next: Vec<Live> = Vec::with_capacity(rows.len());
         let mut parents: Vec<u32> = Vec::with_capacity(rows.len());
-        let mut start = 0;
-        while start < rows.len() {
-            let sentence = rows[start].sentence;
-            let end = start + rows[start..].partition_point(|r| r.sentence == sentence);
+        for (sentence, start, end) in Live::groups(&rows) {
             let result = &mut results[sentence];
             let mut group_next = Vec::with_capacity(k);
             if k == 1 {
                 // Greedy: the most likely token (of the disabled-aware log-probabilities).
                 let r = start;
-                let t = argmax_of(&lp, r);
+                let t = lp.argmax(r);
                 let s = rows[r].score + lp.get(r, t).unwrap_or(f32::NEG_INFINITY) as f64;
                 if t == opts.eos || is_last {
                     result.push(hypothesis(&rows[r], t, s, opts.eos));
@@ -229,7 +239,6 @@ pub fn ctranslate2_search<M: StepModel>(
                     extend(&mut next, &mut parents, &rows, sentence, c);
                 }
             }
-            start = end;
         }
         if next.is_empty() {
             break;
@@ -254,11 +263,6 @@ fn hypothesis(row: &Live, t: u32, s: f64, eos: u32) -> Hypothesis {
         finished,
         attention: Vec::new(),
     }
-}
-
-/// The token of row `r`'s largest log-probability, the first of equals.
-fn argmax_of(lp: &LogProbs, r: usize) -> u32 {
-    lp.argmax(r)
 }
 
 /// `logits` (B, V) with the column of token `t` set to minus infinity (`vocab`: the token of
@@ -328,10 +332,7 @@ pub fn huggingface_search<M: StepModel>(
         let forced = cur_len + 1 == max_length;
         let mut next: Vec<Live> = Vec::with_capacity(rows.len());
         let mut parents: Vec<u32> = Vec::with_capacity(rows.len());
-        let mut start = 0;
-        while start < rows.len() {
-            let sentence = rows[start].sentence;
-            let end = start + rows[start..].partition_point(|r| r.sentence == sentence);
+        for (sentence, start, end) in Live::groups(&rows) {
             // Candidates (score, row, token), best first: the end token alone when forced.
             let cand: Vec<(f64, usize, u32)> = if forced {
                 let mut c: Vec<(f64, usize, u32)> =
@@ -361,7 +362,6 @@ pub fn huggingface_search<M: StepModel>(
                 } else {
                     extend(&mut next, &mut parents, &rows, sentence, (s, r, t));
                 }
-                start = end;
                 continue;
             }
             // Endings among the first `k` candidates join the finished set, which keeps the
@@ -396,7 +396,6 @@ pub fn huggingface_search<M: StepModel>(
                     extend(&mut next, &mut parents, &rows, sentence, c);
                 }
             }
-            start = end;
         }
         if next.is_empty() {
             break;

@@ -38,6 +38,16 @@ fn zero_padding_rows(
     Ok((y.broadcast_mul(&real)?, dy.broadcast_mul(&real)?))
 }
 
+/// The layers compared: every activation, with both norm placements (pre-norm first).
+const CASES: [(bool, Activation); 6] = [
+    (false, Activation::Relu),
+    (true, Activation::Relu),
+    (false, Activation::Gelu),
+    (true, Activation::Gelu),
+    (false, Activation::GeluTanh),
+    (true, Activation::Swish),
+];
+
 /// The composed layer that `build` makes (an encoder or decoder layer) in f64 on the CPU
 /// under `l.` (seed 4): width, heads and feed-forward size `(c, h, f)`, dropout `p`, the
 /// activation, the norms first or last; and its parameters.
@@ -59,16 +69,7 @@ fn f64_layer<L>(
 fn fused_encoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
     let dev = Device::Cpu;
     let (b, t, c, f, h) = (5, 6, 8, 12, 2);
-    // Every activation, each with both norm placements.
-    let cases = [
-        (false, Activation::Relu),
-        (true, Activation::Relu),
-        (false, Activation::Gelu),
-        (true, Activation::Gelu),
-        (false, Activation::GeluTanh),
-        (true, Activation::Swish),
-    ];
-    for (norm_first, activation) in cases {
+    for (norm_first, activation) in CASES {
         // "lengths": the padding mask with the sequences' lengths, padding rows not
         // computed (the reference's are zeroed in `y` and `dy`; the fused layer's `dy`
         // there is not read).
@@ -364,16 +365,7 @@ fn decoder_layer_bf16_products_stay_within_bf16_rounding_of_f32() -> Result<()> 
 fn fused_decoder_layer_equals_the_composed_layer_in_f64() -> Result<()> {
     let dev = Device::Cpu;
     let (b, t, s, c, f, h) = (5, 6, 4, 8, 12, 2);
-    // Every activation, each with both norm placements.
-    let cases = [
-        (false, Activation::Relu),
-        (true, Activation::Relu),
-        (false, Activation::Gelu),
-        (true, Activation::Gelu),
-        (false, Activation::GeluTanh),
-        (true, Activation::Swish),
-    ];
-    for (norm_first, activation) in cases {
+    for (norm_first, activation) in CASES {
         // `skip`: with the sequences' lengths, padding rows not computed (the reference's
         // are then zeroed in `y` and in `dy`; the fused layer's `dy` there is not read).
         for (p, skip) in [(0.0, false), (0.3, false), (0.0, true), (0.3, true)] {

@@ -7,10 +7,12 @@
 use candle_core::Device;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+
+mod common;
 use transformer_decode::SearchRules;
 use transformer_runtime::import::{as_run, Format};
 use transformer_runtime::load::{load_run, Execution};
-use transformer_runtime::translate::{translate, DecodeRequest};
+
 use transformer_text::TextTokenizer;
 
 fn fixture(name: &str) -> PathBuf {
@@ -41,7 +43,6 @@ fn an_argos_package_translates_as_argos_translate_does() {
         serde_json::from_str(&std::fs::read_to_string(fixture("argos_expected.json")).unwrap())
             .unwrap();
     let lines = want["lines"].as_array().unwrap();
-    let decoder = run.model.decoder().unwrap();
     for (beam, key) in [(1, "beam1"), (4, "beam4")] {
         // The fixture's references were made with length penalty 1 (Argos Translate itself
         // calls with 0.2, the imported run's default).
@@ -61,17 +62,10 @@ fn an_argos_package_translates_as_argos_translate_does() {
                 run.tokenizer.encode(text)
             })
             .collect();
-        let out = translate(
-            &decoder,
-            &src,
-            &DecodeRequest::new(opts),
-            &Device::Cpu,
-            |_, _| {},
-        )
-        .unwrap();
+        let out = common::decode(&run, &src, opts);
         for (l, hyps) in lines.iter().zip(&out) {
             let h = &hyps[0];
-            let tokens: Vec<String> = h.tokens.iter().map(|&t| run.tokenizer.token(t)).collect();
+            let tokens: Vec<String> = common::token_strings(&run, h);
             let expected: Vec<String> = serde_json::from_value(l[key]["tokens"].clone()).unwrap();
             assert_eq!(tokens, expected, "{key}: {}", l["src"]);
             let score = l[key]["score"].as_f64().unwrap();

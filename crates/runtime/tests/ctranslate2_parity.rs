@@ -15,11 +15,12 @@
 use candle_core::Device;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+
+mod common;
 use transformer_decode::{DecodeOptions, SearchRules};
 use transformer_model::DecodePrecision;
 use transformer_runtime::import::Format;
 use transformer_runtime::load::{load_run, Execution, LoadedMt};
-use transformer_runtime::translate::{translate, DecodeRequest};
 use transformer_text::TextTokenizer;
 
 fn fixtures() -> PathBuf {
@@ -72,18 +73,13 @@ fn options(run: &LoadedMt, o: &Value) -> (DecodeOptions, f64) {
 /// the largest score difference among those).
 fn compare(run: &LoadedMt, inputs: &[Vec<u32>], spec: &Value) -> (usize, usize, f64, String) {
     let (opts, lp) = options(run, &spec["options"]);
-    let decoder = run.model.decoder().expect("decoder");
-    let request = DecodeRequest::new(opts);
-    let ours = translate(&decoder, inputs, &request, &Device::Cpu, |_, _| {}).expect("decode");
+    let ours = common::decode(run, inputs, opts);
     let results = spec["results"].as_array().expect("results");
     let (mut same, mut worst, mut first_diff) = (0, 0f64, String::new());
     for (i, (hyps, want)) in ours.iter().zip(results).enumerate() {
         let want_h = want["hypotheses"].as_array().expect("hypotheses");
         let want_s = want["scores"].as_array().expect("scores");
-        let tokens: Vec<Vec<String>> = hyps
-            .iter()
-            .map(|h| h.tokens.iter().map(|&t| run.tokenizer.token(t)).collect())
-            .collect();
+        let tokens: Vec<Vec<String>> = hyps.iter().map(|h| common::token_strings(run, h)).collect();
         let expected: Vec<Vec<String>> = want_h
             .iter()
             .map(|h| serde_json::from_value(h.clone()).expect("tokens"))
@@ -194,9 +190,7 @@ fn the_transliteration_model_translates_as_ctranslate2s_own_tests_expect() {
     let model = fixtures().join("v2/aren-transliteration");
     let run = imported(&model, None);
     let src = run.tokenizer.encode("آ ت ز م و ن");
-    let decoder = run.model.decoder().unwrap();
-    let request = DecodeRequest::new(run.config.decode_options(run.config.beam));
-    let out = translate(&decoder, &[src], &request, &Device::Cpu, |_, _| {}).unwrap();
+    let out = common::decode(&run, &[src], run.config.decode_options(run.config.beam));
     assert_eq!(run.tokenizer.decode(&out[0][0].tokens), "a t z m o n");
 }
 

@@ -11,12 +11,14 @@
 use candle_core::{Device, Tensor};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+
+mod common;
 use transformer_decode::SearchRules;
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::Mode;
 use transformer_runtime::import::{as_run, Format};
 use transformer_runtime::load::{load_run, Execution, LoadedMt};
-use transformer_runtime::translate::{translate, DecodeRequest};
+
 use transformer_text::TextTokenizer;
 
 fn fixture(name: &str) -> PathBuf {
@@ -57,18 +59,10 @@ fn marian_decodes_as_generate_from_safetensors_and_from_pytorch_bin() {
                 s[..s.len() - 1].to_vec()
             })
             .collect();
-        let decoder = run.model.decoder().unwrap();
         for (beam, key) in [(1, "greedy"), (4, "beam4")] {
             let opts = run.config.decode_options(beam);
             assert!(matches!(opts.rules, SearchRules::HuggingFace { .. }));
-            let out = translate(
-                &decoder,
-                &src,
-                &DecodeRequest::new(opts),
-                &Device::Cpu,
-                |_, _| {},
-            )
-            .unwrap();
+            let out = common::decode(&run, &src, opts);
             for (l, hyps) in lines.iter().zip(&out) {
                 let h = &hyps[0];
                 let r = &l["hf"]["float32"][key];
@@ -147,7 +141,6 @@ fn marians_ctranslate2_conversion_decodes_as_translate_batch() {
     let want = expected();
     let lines = want["lines"].as_array().unwrap();
     let run = load(&fixture("marian-de-en-ct2"));
-    let decoder = run.model.decoder().unwrap();
     // CTranslate2 is given MarianTokenizer's pieces, `</s>` included.
     let src: Vec<Vec<u32>> = lines
         .iter()
@@ -162,21 +155,10 @@ fn marians_ctranslate2_conversion_decodes_as_translate_batch() {
             length_penalty: 1.0,
             ..run.config.decode_options(beam)
         };
-        let out = translate(
-            &decoder,
-            &src,
-            &DecodeRequest::new(opts),
-            &Device::Cpu,
-            |_, _| {},
-        )
-        .unwrap();
+        let out = common::decode(&run, &src, opts);
         for (l, hyps) in lines.iter().zip(&out) {
             let r = &l["ct2"]["float32"][key];
-            let tokens: Vec<String> = hyps[0]
-                .tokens
-                .iter()
-                .map(|&t| run.tokenizer.token(t))
-                .collect();
+            let tokens: Vec<String> = common::token_strings(&run, &hyps[0]);
             let theirs: Vec<String> = serde_json::from_value(r["tokens"].clone()).unwrap();
             assert_eq!(tokens, theirs, "{key}: {}", l["src"]);
             let score = r["score"].as_f64().unwrap();
@@ -205,15 +187,7 @@ fn renormalized_logits_score_without_pad() {
         },
         ..run.config.decode_options(1)
     };
-    let decoder = run.model.decoder().unwrap();
-    let out = translate(
-        &decoder,
-        &src,
-        &DecodeRequest::new(opts),
-        &Device::Cpu,
-        |_, _| {},
-    )
-    .unwrap();
+    let out = common::decode(&run, &src, opts);
     for (l, hyps) in lines.iter().zip(&out) {
         let r = &l["hf"]["float32"]["greedy"];
         let mut got = hyps[0].tokens.clone();

@@ -57,6 +57,11 @@ impl Vocabulary {
         self.index.get(token).copied()
     }
 
+    /// The tokens in id order.
+    pub fn tokens(&self) -> &[String] {
+        &self.tokens
+    }
+
     /// The token of `id`.
     pub fn token(&self, id: u32) -> Option<&str> {
         self.tokens.get(id as usize).map(String::as_str)
@@ -184,7 +189,7 @@ impl PublishedTokenizer {
                     json!({ "sentencepiece": base64::encode(bytes) })
                 }
             };
-            json!({ "split": split, "vocab": s.vocab.tokens, "unk": s.vocab.unk })
+            json!({ "split": split, "vocab": s.vocab.tokens(), "unk": s.vocab.unk })
         };
         let sp = self.specials;
         json!({ "published": {

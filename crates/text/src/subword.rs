@@ -113,9 +113,16 @@ impl Default for BpeOptions {
 /// SentencePiece models, its special ids).
 #[derive(Clone)]
 pub struct Subword {
-    inner: Tokenizer,
-    /// Set for a published model's tokenizer; `inner` is then unused (an empty model).
-    published: Option<std::sync::Arc<PublishedTokenizer>>,
+    kind: Kind,
+}
+
+/// Which of the two a [`Subword`] is.
+#[derive(Clone)]
+enum Kind {
+    /// Trained here: the `tokenizers` crate's model with the fixed specials.
+    Trained(Tokenizer),
+    /// A published model's own.
+    Published(std::sync::Arc<PublishedTokenizer>),
 }
 
 impl std::fmt::Debug for Subword {
@@ -176,18 +183,18 @@ impl Subword {
     /// The id of the piece `token` as [`TextTokenizer::token`] spells it (`▁Ein`, `<unk>`),
     /// or `None` when the vocabulary has no such piece.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        match &self.published {
-            Some(p) => p.target.vocab.id(token),
-            None => self.inner.token_to_id(token),
+        match &self.kind {
+            Kind::Published(p) => p.target.vocab.id(token),
+            Kind::Trained(inner) => inner.token_to_id(token),
         }
     }
 
     /// The source id of the piece `token` (a published model's source vocabulary; else
     /// [`Subword::token_to_id`]).
     pub fn source_token_to_id(&self, token: &str) -> Option<u32> {
-        match &self.published {
-            Some(p) => p.source.vocab.id(token),
-            None => self.inner.token_to_id(token),
+        match &self.kind {
+            Kind::Published(p) => p.source.vocab.id(token),
+            Kind::Trained(inner) => inner.token_to_id(token),
         }
     }
 
@@ -244,10 +251,10 @@ impl Subword {
     pub fn with_byte_fallback(&self, origin: &Path) -> Result<Self> {
         // The `tokenizers` crate reads byte fallback from a model's vocabulary but has no
         // call that adds the byte pieces to a trained model; its JSON form is where they go.
-        let json = self
-            .inner
-            .to_string(false)
-            .map_err(|e| tok_err(origin, e))?;
+        let inner = self
+            .hf()
+            .ok_or_else(|| tok_err(origin, "a published model's tokenizer has its own pieces"))?;
+        let json = inner.to_string(false).map_err(|e| tok_err(origin, e))?;
         let mut v: serde_json::Value =
             serde_json::from_str(&json).map_err(|e| tok_err(origin, e))?;
         let bytes = (0..=255u8).map(|b| format!("<0x{b:02X}>"));
@@ -296,10 +303,7 @@ impl Subword {
     /// The `model` object of a tokenizer trained here, as `tokenizer.json` holds it; `None`
     /// for a published model's.
     fn trained_model(&self) -> Option<serde_json::Value> {
-        if self.published.is_some() {
-            return None;
-        }
-        let json = self.inner.to_string(false).ok()?;
+        let json = self.hf()?.to_string(false).ok()?;
         let mut v: serde_json::Value = serde_json::from_str(&json).ok()?;
         Some(v["model"].take())
     }
@@ -377,38 +381,47 @@ impl Subword {
             }
         }
         Ok(Self {
-            inner,
-            published: None,
+            kind: Kind::Trained(inner),
         })
     }
 
     /// A published model's tokenizer.
     pub fn published(p: PublishedTokenizer) -> Self {
         Self {
-            inner: Tokenizer::new(WordLevel::default()),
-            published: Some(std::sync::Arc::new(p)),
+            kind: Kind::Published(std::sync::Arc::new(p)),
         }
     }
 
     /// The published model's tokenizer, if this is one.
     pub fn as_published(&self) -> Option<&PublishedTokenizer> {
-        self.published.as_deref()
+        match &self.kind {
+            Kind::Published(p) => Some(p),
+            Kind::Trained(_) => None,
+        }
+    }
+
+    /// The `tokenizers` model of a tokenizer trained here; `None` for a published model's.
+    fn hf(&self) -> Option<&Tokenizer> {
+        match &self.kind {
+            Kind::Trained(t) => Some(t),
+            Kind::Published(_) => None,
+        }
     }
 
     /// Target ids of `text` (a reference, for training): the target side's own pieces for a
     /// published model with two, else [`TextTokenizer::encode`].
     pub fn encode_target(&self, text: &str) -> Vec<u32> {
-        match &self.published {
-            Some(p) if !text.trim().is_empty() => p.encode_target(text),
+        match &self.kind {
+            Kind::Published(p) if !text.trim().is_empty() => p.encode_target(text),
             _ => self.encode(text),
         }
     }
 
     /// The source side's pieces of `text` (what [`TextTokenizer::encode`] looks up).
     pub fn pieces(&self, text: &str) -> Vec<String> {
-        match &self.published {
-            Some(p) => p.source_pieces(text),
-            None => self
+        match &self.kind {
+            Kind::Published(p) => p.source_pieces(text),
+            Kind::Trained(_) => self
                 .encode(text)
                 .into_iter()
                 .map(|i| self.token(i))
@@ -419,9 +432,9 @@ impl Subword {
     /// Writes `tokenizer.json` (the `tokenizers` crate's format; Python's `tokenizers`
     /// reads it too).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let json = match &self.published {
-            Some(p) => p.to_json().to_string(),
-            None => self.inner.to_string(false).map_err(|e| tok_err(path, e))?,
+        let json = match &self.kind {
+            Kind::Published(p) => p.to_json().to_string(),
+            Kind::Trained(inner) => inner.to_string(false).map_err(|e| tok_err(path, e))?,
         };
         std::fs::write(path, json).map_err(|source| Error::Io {
             action: "write",
@@ -467,57 +480,59 @@ impl TextTokenizer for Subword {
         if text.trim().is_empty() {
             return Vec::new();
         }
-        if let Some(p) = &self.published {
+        if let Kind::Published(p) = &self.kind {
             return p.encode(text);
         }
         // Encoding only fails on a model error; this model maps anything unknown to <unk>.
-        self.inner
-            .encode(text, false)
+        self.hf()
+            .and_then(|t| t.encode(text, false).ok())
             .map(|e| e.get_ids().to_vec())
             .unwrap_or_default()
     }
 
     fn decode(&self, ids: &[u32]) -> String {
-        if let Some(p) = &self.published {
+        if let Kind::Published(p) = &self.kind {
             return p.decode(ids);
         }
-        self.inner.decode(ids, true).unwrap_or_default()
+        self.hf()
+            .and_then(|t| t.decode(ids, true).ok())
+            .unwrap_or_default()
     }
 
     fn specials(&self) -> Specials {
-        match &self.published {
-            Some(p) => p.specials,
-            None => Specials::FIXED,
+        match &self.kind {
+            Kind::Published(p) => p.specials,
+            Kind::Trained(_) => Specials::FIXED,
         }
     }
 
     fn vocab_size(&self) -> usize {
-        match &self.published {
-            Some(p) => p.target.vocab.len(),
-            None => self.inner.get_vocab_size(true),
+        match &self.kind {
+            Kind::Published(p) => p.target.vocab.len(),
+            Kind::Trained(inner) => inner.get_vocab_size(true),
         }
     }
 
     fn source_vocab_size(&self) -> usize {
-        match &self.published {
-            Some(p) => p.source.vocab.len(),
-            None => self.vocab_size(),
+        match &self.kind {
+            Kind::Published(p) => p.source.vocab.len(),
+            Kind::Trained(_) => self.vocab_size(),
         }
     }
 
     fn source_token(&self, id: u32) -> String {
-        match &self.published {
-            Some(p) => p.source.vocab.token(id).unwrap_or("<unk>").to_string(),
-            None => self.token(id),
+        match &self.kind {
+            Kind::Published(p) => p.source.vocab.token(id).unwrap_or("<unk>").to_string(),
+            Kind::Trained(_) => self.token(id),
         }
     }
 
     fn token(&self, id: u32) -> String {
-        if let Some(p) = &self.published {
+        if let Kind::Published(p) = &self.kind {
             return p.target.vocab.token(id).unwrap_or("<unk>").to_string();
         }
-        self.inner
-            .id_to_token(id)
+        self.hf()
+            .and_then(|t| t.id_to_token(id))
             .unwrap_or_else(|| SPECIAL_TOKENS[3].to_string())
     }
 }

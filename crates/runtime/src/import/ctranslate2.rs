@@ -782,14 +782,20 @@ fn tokenizer(
             model.tgt_vocab
         )));
     }
-    let source = Vocabulary::new(src, 0);
-    let target = Vocabulary::new(tgt, 0);
+    // The first of duplicate tokens keeps the token's id, as CTranslate2 reads them.
+    let unk_of = |v: &[String], side: &str| {
+        v.iter()
+            .position(|t| *t == config.unk)
+            .map(|i| i as u32)
+            .ok_or_else(|| bad(format!("the {side} vocabulary has no {:?}", config.unk)))
+    };
+    let (src_unk, tgt_unk) = (unk_of(&src, "source")?, unk_of(&tgt, "target")?);
+    let source = Vocabulary::new(src, src_unk);
+    let target = Vocabulary::new(tgt, tgt_unk);
     let id = |v: &Vocabulary, t: &str, side: &str| {
         v.id(t)
             .ok_or_else(|| bad(format!("the {side} vocabulary has no {t:?}")))
     };
-    let src_unk = id(&source, &config.unk, "source")?;
-    let tgt_unk = id(&target, &config.unk, "target")?;
     let start = config.decoder_start.as_deref().ok_or_else(|| {
         bad(
             "the model has no decoder start token (it expects one in every target prefix): \
@@ -815,23 +821,17 @@ fn tokenizer(
     Ok(PublishedTokenizer {
         source: Side {
             splitter: src_split,
-            vocab: Vocabulary::new(source_tokens(&source), src_unk),
+            vocab: source,
         },
         target: Side {
             splitter: tgt_split,
-            vocab: Vocabulary::new(source_tokens(&target), tgt_unk),
+            vocab: target,
         },
         specials,
         source_prefix,
         language_tags: false,
         skip_unknown: false,
     })
-}
-
-fn source_tokens(v: &Vocabulary) -> Vec<String> {
-    (0..v.len() as u32)
-        .map(|i| v.token(i).unwrap_or_default().to_string())
-        .collect()
 }
 
 /// A padding id for the source, which this project's model masks by id (CTranslate2 masks
@@ -863,7 +863,7 @@ pub(crate) fn with_padding(
     padded.extend(std::iter::repeat_n(0.0, c));
     weights.insert("src_embedding.weight", padded, &[v + 1, c]);
     model.src_vocab = v + 1;
-    let mut tokens = source_tokens(&tok.source.vocab);
+    let mut tokens = tok.source.vocab.tokens().to_vec();
     tokens.push("<pad>".into());
     let unk = tok.source.vocab.unk();
     tok.source.vocab = Vocabulary::new(tokens, unk);

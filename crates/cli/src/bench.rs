@@ -8,7 +8,7 @@ use std::time::Instant;
 use transformer_decode::{generate_lm, Sampling};
 use transformer_model::Backprop;
 use transformer_model::{bf16, Precision};
-use transformer_model::{LmConfig, ParamBuilder, Rng, TransformerLm};
+use transformer_model::{LmConfig, ParamBuilder, Params, Rng, TransformerLm};
 use transformer_train::lm::LmStep;
 
 #[derive(Subcommand)]
@@ -329,19 +329,34 @@ fn lm(a: LmBenchArgs) -> Result<()> {
         ..LmConfig::default()
     };
     cfg.validate()?;
-    let pb = ParamBuilder::new(DType::F32, &dev, a.run.seed);
-    let model = TransformerLm::new(&pb, &cfg).context("building the model")?;
-    let params = pb.params();
-    let vars = params.vars();
+    // A model trains in the precision it is built with: the bf16 steps run a second model
+    // of the same initial weights, built when bf16 is timed.
+    let build = |precision: Precision| -> Result<(TransformerLm, LmStep, Params)> {
+        let pb = ParamBuilder::new(DType::F32, &dev, a.run.seed).with_precision(precision);
+        let model = TransformerLm::new(&pb, &cfg).context("building the model")?;
+        let step = LmStep::new(pb.params().vars(), a.lr, a.clip);
+        Ok((model, step, pb.params()))
+    };
+    let (model, mut lm_step, params) = build(Precision::F32)?;
+    let mut bf16 = None;
     let data_rng = Rng::new(a.run.seed ^ 0x5eed_da7a);
     let dropout_rng = Rng::new(a.run.seed.wrapping_add(1));
 
     // a. Training step, as the loop in transformer_train::lm::train takes it.
     let (input, target) = random_window(&data_rng, a.batch, a.bptt, a.vocab, &dev)?;
-    let mut lm_step = LmStep::new(vars, a.lr, a.clip);
     let mut last_loss = f64::NAN;
     let mut step = |precision: Precision| -> Result<()> {
-        last_loss = lm_step.run(&model, &input, &target, &dropout_rng, precision)?;
+        let (m, s) = match precision {
+            Precision::F32 => (&model, &mut lm_step),
+            Precision::Bf16 => {
+                let (m, s, _) = match &mut bf16 {
+                    Some(built) => built,
+                    None => bf16.insert(build(Precision::Bf16)?),
+                };
+                (&*m, s)
+            }
+        };
+        last_loss = s.run(m, &input, &target, &dropout_rng)?;
         Ok(())
     };
     // In bf16, the output layer's products (mixed precision).
@@ -356,7 +371,6 @@ fn lm(a: LmBenchArgs) -> Result<()> {
             &eval_target,
             transformer_model::Mode::Eval,
             Backprop::Off,
-            Precision::F32,
         )?;
         loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         Ok(())
@@ -507,26 +521,49 @@ fn mt(a: MtBenchArgs) -> Result<()> {
         cfg.decoder_layers = 6;
     }
     let model_cfg = cfg.model_config(a.vocab);
-    let pb = ParamBuilder::new(DType::F32, &dev, a.run.seed);
-    let model = MtModel::build(&pb, &model_cfg).context("building the model")?;
-    let params = pb.params();
-    let vars = params.vars();
-    let mut opt = Adam::new(vars.clone(), 5e-4)?;
-    let direct = transformer_model::DirectGrads::new();
+    // A model trains in the precision it is built with: the bf16 steps run a second model
+    // of the same initial weights, built when bf16 is timed.
+    struct Trainee {
+        model: MtModel,
+        params: Params,
+        opt: Adam,
+        direct: transformer_model::DirectGrads,
+    }
+    let build = |precision: Precision| -> Result<Trainee> {
+        let pb = ParamBuilder::new(DType::F32, &dev, a.run.seed).with_precision(precision);
+        let model = MtModel::build(&pb, &model_cfg).context("building the model")?;
+        let params = pb.params();
+        let opt = Adam::new(params.vars(), 5e-4)?;
+        let direct = transformer_model::DirectGrads::new();
+        Ok(Trainee {
+            model,
+            params,
+            opt,
+            direct,
+        })
+    };
+    let mut f32_trainee = build(Precision::F32)?;
+    let mut bf16 = None;
     let (src, tgt_in, tgt_out, tokens) = mt_batch(&a, &dev)?;
     let rng = Rng::new(a.run.seed.wrapping_add(1));
     let mut last = (f64::NAN, f64::NAN);
     let mut step = |precision: Precision| -> Result<()> {
+        let t = match precision {
+            Precision::F32 => &mut f32_trainee,
+            Precision::Bf16 => match &mut bf16 {
+                Some(built) => built,
+                None => bf16.insert(build(Precision::Bf16)?),
+            },
+        };
         last = train_step(
-            &model,
-            &vars,
-            &mut opt,
-            &direct,
+            &t.model,
+            &t.params.vars(),
+            &mut t.opt,
+            &t.direct,
             cfg.clip,
             [&src, &tgt_in, &tgt_out],
             0,
             cfg.label_smoothing,
-            precision,
             &rng,
         )?;
         Ok(())
@@ -534,11 +571,17 @@ fn mt(a: MtBenchArgs) -> Result<()> {
     // In bf16, the output layer's and the encoder and decoder layers' projection and
     // feed-forward products (mixed precision).
     let (train, peak_rss, bf16_unit, train_bf16) = a.run.precisions(&dev, &mut step)?;
+    let Trainee {
+        model,
+        params,
+        mut opt,
+        direct,
+    } = f32_trainee;
     let phases = mt_phases(
         &a,
         &dev,
         &model,
-        &vars,
+        &params.vars(),
         &mut opt,
         &direct,
         &cfg,
@@ -632,7 +675,7 @@ fn mt_phases(
             [src, tgt_in, tgt_out],
             (0, cfg.label_smoothing),
             Mode::Train(rng),
-            transformer_model::Backprop::Direct(direct, Precision::F32),
+            transformer_model::Backprop::Direct(direct),
         )?;
         dev.synchronize()?;
         let t1 = Instant::now();

@@ -423,7 +423,7 @@ fn train_losses(
     steps: usize,
     precision: transformer_model::Precision,
 ) -> Result<Vec<f64>> {
-    let pb = ParamBuilder::new(DType::F32, dev, SEED);
+    let pb = ParamBuilder::new(DType::F32, dev, SEED).with_precision(precision);
     let model = MtModel::build(&pb, &tiny_mt(0.1))?;
     let params = pb.params();
     params.assign(init)?;
@@ -443,7 +443,6 @@ fn train_losses(
             [&s, &ti, &to],
             0,
             0.1,
-            precision,
             &rng,
         )?;
         losses.push(loss);

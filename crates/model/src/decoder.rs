@@ -3,7 +3,7 @@
 //! each wrapped in a residual connection with layer normalisation.
 
 pub use crate::backend::DecoderWeights;
-use crate::backend::{self, Backend, Backprop, DecoderLayerCall, DecoderLayerParts, Pass};
+use crate::backend::{self, Backend, DecoderLayerCall, DecoderLayerParts, Pass};
 use crate::dropout::{Dropout, Mode};
 use crate::encoder::{residual, residual_with};
 use crate::feed_forward::FeedForward;
@@ -329,8 +329,7 @@ impl StackLayer for DecoderLayer {
         x: &Tensor,
         inputs: DecoderInputs<'_>,
         i: usize,
-        mode: Mode,
-        backprop: Backprop,
+        pass: Pass,
     ) -> Result<Option<Tensor>> {
         let Memory::Full(memory) = inputs.memory(i) else {
             return Ok(None);
@@ -340,8 +339,9 @@ impl StackLayer for DecoderLayer {
             memory,
             self_mask: inputs.self_mask,
             memory_mask: inputs.memory_mask,
-            mode,
-            backprop,
+            mode: pass.mode,
+            backprop: pass.backprop,
+            precision: pass.precision,
         };
         backend.decoder_layer(&self.parts(), call)
     }

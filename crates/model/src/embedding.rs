@@ -49,7 +49,7 @@ impl Embedding {
     /// ids (...) u32 -> (..., C)
     pub fn forward_as(&self, ids: &Tensor, backprop: Backprop) -> Result<Tensor> {
         let grads = match backprop {
-            Backprop::Direct(grads, _) if DirectGrads::accepts(&self.weight) => grads,
+            Backprop::Direct(grads) if DirectGrads::accepts(&self.weight) => grads,
             _ => return self.forward(ids),
         };
         let ids_vec = self.checked_ids(ids)?.to_vec1::<u32>()?;

@@ -2,7 +2,7 @@
 //! and a feed-forward sub-layer, each wrapped as `LayerNorm(x + Dropout(Sublayer(x)))`
 //! (post-norm, the paper) or `x + Dropout(Sublayer(LayerNorm(x)))` (`norm_first`).
 
-use crate::backend::{Backend, Backprop, EncoderLayerParts, LayerCall, Pass};
+use crate::backend::{Backend, EncoderLayerParts, LayerCall, Pass};
 use crate::dropout::{Dropout, Mode};
 use crate::feed_forward::FeedForward;
 use crate::layer_norm::LayerNorm;
@@ -205,14 +205,14 @@ impl StackLayer for EncoderLayer {
         x: &Tensor,
         mask: Option<&Mask>,
         _: usize,
-        mode: Mode,
-        backprop: Backprop,
+        pass: Pass,
     ) -> Result<Option<Tensor>> {
         let call = LayerCall {
             x,
             mask,
-            mode,
-            backprop,
+            mode: pass.mode,
+            backprop: pass.backprop,
+            precision: pass.precision,
         };
         backend.encoder_layer(&self.parts(), call)
     }

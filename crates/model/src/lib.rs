@@ -62,7 +62,7 @@
 //! // (`Backprop::Direct` sends most of them to the fused layers' buffers instead).
 //! let targets = Tensor::new(&[[2u32, 3, 4, 5], [6, 7, 8, 9]], &device)?;
 //! let rng = Rng::new(1);
-//! let loss = lm.loss(&ids, &targets, Mode::Train(&rng), Backprop::Graph, Precision::F32)?;
+//! let loss = lm.loss(&ids, &targets, Mode::Train(&rng), Backprop::Graph)?;
 //! let grads = loss.backward()?;
 //! let params = pb.params();
 //! assert!(params.vars().iter().all(|v| grads.get(v.as_tensor()).is_some()));

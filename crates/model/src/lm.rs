@@ -27,6 +27,9 @@ pub struct TransformerLm {
     embedding: Embedding,
     linear: Linear,
     d_model: usize,
+    /// The output layer's products in a training pass (`Graph` or `Direct`), from the builder
+    /// ([`ParamBuilder::precision`]); its encoder layers and evaluation run in f32.
+    precision: Precision,
 }
 
 impl TransformerLm {
@@ -80,6 +83,7 @@ impl TransformerLm {
             embedding,
             linear,
             d_model: cfg.d_model,
+            precision: pb.precision(),
         })
     }
 
@@ -185,16 +189,17 @@ impl TransformerLm {
 
     /// Mean cross-entropy of `targets` given `ids`, without materialising the logits
     /// (the output layer is fused with the log-softmax, [`crate::ops::output_cross_entropy`]),
-    /// with the output layer's products in `precision` (bf16 on the AMX units where the CPU
-    /// has them: mixed precision, see [`crate::ops::output_cross_entropy`]).
+    /// the output layer's products of a pass to be differentiated in the model's training
+    /// precision (its builder's, [`ParamBuilder::precision`]: bf16 on the AMX units where the
+    /// CPU has them, mixed precision, see [`crate::ops::output_cross_entropy`]), an
+    /// evaluation's (`Off`) in f32.
     ///
     /// `backprop` says where the gradients go ([`Backprop`]):
     /// - `Graph`: through candle's graph, the composed model (the reference);
     /// - `Direct`: the gradients of the embedding, of the encoder layers and of the output
     ///   layer go to its `DirectGrads` instead of candle's `GradStore`: the output layer's
     ///   written once into buffers kept between steps, the embedding's as the used rows only
-    ///   (see [`crate::grads`]), each encoder layer's from one fused op in the arithmetic
-    ///   `Direct` names (a layer the backend does not fuse keeps its gradients in the
+    ///   (see [`crate::grads`]), each encoder layer's from one fused op in f32 (a layer the backend does not fuse keeps its gradients in the
     ///   `GradStore`, so an optimizer reads both). The same gradients (summed in another order
     ///   inside the encoder layers), without the allocations, zeroing and adds of two dense
     ///   `(V, C)` gradients per step or candle's graph of about 60 small ops per encoder layer;
@@ -211,8 +216,8 @@ impl TransformerLm {
         targets: &Tensor,
         mode: Mode,
         backprop: Backprop,
-        precision: Precision,
     ) -> Result<Tensor> {
+        let precision = self.precision;
         let bias = self
             .linear
             .bias()
@@ -223,7 +228,7 @@ impl TransformerLm {
                 let h = self.hidden_with(ids, mode, backprop)?;
                 ops::output_cross_entropy(&h, w, bias, targets, None, precision, None)
             }
-            Backprop::Direct(grads, _) => {
+            Backprop::Direct(grads) => {
                 // bf16 products where the backend lowers the composed layers' (off the CPU).
                 let _products = self
                     .transformer_encoder
@@ -235,7 +240,7 @@ impl TransformerLm {
             Backprop::Off => {
                 let h = self.hidden_with(ids, mode, backprop)?.detach();
                 let (w, bias) = (w.detach(), bias.detach());
-                ops::output_cross_entropy(&h, &w, &bias, targets, None, precision, None)
+                ops::output_cross_entropy(&h, &w, &bias, targets, None, Precision::F32, None)
             }
         }
     }

@@ -4,6 +4,7 @@
 //! [`Var`]s, in creation order, under their full dotted names. Updating a `Var` in place
 //! (optimizer steps, loading weights) is seen by the modules, since clones share storage.
 
+use crate::ops::Precision;
 use crate::rng::Rng;
 use crate::Result;
 use candle_core::{DType, Device, Shape, Tensor, Var};
@@ -155,6 +156,7 @@ struct BuilderState {
     rng: Rng,
     dtype: DType,
     device: Device,
+    precision: Precision,
 }
 
 /// Creates parameters under a dotted name prefix (`encoder.layers.0.self_attn`).
@@ -177,6 +179,7 @@ impl ParamBuilder {
                 rng: Rng::new(seed),
                 dtype,
                 device: device.clone(),
+                precision: Precision::F32,
             })),
             prefix: String::new(),
         }
@@ -198,6 +201,20 @@ impl ParamBuilder {
     /// The dtype of the parameters this builder creates.
     pub fn dtype(&self) -> DType {
         self.state.borrow().dtype
+    }
+
+    /// The same builder, whose models train in `precision`: the arithmetic of the products
+    /// of their training passes, fixed when a model is built ([`Self::precision`]).
+    pub fn with_precision(self, precision: Precision) -> Self {
+        self.state.borrow_mut().precision = precision;
+        self
+    }
+
+    /// The training arithmetic of the models built here (f32 unless
+    /// [`Self::with_precision`]): a Transformer's fused layers and output layer run their
+    /// products in it when differentiated `Direct`; validation and decoding run in f32.
+    pub fn precision(&self) -> Precision {
+        self.state.borrow().precision
     }
 
     /// The device the parameters are created on.

@@ -25,6 +25,7 @@ use crate::grads::DirectGrads;
 use crate::linear::Linear;
 use crate::mask::Mask;
 use crate::multi_head::KvCache;
+use crate::ops::Precision;
 use crate::params::{Init, ParamBuilder};
 use crate::positional::{PositionalEncoding, Positions};
 use crate::restrict::CandidateVocab;
@@ -151,6 +152,9 @@ pub struct Seq2Seq {
     pub(crate) transformer: Transformer,
     pub(crate) generator: Linear,
     pub(crate) decode_precision: DecodePrecision,
+    /// The arithmetic of a training pass's products (fused layers and output layer, `Direct`),
+    /// from the builder ([`ParamBuilder::precision`]).
+    precision: Precision,
     /// Decoding's output vocabulary per batch, when restricted ([`crate::restrict`]).
     pub(crate) candidates: Option<Arc<dyn CandidateVocab>>,
 }
@@ -198,9 +202,9 @@ pub fn label_smoothed_loss_with(
     targets: &Tensor,
     pad_id: u32,
     eps: f64,
-    direct: Option<(&DirectGrads, crate::ops::Precision)>,
+    direct: Option<(&DirectGrads, Precision)>,
 ) -> Result<Seq2SeqLoss> {
-    use crate::ops::{self, Precision};
+    use crate::ops;
     let w = generator.weight();
     let bias = generator.bias().expect("the output layer has a bias");
     // Padding rows count for nothing, so the output layer runs on the other rows only: its
@@ -342,6 +346,7 @@ impl Seq2Seq {
             transformer,
             generator,
             decode_precision: DecodePrecision::F32,
+            precision: pb.precision(),
             candidates: None,
         })
     }
@@ -498,7 +503,8 @@ impl Seq2Seq {
     /// composed model, the reference); or, for training, most parameter gradients delivered
     /// to `DirectGrads` instead of candle's `GradStore` (see [`crate::grads`]): the
     /// embeddings' rows, every encoder and decoder layer the backend runs as one fused op, and
-    /// the output layer's weight and bias, with their products in the precision it names; the
+    /// the output layer's weight and bias, with their products in the model's training
+    /// precision (from its builder, [`ParamBuilder::precision`]); the
     /// rest (the final norms, layers the backend does not fuse) through the graph as usual, and
     /// an optimizer reads both. The same loss with the same dropout either way, summed in
     /// another order. With `DirectGrads` the fused layers also skip padding rows: each
@@ -520,7 +526,7 @@ impl Seq2Seq {
         backprop: Backprop,
     ) -> Result<Seq2SeqLoss> {
         let direct = match backprop {
-            Backprop::Direct(grads, precision) => Some((grads, precision)),
+            Backprop::Direct(grads) => Some((grads, self.precision)),
             Backprop::Graph | Backprop::Off => None,
         };
         // bf16 products where the backend lowers the composed layers' (off the CPU).
@@ -538,7 +544,7 @@ impl Seq2Seq {
         };
         let tr = &self.transformer;
         let x = self.embed_as(&self.src_embedding, src, mode, backprop)?;
-        let pass = Pass::new(mode).backprop(backprop);
+        let pass = Pass::new(mode).backprop(backprop).products(self.precision);
         let (memory, _) = tr.encoder().forward_as(&x, Some(&src_mask), pass)?;
         let y = self.embed_as(&self.tgt_embedding, tgt_in, mode, backprop)?;
         let (tm, mm) = (Some(&tgt_mask), Some(&memory_mask));

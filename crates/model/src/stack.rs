@@ -3,7 +3,7 @@
 //! how the stack runs it live with each layer kind; building the stack, its final norm and
 //! the backend each layer call goes through live here once.
 
-use crate::backend::{self, Backend, Backprop, Pass};
+use crate::backend::{self, Backend, Pass};
 use crate::config::Activation;
 use crate::dropout::Mode;
 use crate::layer_norm::LayerNorm;
@@ -31,8 +31,7 @@ pub trait StackLayer: Sized {
         x: &Tensor,
         inputs: Self::Inputs<'_>,
         index: usize,
-        mode: Mode,
-        backprop: Backprop,
+        pass: Pass,
     ) -> Result<Option<Tensor>>;
     /// Layer `index` composed of the paper's modules, extending `cache` when given, with
     /// its attention weights when `need_weights`.
@@ -132,11 +131,7 @@ impl<L: StackLayer> Stack<L> {
         mut caches: Option<&mut [KvCache]>,
         pass: Pass,
     ) -> Result<(Tensor, Vec<L::Weights>)> {
-        let Pass {
-            mode,
-            backprop,
-            weights: need_weights,
-        } = pass;
+        let (mode, need_weights) = (pass.mode, pass.weights);
         let mut x = x.clone();
         let mut weights = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {
@@ -144,7 +139,7 @@ impl<L: StackLayer> Stack<L> {
             let fused = if need_weights || cache.is_some() {
                 None
             } else {
-                layer.by_backend(self.backend.as_ref(), &x, inputs, i, mode, backprop)?
+                layer.by_backend(self.backend.as_ref(), &x, inputs, i, pass)?
             };
             let (y, w) = match fused {
                 Some(y) => (y, None),

@@ -35,7 +35,12 @@ impl Backend for Counting {
 }
 
 fn lm() -> Result<TransformerLm> {
-    let pb = ParamBuilder::new(DType::F32, &Device::Cpu, 7);
+    lm_in(transformer_model::Precision::F32)
+}
+
+/// [`lm`] training in `precision`.
+fn lm_in(precision: transformer_model::Precision) -> Result<TransformerLm> {
+    let pb = ParamBuilder::new(DType::F32, &Device::Cpu, 7).with_precision(precision);
     TransformerLm::new(&pb, &lm_config(40, 16, 32, 3))
 }
 
@@ -64,13 +69,7 @@ fn every_encoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
 
     // The evaluation loss goes through it too (three more layer calls).
     let targets = Tensor::new(&[[2u32, 3, 4, 5, 6], [7, 8, 9, 10, 11]], &Device::Cpu)?;
-    model.loss(
-        &ids,
-        &targets,
-        Mode::Eval,
-        Backprop::Off,
-        transformer_model::Precision::F32,
-    )?;
+    model.loss(&ids, &targets, Mode::Eval, Backprop::Off)?;
     assert_eq!(counting.calls.load(Ordering::SeqCst), 6);
 
     // Calls that keep a cache or want the attention weights run the composed layers
@@ -139,7 +138,7 @@ fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
     let tgt = Tensor::randn(0f32, 1.0, (2, 4, 32), &dev)?;
     let memory = model.encoder().forward(&src, None, Mode::Eval)?;
     let direct = DirectGrads::new();
-    let backprop = Backprop::Direct(&direct, transformer_model::kernels::Precision::F32);
+    let backprop = Backprop::Direct(&direct);
     let pass = Pass::new(Mode::Eval).backprop(backprop);
     model
         .decoder()
@@ -161,29 +160,21 @@ fn the_composed_backend_lowers_a_bf16_pass_to_bf16_products() -> Result<()> {
     use transformer_model::kernels::Precision;
     let ids = Tensor::new(&[[1u32, 2, 3, 4, 5], [6, 7, 8, 9, 10]], &Device::Cpu)?;
     let targets = Tensor::new(&[[2u32, 3, 4, 5, 6], [7, 8, 9, 10, 11]], &Device::Cpu)?;
-    let mut model = lm()?;
-    model.set_backend(Arc::new(Composed));
+    let composed = |p: Precision| -> Result<TransformerLm> {
+        let mut model = lm_in(p)?;
+        model.set_backend(Arc::new(Composed));
+        Ok(model)
+    };
     let loss = |p: Precision| -> Result<f32> {
         let direct = DirectGrads::new();
-        model
-            .loss(
-                &ids,
-                &targets,
-                Mode::Eval,
-                Backprop::Direct(&direct, Precision::F32),
-                p,
-            )?
+        composed(p)?
+            .loss(&ids, &targets, Mode::Eval, Backprop::Direct(&direct))?
             .to_scalar::<f32>()
     };
     let (full, half) = (loss(Precision::F32)?, loss(Precision::Bf16)?);
+    let model = composed(Precision::F32)?;
     let plain = model
-        .loss(
-            &ids,
-            &targets,
-            Mode::Eval,
-            Backprop::Off,
-            transformer_model::Precision::F32,
-        )?
+        .loss(&ids, &targets, Mode::Eval, Backprop::Off)?
         .to_scalar::<f32>()?;
     assert!(
         (full - plain).abs() <= 1e-6 * plain.abs(),

@@ -300,7 +300,7 @@ fn loss_without_gradients_equals_the_eval_loss() -> Result<()> {
     let (lm, _) = tiny_lm(12)?;
     let x = ids(&[&[3, 7, 1, 9, 4], &[1, 2, 3, 4, 5]])?;
     let t = ids(&[&[7, 1, 9, 4, 4], &[2, 3, 4, 5, 29]])?;
-    let eval_loss = |b| lm.loss(&x, &t, Mode::Eval, b, transformer_model::Precision::F32);
+    let eval_loss = |b| lm.loss(&x, &t, Mode::Eval, b);
     let (with_graph, plain) = (eval_loss(Backprop::Graph)?, eval_loss(Backprop::Off)?);
     assert!(with_graph.track_op() && !plain.track_op());
     let diff = (with_graph.to_scalar::<f64>()? - plain.to_scalar::<f64>()?).abs();
@@ -364,7 +364,7 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
         (true, Precision::F32),
         (false, Precision::Bf16),
     ] {
-        let pb = ParamBuilder::new(DType::F32, &Device::Cpu, 5);
+        let pb = ParamBuilder::new(DType::F32, &Device::Cpu, 5).with_precision(precision);
         let cfg = LmConfig {
             tie_weights,
             ..tiny_lm_config()
@@ -384,17 +384,11 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
         .enumerate()
         {
             let y = x.flatten_all()?;
-            let plain_loss =
-                lm.loss(x, &y, Mode::Train(&Rng::new(9)), Backprop::Graph, precision)?;
+            let plain_loss = lm.loss(x, &y, Mode::Train(&Rng::new(9)), Backprop::Graph)?;
             let plain = plain_loss.backward()?;
             direct.clear();
-            let direct_loss = lm.loss(
-                x,
-                &y,
-                Mode::Train(&Rng::new(9)),
-                Backprop::Direct(&direct, Precision::F32),
-                precision,
-            )?;
+            let direct_loss =
+                lm.loss(x, &y, Mode::Train(&Rng::new(9)), Backprop::Direct(&direct))?;
             let store = direct_loss.backward()?;
             let (a, b) = (
                 plain_loss.to_scalar::<f32>()?,

@@ -169,7 +169,7 @@ fn direct_gradients_equal_the_grad_store() -> Result<()> {
             };
             let plain = loss(Backprop::Graph)?;
             direct.clear();
-            let fast = loss(Backprop::Direct(&direct, transformer_model::Precision::F32))?;
+            let fast = loss(Backprop::Direct(&direct))?;
             let (a, b) = (
                 plain.loss.to_scalar::<f32>()?,
                 fast.loss.to_scalar::<f32>()?,

@@ -54,7 +54,7 @@ impl EncoderBench {
     /// parameters' gradients into `DirectGrads`.
     fn fused(&self, rng: &Rng) -> candle_core::Result<candle_core::backprop::GradStore> {
         self.direct.clear();
-        let direct = Backprop::Direct(&self.direct, transformer_model::Precision::F32);
+        let direct = Backprop::Direct(&self.direct);
         let pass = Pass::new(Mode::Train(rng)).backprop(direct);
         let (y, _) = self.enc.forward_as(&self.x, Some(&self.mask), pass)?;
         (y * &self.cot)?.sum_all()?.backward()
@@ -78,7 +78,7 @@ fn main() -> candle_core::Result<()> {
         .parse()
         .expect("PRECISION is f32 or bf16");
     let dev = Device::Cpu;
-    let pb = ParamBuilder::new(DType::F32, &dev, 0);
+    let pb = ParamBuilder::new(DType::F32, &dev, 0).with_precision(precision);
     let cfg = LmConfig {
         ntoken: 28782,
         ..LmConfig::default()
@@ -111,13 +111,7 @@ fn main() -> candle_core::Result<()> {
             // EVAL=1: evaluation forwards on the tutorial's 10 x 35 instead.
             let ids = ids.narrow(0, 0, 10)?;
             for _ in 0..steps {
-                model.loss(
-                    &ids,
-                    &ids,
-                    Mode::Eval,
-                    Backprop::Off,
-                    transformer_model::Precision::F32,
-                )?;
+                model.loss(&ids, &ids, Mode::Eval, Backprop::Off)?;
             }
             return Ok(());
         }
@@ -125,7 +119,7 @@ fn main() -> candle_core::Result<()> {
         let mut step = LmStep::new(params.vars(), 0.0, 0.5);
         for _ in 0..steps {
             let t = Instant::now();
-            step.run(&model, &ids, &ids, &rng, precision).unwrap();
+            step.run(&model, &ids, &ids, &rng).unwrap();
             if std::env::var_os("VERBOSE").is_some() {
                 eprintln!("step {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
             }
@@ -167,10 +161,7 @@ fn main() -> candle_core::Result<()> {
                 .forward_as(
                     &enc.x,
                     Some(&enc.mask),
-                    Pass::new(Mode::Train(&rng)).backprop(Backprop::Direct(
-                        &enc.direct,
-                        transformer_model::Precision::F32,
-                    )),
+                    Pass::new(Mode::Train(&rng)).backprop(Backprop::Direct(&enc.direct)),
                 )
                 .unwrap()
         });
@@ -179,28 +170,16 @@ fn main() -> candle_core::Result<()> {
         });
         time("  loss (eval, fused)", 5, || {
             model
-                .loss(
-                    &ids,
-                    &targets,
-                    Mode::Eval,
-                    Backprop::Graph,
-                    transformer_model::Precision::F32,
-                )
+                .loss(&ids, &targets, Mode::Eval, Backprop::Graph)
                 .unwrap()
         });
         time("  logits (eval, unfused)", 5, || {
             model.forward(&ids, Mode::Eval).unwrap()
         });
-        // The training loss through candle's graph, in the run's precision.
+        // The training loss through candle's graph, in the model's precision.
         let train_loss = || {
             model
-                .loss(
-                    &ids,
-                    &targets,
-                    Mode::Train(&rng),
-                    Backprop::Graph,
-                    precision,
-                )
+                .loss(&ids, &targets, Mode::Train(&rng), Backprop::Graph)
                 .unwrap()
         };
         time("  loss (train) forward", 5, &train_loss);
@@ -236,7 +215,7 @@ fn main() -> candle_core::Result<()> {
         // What `transformer lm train` runs (lr 0: the weights stay put).
         let mut step = LmStep::new(vars.clone(), 0.0, 0.5);
         time("  full step, trainer's (direct gradients)", 5, || {
-            step.run(&model, &ids, &targets, &rng, precision).unwrap()
+            step.run(&model, &ids, &targets, &rng).unwrap()
         });
     }
     Ok(())

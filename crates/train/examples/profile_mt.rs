@@ -7,7 +7,6 @@ use candle_core::{DType, Device, Tensor};
 use transformer_model::seq2seq::Seq2SeqMasks;
 use transformer_model::Backprop;
 use transformer_model::DirectGrads;
-use transformer_model::Precision;
 use transformer_model::{Mode, ParamBuilder, Rng, Seq2Seq};
 use transformer_runtime::config::MtTrainConfig;
 use transformer_runtime::model::MtModel;
@@ -84,11 +83,7 @@ fn main() -> candle_core::Result<()> {
     });
     let direct = DirectGrads::new();
     time("loss forward + backward, direct gradients", reps, || {
-        let l = loss(
-            0.1,
-            Mode::Train(&rng),
-            Backprop::Direct(&direct, Precision::F32),
-        );
+        let l = loss(0.1, Mode::Train(&rng), Backprop::Direct(&direct));
         drop(Gradients::from_backward(&l.loss, &vars, &direct).unwrap());
     });
     let mt_model = MtModel::from(model.clone());
@@ -105,7 +100,6 @@ fn main() -> candle_core::Result<()> {
                 [&src, &tgt_in, &tgt_out],
                 0,
                 0.1,
-                Precision::F32,
                 &rng,
             )
             .unwrap();

@@ -18,7 +18,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use transformer_model::seq2seq::Seq2SeqMasks;
-use transformer_model::{Mode, ParamBuilder, Params, Rng, Seq2Seq, TransformerConfig};
+use transformer_model::{Mode, ParamBuilder, Params, Precision, Rng, Seq2Seq, TransformerConfig};
 
 /// The padding symbol.
 pub const PAD: u32 = 0;
@@ -156,19 +156,22 @@ impl Task for CopyTask {
     }
 
     /// The batch is drawn from the run's RNG (resumed with it), then dropout from the same.
-    fn train_step(&mut self, _index: usize, step: usize, rng: &Rng) -> Result<StepStats> {
+    fn backward(&mut self, _index: usize, rng: &Rng) -> Result<(Gradients, StepStats)> {
         let data = random_batch(rng, &self.cfg, &self.device)?;
         let loss = batch_loss(&self.trained.model, &data, &self.cfg, Mode::Train(rng))?;
-        let mut grads = Gradients::backward(&loss, &self.vars)?;
-        clip_grad_norm(&mut grads, 1.0)?;
-        self.opt.lr = self.schedule.lr(step + 1);
-        self.opt.step(&grads, 1.0)?;
+        let grads = Gradients::backward(&loss, &self.vars)?;
         let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        Ok(StepStats {
-            loss,
-            nll: loss,
-            tokens: self.cfg.batch_size * (self.cfg.seq_len - 1),
-        })
+        let tokens = self.cfg.batch_size * (self.cfg.seq_len - 1);
+        let nll = loss;
+        Ok((grads, StepStats { loss, nll, tokens }))
+    }
+
+    /// The gradients clipped to norm 1 in place, then Adam on the warm-up schedule.
+    fn update(&mut self, grads: &mut Gradients, step: usize) -> Result<()> {
+        clip_grad_norm(grads, 1.0)?;
+        self.opt.lr = self.schedule.lr(step + 1);
+        self.opt.step(grads, 1.0)?;
+        Ok(())
     }
 
     fn log_interval(&self) -> usize {
@@ -247,7 +250,7 @@ pub fn train(
     let opened = crate::runner::open_run(opts, CHECKPOINT_FORMAT, progress)?;
     let _lock = opened.lock;
     let (cfg, saved) = (opened.config, opened.saved);
-    let trained = Trained::new(cfg.clone(), dev, cfg.seed)?;
+    let trained = Trained::new(cfg.clone(), dev, Precision::F32, cfg.seed)?;
     let vars = trained.params.vars();
     let held_out = random_batch(
         &Rng::new(cfg.seed ^ 0xdead_beef),

@@ -358,9 +358,7 @@ mod tests {
             let dev = Device::Cpu;
             let idt = Tensor::new(ids, &dev)?;
             let backprop = match direct {
-                Some(d) => {
-                    transformer_model::Backprop::Direct(d, transformer_model::Precision::F32)
-                }
+                Some(d) => transformer_model::Backprop::Direct(d),
                 None => transformer_model::Backprop::Graph,
             };
             let h = self

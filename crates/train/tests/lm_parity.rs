@@ -57,7 +57,6 @@ fn tutorial_lm_logits_loss_and_gradients_match_pytorch() -> Result<()> {
             &targets.reshape((t, b))?.t()?.contiguous()?,
             Mode::Eval,
             transformer_model::Backprop::Graph,
-            transformer_model::Precision::F32,
         )?;
         assert_close("fused loss", &fused, &fx.t("output.loss"), dtype);
         let fused_grads = fused.backward()?;

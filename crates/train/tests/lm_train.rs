@@ -369,7 +369,6 @@ fn bf16_tied_run_resumes_exactly_and_records_its_settings() {
 #[test]
 fn trainer_step_equals_the_plain_step() -> CResult<()> {
     use transformer_model::LmConfig;
-    use transformer_model::Precision;
     use transformer_train::clip::clip_coefficient;
     use transformer_train::lm::LmStep;
     use transformer_train::Sgd;
@@ -396,13 +395,13 @@ fn trainer_step_equals_the_plain_step() -> CResult<()> {
         let y: Vec<u32> = (0..24).map(|_| data.below(40) as u32).collect();
         let x = Tensor::from_vec(x, (4, 6), &dev)?;
         let y = Tensor::from_vec(y, 24, &dev)?;
-        let loss_a = lm_a.loss(&x, &y, Mode::Train(&rng_a), Backprop::Graph, Precision::F32)?;
+        let loss_a = lm_a.loss(&x, &y, Mode::Train(&rng_a), Backprop::Graph)?;
         let grads = transformer_train::Gradients::backward(&loss_a, &params_a.vars())?;
         let (_, coef) = clip_coefficient(&grads, 0.5)?;
         assert!(coef < 1.0, "clipping is active");
         plain.step(&grads, coef)?;
         let loss_b = step
-            .run(&lm_b, &x, &y, &rng_b, Precision::F32)
+            .run(&lm_b, &x, &y, &rng_b)
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         let loss_a = loss_a.to_scalar::<f32>()? as f64;
         assert!(

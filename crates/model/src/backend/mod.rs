@@ -50,9 +50,8 @@ pub use crate::kernels::DecoderStack as DecodingStack;
 pub enum Backprop<'a> {
     /// Through candle's graph (`loss.backward()`): the composed layer.
     Graph,
-    /// The parameters' gradients into `DirectGrads`, the input's through the graph; the
-    /// fused layers' products in the given arithmetic ([`EncoderLayerOptions::precision`]).
-    Direct(&'a DirectGrads, Precision),
+    /// The parameters' gradients into `DirectGrads`, the input's through the graph.
+    Direct(&'a DirectGrads),
     /// Not at all (evaluation): no graph is built.
     Off,
 }
@@ -68,6 +67,10 @@ pub struct Pass<'a> {
     /// Whether each layer's attention weights are returned (the fused layers keep none, so
     /// those layers run composed).
     pub weights: bool,
+    /// The arithmetic of the fused layers' products in a `Direct` pass
+    /// ([`EncoderLayerOptions::precision`]): the model's training precision, which it was
+    /// built with. f32 unless a model says otherwise ([`Self::products`]).
+    pub precision: Precision,
 }
 
 impl<'a> Pass<'a> {
@@ -77,12 +80,18 @@ impl<'a> Pass<'a> {
             mode,
             backprop: Backprop::Graph,
             weights: false,
+            precision: Precision::F32,
         }
     }
 
     /// The same pass, differentiated as `backprop` says.
     pub fn backprop(self, backprop: Backprop<'a>) -> Self {
         Self { backprop, ..self }
+    }
+
+    /// The same pass, its fused layers' products in `precision` when differentiated `Direct`.
+    pub fn products(self, precision: Precision) -> Self {
+        Self { precision, ..self }
     }
 
     /// The same pass, returning each layer's attention weights.
@@ -132,6 +141,8 @@ pub struct LayerCall<'a> {
     pub mode: Mode<'a>,
     /// How the pass will be differentiated.
     pub backprop: Backprop<'a>,
+    /// The products' arithmetic when differentiated `Direct` ([`Pass::precision`]).
+    pub precision: Precision,
 }
 
 /// One call of a decoder layer over the whole encoder output, without attention weights
@@ -150,6 +161,8 @@ pub struct DecoderLayerCall<'a> {
     pub mode: Mode<'a>,
     /// How the pass will be differentiated.
     pub backprop: Backprop<'a>,
+    /// The products' arithmetic when differentiated `Direct` ([`Pass::precision`]).
+    pub precision: Precision,
 }
 
 /// An implementation of the layer kinds. `None` from a method (the default): this backend
@@ -232,7 +245,7 @@ impl Backend for CpuFused {
             .into()
     }
 
-    /// None: the fused kernels take the precision themselves (`Backprop::Direct`), as bf16
+    /// None: the fused kernels take the precision themselves ([`Pass::precision`]), as bf16
     /// products on the AMX units or AVX512-BF16 ([`kernels::bf16`]).
     fn mixed_precision(&self, _precision: Precision) -> Option<kernels::autocast::Bf16Products> {
         None
@@ -252,11 +265,11 @@ impl Backend for CpuFused {
             mask,
             mode,
             backprop,
-            ..
+            precision,
         } = call;
         let (grads, precision) = match backprop {
             Backprop::Graph => return Ok(None),
-            Backprop::Direct(g, p) => (Some(g), p),
+            Backprop::Direct(g) => (Some(g), precision),
             Backprop::Off => (None, Precision::F32),
         };
         let EncoderLayerParts {
@@ -332,8 +345,9 @@ impl Backend for CpuFused {
             memory_mask,
             mode,
             backprop,
+            precision: products,
         } = call;
-        let Backprop::Direct(grads, products) = backprop else {
+        let Backprop::Direct(grads) = backprop else {
             return Ok(None);
         };
         let Some((params, eps)) = kernel_params(layer) else {

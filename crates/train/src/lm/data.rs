@@ -8,7 +8,6 @@ use crate::optim::Sgd;
 use candle_core::{DType, Device, Tensor, Var};
 use std::path::Path;
 use transformer_model::Backprop;
-use transformer_model::Precision;
 use transformer_model::{DirectGrads, Mode, Rng, TransformerLm};
 use transformer_text::batch::{batchify, Batch, Batched};
 use transformer_text::corpus::{build_vocab_with, read_split_with, Split};
@@ -94,7 +93,38 @@ impl LmStep {
         }
     }
 
-    /// One step on a window; returns its loss. `rng` draws the dropout masks.
+    /// The loss of a window and its gradients, with dropout from `rng`; the output layer's
+    /// products in the model's training precision (its builder's).
+    ///
+    /// # Shapes
+    /// input (B, T) u32, target (B * T,) u32
+    pub fn gradients(
+        &self,
+        model: &TransformerLm,
+        input: &Tensor,
+        target: &Tensor,
+        rng: &Rng,
+    ) -> Result<(Gradients, f64)> {
+        let loss = model.loss(
+            input,
+            target,
+            Mode::Train(rng),
+            Backprop::Direct(&self.direct),
+        )?;
+        let grads = Gradients::from_backward(&loss, self.opt.vars(), &self.direct)?;
+        Ok((grads, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?))
+    }
+
+    /// SGD with `grads` at the current learning rate, scaled by PyTorch's clipping
+    /// coefficient. Dropping `grads` afterwards empties the direct buffers for the next step.
+    pub fn apply(&mut self, grads: &Gradients) -> Result<()> {
+        let (_, coef) = clip_coefficient(grads, self.clip)?;
+        self.opt.step(grads, coef)?;
+        Ok(())
+    }
+
+    /// One step on a window ([`Self::gradients`], then [`Self::apply`]); returns its loss.
+    /// `rng` draws the dropout masks.
     ///
     /// # Shapes
     /// input (B, T) u32, target (B * T,) u32
@@ -104,20 +134,10 @@ impl LmStep {
         input: &Tensor,
         target: &Tensor,
         rng: &Rng,
-        precision: Precision,
     ) -> Result<f64> {
-        let loss = model.loss(
-            input,
-            target,
-            Mode::Train(rng),
-            Backprop::Direct(&self.direct, Precision::F32),
-            precision,
-        )?;
-        let grads = Gradients::from_backward(&loss, self.opt.vars(), &self.direct)?;
-        let (_, coef) = clip_coefficient(&grads, self.clip)?;
-        self.opt.step(&grads, coef)?;
-        drop(grads); // empties `self.direct` for the next step
-        Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+        let (grads, loss) = self.gradients(model, input, target, rng)?;
+        self.apply(&grads)?;
+        Ok(loss)
     }
 }
 
@@ -146,7 +166,7 @@ pub fn evaluate_on(
     for w in &windows[dist.shard(windows.len())] {
         let (input, target) = window_tensors(w, device)?;
         // No backward follows (the tutorial evaluates under torch.no_grad()).
-        let loss = model.loss(&input, &target, Mode::Eval, Backprop::Off, Precision::F32)?;
+        let loss = model.loss(&input, &target, Mode::Eval, Backprop::Off)?;
         total += w.seq_len as f64 * loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     }
     let mut sum = [total];

@@ -32,7 +32,6 @@ use crate::runner::{self, ModelConfig, RunConfig};
 use candle_core::{DType, Device};
 use serde::Serialize;
 use std::path::Path;
-use transformer_model::Precision;
 use transformer_model::{LmConfig, ParamBuilder, TransformerLm};
 use transformer_text::batch::batchify;
 use transformer_text::corpus::read_split_with;
@@ -88,7 +87,7 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         data.vocab.save(&vocab_path(run))?;
     }
 
-    let trained = runner::Trained::new(cfg.model(data.vocab.len()), dev, cfg.seed)?;
+    let trained = runner::Trained::new(cfg.model(data.vocab.len()), dev, cfg.precision, cfg.seed)?;
     if cfg.eos_per_line {
         progress.line(
             "data: an <eos> token after every line, empty lines included (the older tutorial's \

@@ -1,14 +1,12 @@
 //! The language model as a task on the [`crate::runner`].
 
 use super::*;
-use crate::clip::clip_coefficient;
 use crate::error::Result;
 use crate::grads::Gradients;
 use crate::metrics::{Metric, Weights};
 use crate::runner::{EpochEnd, LogWindow, StepStats, Task, TestRun, Trained, Validation};
-use candle_core::{DType, Device};
-use transformer_model::Backprop;
-use transformer_model::{LmConfig, Mode, Rng, TransformerLm};
+use candle_core::Device;
+use transformer_model::{LmConfig, Rng, TransformerLm};
 
 /// The language model as a task on the [`crate::runner`]: the tutorial's windows, step,
 /// log lines, validation (lower loss is better) and test.
@@ -43,23 +41,6 @@ impl Task for LmTask {
         Ok(self.epoch_windows)
     }
 
-    fn train_step(&mut self, index: usize, _step: usize, rng: &Rng) -> Result<StepStats> {
-        let w = self.data.train.window(index, self.cfg.bptt);
-        let (input, target) = window_tensors(&w, &self.device)?;
-        let loss = self.step.run(
-            &self.trained.model,
-            &input,
-            &target,
-            rng,
-            self.cfg.precision,
-        )?;
-        Ok(StepStats {
-            loss,
-            nll: loss,
-            tokens: w.seq_len * w.batch_size,
-        })
-    }
-
     fn batch_tokens(&self, index: usize) -> usize {
         let w = self.data.train.window(index, self.cfg.bptt);
         w.seq_len * w.batch_size
@@ -68,30 +49,16 @@ impl Task for LmTask {
     fn backward(&mut self, index: usize, rng: &Rng) -> Result<(Gradients, StepStats)> {
         let w = self.data.train.window(index, self.cfg.bptt);
         let (input, target) = window_tensors(&w, &self.device)?;
-        let loss = self.trained.model.loss(
-            &input,
-            &target,
-            Mode::Train(rng),
-            Backprop::Direct(&self.step.direct, Precision::F32),
-            self.cfg.precision,
-        )?;
-        let grads = Gradients::from_backward(&loss, self.step.opt.vars(), &self.step.direct)?;
-        let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let (grads, loss) = self
+            .step
+            .gradients(&self.trained.model, &input, &target, rng)?;
         let tokens = w.seq_len * w.batch_size;
-        Ok((
-            grads,
-            StepStats {
-                loss,
-                nll: loss,
-                tokens,
-            },
-        ))
+        let nll = loss;
+        Ok((grads, StepStats { loss, nll, tokens }))
     }
 
-    fn update(&mut self, grads: &Gradients, _step: usize) -> Result<()> {
-        let (_, coef) = clip_coefficient(grads, self.step.clip)?;
-        self.step.opt.step(grads, coef)?;
-        Ok(())
+    fn update(&mut self, grads: &mut Gradients, _step: usize) -> Result<()> {
+        self.step.apply(grads)
     }
 
     fn data_hash(&self) -> u64 {

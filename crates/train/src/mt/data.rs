@@ -8,7 +8,6 @@ use crate::optim::Adam;
 use crate::runner::RunState;
 use candle_core::{DType, Device, Tensor};
 use transformer_model::Backprop;
-use transformer_model::Precision;
 use transformer_model::{DirectGrads, Mode, Rng};
 use transformer_text::bucket::{pair_batches, PairBatch};
 use transformer_text::parallel::Pairs;
@@ -140,15 +139,50 @@ pub fn word_perplexity(loss_per_token: f64, data: &EncodedSplit) -> f64 {
     (loss_per_token * subwords as f64 / words.max(1) as f64).exp()
 }
 
-/// One training step on one batch (`[src, tgt_in, tgt_out]`, padded with `pad`): the
-/// label-smoothed loss with dropout from `rng`, its gradient, clipping to norm `clip`, and
-/// one step of `opt` at its current learning rate. Returns the loss and the plain negative
-/// log-likelihood per target token. The training loop and `transformer bench mt` both take
-/// exactly this step.
+/// The loss of one batch (`[src, tgt_in, tgt_out]`, padded with `pad`) and its gradients:
+/// the label-smoothed loss per target token with dropout from `rng`, differentiated. Returns
+/// the gradients, the loss and the plain negative log-likelihood per target token. The
+/// products run in the model's training precision (its builder's).
 ///
 /// `direct` takes the gradients that fused ops write outside candle's graph
-/// (`MtModel::loss` with `Backprop::Direct`); [`Gradients::from_backward`] joins them with the autograd's,
-/// and `direct` is empty again when the step returns, its buffers kept for the next one.
+/// (`MtModel::loss` with `Backprop::Direct`); [`Gradients::from_backward`] joins them with the
+/// autograd's, and dropping the gradients empties `direct` for the next batch.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_gradients(
+    model: &MtModel,
+    vars: &[candle_core::Var],
+    direct: &DirectGrads,
+    [src, tgt_in, tgt_out]: [&Tensor; 3],
+    pad: u32,
+    label_smoothing: f64,
+    rng: &Rng,
+) -> Result<(Gradients, f64, f64)> {
+    let l = model.loss(
+        [src, tgt_in, tgt_out],
+        (pad, label_smoothing),
+        Mode::Train(rng),
+        Backprop::Direct(direct),
+    )?;
+    let grads = Gradients::from_backward(&l.loss, vars, direct)?;
+    Ok((
+        grads,
+        l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+        l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+    ))
+}
+
+/// One optimizer step with `grads`: PyTorch's clipping coefficient for norm `clip`, then
+/// `opt` at its current learning rate, scaled by it.
+pub fn apply_gradients(opt: &mut Adam, grads: &Gradients, clip: f64) -> Result<()> {
+    let (_, coef) = clip_coefficient(grads, clip)?;
+    opt.step(grads, coef)?;
+    Ok(())
+}
+
+/// One training step on one batch: [`batch_gradients`], then [`apply_gradients`]. Returns
+/// the loss and the plain negative log-likelihood per target token. The training loop (the
+/// runner composing the task's `backward` and `update`, which are these two) and
+/// `transformer bench mt` take exactly this step.
 #[allow(clippy::too_many_arguments)]
 pub fn train_step(
     model: &MtModel,
@@ -156,26 +190,13 @@ pub fn train_step(
     opt: &mut Adam,
     direct: &DirectGrads,
     clip: f64,
-    [src, tgt_in, tgt_out]: [&Tensor; 3],
+    batch: [&Tensor; 3],
     pad: u32,
     label_smoothing: f64,
-    precision: Precision,
     rng: &Rng,
 ) -> Result<(f64, f64)> {
-    let mode = Mode::Train(rng);
-    let backprop = Backprop::Direct(direct, precision);
-    let l = model.loss(
-        [src, tgt_in, tgt_out],
-        (pad, label_smoothing),
-        mode,
-        backprop,
-    )?;
-    let grads = Gradients::from_backward(&l.loss, vars, direct)?;
-    let (_, coef) = clip_coefficient(&grads, clip)?;
-    opt.step(&grads, coef)?;
-    drop(grads); // empties `direct` for the next step
-    Ok((
-        l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-        l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-    ))
+    let (grads, loss, nll) =
+        batch_gradients(model, vars, direct, batch, pad, label_smoothing, rng)?;
+    apply_gradients(opt, &grads, clip)?;
+    Ok((loss, nll))
 }

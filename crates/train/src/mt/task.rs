@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::checkpoint;
-use crate::clip::clip_coefficient;
 use crate::error::{Error, Result};
 use crate::grads::Gradients;
 use crate::metrics::{Metric, Score, ScoreMetric, Weights};
@@ -10,10 +9,9 @@ use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
     EpochEnd, LogWindow, Selection, StepStats, Task, TestRun, Trained, Validation,
 };
-use candle_core::{DType, Device};
+use candle_core::Device;
 use std::time::Instant;
-use transformer_model::Backprop;
-use transformer_model::{DirectGrads, Mode, Rng};
+use transformer_model::{DirectGrads, Rng};
 use transformer_text::bucket::{pair_batches, PairBatch};
 use transformer_text::parallel::PairSource;
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
@@ -93,30 +91,6 @@ impl Task for MtTask {
             .map_or(self.batches.len(), |m| m.min(self.batches.len())))
     }
 
-    fn train_step(&mut self, index: usize, step: usize, rng: &Rng) -> Result<StepStats> {
-        let sp = self.tokenizer.specials();
-        let b = &self.batches[index];
-        let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
-        self.opt.lr = self.schedule.lr(step + 1);
-        let (loss, nll) = train_step(
-            &self.trained.model,
-            &self.vars,
-            &mut self.opt,
-            &self.direct,
-            self.cfg.clip,
-            [&src, &tgt_in, &tgt_out],
-            sp.pad,
-            self.cfg.label_smoothing,
-            self.cfg.precision,
-            rng,
-        )?;
-        Ok(StepStats {
-            loss,
-            nll,
-            tokens: b.tgt_tokens,
-        })
-    }
-
     fn batch_tokens(&self, index: usize) -> usize {
         self.batches[index].tgt_tokens
     }
@@ -125,26 +99,18 @@ impl Task for MtTask {
         let pad = self.tokenizer.specials().pad;
         let b = &self.batches[index];
         let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
-        let l = self.trained.model.loss(
-            [&src, &tgt_in, &tgt_out],
-            (pad, self.cfg.label_smoothing),
-            Mode::Train(rng),
-            Backprop::Direct(&self.direct, self.cfg.precision),
-        )?;
-        let grads = Gradients::from_backward(&l.loss, &self.vars, &self.direct)?;
-        let stats = StepStats {
-            loss: l.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-            nll: l.nll.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-            tokens: b.tgt_tokens,
-        };
-        Ok((grads, stats))
+        let batch = [&src, &tgt_in, &tgt_out];
+        let model = &self.trained.model;
+        let ls = self.cfg.label_smoothing;
+        let (grads, loss, nll) =
+            batch_gradients(model, &self.vars, &self.direct, batch, pad, ls, rng)?;
+        let tokens = b.tgt_tokens;
+        Ok((grads, StepStats { loss, nll, tokens }))
     }
 
-    fn update(&mut self, grads: &Gradients, step: usize) -> Result<()> {
+    fn update(&mut self, grads: &mut Gradients, step: usize) -> Result<()> {
         self.opt.lr = self.schedule.lr(step + 1);
-        let (_, coef) = clip_coefficient(grads, self.cfg.clip)?;
-        self.opt.step(grads, coef)?;
-        Ok(())
+        apply_gradients(&mut self.opt, grads, self.cfg.clip)
     }
 
     fn data_hash(&self) -> u64 {

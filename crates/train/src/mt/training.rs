@@ -382,7 +382,7 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         Some((_, loaded)) => loaded.model_config.clone(),
         None => cfg.model_config(vocab),
     };
-    let trained = runner::Trained::new(model_cfg, dev, cfg.seed)?;
+    let trained = runner::Trained::new(model_cfg, dev, cfg.precision, cfg.seed)?;
     if let (Some((from, loaded)), false) = (&init, resuming) {
         let tensors: HashMap<String, Tensor> = params_tensors(&loaded.params).into_iter().collect();
         trained

@@ -179,7 +179,11 @@ pub fn run<T: Task, C>(
                 return Ok(stopped(state, step_losses));
             }
             let (s, last, weight) = match &mut acc {
-                None => (task.train_step(index, state.step, &rng)?, index, 1.0),
+                None => {
+                    let (mut grads, s) = task.backward(index, &rng)?;
+                    task.update(&mut grads, state.step)?;
+                    (s, index, 1.0)
+                }
                 Some(acc) => {
                     let end = (index + global).min(batches);
                     let tokens: usize = (index..end).map(|i| task.batch_tokens(i)).sum();
@@ -192,10 +196,10 @@ pub fn run<T: Task, C>(
                         acc.add(&mut grads, s.tokens, s.loss, s.nll)?;
                     }
                     acc.vote_stop(opts.interrupted());
-                    let r = acc.reduce(dist, tokens)?;
+                    let mut r = acc.reduce(dist, tokens)?;
                     comm_seconds += r.seconds;
                     stop_voted = r.stop;
-                    task.update(&r.grads, state.step)?;
+                    task.update(&mut r.grads, state.step)?;
                     let (loss, nll) = (r.loss, r.nll);
                     // The step counts in the log as its batches, each at the step's loss.
                     let n = (end - index) as f64;

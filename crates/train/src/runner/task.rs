@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
-use transformer_model::{ParamBuilder, Params, Rng};
+use transformer_model::{ParamBuilder, Params, Precision, Rng};
 
 /// Where a run stands, for every task; saved in every checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -207,9 +207,15 @@ pub struct Trained<C: ModelConfig> {
 }
 
 impl<C: ModelConfig> Trained<C> {
-    /// A fresh model of configuration `config`, its weights drawn from `seed` on `device`.
-    pub fn new(config: C, device: &Device, seed: u64) -> transformer_model::Result<Self> {
-        let pb = ParamBuilder::new(DType::F32, device, seed);
+    /// A fresh model of configuration `config`, its weights drawn from `seed` on `device`,
+    /// training in `precision` ([`ParamBuilder::precision`]: fixed for the model's life).
+    pub fn new(
+        config: C,
+        device: &Device,
+        precision: Precision,
+        seed: u64,
+    ) -> transformer_model::Result<Self> {
+        let pb = ParamBuilder::new(DType::F32, device, seed).with_precision(precision);
         let model = config.build(&pb)?;
         Ok(Self {
             model,
@@ -246,26 +252,18 @@ pub trait Task {
     /// Prepares `epoch` (1-based: its batch order, its learning rate); returns its number of
     /// batches.
     fn start_epoch(&mut self, epoch: usize) -> Result<usize>;
-    /// One optimizer step on batch `index` of the epoch; `step` steps came before it.
-    fn train_step(&mut self, index: usize, step: usize, rng: &Rng) -> Result<StepStats>;
     /// Target tokens of batch `index` of the epoch (the weight of its gradient in a global
     /// batch).
     fn batch_tokens(&self, _index: usize) -> usize {
         1
     }
     /// The loss of batch `index` and its gradients (of the mean loss per target token), with
-    /// dropout from `rng`, without an optimizer step (accumulation and data parallelism).
-    fn backward(&mut self, _index: usize, _rng: &Rng) -> Result<(Gradients, StepStats)> {
-        Err(Error::Usage(
-            "this task trains one batch per step (no --accumulate, no MPI)".into(),
-        ))
-    }
+    /// dropout from `rng`, without an optimizer step. The runner composes every step of
+    /// this and [`Self::update`]: one batch per step, or the sum of several (accumulation,
+    /// data parallelism).
+    fn backward(&mut self, index: usize, rng: &Rng) -> Result<(Gradients, StepStats)>;
     /// One optimizer step (clipping, then the update) with `grads`; `step` steps came before.
-    fn update(&mut self, _grads: &Gradients, _step: usize) -> Result<()> {
-        Err(Error::Usage(
-            "this task trains one batch per step (no --accumulate, no MPI)".into(),
-        ))
-    }
+    fn update(&mut self, grads: &mut Gradients, step: usize) -> Result<()>;
     /// A hash of the training data as this process read and encoded it (compared across
     /// processes before the first step).
     fn data_hash(&self) -> u64 {

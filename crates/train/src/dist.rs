@@ -17,8 +17,9 @@
 //! step and the batch's position in the global batch ([`micro_rng`]): a run is reproducible
 //! for a given global batch, whatever the number of processes.
 //!
-//! With `G = 1` (no accumulation, one process) the runner takes the task's own
-//! [`crate::runner::Task::train_step`] and none of this runs.
+//! With `G = 1` (no accumulation, one process) the runner applies the task's
+//! [`crate::runner::Task::backward`] with [`crate::runner::Task::update`] directly, and none
+//! of this runs.
 
 use crate::error::{Error, Result};
 use crate::grads::Gradients;

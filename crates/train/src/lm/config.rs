@@ -211,4 +211,7 @@ impl crate::runner::RunConfig for LmTrainConfig {
     fn without_averaging(&mut self) {
         self.average_decay = 0.0;
     }
+    fn set_precision(&mut self, precision: transformer_model::Precision) {
+        self.precision = precision;
+    }
 }

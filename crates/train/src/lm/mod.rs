@@ -77,17 +77,18 @@ pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary
         ..cfg
     };
     // bf16 only where it measures faster here (fresh runs; a resumed run keeps its choice).
-    let rows = cfg.batch_size * cfg.bptt;
-    let (p, measure) = (cfg.precision, cfg.measure_precision);
-    let shape = (rows, cfg.emsize, data.vocab.len());
-    let choice = crate::precision::settle(dev, resuming, p, measure, shape, BF16_COVERS)?;
-    cfg.precision = choice.precision;
-    let precision_line = choice.line;
-    if runner::write_fresh_config(opts, resuming, &cfg)? {
+    let probe = runner::PrecisionProbe {
+        rows: cfg.batch_size * cfg.bptt,
+        d_model: cfg.emsize,
+        vocab: data.vocab.len(),
+        covers: BF16_COVERS,
+    };
+    let model = cfg.model(data.vocab.len());
+    let started = runner::start_model(opts, resuming, &mut cfg, model, Some(probe))?;
+    if started.fresh {
         data.vocab.save(&vocab_path(run))?;
     }
-
-    let trained = runner::Trained::new(cfg.model(data.vocab.len()), dev, cfg.precision, cfg.seed)?;
+    let (trained, precision_line) = (started.trained, started.precision_line);
     if cfg.eos_per_line {
         progress.line(
             "data: an <eos> token after every line, empty lines included (the older tutorial's \

@@ -153,4 +153,7 @@ impl crate::runner::RunConfig for MtTrainConfig {
     fn without_averaging(&mut self) {
         self.average_decay = 0.0;
     }
+    fn set_precision(&mut self, precision: transformer_model::Precision) {
+        self.precision = precision;
+    }
 }

@@ -362,27 +362,27 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
     // bf16 only where it measures faster here (fresh Transformer runs; a resumed run keeps
     // its choice; the recurrent models train in f32).
     let mut cfg = cfg;
-    let precision_line = match (cfg.precision, cfg.arch) {
-        (Precision::Bf16, Arch::Gru | Arch::GruDot | Arch::GruBahdanau) => Some(
-            "precision: bf16 covers the Transformer's output layer only: training in f32"
-                .to_string(),
-        ),
-        _ => {
-            // The output layer runs on a batch's target tokens (at most the token budget).
-            let shape = (cfg.max_tokens.min(2048), cfg.d_model, vocab);
-            let (p, measure) = (cfg.precision, cfg.measure_precision);
-            let choice = crate::precision::settle(dev, resuming, p, measure, shape, BF16_COVERS)?;
-            cfg.precision = choice.precision;
-            choice.line
-        }
-    };
-    runner::write_fresh_config(opts, resuming, &cfg)?;
-
+    let recurrent = matches!(cfg.arch, Arch::Gru | Arch::GruDot | Arch::GruBahdanau);
+    let probe = (!recurrent).then(|| runner::PrecisionProbe {
+        // The output layer runs on a batch's target tokens (at most the token budget).
+        rows: cfg.max_tokens.min(2048),
+        d_model: cfg.d_model,
+        vocab,
+        covers: BF16_COVERS,
+    });
     let model_cfg = match &init {
         Some((_, loaded)) => loaded.model_config.clone(),
         None => cfg.model_config(vocab),
     };
-    let trained = runner::Trained::new(model_cfg, dev, cfg.precision, cfg.seed)?;
+    let started = runner::start_model(opts, resuming, &mut cfg, model_cfg, probe)?;
+    let precision_line = match (recurrent, cfg.precision) {
+        (true, Precision::Bf16) => Some(
+            "precision: bf16 covers the Transformer's output layer only: training in f32"
+                .to_string(),
+        ),
+        _ => started.precision_line,
+    };
+    let trained = started.trained;
     if let (Some((from, loaded)), false) = (&init, resuming) {
         let tensors: HashMap<String, Tensor> = params_tensors(&loaded.params).into_iter().collect();
         trained

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use transformer_model::Precision;
 
 /// Callbacks for the front end: log lines and per-batch progress.
 pub trait Progress {
@@ -229,6 +230,10 @@ pub struct RunSettings {
     /// Decay per step of the weight average validated beside the trained weights (default
     /// 0: no average).
     pub average_decay: f64,
+    /// The training arithmetic asked for (default f32); [`start_model`] settles it.
+    pub precision: Precision,
+    /// Whether a fresh run asking for bf16 times it against f32 first (default true).
+    pub measure_precision: bool,
 }
 
 impl Default for RunSettings {
@@ -239,6 +244,8 @@ impl Default for RunSettings {
             accumulate: 1,
             seed: 0,
             average_decay: 0.0,
+            precision: Precision::F32,
+            measure_precision: true,
         }
     }
 }
@@ -256,6 +263,9 @@ pub trait RunConfig: Clone + Serialize + serde::de::DeserializeOwned {
     fn recorded_paths(&self) -> Vec<(&'static str, &Option<PathBuf>)>;
     /// Turns weight averaging off (a run written before averaging existed resumes without).
     fn without_averaging(&mut self);
+    /// Records the training arithmetic [`start_model`] settled on (a task without a
+    /// `precision` key trains in f32 and keeps nothing).
+    fn set_precision(&mut self, _precision: Precision) {}
     /// The configuration as TOML, every key written (what the run directory's `config.toml`
     /// and every checkpoint keep).
     fn to_toml(&self) -> String {
@@ -368,4 +378,64 @@ pub fn check_epochs(run: &Path, state: &RunState, epochs: usize) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The output layer that decides whether bf16 pays on this CPU ([`crate::precision::settle`]):
+/// its rows per batch, width and vocabulary, and what bf16 covers in this task (for the log).
+#[derive(Debug, Clone, Copy)]
+pub struct PrecisionProbe {
+    /// Rows of the output layer in one batch.
+    pub rows: usize,
+    /// The model width.
+    pub d_model: usize,
+    /// The vocabulary.
+    pub vocab: usize,
+    /// The products bf16 runs in, as the log names them.
+    pub covers: &'static str,
+}
+
+/// A task's model about to train.
+pub struct Started<M: ModelConfig> {
+    /// The model, built to train in the run's settled precision.
+    pub trained: Trained<M>,
+    /// Whether this process wrote a fresh run's `config.toml` (then the task writes its own
+    /// files of a fresh run too).
+    pub fresh: bool,
+    /// What to log about the precision, if anything.
+    pub precision_line: Option<String>,
+}
+
+/// Starts a task's model: settles the run's training precision (a resumed run keeps its
+/// own; a fresh run asking for bf16 takes it where `probe`'s output layer measures faster
+/// in it, [`crate::precision::settle`]; without a probe, the configuration's as it is),
+/// records it in `config`, writes a fresh run's `config.toml`
+/// ([`write_fresh_config`]), and builds `model` to train in it from the run's seed: the one
+/// place where a run's arithmetic is decided.
+pub fn start_model<C: RunConfig, M: ModelConfig>(
+    opts: &RunOptions<C>,
+    resuming: bool,
+    config: &mut C,
+    model: M,
+    probe: Option<PrecisionProbe>,
+) -> Result<Started<M>> {
+    let settings = config.settings();
+    let precision_line = match probe {
+        Some(p) => {
+            let shape = (p.rows, p.d_model, p.vocab);
+            let (asked, measure) = (settings.precision, settings.measure_precision);
+            let choice =
+                crate::precision::settle(&opts.device, resuming, asked, measure, shape, p.covers)?;
+            config.set_precision(choice.precision);
+            choice.line
+        }
+        None => None,
+    };
+    let fresh = write_fresh_config(opts, resuming, config)?;
+    let precision = config.settings().precision;
+    let trained = Trained::new(model, &opts.device, precision, settings.seed)?;
+    Ok(Started {
+        trained,
+        fresh,
+        precision_line,
+    })
 }

@@ -8,9 +8,7 @@ use candle_core::Tensor;
 
 /// Softmax over the last dimension, with a backward pass: the fused kernel on CPU f32/f64,
 /// the composition of primitives elsewhere (max-subtracted, the max detached).
-pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    crate::ops::softmax_last_dim(x)
-}
+pub use crate::ops::softmax_last_dim;
 
 /// Attention of queries over keys and values; returns `(output, weights)`.
 ///

@@ -195,24 +195,9 @@ impl DecoderLayer {
 pub type Decoder = Stack<DecoderLayer>;
 
 impl Stack<DecoderLayer> {
-    /// Runs every layer, then the final norm if any, on all target positions at once.
-    ///
-    /// # Shapes
-    /// x (B, T, C), memory (B, S, C) -> (B, T, C)
-    pub fn forward(
-        &self,
-        x: &Tensor,
-        memory: &Tensor,
-        self_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
-        mode: Mode,
-    ) -> Result<Tensor> {
-        let pass = Pass::new(mode);
-        Ok(self.forward_as(x, memory, self_mask, memory_mask, pass)?.0)
-    }
-
-    /// [`Self::forward`] differentiated as `pass.backprop` says: through the graph, or with the
-    /// parameter gradients of each layer the backend runs as one fused op delivered to
+    /// Runs every layer, then the final norm if any, on all target positions at once,
+    /// differentiated as `pass.backprop` says: through the graph, or with the parameter
+    /// gradients of each layer the backend runs as one fused op delivered to
     /// `DirectGrads` (the others, and the final norm, through candle's graph). Every layer's
     /// attention weights come back when `pass` asks for them ([`Pass::weights`]).
     ///

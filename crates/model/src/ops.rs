@@ -19,65 +19,38 @@ pub use kernels::Precision;
 
 /// Softmax over the last dimension, with a backward pass (composed: max-subtracted, the max
 /// detached).
-pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    kernels::softmax_last_dim(x)
-}
+pub use kernels::softmax_last_dim;
 
 /// `a @ b` (batched), with bf16 operands inside a mixed-precision pass
 /// ([`crate::backend::Backend::mixed_precision`]), f32 otherwise.
-pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    kernels::autocast::matmul(a, b)
-}
+pub use kernels::autocast::matmul;
 
 /// Attention's output `softmax(q k^T * scale, masked) v` without its weights, dropout
 /// multiplier `drop` on the weights; rows with no key get zeros
 /// ([`crate::attention::attention_output`]).
-pub fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    keep: Option<&Tensor>,
-    drop: Option<&Tensor>,
-    scale: f64,
-) -> Result<Tensor> {
-    kernels::attention(q, k, v, keep, drop, scale)
-}
+pub use kernels::attention;
 
 /// Inverted dropout with mask element `i` kept where `uniform_at(seed, stream, i) >= p`.
-pub fn dropout(x: &Tensor, p: f64, seed: u64, stream: u64) -> Result<Tensor> {
-    kernels::dropout(x, p, seed, stream)
-}
+pub use kernels::dropout;
 
 /// The logistic function.
-pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
-    kernels::sigmoid(x)
-}
+pub use kernels::sigmoid;
 
 /// The hyperbolic tangent.
-pub fn tanh(x: &Tensor) -> Result<Tensor> {
-    kernels::tanh(x)
-}
+pub use kernels::tanh;
 
 /// Layer normalisation over the last dimension with gain `w` and bias `b`.
-pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
-    kernels::layer_norm(x, w, b, eps)
-}
+pub use kernels::layer_norm;
 
 /// `x W^T + b` with gradients for all three.
-pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    kernels::linear(x, w, b)
-}
+pub use kernels::linear;
 
 /// `x W^T + b` for a few rows of `x` (a decoding step's output layer), reading `W` in place.
-pub fn linear_few_rows(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    kernels::linear_few_rows(x, w, b)
-}
+pub use kernels::linear_few_rows;
 
 /// `x Wt + b` with the weight given transposed (`Wt = W^T`, kept by the caller for the
 /// steps of a batch); forward only.
-pub fn linear_wt(x: &Tensor, wt: &Tensor, b: &Tensor) -> Result<Tensor> {
-    kernels::linear_wt(x, wt, b)
-}
+pub use kernels::linear_wt;
 
 /// The output layer and its mean cross-entropy over the targets as one op (`ignore`: a
 /// target that counts for nothing), the products in `precision`. With `grads` the weight's
@@ -101,37 +74,16 @@ pub fn output_cross_entropy(
 /// The label-smoothing term of the loss, `eps` times the mean over the kept targets of
 /// minus the mean log-probability over the vocabulary (its weight and bias gradients to
 /// `grads` when given).
-pub fn label_smoothing_term(
-    h: &Tensor,
-    w: &Tensor,
-    b: &Tensor,
-    targets: &Tensor,
-    pad: u32,
-    eps: f64,
-    grads: Option<&DirectGrads>,
-) -> Result<Tensor> {
-    kernels::label_smoothing_term(h, w, b, targets, pad, eps, grads)
-}
+pub use kernels::label_smoothing_term;
 
 /// Whether the fused GPU kernels take these tensors (f32 or f64 on a CUDA device, in a
 /// build with the `cuda` feature): then [`attention_gpu`], [`bias_activation_dropout`] and
 /// [`smoothed_cross_entropy_gpu`] run, and a caller draws its dropout stream for them.
-pub fn gpu_fused(ts: &[&Tensor]) -> bool {
-    kernels::gpu::applies(ts)
-}
+pub use kernels::gpu::applies as gpu_fused;
 
 /// Attention's output with the softmax, scale, mask and dropout fused on the GPU
 /// ([`kernels::gpu::attention_gpu`]); `None` where [`gpu_fused`] does not hold.
-pub fn attention_gpu(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    keep: Option<&Tensor>,
-    dropout: Option<kernels::gpu::DropoutStream>,
-    scale: f64,
-) -> Result<Option<Tensor>> {
-    kernels::gpu::attention_gpu(q, k, v, keep, dropout, scale)
-}
+pub use kernels::gpu::attention_gpu;
 
 /// `dropout(activation(x + bias))` fused on the GPU ([`kernels::gpu::bias_activation_dropout`]);
 /// `None` where [`gpu_fused`] does not hold.
@@ -147,13 +99,4 @@ pub fn bias_activation_dropout(
 /// `(loss, nll)`: the output layer and its label-smoothed cross-entropy fused on the GPU
 /// ([`kernels::gpu::linear_smoothed_cross_entropy`]); `None` where [`gpu_fused`] does not
 /// hold.
-pub fn smoothed_cross_entropy_gpu(
-    h: &Tensor,
-    w: &Tensor,
-    b: &Tensor,
-    targets: &Tensor,
-    ignore: Option<u32>,
-    eps: f64,
-) -> Result<Option<(Tensor, Tensor)>> {
-    kernels::gpu::linear_smoothed_cross_entropy(h, w, b, targets, ignore, eps)
-}
+pub use kernels::gpu::linear_smoothed_cross_entropy as smoothed_cross_entropy_gpu;

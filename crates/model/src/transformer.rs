@@ -2,6 +2,7 @@
 //! layer), equivalent to `torch.nn.Transformer`: an encoder and a decoder stack, each with a
 //! final LayerNorm.
 
+use crate::backend::Pass;
 use crate::config::TransformerConfig;
 use crate::decoder::Decoder;
 use crate::dropout::Mode;
@@ -62,8 +63,8 @@ impl Transformer {
         &self.encoder
     }
 
-    /// The decoder stack (`nn.Transformer.decoder`): [`Decoder::forward`] and
-    /// [`Decoder::forward_as`] over embedded targets and the memory; for incremental decoding
+    /// The decoder stack (`nn.Transformer.decoder`): [`Decoder::forward_as`] over embedded
+    /// targets and the memory; for incremental decoding
     /// [`Decoder::project_memory`] and [`Decoder::forward_step`].
     pub fn decoder(&self) -> &Decoder {
         &self.decoder
@@ -85,7 +86,10 @@ impl Transformer {
         mode: Mode,
     ) -> Result<Tensor> {
         let memory = self.encoder.forward(src, src_mask, mode)?;
-        self.decoder
-            .forward(tgt, &memory, tgt_mask, memory_mask, mode)
+        let pass = Pass::new(mode);
+        let (y, _) = self
+            .decoder
+            .forward_as(tgt, &memory, tgt_mask, memory_mask, pass)?;
+        Ok(y)
     }
 }

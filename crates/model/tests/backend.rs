@@ -17,10 +17,18 @@ use transformer_model::{
 mod common;
 use common::lm_config;
 
-/// Counts the encoder layer calls and leaves each to the composed layer (`None`).
+/// Counts the encoder and decoder layer calls and leaves each to the composed layer
+/// (`None`); it has no fused decoding step.
 #[derive(Debug, Default)]
 struct Counting {
-    calls: AtomicUsize,
+    encoder: AtomicUsize,
+    decoder: AtomicUsize,
+}
+
+/// One more call counted in `calls`, left to the composed layer.
+fn count(calls: &AtomicUsize) -> Result<Option<Tensor>> {
+    calls.fetch_add(1, Ordering::SeqCst);
+    Ok(None)
 }
 
 impl Backend for Counting {
@@ -29,8 +37,15 @@ impl Backend for Counting {
     }
 
     fn encoder_layer(&self, _: &EncoderLayerParts<'_>, _: LayerCall<'_>) -> Result<Option<Tensor>> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        Ok(None)
+        count(&self.encoder)
+    }
+
+    fn decoder_layer(
+        &self,
+        _: &DecoderLayerParts<'_>,
+        _: DecoderLayerCall<'_>,
+    ) -> Result<Option<Tensor>> {
+        count(&self.decoder)
     }
 }
 
@@ -60,7 +75,7 @@ fn every_encoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
     );
     let got = model.forward(&ids, Mode::Eval)?;
     assert_eq!(
-        counting.calls.load(Ordering::SeqCst),
+        counting.encoder.load(Ordering::SeqCst),
         3,
         "one call per layer"
     );
@@ -70,7 +85,7 @@ fn every_encoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
     // The evaluation loss goes through it too (three more layer calls).
     let targets = Tensor::new(&[[2u32, 3, 4, 5, 6], [7, 8, 9, 10, 11]], &Device::Cpu)?;
     model.loss(&ids, &targets, Mode::Eval, Backprop::Off)?;
-    assert_eq!(counting.calls.load(Ordering::SeqCst), 6);
+    assert_eq!(counting.encoder.load(Ordering::SeqCst), 6);
 
     // Calls that keep a cache or want the attention weights run the composed layers
     // without asking the backend (the stacks' one loop decides it, `Stack::run`).
@@ -78,7 +93,7 @@ fn every_encoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
     assert_eq!(weights.len(), 3);
     let mut cache = model.new_cache();
     model.forward_step(&ids, &mut cache, Mode::Eval)?;
-    assert_eq!(counting.calls.load(Ordering::SeqCst), 6);
+    assert_eq!(counting.encoder.load(Ordering::SeqCst), 6);
     Ok(())
 }
 
@@ -92,33 +107,6 @@ fn the_cpu_gets_the_fused_backend_and_says_why() {
         .contains("fused CPU layers"));
 }
 
-/// Counts the decoder layer calls too, and has no fused decoding step.
-#[derive(Debug, Default)]
-struct CountingBoth {
-    encoder: AtomicUsize,
-    decoder: AtomicUsize,
-}
-
-impl Backend for CountingBoth {
-    fn describe(&self) -> String {
-        "counting composed encoder and decoder layers (a test)".into()
-    }
-
-    fn encoder_layer(&self, _: &EncoderLayerParts<'_>, _: LayerCall<'_>) -> Result<Option<Tensor>> {
-        self.encoder.fetch_add(1, Ordering::SeqCst);
-        Ok(None)
-    }
-
-    fn decoder_layer(
-        &self,
-        _: &DecoderLayerParts<'_>,
-        _: DecoderLayerCall<'_>,
-    ) -> Result<Option<Tensor>> {
-        self.decoder.fetch_add(1, Ordering::SeqCst);
-        Ok(None)
-    }
-}
-
 #[test]
 fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> {
     let dev = Device::Cpu;
@@ -128,7 +116,7 @@ fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
         model.decoder().fused_stack(DecodePrecision::F32)?.is_some(),
         "the CPU backend fuses decoding"
     );
-    let counting = Arc::new(CountingBoth::default());
+    let counting = Arc::new(Counting::default());
     model.set_backend(counting.clone());
     assert!(
         model.decoder().fused_stack(DecodePrecision::F32)?.is_none(),

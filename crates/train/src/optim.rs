@@ -55,6 +55,15 @@ impl Sgd {
     }
 }
 
+/// The values of a contiguous f32 CPU tensor that an in-place op updates, or the error
+/// `refusal`.
+fn contiguous_f32<'a>(dst: &'a mut CpuStorage, l: &Layout, refusal: &str) -> Result<&'a mut [f32]> {
+    match (dst, l.contiguous_offsets()) {
+        (CpuStorage::F32(d), Some((d0, d1))) => Ok(&mut d[d0..d1]),
+        _ => candle_core::bail!("{refusal}"),
+    }
+}
+
 /// `p += alpha * g` for a gradient written by fused ops ([`GradRef::Fused`]).
 struct AxpyDirect<'a> {
     g: GradView<'a>,
@@ -67,10 +76,7 @@ impl InplaceOp1 for AxpyDirect<'_> {
     }
 
     fn cpu_fwd(&self, dst: &mut CpuStorage, l: &Layout) -> Result<()> {
-        let (CpuStorage::F32(d), Some((d0, d1))) = (dst, l.contiguous_offsets()) else {
-            candle_core::bail!("axpy-direct: expected a contiguous f32 parameter");
-        };
-        let d = &mut d[d0..d1];
+        let d = contiguous_f32(dst, l, "axpy-direct: expected a contiguous f32 parameter")?;
         let a = self.alpha;
         match self.g {
             GradView::Dense { values: g, .. } => {
@@ -509,14 +515,12 @@ impl InplaceOp1 for AdamMoment<'_> {
     }
 
     fn cpu_fwd(&self, dst: &mut CpuStorage, dl: &Layout) -> Result<()> {
-        let (CpuStorage::F32(d), Some((d0, d1))) = (dst, dl.contiguous_offsets()) else {
-            candle_core::bail!("adam-moment: expected a contiguous f32 moment");
-        };
-        if d1 - d0 != self.g.len() {
+        let d = contiguous_f32(dst, dl, "adam-moment: expected a contiguous f32 moment")?;
+        if d.len() != self.g.len() {
             candle_core::bail!("adam-moment: gradient and moment sizes differ");
         }
         let (decay, gain, square, scale) = (self.decay, self.gain, self.square, self.scale);
-        crate::par::zip_mut(&mut d[d0..d1], self.g, |d, g| {
+        crate::par::zip_mut(d, self.g, |d, g| {
             for (x, &g) in d.iter_mut().zip(g) {
                 let g = match scale {
                     Some(c) => g * c + 0.0,

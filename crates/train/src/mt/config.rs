@@ -114,12 +114,7 @@ impl CorpusSources for MtTrainConfig {
         let files = self.sources()?;
         let mut sets = vec![("valid".to_string(), files.valid)];
         if self.corpus == Some(Corpus::KoEnAll) && self.test_src.is_none() {
-            let data = self
-                .data
-                .clone()
-                .or_else(default_data_dir)
-                .unwrap_or_default();
-            for (name, source) in ko_en_test_sets(&data) {
+            for (name, source) in ko_en_held_out(self) {
                 let source = if self.reverse {
                     source.reversed()
                 } else {
@@ -156,4 +151,15 @@ impl crate::runner::RunConfig for MtTrainConfig {
     fn set_precision(&mut self, precision: transformer_model::Precision) {
         self.precision = precision;
     }
+}
+
+/// The Korean-English test sets ([`ko_en_test_sets`]) under `cfg`'s data folder (or the
+/// default one).
+pub(super) fn ko_en_held_out(cfg: &MtTrainConfig) -> Vec<(String, PairSource)> {
+    let data = cfg
+        .data
+        .clone()
+        .or_else(default_data_dir)
+        .unwrap_or_default();
+    ko_en_test_sets(&data)
 }

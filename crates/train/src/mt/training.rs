@@ -310,13 +310,8 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         (None, false) => {}
     }
     if cfg.corpus == Some(Corpus::KoEnAll) && cfg.train_src.is_none() {
-        let data = cfg
-            .data
-            .clone()
-            .or_else(default_data_dir)
-            .unwrap_or_default();
         let mut held = Vec::new();
-        for (name, source) in ko_en_test_sets(&data) {
+        for (name, source) in ko_en_held_out(&cfg) {
             held.push(format!("{name} {} pairs", source.read()?.len()));
         }
         progress.line(&format!(

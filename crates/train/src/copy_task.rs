@@ -222,8 +222,7 @@ impl Task for CopyTask {
             loss,
             ppl: loss.exp(),
             weights: t.state.best_weights,
-            bleu: None,
-            chrf: None,
+            scores: crate::metrics::Scores::default(),
         };
         Ok((vec![record], Some(loss)))
     }

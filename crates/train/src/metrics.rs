@@ -64,13 +64,10 @@ pub enum Metric {
         /// Absent in files written before weight averaging existed: the SGD weights.
         #[serde(default)]
         weights: Weights,
-        /// Translation: corpus BLEU (sacreBLEU's default) of the validation set.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        bleu: Option<f64>,
-        /// Translation into Korean: corpus chrF (sacreBLEU's default) of the validation set,
-        /// the figure the best model is chosen by there.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        chrf: Option<f64>,
+        /// Translation: the validation set's scores (chrF into Korean, the figure the best
+        /// model is chosen by there).
+        #[serde(flatten)]
+        scores: Scores,
     },
     /// Test at the end of training: of the best model by validation, and (when weights are
     /// averaged and the average won) of the best SGD weights too.
@@ -84,13 +81,32 @@ pub enum Metric {
         /// Which weights were tested.
         #[serde(default)]
         weights: Weights,
-        /// Translation: corpus BLEU (sacreBLEU's default) of the test set.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        bleu: Option<f64>,
-        /// Translation into Korean: corpus chrF (sacreBLEU's default) of the test set.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        chrf: Option<f64>,
+        /// Translation: the test set's scores.
+        #[serde(flatten)]
+        scores: Scores,
     },
+}
+
+/// A translation record's quality scores (none for the language model): the fields `bleu`
+/// and `chrf` of a `valid` or `test` line, each present when measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Scores {
+    /// Corpus BLEU (sacreBLEU's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bleu: Option<f64>,
+    /// Corpus chrF (sacreBLEU's default): translation into Korean.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chrf: Option<f64>,
+}
+
+impl Scores {
+    /// The record's fields of a validation's score (`None`: no score).
+    pub fn of(score: Option<Score>) -> Self {
+        Self {
+            bleu: Score::of(score, ScoreMetric::Bleu),
+            chrf: Score::of(score, ScoreMetric::Chrf),
+        }
+    }
 }
 
 /// A task's quality score of a validation, higher is better: what the records call it.
@@ -341,4 +357,60 @@ pub fn plot_svg(metrics: &[Metric], path: &Path) -> Result<()> {
     }
     s += "</svg>\n";
     crate::checkpoint::write_atomic(path, s.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record's scores are the line's own `bleu` and `chrf` fields, written only when
+    /// measured, and lines written before either existed still read.
+    #[test]
+    fn scores_are_fields_of_the_record_line() {
+        let valid = Metric::Valid {
+            step: 7,
+            epoch: 1,
+            loss: 2.5,
+            ppl: 12.25,
+            epoch_seconds: 3.0,
+            weights: Weights::Average,
+            scores: Scores {
+                bleu: Some(31.5),
+                chrf: None,
+            },
+        };
+        let line = serde_json::to_string(&valid).unwrap();
+        assert_eq!(
+            line,
+            "{\"kind\":\"valid\",\"step\":7,\"epoch\":1,\"loss\":2.5,\"ppl\":12.25,\
+             \"epoch_seconds\":3.0,\"weights\":\"average\",\"bleu\":31.5}"
+        );
+        assert_eq!(serde_json::from_str::<Metric>(&line).unwrap(), valid);
+        let old: Metric = serde_json::from_str(
+            "{\"kind\":\"test\",\"step\":3,\"loss\":1.0,\"ppl\":2.718,\"chrf\":40}",
+        )
+        .unwrap();
+        assert_eq!(
+            old,
+            Metric::Test {
+                step: 3,
+                loss: 1.0,
+                ppl: 2.718,
+                weights: Weights::Sgd,
+                scores: Scores {
+                    bleu: None,
+                    chrf: Some(40.0),
+                },
+            }
+        );
+        let lm = Metric::Test {
+            step: 3,
+            loss: 1.0,
+            ppl: 2.0,
+            weights: Weights::Sgd,
+            scores: Scores::default(),
+        };
+        let line = serde_json::to_string(&lm).unwrap();
+        assert!(!line.contains("bleu") && !line.contains("chrf"), "{line}");
+    }
 }

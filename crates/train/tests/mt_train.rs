@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use transformer_model::Rng;
 use transformer_runtime::config::MtTrainConfig;
-use transformer_train::metrics::{self, Metric, Weights};
+use transformer_train::metrics::{self, Metric, Scores, Weights};
 use transformer_train::mt::{self, MtTrainOptions};
 use transformer_train::runner::Progress;
 
@@ -203,7 +203,7 @@ fn weight_average_is_a_read_out() {
             Metric::Valid {
                 epoch,
                 weights,
-                bleu,
+                scores: Scores { bleu, .. },
                 ..
             } => Some((epoch, weights, bleu.unwrap())),
             _ => None,
@@ -342,8 +342,11 @@ fn korean_output_is_chosen_by_chrf() {
         .filter_map(|m| match m {
             Metric::Valid {
                 epoch,
-                bleu: None,
-                chrf: Some(c),
+                scores:
+                    Scores {
+                        bleu: None,
+                        chrf: Some(c),
+                    },
                 weights: Weights::Sgd,
                 ..
             } => Some((*epoch, *c)),
@@ -371,8 +374,10 @@ fn korean_output_is_chosen_by_chrf() {
     assert!(records.iter().any(|m| matches!(
         m,
         Metric::Test {
-            bleu: Some(_),
-            chrf: Some(_),
+            scores: Scores {
+                bleu: Some(_),
+                chrf: Some(_),
+            },
             ..
         }
     )));
@@ -388,8 +393,10 @@ fn korean_output_is_chosen_by_chrf() {
     assert!(records.iter().any(|m| matches!(
         m,
         Metric::Valid {
-            bleu: Some(_),
-            chrf: None,
+            scores: Scores {
+                bleu: Some(_),
+                chrf: None,
+            },
             ..
         }
     )));

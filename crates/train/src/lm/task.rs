@@ -176,8 +176,7 @@ impl Task for LmTask {
                 loss,
                 ppl: loss.exp(),
                 weights,
-                bleu: None,
-                chrf: None,
+                scores: crate::metrics::Scores::default(),
             })
             .collect();
         Ok((records, Some(test_loss)))

@@ -269,8 +269,10 @@ impl Task for MtTask {
             loss,
             ppl: loss.exp(),
             weights: t.state.best_weights,
-            bleu: Some(b),
-            chrf: c,
+            scores: crate::metrics::Scores {
+                bleu: Some(b),
+                chrf: c,
+            },
         };
         Ok((vec![record], Some(loss)))
     }

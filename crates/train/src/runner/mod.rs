@@ -292,8 +292,7 @@ pub fn run<T: Task, C>(
                         ppl: v.loss.exp(),
                         epoch_seconds: seconds,
                         weights,
-                        bleu: metrics::Score::of(v.score, metrics::ScoreMetric::Bleu),
-                        chrf: metrics::Score::of(v.score, metrics::ScoreMetric::Chrf),
+                        scores: metrics::Scores::of(v.score),
                     },
                 )?;
             }

@@ -13,15 +13,13 @@ use transformer_train::mt;
 mod common;
 use common::{flip_middle_byte, fresh, tiny_mt_config, Quiet};
 
+/// SplitMix64: the kernels' mixer over a counter stepped by the golden ratio.
 struct Cases(u64);
 
 impl Cases {
     fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        transformer_model::kernels::rng::mix64(self.0)
     }
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize

@@ -93,17 +93,9 @@ impl ArgmaxScreen {
     /// The screen of the layer with weight `w` (out, k) and bias `b` (out,), with the fastest
     /// int8 kernel: `None` where it would not pay (not CPU f32, or no SIMD int8 kernel).
     pub fn of_layer(w: &Tensor, b: &Tensor) -> Result<Option<Self>> {
-        let (out, k) = w.dims2()?;
-        if b.dims() != [out] {
-            bail!(
-                "ArgmaxScreen: w {:?} (out, k) and b {:?} (out,) disagree",
-                w.dims(),
-                b.dims()
-            );
-        }
+        let (out, k) = super::linear_dims("ArgmaxScreen", w, b)?;
         let kernel = Int8Kernel::detect();
-        let f32_cpu = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu();
-        if kernel == Int8Kernel::Scalar || !f32_cpu(w) || !f32_cpu(b) {
+        if kernel == Int8Kernel::Scalar || !super::all_f32_cpu(&[w, b]) {
             return Ok(None);
         }
         let (w, b) = (w.contiguous()?, b.contiguous()?);

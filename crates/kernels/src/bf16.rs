@@ -599,18 +599,15 @@ mod tests {
             eprintln!("neither AMX nor AVX512-BF16 here: nothing to check");
             return;
         }
-        for (unit, &(m, n, k)) in units.iter().flat_map(|&u| {
-            [
-                (32, 32, 32),
-                (1, 1, 1),
-                (45, 70, 33),
-                (64, 200, 700),
-                (200, 33, 512),
-                (9, 17, 64),
-            ]
-            .iter()
-            .map(move |s| (u, s))
-        }) {
+        let sizes = [
+            (32, 32, 32),
+            (1, 1, 1),
+            (45, 70, 33),
+            (64, 200, 700),
+            (200, 33, 512),
+            (9, 17, 64),
+        ];
+        for (unit, (m, n, k)) in units.iter().flat_map(|&u| sizes.map(|s| (u, s))) {
             let a = values(m * k, 1); // m x k
             let bt = values(n * k, 2); // n x k, i.e. B^T
             let b = {

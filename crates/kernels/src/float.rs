@@ -69,33 +69,23 @@ pub trait Float: WithDType + Send + Sync {
     }
 }
 
-/// The constants and scalar functions of [`Float`] for `$t`: its own `ln` and `sqrt`, `$exp`
-/// and `$erf` (one implementation per type, hence a macro).
+/// The constants and scalar functions of [`Float`] for `$t`: its own `ln`, `sqrt` and
+/// `tanh`, `$exp` and `$erf` (one implementation per type, hence a macro). The `@calls` arm
+/// writes each method `name(self)` as a call of its function.
 macro_rules! scalar_basics {
     ($t:ident, $exp:path, $erf:path) => {
         const ZERO: Self = 0.0;
         const ONE: Self = 1.0;
         const NEG_INFINITY: Self = $t::NEG_INFINITY;
-        #[inline(always)]
-        fn exp(self) -> Self {
-            $exp(self)
-        }
-        #[inline(always)]
-        fn ln(self) -> Self {
-            $t::ln(self)
-        }
-        #[inline(always)]
-        fn sqrt(self) -> Self {
-            $t::sqrt(self)
-        }
-        #[inline(always)]
-        fn erf(self) -> Self {
-            $erf(self)
-        }
-        #[inline(always)]
-        fn tanh(self) -> Self {
-            $t::tanh(self)
-        }
+        scalar_basics!(@calls exp: $exp, ln: $t::ln, sqrt: $t::sqrt, erf: $erf, tanh: $t::tanh);
+    };
+    (@calls $($name:ident: $f:path),*) => {
+        $(
+            #[inline(always)]
+            fn $name(self) -> Self {
+                $f(self)
+            }
+        )*
     };
 }
 

@@ -147,6 +147,26 @@ fn fused_applies(ts: &[&Tensor]) -> bool {
         && ts.iter().all(|t| t.device().is_cpu() && t.dtype() == dtype)
 }
 
+/// A linear layer's sizes `(out, in)`: `w`'s `(out, in)`, checked against `b`'s `(out,)`
+/// (`who` names the layer's kind in the error).
+fn linear_dims(who: &str, w: &Tensor, b: &Tensor) -> Result<(usize, usize)> {
+    let (out, k) = w.dims2()?;
+    if b.dims() != [out] {
+        bail!(
+            "{who}: w {:?} (out, k) and b {:?} (out,) disagree",
+            w.dims(),
+            b.dims()
+        );
+    }
+    Ok((out, k))
+}
+
+/// Whether every tensor is f32 on the CPU.
+fn all_f32_cpu(ts: &[&Tensor]) -> bool {
+    ts.iter()
+        .all(|t| t.dtype() == DType::F32 && t.device().is_cpu())
+}
+
 /// The contiguous slice behind a CPU storage with `layout`.
 fn cpu_slice<'a, T: WithDType>(s: &'a candle_core::CpuStorage, layout: &Layout) -> Result<&'a [T]> {
     match layout.contiguous_offsets() {
@@ -498,38 +518,36 @@ mod plain {
     /// The hand-written AVX-512 product kernels against the plain sums in f64.
     #[test]
     fn product_kernels_agree_with_the_plain_sums() {
-        // `one_row::wt_row` (one row, `W^T`): sizes with and without partial blocks.
-        let sizes = [
+        // Every kernel on the same layers `(m, k)`: output counts with and without partial
+        // blocks (`one_row`'s 256 outputs, `small_rows`' 8, the 32-wide panel), few and many
+        // inputs.
+        let layers = [
+            (1, 1),
+            (13, 200),
+            (32, 16),
+            (45, 17),
+            (64, 32),
+            (70, 3),
+            (100, 33),
             (256, 256),
-            (512, 256),
             (256, 512),
             (300, 37),
-            (13, 200),
-            (1, 1),
+            (512, 256),
         ];
-        let sizes = sizes.map(|(m, k)| (1, m, k));
-        check_product("wt_row", &sizes, true, |y, x, w, b, _, m, k| {
-            crate::one_row::wt_row(y, x, w, b, m, k)
-        });
-        // `small_rows`: row counts below, at and above one pass, and output counts that
-        // leave a partial block.
-        let sizes = [
-            (2, 256, 256),
-            (16, 64, 32),
-            (17, 13, 7),
-            (48, 100, 33),
-            (5, 1, 1),
-        ];
+        // `one_row::wt_row`: one row, `W^T`.
+        check_product(
+            "wt_row",
+            &layers.map(|(m, k)| (1, m, k)),
+            true,
+            |y, x, w, b, _, m, k| crate::one_row::wt_row(y, x, w, b, m, k),
+        );
+        // `small_rows` and `panels::forward_rows` (`W` packed): row counts below, at and
+        // above `small_rows`' 16-row pass, and around the 12-row tile of the panels.
+        let sizes: Vec<_> = [2, 5, 12, 13, 16, 17, 48, 62, 125]
+            .into_iter()
+            .flat_map(|n| layers.map(|(m, k)| (n, m, k)))
+            .collect();
         check_product("small_rows", &sizes, false, crate::small_rows::forward);
-        // `panels::forward_rows` (`W` packed): row counts around the 12-row tile, output
-        // counts around the 32-wide panel.
-        let sizes = [
-            (2, 256, 256),
-            (12, 32, 16),
-            (13, 45, 17),
-            (62, 512, 256),
-            (125, 70, 3),
-        ];
         check_product("panels", &sizes, false, |y, x, w, b, n, m, k| {
             let packed = crate::panels::pack(w, m, k);
             crate::panels::forward_rows(y, x, &packed, b, n, m, k)

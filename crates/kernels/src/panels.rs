@@ -42,16 +42,8 @@ impl PanelLinear {
     /// The layer `w` (`m x k`), `b` (`m`), packed; `None` where the kernel does not run:
     /// a CPU without AVX-512, or tensors that are not CPU f32.
     pub fn new(w: &Tensor, b: &Tensor) -> Result<Option<Self>> {
-        let (m, k) = w.dims2()?;
-        if b.dims() != [m] {
-            bail!(
-                "PanelLinear: w {:?} (m, k) and b {:?} (m,) disagree",
-                w.dims(),
-                b.dims()
-            );
-        }
-        let f32_cpu = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu();
-        if !float::avx512() || !f32_cpu(w) || !f32_cpu(b) {
+        let (m, k) = super::linear_dims("PanelLinear", w, b)?;
+        if !float::avx512() || !super::all_f32_cpu(&[w, b]) {
             return Ok(None);
         }
         let wv = w.flatten_all()?.to_vec1::<f32>()?;
@@ -82,9 +74,15 @@ impl PanelLinear {
             );
         }
         let xv = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        let (m, p) = (self.m, &self.panels);
+        let m = self.m;
         let mut y = vec![0f32; n * m];
-        check(&y, &xv, p, &self.bias, n, m, k);
+        let product = Product {
+            x: &xv,
+            panels: &self.panels,
+            b: &self.bias,
+            dims: (n, m, k),
+        };
+        product.check(&y);
         let panels = m.div_ceil(NR);
         let groups: Vec<usize> = (0..panels.div_ceil(GROUP)).collect();
         let out = SendPtr(y.as_mut_ptr());
@@ -92,7 +90,7 @@ impl PanelLinear {
             let out = &out; // the whole wrapper, not its pointer field alone
             let js = g * GROUP..((g + 1) * GROUP).min(panels);
             // SAFETY: checked above; each group writes its own columns of `y`.
-            unsafe { panel_range(out.0, &xv, p, &self.bias, n, m, k, js) }
+            unsafe { product.panel_range(out.0, js) }
         });
         Tensor::from_vec(y, (n, m), x.device())
     }
@@ -119,43 +117,53 @@ pub(crate) fn forward_rows(
     m: usize,
     k: usize,
 ) {
-    check(y, x, panels, b, n, m, k);
+    let product = Product {
+        x,
+        panels,
+        b,
+        dims: (n, m, k),
+    };
+    product.check(y);
     // SAFETY: checked above.
-    unsafe { panel_range(y.as_mut_ptr(), x, panels, b, n, m, k, 0..m.div_ceil(NR)) }
+    unsafe { product.panel_range(y.as_mut_ptr(), 0..m.div_ceil(NR)) }
 }
 
-/// Panics unless the slices hold `n x m` outputs, `n x k` inputs, `m` biases and the
-/// packed weight, and the CPU has AVX-512: what [`panel_range`] relies on.
-fn check(y: &[f32], x: &[f32], panels: &[f32], b: &[f32], n: usize, m: usize, k: usize) {
-    assert!(
-        x.len() >= n * k
-            && y.len() >= n * m
-            && b.len() >= m
-            && panels.len() >= m.div_ceil(NR) * k * NR,
-        "panels: slices shorter than {n} x {k} @ {k} x {m}"
-    );
-    assert!(float::avx512(), "panels: this CPU has no AVX-512");
+/// The inputs of `y = x W^T + b` for `n` rows: `x` (`n x k`), `W` (`m x k`) packed by
+/// [`pack`] into `panels`, `b` (`m`).
+#[derive(Clone, Copy)]
+struct Product<'a> {
+    x: &'a [f32],
+    panels: &'a [f32],
+    b: &'a [f32],
+    /// `(n, m, k)`.
+    dims: (usize, usize, usize),
 }
 
-/// The panels `js` of `y = x W^T + b`, every row: the columns `32 js.start .. 32 js.end`.
-///
-/// # Safety
-/// What [`check`] asserts, with `y` pointing to the `n x m` outputs; no other thread
-/// writes these columns meanwhile.
-#[allow(clippy::too_many_arguments)]
-unsafe fn panel_range(
-    y: *mut f32,
-    x: &[f32],
-    panels: &[f32],
-    b: &[f32],
-    n: usize,
-    m: usize,
-    k: usize,
-    js: std::ops::Range<usize>,
-) {
-    for j in js {
-        #[cfg(target_arch = "x86_64")]
-        avx512::panel(y, x, panels, b, n, m, k, j)
+impl Product<'_> {
+    /// Panics unless `y` holds `n x m` outputs, the slices `n x k` inputs, `m` biases and
+    /// the packed weight, and the CPU has AVX-512: what [`Product::panel_range`] relies on.
+    fn check(&self, y: &[f32]) {
+        let (n, m, k) = self.dims;
+        assert!(
+            self.x.len() >= n * k
+                && y.len() >= n * m
+                && self.b.len() >= m
+                && self.panels.len() >= m.div_ceil(NR) * k * NR,
+            "panels: slices shorter than {n} x {k} @ {k} x {m}"
+        );
+        assert!(float::avx512(), "panels: this CPU has no AVX-512");
+    }
+
+    /// The panels `js` of `y = x W^T + b`, every row: the columns `32 js.start .. 32 js.end`.
+    ///
+    /// # Safety
+    /// What [`Product::check`] asserts, with `y` pointing to the `n x m` outputs; no other
+    /// thread writes these columns meanwhile.
+    unsafe fn panel_range(&self, y: *mut f32, js: std::ops::Range<usize>) {
+        for j in js {
+            #[cfg(target_arch = "x86_64")]
+            avx512::panel(y, self, j)
+        }
     }
 }
 
@@ -174,27 +182,22 @@ pub(crate) fn pack(w: &[f32], m: usize, k: usize) -> Vec<f32> {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{MR, NR};
+    use super::{Product, MR, NR};
     use crate::float::avx512::mask;
     use std::arch::x86_64::*;
 
     /// Panel `j` of `y = x W^T + b` for all `n` rows.
     ///
     /// # Safety
-    /// AVX-512 F; `x` holds `n x k` values, `panels` the packed weight, `b` `m` values and
-    /// `y` points to `n x m` values.
-    #[allow(clippy::too_many_arguments)]
+    /// AVX-512 F; what [`Product::check`] asserts, with `y` pointing to `n x m` values.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn panel(
-        y: *mut f32,
-        x: &[f32],
-        panels: &[f32],
-        b: &[f32],
-        n: usize,
-        m: usize,
-        k: usize,
-        j: usize,
-    ) {
+    pub(super) unsafe fn panel(y: *mut f32, product: &Product, j: usize) {
+        let Product {
+            x,
+            panels,
+            b,
+            dims: (n, m, k),
+        } = *product;
         let p = panels.as_ptr().add(j * k * NR);
         let width = (m - j * NR).min(NR);
         let masks = [mask(width), mask(width.saturating_sub(16))];
@@ -266,8 +269,7 @@ mod tests {
     /// around the panel's 32 (a ragged last panel), with candle's f32 matmul beside it.
     #[test]
     fn panels_give_the_linear_layer() -> Result<()> {
-        if !float::avx512() {
-            eprintln!("no AVX-512 on this CPU: PanelLinear does not run (skipped)");
+        if crate::plain::no_avx512() {
             return Ok(());
         }
         let dev = Device::Cpu;

@@ -33,13 +33,7 @@ impl Activation {
     pub fn apply<T: Float>(self, x: T) -> T {
         let half = T::from_f64(0.5);
         match self {
-            Activation::Relu => {
-                if x > T::ZERO {
-                    x
-                } else {
-                    T::ZERO
-                }
-            }
+            Activation::Relu => if_positive(x, x),
             Activation::Gelu => {
                 let s2 = T::from_f64(std::f64::consts::SQRT_2);
                 x * (((x / s2).erf() + T::ONE) * half)
@@ -57,13 +51,7 @@ impl Activation {
     pub fn derivative<T: Float>(self, x: T) -> T {
         let half = T::from_f64(0.5);
         match self {
-            Activation::Relu => {
-                if x > T::ZERO {
-                    T::ONE
-                } else {
-                    T::ZERO
-                }
-            }
+            Activation::Relu => if_positive(x, T::ONE),
             // Phi(x) + x phi(x).
             Activation::Gelu => {
                 let s2 = T::from_f64(std::f64::consts::SQRT_2);
@@ -85,6 +73,17 @@ impl Activation {
                 s + x * s * (T::ONE - s)
             }
         }
+    }
+}
+
+/// `value` where `x > 0`, else 0 (ReLU is `if_positive(x, x)`, its derivative
+/// `if_positive(x, 1)`).
+#[inline(always)]
+fn if_positive<T: Float>(x: T, value: T) -> T {
+    if x > T::ZERO {
+        value
+    } else {
+        T::ZERO
     }
 }
 

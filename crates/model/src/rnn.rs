@@ -386,14 +386,7 @@ impl RnnSeq2Seq {
         mode: Mode,
     ) -> Result<Seq2SeqLoss> {
         let (f, _) = self.decode_features(src, tgt_in, pad_id, mode)?;
-        let (b, t, c) = f.dims3()?;
-        label_smoothed_loss(
-            &f.reshape((b * t, c))?,
-            &self.generator,
-            &tgt_out.flatten_all()?,
-            pad_id,
-            eps,
-        )
+        label_smoothed_loss(&f, &self.generator, tgt_out, pad_id, eps)
     }
 
     /// Feeds one token per row and returns the next token's logits and, for the attention

@@ -31,7 +31,7 @@ use crate::positional::{PositionalEncoding, Positions};
 use crate::restrict::CandidateVocab;
 use crate::transformer::Transformer;
 use crate::Result;
-use candle_core::Tensor;
+use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -182,7 +182,7 @@ pub struct Seq2SeqLoss {
 /// ([`crate::ops::label_smoothing_term`]).
 ///
 /// # Shapes
-/// h (N, C), targets (N,) u32 -> scalars
+/// h (N, C) or (B, T, C), targets (N,) or (B, T) u32 (a row per target) -> scalars
 pub fn label_smoothed_loss(
     h: &Tensor,
     generator: &Linear,
@@ -205,6 +205,11 @@ pub fn label_smoothed_loss_with(
     direct: Option<(&DirectGrads, Precision)>,
 ) -> Result<Seq2SeqLoss> {
     use crate::ops;
+    // One row per target, whatever the batch's shape.
+    let (h, targets) = (
+        &h.reshape(((), h.dim(D::Minus1)?))?,
+        &targets.flatten_all()?,
+    );
     let w = generator.weight();
     let bias = generator.bias().expect("the output layer has a bias");
     // Padding rows count for nothing, so the output layer runs on the other rows only: its
@@ -455,27 +460,12 @@ impl Seq2Seq {
         memory_mask: Option<&Mask>,
         pass: Pass,
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
-        let (h, w) = self.decode_hidden(tgt, memory, tgt_mask, memory_mask, pass)?;
-        Ok((self.generator.forward(&h)?, w))
-    }
-
-    /// The last decoder layer's output for every target position, and every decoder layer's
-    /// attention weights when `pass` asks for them.
-    ///
-    /// # Shapes
-    /// tgt (B, T) u32, memory (B, S, C) -> (B, T, C)
-    pub fn decode_hidden(
-        &self,
-        tgt: &Tensor,
-        memory: &Tensor,
-        tgt_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
-        pass: Pass,
-    ) -> Result<(Tensor, Vec<DecoderWeights>)> {
         let y = self.embed_as(&self.tgt_embedding, tgt, pass.mode, pass.backprop)?;
-        self.transformer
-            .decoder()
-            .forward_as(&y, memory, tgt_mask, memory_mask, pass)
+        let (h, w) =
+            self.transformer
+                .decoder()
+                .forward_as(&y, memory, tgt_mask, memory_mask, pass)?;
+        Ok((self.generator.forward(&h)?, w))
     }
 
     /// Next-token logits at every target position (teacher forcing): encode, then decode
@@ -549,15 +539,7 @@ impl Seq2Seq {
         let y = self.embed_as(&self.tgt_embedding, tgt_in, mode, backprop)?;
         let (tm, mm) = (Some(&tgt_mask), Some(&memory_mask));
         let (h, _) = tr.decoder().forward_as(&y, &memory, tm, mm, pass)?;
-        let (b, t, c) = h.dims3()?;
-        label_smoothed_loss_with(
-            &h.reshape((b * t, c))?,
-            &self.generator,
-            &tgt_out.flatten_all()?,
-            pad_id,
-            eps,
-            direct,
-        )
+        label_smoothed_loss_with(&h, &self.generator, tgt_out, pad_id, eps, direct)
     }
 
     /// [`Self::embed`] from position 0, the embedding's row gradients going where `backprop`

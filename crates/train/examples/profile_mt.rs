@@ -45,9 +45,9 @@ fn main() -> candle_core::Result<()> {
             .unwrap()
     });
     let memory = model.encode(&src, Some(&masks.src), Mode::Eval)?;
-    time("decoder stack (eval mode)", reps, || {
+    time("decoder stack and output layer (eval mode)", reps, || {
         model
-            .decode_hidden(
+            .decode_as(
                 &tgt_in,
                 &memory,
                 Some(&masks.tgt),

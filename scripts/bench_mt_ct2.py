@@ -26,7 +26,6 @@ Example:
       --threads 2 --greedy-latency 50 --json
 """
 
-import argparse
 import json
 import math
 import os
@@ -51,9 +50,7 @@ def decode_options(args):
 
 def main():
     cores = len(os.sched_getaffinity(0))
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = mt_run.argument_parser(__doc__)
     p.add_argument("--model", required=True, help="CTranslate2 model directory")
     mt_run.add_id_file_args(p)
     p.add_argument("--run", help="the run directory the model was converted from: its "

@@ -42,7 +42,6 @@ Examples:
       --src-ids runs/bench/src.ids --ref-ids runs/bench/hyp.ids --beam 5 --batch 64 --json
 """
 
-import argparse
 import json
 import math
 import os
@@ -553,9 +552,7 @@ def cmd_decode(a):
 
 def main():
     cores = len(os.sched_getaffinity(0))
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = mt_run.argument_parser(__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="time one training step on the fixed benchmark batch",

@@ -20,6 +20,7 @@ attention's packed `in_proj_weight` / `in_proj_bias` is stored as three projecti
 Only numpy, safetensors and the standard library are needed here (no torch).
 """
 
+import argparse
 import json
 import math
 import os
@@ -245,6 +246,14 @@ def print_agreement(latency, n_lat, same, same_greedy):
         print(f"same output ids as the reference: {100 * same:.1f}%")
     if same_greedy is not None:
         print(f"greedy: same output ids as the greedy reference: {100 * same_greedy:.1f}%")
+
+
+def argument_parser(doc: str) -> argparse.ArgumentParser:
+    """A script's command line parser: its description the first paragraph of the script's
+    docstring `doc`, its epilog the rest as written."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                   epilog=doc.split("\n\n", 1)[1],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_id_file_args(parser) -> None:

@@ -35,7 +35,6 @@ Example:
   scripts/mt_to_ctranslate2.py --run runs/de-en --out runs/de-en-ct2
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -148,9 +147,7 @@ def build_spec(run: mt_run.Run) -> transformer_spec.TransformerSpec:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = mt_run.argument_parser(__doc__)
     p.add_argument("--run", required=True, help="run directory (config.toml, best.safetensors)")
     p.add_argument("--out", required=True, help="CTranslate2 model directory to write")
     p.add_argument("--quantization", default="float32",

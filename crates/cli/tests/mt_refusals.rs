@@ -71,24 +71,17 @@ fn init_from_a_missing_run_creates_nothing_and_int8_weights_are_said() {
             .output()
             .unwrap(),
     );
-    let log = succeeded(&train(
-        data,
-        &data.join("from-int8"),
-        &[
-            "--init-from",
-            s(&int8),
-            "--epochs",
-            "1",
-            "--max-batches",
-            "2",
-        ],
-    ));
+    // Two batches of fine-tuning from `run` into `out`: the log.
+    let fine_tune = |run: &Path, out: &str| {
+        succeeded(&train(
+            data,
+            &data.join(out),
+            &["--init-from", s(run), "--epochs", "1", "--max-batches", "2"],
+        ))
+    };
+    let log = fine_tune(&int8, "from-int8");
     assert_mentions(&log, &["holds int8 weights", "rounded to int8"]);
-    let log = succeeded(&train(
-        data,
-        &data.join("from-f32"),
-        &["--init-from", s(run), "--epochs", "1", "--max-batches", "2"],
-    ));
+    let log = fine_tune(run, "from-f32");
     assert!(!log.contains("int8"), "{log}");
 }
 

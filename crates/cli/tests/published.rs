@@ -3,6 +3,7 @@
 //! eval`'s scoring and `mt train --init-from` on the imported run; what the importer refuses.
 
 use std::path::{Path, PathBuf};
+use std::process::Output;
 
 mod common;
 use common::{assert_mentions, bin, failed, mt_translate_stdin, repo_root, succeeded, temp_dir};
@@ -11,17 +12,30 @@ fn fixture(path: &str) -> PathBuf {
     repo_root().join("crates/runtime/tests/fixtures").join(path)
 }
 
+/// What `transformer import MODEL --out OUT` did.
+fn run_import(model: &Path, out: &Path) -> Output {
+    bin()
+        .arg("import")
+        .arg(model)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+/// Imports `model` into `out` (replaced); the import's log.
 fn import(model: &Path, out: &Path) -> String {
     let _ = std::fs::remove_dir_all(out);
-    succeeded(
-        &bin()
-            .arg("import")
-            .arg(model)
-            .arg("--out")
-            .arg(out)
-            .output()
-            .unwrap(),
-    )
+    succeeded(&run_import(model, out))
+}
+
+/// Imports the fixture `model` into the `run` folder of a new temporary folder `name`:
+/// (folder, run, the import's log).
+fn import_fixture(name: &str, model: &str) -> (PathBuf, PathBuf, String) {
+    let dir = temp_dir("published", name);
+    let run = dir.join("run");
+    let log = import(&fixture(model), &run);
+    (dir, run, log)
 }
 
 /// What `mt translate` prints on stdout (the translations alone).
@@ -55,9 +69,7 @@ fn fine_tune(run: &Path, out: &Path, extra: &[&str]) -> Option<std::process::Out
 
 #[test]
 fn an_imported_marian_model_translates_quantizes_and_fine_tunes() {
-    let dir = temp_dir("published", "marian");
-    let run = dir.join("run");
-    let log = import(&fixture("marian/marian-de-en"), &run);
+    let (dir, run, log) = import_fixture("marian", "marian/marian-de-en");
     assert_mentions(&log, &["MarianMT", "Swish", "post-norm"]);
     let text = "Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\n";
     let out = translate(&run, text, &[]);
@@ -102,9 +114,7 @@ fn an_imported_marian_model_translates_quantizes_and_fine_tunes() {
 
 #[test]
 fn the_ctranslate2_test_model_translates_from_the_command_line() {
-    let dir = temp_dir("published", "ct2");
-    let run = dir.join("run");
-    let log = import(&fixture("ctranslate2/v2/aren-transliteration"), &run);
+    let (dir, run, log) = import_fixture("ct2", "ctranslate2/v2/aren-transliteration");
     assert_mentions(&log, &["binary version 2", "TransformerBase"]);
     assert_eq!(translate(&run, "آ ت ز م و ن\n", &[]).trim(), "a t z m o n");
     let _ = std::fs::remove_dir_all(&dir);
@@ -117,15 +127,7 @@ fn what_the_importer_cannot_read_is_a_clear_error_and_writes_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     // Not a model at all.
-    let err = failed(
-        &bin()
-            .arg("import")
-            .arg(&dir)
-            .arg("--out")
-            .arg(&out)
-            .output()
-            .unwrap(),
-    );
+    let err = failed(&run_import(&dir, &out));
     assert_mentions(&err, &["CTranslate2", "Argos", "MarianMT"]);
     assert!(!out.exists());
     // A MarianMT config.json naming an activation this project does not have.
@@ -138,15 +140,7 @@ fn what_the_importer_cannot_read_is_a_clear_error_and_writes_nothing() {
     }
     let cfg = std::fs::read_to_string(m.join("config.json")).unwrap();
     std::fs::write(m.join("config.json"), cfg.replace("\"swish\"", "\"mish\"")).unwrap();
-    let err = failed(
-        &bin()
-            .arg("import")
-            .arg(&m)
-            .arg("--out")
-            .arg(&out)
-            .output()
-            .unwrap(),
-    );
+    let err = failed(&run_import(&m, &out));
     assert_mentions(&err, &["config.json", "mish"]);
     assert!(!out.exists());
     let _ = std::fs::remove_dir_all(&dir);
@@ -156,9 +150,7 @@ fn what_the_importer_cannot_read_is_a_clear_error_and_writes_nothing() {
 /// fine-tuning it is refused with the reason, before anything is trained.
 #[test]
 fn a_model_without_padding_translates_and_refuses_fine_tuning() {
-    let dir = temp_dir("published", "argos");
-    let run = dir.join("run");
-    let log = import(&fixture("marian/de_en.argosmodel"), &run);
+    let (dir, run, log) = import_fixture("argos", "marian/de_en.argosmodel");
     assert_mentions(&log, &["Argos Translate package", "<pad> added"]);
     assert_eq!(
         translate(&run, "Ein Mann fährt Fahrrad.\n", &[])

@@ -42,6 +42,15 @@ fn corpus_dir(name: &str, epochs: usize) -> PathBuf {
     dir
 }
 
+/// A corpus folder `name` (see [`corpus_dir`]) with a finished training run in its `run`
+/// folder: (folder, run).
+fn trained_run(name: &str, epochs: usize) -> (PathBuf, PathBuf) {
+    let dir = corpus_dir(name, epochs);
+    let out = dir.join("run");
+    succeeded(&run(train(&dir, &out, &[])));
+    (dir, out)
+}
+
 /// `mt train --config config.toml --out OUT ARGS...`, started from `dir`.
 fn train(dir: &Path, out: &Path, args: &[&str]) -> Command {
     let mut c = bin();
@@ -54,6 +63,18 @@ fn train(dir: &Path, out: &Path, args: &[&str]) -> Command {
 
 fn run(mut c: Command) -> Output {
     c.output().expect("runs")
+}
+
+/// Runs `c` with its standard output closed before it writes anything (as `| head -0`
+/// would), its standard error kept.
+fn run_with_stdout_closed(mut c: Command) -> Output {
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
 }
 
 fn spawn(mut c: Command) -> Child {
@@ -268,9 +289,7 @@ fn resume_from_anywhere_honours_or_refuses_changed_settings() {
 
 #[test]
 fn bad_input_and_damage_never_pass_silently() {
-    let dir = corpus_dir("bad", 1);
-    let runp = dir.join("run");
-    succeeded(&run(train(&dir, &runp, &[])));
+    let (dir, runp) = trained_run("bad", 1);
     let r = runp.to_str().unwrap();
 
     // One line far longer than the model takes among good ones: the job goes on, and a
@@ -470,14 +489,8 @@ fn ctrl_c_exits_130_after_its_checkpoint_and_closed_pipes_exit_0() {
         .arg(&many);
     let mut info = bin();
     info.args(["info", "--preset", "tiny"]);
-    for mut c in [translate, info] {
-        let mut child = c
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        drop(child.stdout.take());
-        let o = child.wait_with_output().unwrap();
+    for c in [translate, info] {
+        let o = run_with_stdout_closed(c);
         assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
         assert!(
             !text(&o.stderr).contains("Broken pipe"),
@@ -537,22 +550,17 @@ fn a_closed_stdout_never_stops_training_and_the_log_file_keeps_the_log() {
 
     // The copy task too: its stdout closed before its first line.
     let copy_log = dir.join("copy.log");
-    let mut child = bin()
-        .args([
-            "copy-task",
-            "--steps",
-            "60",
-            "--log-every",
-            "10",
-            "--log-file",
-        ])
-        .arg(&copy_log)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stdout.take());
-    let o = child.wait_with_output().unwrap();
+    let mut copy = bin();
+    copy.args([
+        "copy-task",
+        "--steps",
+        "60",
+        "--log-every",
+        "10",
+        "--log-file",
+    ])
+    .arg(&copy_log);
+    let o = run_with_stdout_closed(copy);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let log = std::fs::read_to_string(&copy_log).unwrap();
     assert!(
@@ -563,9 +571,7 @@ fn a_closed_stdout_never_stops_training_and_the_log_file_keeps_the_log() {
 
 #[test]
 fn a_refused_resume_changes_nothing_on_disk() {
-    let dir = corpus_dir("refused-resume", 2);
-    let out = dir.join("run");
-    succeeded(&run(train(&dir, &out, &[])));
+    let (dir, out) = trained_run("refused-resume", 2);
     let snapshot = || {
         let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&out)
             .unwrap()

@@ -16,7 +16,7 @@ use common::{bin, chromium, failure_stderr, repo_root, succeeded};
 
 /// Python with `libretranslatepy==2.1.4`: `TRANSFORMER_CLIENTS_PYTHON`, or a virtualenv made
 /// here under target/. Where it cannot be had (no network), the test is skipped unless
-/// `TRANSFORMER_REQUIRE_CLIENTS=1` (as `.ci/run` sets).
+/// `TRANSFORMER_REQUIRE_CLIENTS=1` (as `.ci/run` sets), and says so.
 fn client_python() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("TRANSFORMER_CLIENTS_PYTHON") {
         return Some(PathBuf::from(p));
@@ -49,6 +49,7 @@ fn client_python() -> Option<PathBuf> {
         std::env::var("TRANSFORMER_REQUIRE_CLIENTS").is_err(),
         "libretranslatepy could not be installed and TRANSFORMER_REQUIRE_CLIENTS is set"
     );
+    eprintln!("SKIPPED: no Python with libretranslatepy==2.1.4 (set TRANSFORMER_CLIENTS_PYTHON)");
     None
 }
 
@@ -148,9 +149,6 @@ fn sigterm_finishes_the_requests_in_flight() {
 #[test]
 fn real_clients_libretranslatepy_and_a_mastodon_request() {
     let Some(python) = client_python() else {
-        eprintln!(
-            "SKIPPED: no Python with libretranslatepy==2.1.4 (set TRANSFORMER_CLIENTS_PYTHON)"
-        );
         return;
     };
     let texts = [LINES[0], LINES[1], LINES[3]];
@@ -402,9 +400,6 @@ fn web_page_asks_for_the_api_key_and_sends_it_in_chromium() {
 #[test]
 fn an_argos_package_is_served_to_libretranslatepy() {
     let Some(python) = client_python() else {
-        eprintln!(
-            "SKIPPED: no Python with libretranslatepy==2.1.4 (set TRANSFORMER_CLIENTS_PYTHON)"
-        );
         return;
     };
     let package = repo_root().join("crates/runtime/tests/fixtures/marian/de_en.argosmodel");

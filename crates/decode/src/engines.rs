@@ -27,7 +27,7 @@
 //! as its version 4 has them; the tests compare tokens and scores with `ctranslate2` itself.
 
 use crate::search::{scan_row, DecodeOptions, Hypothesis};
-use crate::step::{LogProbs, StepModel};
+use crate::step::{LogProbs, StepModel, StepOutput};
 use candle_core::{Result, Tensor};
 
 /// Which engine's search rules a decoding follows.
@@ -122,23 +122,73 @@ impl Live {
     }
 }
 
-/// Row `r` of `rows` extended by token `t` at total score `s`, as the next step's row (its
-/// parent recorded for the state's row selection).
-fn extend(
-    next: &mut Vec<Live>,
-    parents: &mut Vec<u32>,
+/// An engine's `max_length` (which counts the start or the end token), at most one more than
+/// the model's longest output.
+fn length_limit<M: StepModel>(model: &M, max_length: usize) -> usize {
+    model
+        .max_output_len()
+        .map_or(max_length, |m| max_length.min(m + 1))
+}
+
+/// One step of the model over every live row (its last token, `bos` before the first), the
+/// column of token `disabled` set to minus infinity in the output's logits.
+fn step_rows<M: StepModel>(
+    model: &M,
+    state: &mut M::State,
     rows: &[Live],
-    sentence: usize,
-    (s, r, t): (f64, usize, u32),
-) {
-    let mut tokens = rows[r].tokens.clone();
-    tokens.push(t);
-    next.push(Live {
-        sentence,
-        tokens,
-        score: s,
-    });
-    parents.push(r as u32);
+    bos: u32,
+    disabled: Option<u32>,
+) -> Result<StepOutput> {
+    let last = Live::last_tokens(rows, bos);
+    let mut out = model.step(state, &last, false)?;
+    if let Some(t) = disabled {
+        out.logits = disable_column(&out.logits, t, out.vocab.as_deref())?;
+    }
+    Ok(out)
+}
+
+/// The next step's rows, each with its parent among the current rows (for the state's row
+/// selection).
+struct NextRows {
+    rows: Vec<Live>,
+    parents: Vec<u32>,
+}
+
+impl NextRows {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            rows: Vec::with_capacity(n),
+            parents: Vec::with_capacity(n),
+        }
+    }
+
+    /// Row `r` of `rows` extended by token `t` at total score `s`.
+    fn extend(&mut self, rows: &[Live], sentence: usize, (s, r, t): (f64, usize, u32)) {
+        let mut tokens = rows[r].tokens.clone();
+        tokens.push(t);
+        self.rows.push(Live {
+            sentence,
+            tokens,
+            score: s,
+        });
+        self.parents.push(r as u32);
+    }
+
+    /// Makes these the live `rows`, the model's state following; `false` (and nothing
+    /// changed) when there are none.
+    fn advance<M: StepModel>(
+        self,
+        model: &M,
+        state: &mut M::State,
+        rows: &mut Vec<Live>,
+    ) -> Result<bool> {
+        if self.rows.is_empty() {
+            return Ok(false);
+        }
+        model.select_rows(state, &self.parents)?;
+        *rows = self.rows;
+        Ok(true)
+    }
 }
 
 /// Decodes `src` by CTranslate2's rules (see the module docs), `opts.beam` 1 greedy; returns
@@ -154,10 +204,7 @@ pub fn ctranslate2_search<M: StepModel>(
     num_hypotheses: usize,
 ) -> Result<Vec<Vec<Hypothesis>>> {
     let k = opts.beam.max(1);
-    let max_length = opts.max_len_b.max(1);
-    let max_length = model
-        .max_output_len()
-        .map_or(max_length, |m| max_length.min(m + 1));
+    let max_length = length_limit(model, opts.max_len_b.max(1));
     let num_hypotheses = num_hypotheses.clamp(1, k);
     let mut state = model.start(src, opts.pad)?;
     let n = model.src_lens(&state).len();
@@ -172,22 +219,13 @@ pub fn ctranslate2_search<M: StepModel>(
         hyps.truncate(keep);
     };
     for step in 0..max_length {
-        let last = Live::last_tokens(&rows, opts.bos);
-        let out = model.step(&mut state, &last, false)?;
         // The end token disabled before the softmax while the output is shorter than
         // `min_length`: the other tokens' probabilities then sum to one.
-        let masked;
-        let logits = if step < min_length {
-            masked = disable_column(&out.logits, opts.eos, out.vocab.as_deref())?;
-            &masked
-        } else {
-            &out.logits
-        };
-        let mut lp = LogProbs::new(logits)?;
-        lp.set_vocab(out.vocab.clone());
+        let disabled = (step < min_length).then_some(opts.eos);
+        let out = step_rows(model, &mut state, &rows, opts.bos, disabled)?;
+        let lp = LogProbs::of(&out)?;
         let is_last = step + 1 == max_length;
-        let mut next: Vec<Live> = Vec::with_capacity(rows.len());
-        let mut parents: Vec<u32> = Vec::with_capacity(rows.len());
+        let mut next = NextRows::with_capacity(rows.len());
         for (sentence, start, end) in Live::groups(&rows) {
             let result = &mut results[sentence];
             let mut group_next = Vec::with_capacity(k);
@@ -236,15 +274,13 @@ pub fn ctranslate2_search<M: StepModel>(
                 finish(result, num_hypotheses);
             } else {
                 for c in group_next {
-                    extend(&mut next, &mut parents, &rows, sentence, c);
+                    next.extend(&rows, sentence, c);
                 }
             }
         }
-        if next.is_empty() {
+        if !next.advance(model, &mut state, &mut rows)? {
             break;
         }
-        model.select_rows(&mut state, &parents)?;
-        rows = next;
     }
     Ok(results)
 }
@@ -304,10 +340,7 @@ pub fn huggingface_search<M: StepModel>(
 ) -> Result<Vec<Vec<Hypothesis>>> {
     let k = opts.beam.max(1);
     // `max_length` counts the start token: at most `max_length - 1` generated tokens.
-    let max_length = opts.max_len_b.max(2);
-    let max_length = model
-        .max_output_len()
-        .map_or(max_length, |m| max_length.min(m + 1));
+    let max_length = length_limit(model, opts.max_len_b.max(2));
     let lp = opts.length_penalty;
     let norm = |score: f64, len: usize| score / (len.max(1) as f64).powf(lp);
     let mut state = model.start(src, opts.pad)?;
@@ -316,22 +349,12 @@ pub fn huggingface_search<M: StepModel>(
     let mut rows = Live::one_per_sentence(n);
     // `cur_len`: the sequences' length with the start token.
     for cur_len in 1..max_length {
-        let last = Live::last_tokens(&rows, opts.bos);
-        let out = model.step(&mut state, &last, false)?;
         // Renormalised: the suppressed token is out of the softmax's sum.
-        let masked;
-        let logits = match (renormalize, suppress) {
-            (true, Some(t)) => {
-                masked = disable_column(&out.logits, t, out.vocab.as_deref())?;
-                &masked
-            }
-            _ => &out.logits,
-        };
-        let mut lp_rows = LogProbs::new(logits)?;
-        lp_rows.set_vocab(out.vocab.clone());
+        let disabled = suppress.filter(|_| renormalize);
+        let out = step_rows(model, &mut state, &rows, opts.bos, disabled)?;
+        let lp_rows = LogProbs::of(&out)?;
         let forced = cur_len + 1 == max_length;
-        let mut next: Vec<Live> = Vec::with_capacity(rows.len());
-        let mut parents: Vec<u32> = Vec::with_capacity(rows.len());
+        let mut next = NextRows::with_capacity(rows.len());
         for (sentence, start, end) in Live::groups(&rows) {
             // Candidates (score, row, token), best first: the end token alone when forced.
             let cand: Vec<(f64, usize, u32)> = if forced {
@@ -360,7 +383,7 @@ pub fn huggingface_search<M: StepModel>(
                 if t == opts.eos || cur_len + 1 >= max_length {
                     result.push(hypothesis(&rows[r], t, s, opts.eos));
                 } else {
-                    extend(&mut next, &mut parents, &rows, sentence, (s, r, t));
+                    next.extend(&rows, sentence, (s, r, t));
                 }
                 continue;
             }
@@ -393,15 +416,13 @@ pub fn huggingface_search<M: StepModel>(
                     }));
             if !done {
                 for c in running {
-                    extend(&mut next, &mut parents, &rows, sentence, c);
+                    next.extend(&rows, sentence, c);
                 }
             }
         }
-        if next.is_empty() {
+        if !next.advance(model, &mut state, &mut rows)? {
             break;
         }
-        model.select_rows(&mut state, &parents)?;
-        rows = next;
     }
     Ok(results)
 }

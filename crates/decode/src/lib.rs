@@ -143,30 +143,17 @@ mod tests {
     #[test]
     fn sampling_respects_temperature_and_top_k() {
         let logits = [0.0f32, 3.0, 1.0, 2.9];
-        let greedy = Sampling {
-            temperature: 0.0,
-            top_k: None,
-        };
-        assert_eq!(sample(&logits, greedy, 0.7), 1);
-        let top2 = Sampling {
-            temperature: 1.0,
-            top_k: Some(2),
-        };
+        let sampling = |temperature, top_k| Sampling { temperature, top_k };
+        assert_eq!(sample(&logits, sampling(0.0, None), 0.7), 1);
+        let top2 = sampling(1.0, Some(2));
         for i in 0..100 {
             let t = sample(&logits, top2, i as f64 / 100.0);
             assert!(t == 1 || t == 3, "top-2 sampled {t}");
         }
         // A very low temperature is nearly greedy.
-        let cold = Sampling {
-            temperature: 0.01,
-            top_k: None,
-        };
-        assert_eq!(sample(&logits, cold, 0.4), 1);
+        assert_eq!(sample(&logits, sampling(0.01, None), 0.4), 1);
         // Frequencies follow the softmax.
-        let warm = Sampling {
-            temperature: 1.0,
-            top_k: None,
-        };
+        let warm = sampling(1.0, None);
         let n = 10_000;
         let ones = (0..n)
             .filter(|i| sample(&logits, warm, (*i as f64 + 0.5) / n as f64) == 1)

@@ -327,11 +327,6 @@ impl<'a> LogProbs<'a> {
         Ok(lp)
     }
 
-    /// Names the token of each column (`None`: column `t` is token `t`).
-    pub(crate) fn set_vocab(&mut self, vocab: Option<std::sync::Arc<[u32]>>) {
-        self.vocab = vocab;
-    }
-
     /// The token of column `c` of [`Self::logits`].
     pub fn token(&self, c: usize) -> u32 {
         match &self.vocab {

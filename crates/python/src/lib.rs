@@ -1116,11 +1116,10 @@ impl BleuScore {
     /// sacreBLEU's `format`: the line `str()` gives, or the score alone, or with a signature.
     #[pyo3(signature = (width=2, score_only=false, signature=""))]
     fn format(&self, width: usize, score_only: bool, signature: &str) -> String {
-        if score_only {
-            return format!("{:.*}", width, self.score);
-        }
-        let name = signed_name(&self.name, signature);
-        format!("{name} = {:.*} {}", width, self.score, self.verbose)
+        let details = Some(self.verbose.as_str());
+        format_score(
+            &self.name, self.score, details, width, score_only, signature,
+        )
     }
 
     fn __str__(&self) -> String {
@@ -1132,12 +1131,27 @@ impl BleuScore {
     }
 }
 
-/// A score's name in sacreBLEU's `format`, with the signature after a `|` when one is given.
-fn signed_name(name: &str, signature: &str) -> String {
-    if signature.is_empty() {
+/// sacreBLEU's `format` of a score: the score alone, or `name = score` and the details when
+/// there are any, the name followed by `|` and the signature when one is given.
+fn format_score(
+    name: &str,
+    score: f64,
+    details: Option<&str>,
+    width: usize,
+    score_only: bool,
+    signature: &str,
+) -> String {
+    if score_only {
+        return format!("{:.*}", width, score);
+    }
+    let name = if signature.is_empty() {
         name.to_string()
     } else {
         format!("{name}|{signature}")
+    };
+    match details {
+        Some(details) => format!("{name} = {:.*} {details}", width, score),
+        None => format!("{name} = {:.*}", width, score),
     }
 }
 
@@ -1164,11 +1178,7 @@ impl ChrfScore {
     /// sacreBLEU's `format`.
     #[pyo3(signature = (width=2, score_only=false, signature=""))]
     fn format(&self, width: usize, score_only: bool, signature: &str) -> String {
-        if score_only {
-            return format!("{:.*}", width, self.score);
-        }
-        let name = signed_name(&self.name, signature);
-        format!("{name} = {:.*}", width, self.score)
+        format_score(&self.name, self.score, None, width, score_only, signature)
     }
 
     fn __str__(&self) -> String {

@@ -495,18 +495,6 @@ pub enum Corpus {
     KoEnAll,
 }
 
-impl std::str::FromStr for Corpus {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        by_config_name(s).ok_or_else(|| {
-            format!(
-                "unknown corpus {s:?}: use multi30k-de-en, ko-en or ko-en-all, or give files with \
-                 --train-src/--train-tgt/--valid-src/--valid-tgt"
-            )
-        })
-    }
-}
-
 /// The variant of a unit-variant enum that `s` names as configuration files name it (its
 /// serde name: `ko-en-all`, `bpe-bytes`), for parsing flags by the same names; `None` for a
 /// name it does not have.
@@ -514,6 +502,27 @@ fn by_config_name<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
     use serde::de::value::{Error, StrDeserializer};
     T::deserialize(StrDeserializer::<Error>::new(s)).ok()
 }
+
+/// `FromStr` for a unit-variant enum by its configuration names ([`by_config_name`]); an
+/// unknown name `s` is the error `unknown {what} {s:?}: use {names}`.
+macro_rules! from_config_name {
+    ($t:ty, $what:literal, $names:literal) => {
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                by_config_name(s)
+                    .ok_or_else(|| format!(concat!("unknown ", $what, " {:?}: use ", $names), s))
+            }
+        }
+    };
+}
+
+from_config_name!(
+    Corpus,
+    "corpus",
+    "multi30k-de-en, ko-en or ko-en-all, or give files with \
+     --train-src/--train-tgt/--valid-src/--valid-tgt"
+);
 
 impl Corpus {
     /// The corpus's (source, target) language codes.
@@ -559,12 +568,7 @@ pub enum MtPreset {
     Big,
 }
 
-impl std::str::FromStr for MtPreset {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        by_config_name(s).ok_or_else(|| format!("unknown preset {s:?}: use small, base or big"))
-    }
-}
+from_config_name!(MtPreset, "preset", "small, base or big");
 
 /// How text becomes tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -586,14 +590,11 @@ pub enum TokenizerKind {
     Words,
 }
 
-impl std::str::FromStr for TokenizerKind {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        by_config_name(s).ok_or_else(|| {
-            format!("unknown tokenizer {s:?}: use bpe, bpe-bytes, unigram, unigram-bytes or words")
-        })
-    }
-}
+from_config_name!(
+    TokenizerKind,
+    "tokenizer",
+    "bpe, bpe-bytes, unigram, unigram-bytes or words"
+);
 
 impl TokenizerKind {
     /// How the training log names it.
@@ -629,14 +630,18 @@ mod tests {
         assert_eq!(parse_all("small base big"), presets);
         let kinds = parse_all("bpe bpe-bytes unigram unigram-bytes words");
         assert_eq!(kinds, [Bpe, BpeBytes, Unigram, UnigramBytes, Words].map(Ok));
-        assert!("Small"
-            .parse::<MtPreset>()
-            .unwrap_err()
-            .contains("small, base or big"));
-        assert!("ko_en"
-            .parse::<Corpus>()
-            .unwrap_err()
-            .contains("unknown corpus"));
-        assert!("bpe bytes".parse::<TokenizerKind>().is_err());
+        assert_eq!(
+            "Small".parse::<MtPreset>().unwrap_err(),
+            "unknown preset \"Small\": use small, base or big"
+        );
+        assert_eq!(
+            "ko_en".parse::<Corpus>().unwrap_err(),
+            "unknown corpus \"ko_en\": use multi30k-de-en, ko-en or ko-en-all, or give files \
+             with --train-src/--train-tgt/--valid-src/--valid-tgt"
+        );
+        assert_eq!(
+            "bpe bytes".parse::<TokenizerKind>().unwrap_err(),
+            "unknown tokenizer \"bpe bytes\": use bpe, bpe-bytes, unigram, unigram-bytes or words"
+        );
     }
 }

@@ -255,13 +255,18 @@ pub fn meta_json<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// The text of the file `path` (an error names it).
+pub(crate) fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.into(),
+        source,
+    })
+}
+
 /// Reads the TOML file `path` as a `T` (a task's configuration: any subset of its keys, the
 /// rest at their defaults; or a bare table).
 pub fn read_toml_file<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.into(),
-        source,
-    })?;
+    let text = read_text(path)?;
     toml::from_str(&text).map_err(|e| Error::Config {
         path: path.into(),
         msg: e.to_string(),

@@ -165,10 +165,7 @@ impl VocabMap {
     /// Reads a map written by [`VocabMap::save`], checking that it was learnt for a
     /// vocabulary of `vocab` tokens.
     pub fn load(path: &Path, vocab: usize) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.into(),
-            source,
-        })?;
+        let text = crate::run_dir::read_text(path)?;
         let map: VocabMap = serde_json::from_str(&text).map_err(|e| Error::Config {
             path: path.into(),
             msg: format!("not a vocabulary map ({e}); write one with `transformer mt vocab-map`"),

@@ -34,13 +34,35 @@ pub struct PairBatch {
     pub indices: Vec<usize>,
 }
 
-/// A 64-bit mixer (SplitMix64's finaliser) for the seeded shuffles; this crate has no RNG
-/// dependency and needs only a reproducible permutation.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+/// SplitMix64: a small seeded generator, this crate's reproducible randomness (it has no
+/// RNG dependency); its tests draw their cases from it too.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// The generator started at `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+}
+
+/// A 64-bit mixer for the seeded shuffles: [`SplitMix64`]'s first number from seed `z`.
+fn mix(z: u64) -> u64 {
+    SplitMix64::new(z).next_u64()
 }
 
 /// Fisher-Yates with a counter-based generator: the same seed gives the same order.

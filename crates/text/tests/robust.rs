@@ -6,36 +6,30 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use transformer_text::bucket::SplitMix64;
 use transformer_text::parallel::{lines_of, read_lines, read_pair_files, read_tsv_pairs};
 use transformer_text::subword::{BpeOptions, Subword};
 use transformer_text::Vocab;
 
-/// SplitMix64: a small seeded generator for test cases.
-pub struct Cases(u64);
+/// Test cases drawn from a seeded generator.
+pub struct Cases(SplitMix64);
 
 impl Cases {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+    pub fn new(seed: u64) -> Self {
+        Self(SplitMix64::new(seed))
     }
 
     /// Random bytes, biased towards text-like ones half the time.
     pub fn bytes(&mut self, max: usize) -> Vec<u8> {
-        let n = self.below(max + 1);
-        let texty = self.next() % 2 == 0;
+        let g = &mut self.0;
+        let n = g.below(max + 1);
+        let texty = g.next_u64() % 2 == 0;
         (0..n)
             .map(|_| {
                 if texty {
-                    b"ab \t\n\r.,\xc3\xa4\xea\xb0\x80"[self.below(12)]
+                    b"ab \t\n\r.,\xc3\xa4\xea\xb0\x80"[g.below(12)]
                 } else {
-                    self.next() as u8
+                    g.next_u64() as u8
                 }
             })
             .collect()
@@ -46,12 +40,13 @@ impl Cases {
         if bytes.is_empty() {
             return bytes;
         }
-        for _ in 0..self.below(5) {
-            let i = self.below(bytes.len());
-            bytes[i] ^= 1 << self.below(8);
+        let g = &mut self.0;
+        for _ in 0..g.below(5) {
+            let i = g.below(bytes.len());
+            bytes[i] ^= 1 << g.below(8);
         }
-        if self.below(3) == 0 {
-            let cut = self.below(bytes.len() + 1);
+        if g.below(3) == 0 {
+            let cut = g.below(bytes.len() + 1);
             bytes.truncate(cut);
         }
         bytes
@@ -73,7 +68,7 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 #[test]
 fn line_readers_never_panic() {
     let d = dir();
-    let mut c = Cases(1);
+    let mut c = Cases::new(1);
     for case in 0..300 {
         let bytes = c.bytes(400);
         let _ = lines_of(Path::new("x"), &bytes);
@@ -112,7 +107,7 @@ fn tokenizer_loader_never_panics() {
     let p = dir().join("valid-tokenizer.json");
     tok.save(&p).unwrap();
     let good = std::fs::read(&p).unwrap();
-    let mut c = Cases(2);
+    let mut c = Cases::new(2);
     let mut errors = 0;
     for _ in 0..300 {
         let damaged = c.damage(good.clone());

@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use transformer_text::bucket::SplitMix64;
 use transformer_text::parallel::read_bytes;
 use transformer_text::sentencepiece::{ModelType, SentencePiece};
 
@@ -130,30 +131,32 @@ fn compare_in(dir: &Path, name: &str, model_type: ModelType) -> (usize, usize, u
     (lines, matched, decodes)
 }
 
-#[test]
-fn unigram_nmt_nfkc_matches_sentencepiece() {
-    let (lines, matched, _) = compare("m30k_unigram", ModelType::Unigram);
+/// All 3504 lines of fixture `name` match.
+fn assert_every_line_matches(name: &str, model_type: ModelType) {
+    let (lines, matched, _) = compare(name, model_type);
     assert_eq!((lines, matched), (3504, 3504));
 }
 
 #[test]
+fn unigram_nmt_nfkc_matches_sentencepiece() {
+    assert_every_line_matches("m30k_unigram", ModelType::Unigram);
+}
+
+#[test]
 fn bpe_with_user_defined_symbols_matches_sentencepiece() {
-    let (lines, matched, _) = compare("m30k_bpe", ModelType::Bpe);
-    assert_eq!((lines, matched), (3504, 3504));
+    assert_every_line_matches("m30k_bpe", ModelType::Bpe);
 }
 
 #[test]
 fn unigram_byte_fallback_korean_matches_sentencepiece() {
     let sp = model("koen_unigram_bytes");
     assert!(sp.byte_fallback());
-    let (lines, matched, _) = compare("koen_unigram_bytes", ModelType::Unigram);
-    assert_eq!((lines, matched), (3504, 3504));
+    assert_every_line_matches("koen_unigram_bytes", ModelType::Unigram);
 }
 
 #[test]
 fn unigram_identity_user_defined_matches_sentencepiece() {
-    let (lines, matched, _) = compare("m30k_identity", ModelType::Unigram);
-    assert_eq!((lines, matched), (3504, 3504));
+    assert_every_line_matches("m30k_identity", ModelType::Unigram);
 }
 
 /// The same comparison on fixtures written elsewhere with more lines (see the script's
@@ -281,26 +284,9 @@ fn models_without_unk_or_with_a_bad_type() {
     assert!(e.to_string().contains("CHAR"), "{e}");
 }
 
-/// SplitMix64, as in tests/robust.rs.
-struct Cases(u64);
-
-impl Cases {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 #[test]
 fn damaged_models_never_panic() {
-    let mut cases = Cases(7);
+    let mut cases = SplitMix64::new(7);
     let texts = ["Ein Hund läuft.", "  a\tb  ", "한국어 😀", ""];
     for name in [
         "m30k_identity",
@@ -333,7 +319,7 @@ fn damaged_models_never_panic() {
     // Random bytes.
     for _ in 0..300 {
         let n = cases.below(200);
-        let bytes: Vec<u8> = (0..n).map(|_| cases.next() as u8).collect();
+        let bytes: Vec<u8> = (0..n).map(|_| cases.next_u64() as u8).collect();
         if let Err(e) = SentencePiece::from_bytes(&bytes, Path::new("random.model")) {
             assert_names(&e, "random.model");
         }

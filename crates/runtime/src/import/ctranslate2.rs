@@ -11,8 +11,9 @@
 //! would translate wrongly.
 
 use super::model_bin::{DType, ModelBin, Variable};
-use super::{Imported, Weights};
+use super::{read_json, Imported, Weights};
 use crate::error::{Error, Result};
+use crate::run_dir::read_text;
 use std::collections::BTreeSet;
 use std::path::Path;
 use transformer_model::{Activation, Inputs, Positions, Seq2SeqConfig, TransformerConfig};
@@ -390,34 +391,21 @@ impl Spec {
             for i in 0..layers {
                 let src = format!("{stack}/layer_{i}");
                 let dst = format!("transformer.{stack}.layers.{i}");
-                let (attn, attn_dst) =
-                    (format!("{src}/self_attention"), format!("{dst}.self_attn"));
-                self.self_attention(&mut w, &attn, &attn_dst, d_model)?;
-                self.norm(
-                    &mut w,
-                    &format!("{attn}/layer_norm"),
-                    &format!("{dst}.norm1"),
-                )?;
-                // A decoder layer's encoder-decoder attention comes second, its norm norm2.
-                let ffn_norm = if stack == "decoder" {
-                    let (cross, cross_dst) =
-                        (format!("{src}/attention"), format!("{dst}.multihead_attn"));
-                    self.cross_attention(&mut w, &cross, &cross_dst, d_model)?;
-                    self.norm(
-                        &mut w,
-                        &format!("{cross}/layer_norm"),
-                        &format!("{dst}.norm2"),
-                    )?;
-                    "norm3"
-                } else {
-                    "norm2"
-                };
+                // (CTranslate2's scope, ours, the linear layers) of each attention: a decoder
+                // layer's encoder-decoder attention comes second.
+                let mut attentions = vec![("self_attention", "self_attn", SELF_ATTENTION)];
+                if stack == "decoder" {
+                    attentions.push(("attention", "multihead_attn", CROSS_ATTENTION));
+                }
+                // Each sublayer is followed by its norm: norm1, norm2 (and norm3).
+                for (k, &(scope, name, layout)) in attentions.iter().enumerate() {
+                    let (attn, attn_dst) = (format!("{src}/{scope}"), format!("{dst}.{name}"));
+                    let norm = format!("{dst}.norm{}", k + 1);
+                    self.attention(&mut w, &attn, &attn_dst, &norm, layout, d_model)?;
+                }
                 ff = self.ffn(&mut w, &format!("{src}/ffn"), &dst)?;
-                self.norm(
-                    &mut w,
-                    &format!("{src}/ffn/layer_norm"),
-                    &format!("{dst}.{ffn_norm}"),
-                )?;
+                let ffn_norm = format!("{dst}.norm{}", attentions.len() + 1);
+                self.norm(&mut w, &format!("{src}/ffn/layer_norm"), &ffn_norm)?;
             }
         }
         if final_norms[0] {
@@ -531,20 +519,25 @@ impl Spec {
         Ok(())
     }
 
-    /// Fused (3C, C) query/key/value rows and the output projection.
-    fn self_attention(&mut self, w: &mut Weights, src: &str, dst: &str, c: usize) -> Result<()> {
+    /// The attention `src` as `dst`: its linear layers `linear_0`, `linear_1`, ... in the
+    /// `layout` of [`SELF_ATTENTION`] or [`CROSS_ATTENTION`], the output projection after
+    /// them, then its layer norm as `norm`.
+    fn attention(
+        &mut self,
+        w: &mut Weights,
+        src: &str,
+        dst: &str,
+        norm: &str,
+        layout: &[&[&str]],
+        c: usize,
+    ) -> Result<()> {
         self.no_relative(src)?;
-        let fused = format!("{src}/linear_0");
-        self.split_rows(w, &fused, dst, &["q_proj", "k_proj", "v_proj"], c)?;
-        self.output_projection(w, &format!("{src}/linear_1"), dst, c)
-    }
-
-    /// The query projection, fused (2C, C) key/value rows, and the output projection.
-    fn cross_attention(&mut self, w: &mut Weights, src: &str, dst: &str, c: usize) -> Result<()> {
-        self.no_relative(src)?;
-        self.split_rows(w, &format!("{src}/linear_0"), dst, &["q_proj"], c)?;
-        self.split_rows(w, &format!("{src}/linear_1"), dst, &["k_proj", "v_proj"], c)?;
-        self.output_projection(w, &format!("{src}/linear_2"), dst, c)
+        for (i, parts) in layout.iter().enumerate() {
+            self.split_rows(w, &format!("{src}/linear_{i}"), dst, parts, c)?;
+        }
+        let out = format!("{src}/linear_{}", layout.len());
+        self.output_projection(w, &out, dst, c)?;
+        self.norm(w, &format!("{src}/layer_norm"), norm)
     }
 
     /// The linear layer `fused`, whose rows are the (C, C) projections `parts` stacked in
@@ -611,6 +604,13 @@ impl Spec {
     }
 }
 
+/// A self-attention's linear layers: fused (3C, C) query/key/value rows.
+const SELF_ATTENTION: &[&[&str]] = &[&["q_proj", "k_proj", "v_proj"]];
+
+/// An encoder-decoder attention's linear layers: the query projection, then fused (2C, C)
+/// key/value rows.
+const CROSS_ATTENTION: &[&[&str]] = &[&["q_proj"], &["k_proj", "v_proj"]];
+
 /// The root attributes that `config.json` replaced (read by [`read_config`]).
 fn is_config_attribute(name: &str) -> bool {
     matches!(
@@ -657,14 +657,7 @@ fn read_config(dir: &Path, spec: &mut Spec) -> Result<Ct2Config> {
         spec.scalar(name).map_or(default, |v| v != 0.0)
     };
     if path.exists() {
-        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Config {
-            path: path.clone(),
-            msg: format!("not JSON: {e}"),
-        })?;
+        let v = read_json(&path)?;
         let s = |k: &str, d: &str| v[k].as_str().unwrap_or(d).to_string();
         let eps = v["layer_norm_epsilon"].as_f64().unwrap_or(1e-5);
         if v["multi_query_attention"].as_bool() == Some(true) {
@@ -714,10 +707,7 @@ fn first_file(dir: &Path, names: &[&str]) -> Option<std::path::PathBuf> {
 /// A vocabulary file: a JSON list of tokens, or one token per line (a trailing `\r` dropped
 /// from every line only when every line has one, as CTranslate2 reads them).
 fn read_vocabulary(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.into(),
-        source,
-    })?;
+    let text = read_text(path)?;
     if path.extension().is_some_and(|e| e == "json") {
         return serde_json::from_str(&text).map_err(|e| Error::Config {
             path: path.into(),

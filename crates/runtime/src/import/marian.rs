@@ -12,7 +12,7 @@
 //! `>>xxx<<` target-language token kept whole. It decodes as `generate()` does
 //! ([`transformer_decode::SearchRules::HuggingFace`]): from `<pad>`, which it never emits.
 
-use super::{Imported, Weights};
+use super::{read_json, Imported, Weights};
 use crate::config::Engine;
 use crate::error::{Error, Result};
 use candle_core::{DType, Device, Tensor};
@@ -63,17 +63,6 @@ pub fn is_marian(dir: &Path) -> bool {
                     .as_array()
                     .is_some_and(|a| a.iter().any(|x| x == "MarianMTModel"))
         })
-}
-
-fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.into(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|e| Error::Config {
-        path: path.into(),
-        msg: format!("not JSON: {e}"),
-    })
 }
 
 /// Reads the MarianMT directory `dir`.

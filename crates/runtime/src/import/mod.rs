@@ -22,7 +22,7 @@ use crate::config::{Engine, MtTrainConfig, Published};
 use crate::error::{Error, Result};
 use crate::load::{tokenizer_path, WEIGHTS_FORMAT};
 use crate::model::MtModelConfig;
-use crate::run_dir::{best_path, config_path, save_tagged};
+use crate::run_dir::{best_path, config_path, read_text, save_tagged};
 use candle_core::{Device, Tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -304,4 +304,13 @@ pub(crate) fn fresh_temp_dir(prefix: &str) -> PathBuf {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     ))
+}
+
+/// The JSON file `path` (a published model's configuration).
+pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = read_text(path)?;
+    serde_json::from_str(&text).map_err(|e| Error::Config {
+        path: path.into(),
+        msg: format!("not JSON: {e}"),
+    })
 }

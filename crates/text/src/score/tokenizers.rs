@@ -115,6 +115,27 @@ fn pad_rule(chars: &[char], matches: impl Fn(char) -> bool) -> Vec<char> {
     out
 }
 
+/// Splits each `punctuation` character from a neighbour that is not a `number`, in two
+/// passes: `([^N])(P) -> "\1 \2 "`, then `(P)([^N]) -> " \1 \2"`.
+fn split_from_non_numbers(
+    chars: &[char],
+    number: impl Fn(char) -> bool + Copy,
+    punctuation: impl Fn(char) -> bool + Copy,
+) -> Vec<char> {
+    let chars = pair_rule(
+        chars,
+        |a| !number(a),
+        punctuation,
+        |a, b, out| out.extend([a, ' ', b, ' ']),
+    );
+    pair_rule(
+        &chars,
+        punctuation,
+        |b| !number(b),
+        |a, b, out| out.extend([' ', a, ' ', b]),
+    )
+}
+
 /// `[0-9]` (ASCII digits only, as in the Perl and Python rules).
 fn is_digit(c: char) -> bool {
     c.is_ascii_digit()
@@ -158,21 +179,8 @@ pub fn tokenize_13a(line: &str) -> String {
     chars.push(' ');
 
     let chars = pad_rule(&chars, is_13a_split);
-    let is_period_comma = |c: char| c == '.' || c == ',';
-    // ([^0-9])([\.,]) -> "\1 \2 "
-    let chars = pair_rule(
-        &chars,
-        |a| !is_digit(a),
-        is_period_comma,
-        |a, b, out| out.extend([a, ' ', b, ' ']),
-    );
-    // ([\.,])([^0-9]) -> " \1 \2"
-    let chars = pair_rule(
-        &chars,
-        is_period_comma,
-        |b| !is_digit(b),
-        |a, b, out| out.extend([' ', a, ' ', b]),
-    );
+    // ([^0-9])([\.,]) -> "\1 \2 ", then ([\.,])([^0-9]) -> " \1 \2"
+    let chars = split_from_non_numbers(&chars, is_digit, |c| c == '.' || c == ',');
     // ([0-9])(-) -> "\1 \2 "
     let chars = pair_rule(
         &chars,
@@ -253,18 +261,7 @@ pub fn is_unicode_symbol(c: char) -> bool {
 /// ```
 pub fn tokenize_intl(line: &str) -> String {
     let chars: Vec<char> = line.chars().collect();
-    let chars = pair_rule(
-        &chars,
-        |a| !is_unicode_number(a),
-        is_unicode_punctuation,
-        |a, b, out| out.extend([a, ' ', b, ' ']),
-    );
-    let chars = pair_rule(
-        &chars,
-        is_unicode_punctuation,
-        |b| !is_unicode_number(b),
-        |a, b, out| out.extend([' ', a, ' ', b]),
-    );
+    let chars = split_from_non_numbers(&chars, is_unicode_number, is_unicode_punctuation);
     let chars = pad_rule(&chars, is_unicode_symbol);
     normalize_whitespace(&chars.into_iter().collect::<String>())
 }

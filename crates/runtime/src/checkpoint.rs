@@ -29,10 +29,7 @@ pub fn test_pause(var: &str) {
 /// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = tmp_path(path);
-    let io = |source| Error::Io {
-        path: tmp.clone(),
-        source,
-    };
+    let io = Error::io(&tmp);
     let mut f = std::fs::File::create(&tmp).map_err(io)?;
     f.write_all(bytes).map_err(io)?;
     f.sync_all().map_err(io)?;

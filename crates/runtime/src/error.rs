@@ -43,5 +43,16 @@ pub enum Error {
     Tensor(#[from] candle_core::Error),
 }
 
+impl Error {
+    /// What turns an I/O error on the file `path` into an [`Error::Io`] naming it
+    /// (`.map_err(Error::io(&path))`).
+    pub fn io(path: &std::path::Path) -> impl Fn(std::io::Error) -> Error + Copy + '_ {
+        move |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 /// The training crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;

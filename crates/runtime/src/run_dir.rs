@@ -55,10 +55,7 @@ impl RunLock {
     pub fn acquire(run: &Path) -> Result<Self> {
         use std::io::{Read, Seek};
         let path = lock_path(run);
-        let io = |source| Error::Io {
-            path: path.clone(),
-            source,
-        };
+        let io = Error::io(&path);
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

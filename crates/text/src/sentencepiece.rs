@@ -1275,11 +1275,26 @@ fn utf8(bytes: &[u8], what: &str, at: usize) -> Result<String, String> {
     String::from_utf8(bytes.to_vec()).map_err(|_| format!("{what} at byte {at} is not UTF-8"))
 }
 
+/// Calls `f` with every field of the message in `buf` (which starts at byte `base` of the
+/// file), in order: its number, value and offset. A field that cannot be read is an error
+/// prefixed with `prefix` (the message's name).
+fn each_field<'a>(
+    buf: &'a [u8],
+    base: usize,
+    prefix: &str,
+    mut f: impl FnMut(u64, Value<'a>, usize) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut r = Reader::new(buf, base);
+    while let Some((number, value, at)) = r.field().map_err(|e| format!("{prefix}{e}"))? {
+        f(number, value, at)?;
+    }
+    Ok(())
+}
+
 impl ModelProto {
     fn parse(buf: &[u8]) -> Result<Self, String> {
         let mut proto = Self::default();
-        let mut r = Reader::new(buf, 0);
-        while let Some((number, value, at)) = r.field()? {
+        each_field(buf, 0, "", |number, value, at| {
             match (number, value) {
                 (1, Value::Bytes(b)) => {
                     let i = proto.pieces.len();
@@ -1296,7 +1311,8 @@ impl ModelProto {
                 }
                 _ => {}
             }
-        }
+            Ok(())
+        })?;
         Ok(proto)
     }
 }
@@ -1309,8 +1325,7 @@ impl ProtoPiece {
             kind: PieceType::Normal,
         };
         let what = format!("piece {index}:");
-        let mut r = Reader::new(buf, base);
-        while let Some((number, value, at)) = r.field().map_err(|e| format!("{what} {e}"))? {
+        each_field(buf, base, &format!("{what} "), |number, value, at| {
             match (number, value) {
                 (1, Value::Bytes(b)) => piece.piece = utf8(b, &format!("piece {index}"), at)?,
                 (2, Value::Fixed32(bits)) => piece.score = f32::from_bits(bits),
@@ -1327,16 +1342,16 @@ impl ProtoPiece {
                 (3, v) => return Err(wrong_wire(&what, number, "an enum", &v, at)),
                 _ => {}
             }
-        }
+            Ok(())
+        })?;
         Ok(piece)
     }
 }
 
 impl TrainerSpec {
     fn merge(&mut self, buf: &[u8], base: usize) -> Result<(), String> {
-        let mut r = Reader::new(buf, base);
         let what = "trainer_spec";
-        while let Some((number, value, at)) = r.field().map_err(|e| format!("{what}: {e}"))? {
+        each_field(buf, base, &format!("{what}: "), |number, value, at| {
             match (number, value) {
                 (3, Value::Varint(v)) => self.model_type = v,
                 (24, Value::Varint(v)) => self.suffix = v != 0,
@@ -1346,16 +1361,15 @@ impl TrainerSpec {
                 (44, v) => return Err(wrong_wire(what, number, "a string", &v, at)),
                 _ => {}
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
 impl NormalizerSpec {
     fn merge(&mut self, buf: &[u8], base: usize) -> Result<(), String> {
-        let mut r = Reader::new(buf, base);
         let what = "normalizer_spec";
-        while let Some((number, value, at)) = r.field().map_err(|e| format!("{what}: {e}"))? {
+        each_field(buf, base, &format!("{what}: "), |number, value, at| {
             match (number, value) {
                 (2, Value::Bytes(b)) => self.charsmap = b.to_vec(),
                 (3, Value::Varint(v)) => self.add_dummy_prefix = v != 0,
@@ -1365,8 +1379,8 @@ impl NormalizerSpec {
                 (3..=5, v) => return Err(wrong_wire(what, number, "a bool", &v, at)),
                 _ => {}
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 

@@ -165,10 +165,7 @@ impl Metric {
 
 /// Appends `m` as one JSON line to the file at `path` (created if missing).
 pub fn append(path: &Path, m: &Metric) -> Result<()> {
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = Error::io(path);
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -78,18 +78,11 @@ pub struct LmTrainConfig {
 /// tutorial's three epochs, so longer horizons lag behind it.
 pub const DEFAULT_AVERAGE_DECAY: f64 = 0.999;
 
-/// The settings a resumed run may change ([`crate::runner::resume_config`]): how long it
-/// trains, what it logs and checkpoints, and where its data lies. The rest (the model, the
-/// optimizer, the batches, the seed) are the run's own.
-pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
-    "epochs",
-    "accumulate",
-    "max_batches",
-    "log_interval",
-    "checkpoint_interval",
-    "data",
-    "measure_precision",
-];
+/// The settings a resumed run may change besides the runner's
+/// ([`crate::runner::RUNNER_MAY_CHANGE`]: how long it trains, what it logs and checkpoints):
+/// where its data lies. The rest (the model, the optimizer, the batches, the seed) are the
+/// run's own.
+pub const MAY_CHANGE_ON_RESUME: &[&str] = &["data"];
 
 /// What `--precision bf16` runs in bf16, as the log says it (the encoder layers stay f32, so
 /// that the language model's bf16 arithmetic is the output layer's alone).

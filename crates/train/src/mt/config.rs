@@ -6,17 +6,12 @@ use crate::error::{Error, Result};
 use std::path::PathBuf;
 use transformer_text::parallel::PairSource;
 
-/// The settings a resumed run may change ([`crate::runner::resume_config`]): how long it
-/// trains, what it logs and checkpoints, how it validates and decodes the test set, and where
-/// its data lies. The rest (the model, the tokenizer, the optimizer, the batches, the seed)
-/// are the run's own.
+/// The settings a resumed run may change besides the runner's
+/// ([`crate::runner::RUNNER_MAY_CHANGE`]: how long it trains, what it logs and checkpoints):
+/// how it validates and decodes the test set, and where its data lies. The rest (the model,
+/// the tokenizer, the optimizer, the batches, the seed) are the run's own.
 pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
-    "epochs",
-    "accumulate",
-    "max_batches",
     "max_valid",
-    "log_interval",
-    "checkpoint_interval",
     "beam",
     "length_penalty",
     "max_len_a",
@@ -28,7 +23,6 @@ pub const MAY_CHANGE_ON_RESUME: &[&str] = &[
     "valid_tgt",
     "test_src",
     "test_tgt",
-    "measure_precision",
 ];
 
 /// What `--precision bf16` runs in bf16, as the log says it: the output layer's products and,

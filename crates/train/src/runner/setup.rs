@@ -250,10 +250,24 @@ impl Default for RunSettings {
     }
 }
 
+/// The settings every resumed run may take from the new invocation, named alike in every
+/// task's configuration: how long it trains (`epochs`, `max_batches`), the batches per
+/// process and step (`accumulate`, which must keep the run's global batch), what it logs and
+/// checkpoints, and whether a bf16 run would be timed (`measure_precision`; a resumed run
+/// keeps its precision). A task adds its own ([`RunConfig::MAY_CHANGE_ON_RESUME`]).
+pub const RUNNER_MAY_CHANGE: &[&str] = &[
+    "epochs",
+    "accumulate",
+    "max_batches",
+    "log_interval",
+    "checkpoint_interval",
+    "measure_precision",
+];
+
 /// What the runner reads of a task's configuration to open a run ([`open_run`]).
 pub trait RunConfig: Clone + Serialize + serde::de::DeserializeOwned {
-    /// The settings a resumed run may take from the new invocation (the rest must match the
-    /// run's own, [`resume_config`]).
+    /// The settings a resumed run may take from the new invocation besides the runner's
+    /// ([`RUNNER_MAY_CHANGE`]); the rest must match the run's own ([`resume_config`]).
     const MAY_CHANGE_ON_RESUME: &'static [&'static str];
     /// Makes the input paths absolute: the run records them, and a resume may start in
     /// another directory.
@@ -347,7 +361,12 @@ pub fn open_run<C: RunConfig>(
     if predates_averaging(text) {
         own.without_averaging();
     }
-    let (config, notes) = resume_config(run, &own, &asked, &opts.given, C::MAY_CHANGE_ON_RESUME)?;
+    let may_change: Vec<&str> = RUNNER_MAY_CHANGE
+        .iter()
+        .chain(C::MAY_CHANGE_ON_RESUME)
+        .copied()
+        .collect();
+    let (config, notes) = resume_config(run, &own, &asked, &opts.given, &may_change)?;
     // Every refusal comes before `config.toml` is rewritten: a refused resume changes
     // nothing on disk.
     check_epochs(run, &saved.state, config.settings().epochs)?;

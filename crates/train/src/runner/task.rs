@@ -10,8 +10,92 @@ use crate::optim::Adam;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use transformer_model::{ParamBuilder, Params, Precision, Rng};
+
+/// Callbacks for the front end: log lines and per-batch progress.
+pub trait Progress {
+    /// A line of the log (printed as is).
+    fn line(&mut self, line: &str);
+    /// Called after every training batch (and, at the end, every decoded batch).
+    fn batch(&mut self, _epoch: usize, _done: usize, _total: usize) {}
+}
+
+/// Prints log lines to stdout.
+pub struct PrintProgress;
+
+impl Progress for PrintProgress {
+    fn line(&mut self, line: &str) {
+        println!("{line}");
+    }
+}
+
+/// The settings of a run that the runner itself acts on ([`run`]), read by key from a task's
+/// configuration ([`RunConfig::settings`]): every task names them alike in its
+/// `config.toml`, and a task whose configuration lacks one runs with its default here.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RunSettings {
+    /// Passes over the training data (default 1).
+    pub epochs: usize,
+    /// Batches between resumable checkpoints (default 0: at epoch ends only).
+    pub checkpoint_interval: usize,
+    /// Batches whose gradients one process sums before each optimizer step (default 1).
+    pub accumulate: usize,
+    /// The run's seed; dropout draws from `seed + 1` (default 0).
+    pub seed: u64,
+    /// Decay per step of the weight average validated beside the trained weights (default
+    /// 0: no average).
+    pub average_decay: f64,
+    /// The training arithmetic asked for (default f32); [`start_model`] settles it.
+    pub precision: Precision,
+    /// Whether a fresh run asking for bf16 times it against f32 first (default true).
+    pub measure_precision: bool,
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            checkpoint_interval: 0,
+            accumulate: 1,
+            seed: 0,
+            average_decay: 0.0,
+            precision: Precision::F32,
+            measure_precision: true,
+        }
+    }
+}
+
+/// What the runner reads of a task's configuration to open a run ([`open_run`]).
+pub trait RunConfig: Clone + Serialize + serde::de::DeserializeOwned {
+    /// The settings a resumed run may take from the new invocation besides the runner's
+    /// ([`RUNNER_MAY_CHANGE`]); the rest must match the run's own ([`resume_config`]).
+    const MAY_CHANGE_ON_RESUME: &'static [&'static str];
+    /// Makes the input paths absolute: the run records them, and a resume may start in
+    /// another directory.
+    fn make_paths_absolute(&mut self);
+    /// The recorded input paths, by configuration key, checked on resume
+    /// ([`check_recorded_paths`]).
+    fn recorded_paths(&self) -> Vec<(&'static str, &Option<PathBuf>)>;
+    /// Turns weight averaging off (a run written before averaging existed resumes without).
+    fn without_averaging(&mut self);
+    /// Records the training arithmetic [`start_model`] settled on (a task without a
+    /// `precision` key trains in f32 and keeps nothing).
+    fn set_precision(&mut self, _precision: Precision) {}
+    /// The configuration as TOML, every key written (what the run directory's `config.toml`
+    /// and every checkpoint keep).
+    fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes")
+    }
+    /// The settings the runner acts on ([`RunSettings`]), by their keys in [`Self::to_toml`].
+    fn settings(&self) -> RunSettings {
+        let table = toml::Value::try_from(self).expect("config serializes");
+        table
+            .try_into()
+            .expect("the run settings' keys hold numbers in every task's configuration")
+    }
+}
 
 /// Where a run stands, for every task; saved in every checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -435,6 +519,21 @@ pub struct RunSummary {
     pub test_loss: Option<f64>,
     /// The loss of every step taken in this invocation.
     pub step_losses: Vec<f64>,
+}
+
+/// The state of a run as a checkpoint's metadata: the progress (JSON) and the resolved
+/// configuration (TOML).
+pub fn state_meta<S: serde::Serialize>(
+    state: &S,
+    config_toml: String,
+) -> [(&'static str, String); 2] {
+    [
+        (
+            "state",
+            serde_json::to_string(state).expect("state serializes"),
+        ),
+        ("config", config_toml),
+    ]
 }
 
 pub(super) fn save_run_checkpoint<T: Task>(

@@ -180,20 +180,6 @@ impl<C> RunOptions<C> {
 /// iterate.
 pub const AVERAGE_EVERY: usize = 4;
 
-/// The settings every resumed run may take from the new invocation, named alike in every
-/// task's configuration: how long it trains (`epochs`, `max_batches`), the batches per
-/// process and step (`accumulate`, which must keep the run's global batch), what it logs and
-/// checkpoints, and whether a bf16 run would be timed (`measure_precision`; a resumed run
-/// keeps its precision). A task adds its own ([`RunConfig::MAY_CHANGE_ON_RESUME`]).
-pub const RUNNER_MAY_CHANGE: &[&str] = &[
-    "epochs",
-    "accumulate",
-    "max_batches",
-    "log_interval",
-    "checkpoint_interval",
-    "measure_precision",
-];
-
 /// A run directory opened for training by [`open_run`].
 pub struct OpenedRun<C> {
     /// Whether the run continues from its checkpoint.

@@ -67,6 +67,20 @@ impl Default for RunSettings {
     }
 }
 
+/// The settings every resumed run may take from the new invocation, named alike in every
+/// task's configuration: how long it trains (`epochs`, `max_batches`), the batches per
+/// process and step (`accumulate`, which must keep the run's global batch), what it logs and
+/// checkpoints, and whether a bf16 run would be timed (`measure_precision`; a resumed run
+/// keeps its precision). A task adds its own ([`RunConfig::MAY_CHANGE_ON_RESUME`]).
+pub const RUNNER_MAY_CHANGE: &[&str] = &[
+    "epochs",
+    "accumulate",
+    "max_batches",
+    "log_interval",
+    "checkpoint_interval",
+    "measure_precision",
+];
+
 /// What the runner reads of a task's configuration to open a run ([`open_run`]).
 pub trait RunConfig: Clone + Serialize + serde::de::DeserializeOwned {
     /// The settings a resumed run may take from the new invocation besides the runner's

@@ -12,6 +12,43 @@
 use crate::step::{LogProbs, StepModel, StepOutput};
 use candle_core::{Result, Tensor};
 
+/// Which engine's search rules a decoding follows.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum SearchRules {
+    /// This project's own ([`crate::greedy`], [`crate::beam_search_nbest`]): the length limit
+    /// `max_len_a * source + max_len_b` counts tokens before `<eos>`.
+    #[default]
+    Native,
+    /// CTranslate2's `translate_batch`: `max_len_b` is its `max_decoding_length` (the end
+    /// token counted; `max_len_a` is ignored), with its `min_decoding_length` and
+    /// `num_hypotheses`.
+    CTranslate2 {
+        /// No end token before this many tokens (CTranslate2's default 1: no empty output).
+        min_length: usize,
+        /// Hypotheses returned per sentence, at most the beam.
+        num_hypotheses: usize,
+    },
+    /// Hugging Face `generate()` as MarianMT's generation configuration sets it: `max_len_b`
+    /// is its `max_length` (the start token counted; the end token forced at the last
+    /// position), `suppress` its `bad_words_ids` token, `early_stopping` false.
+    HuggingFace {
+        /// A token never generated (`bad_words_ids`: Marian's `<pad>`), masked after the
+        /// log-softmax as `generate()` does.
+        suppress: Option<u32>,
+        /// `renormalize_logits`: the log-probabilities normalised again once the suppressed
+        /// token is masked (newer OPUS-MT generation configurations set it).
+        renormalize: bool,
+    },
+}
+
+impl SearchRules {
+    /// CTranslate2's rules with its defaults (`min_decoding_length` 1, one hypothesis).
+    pub const CTRANSLATE2: SearchRules = SearchRules::CTranslate2 {
+        min_length: 1,
+        num_hypotheses: 1,
+    };
+}
+
 /// How to decode.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DecodeOptions {
@@ -42,7 +79,7 @@ pub struct DecodeOptions {
     pub want_scores: bool,
     /// Whose search rules: this project's, or those of the engine a published model comes
     /// from ([`crate::engines`]).
-    pub rules: crate::engines::SearchRules,
+    pub rules: SearchRules,
 }
 
 impl Default for DecodeOptions {
@@ -58,7 +95,7 @@ impl Default for DecodeOptions {
             source_end: Some(2),
             want_attention: false,
             want_scores: true,
-            rules: crate::engines::SearchRules::Native,
+            rules: SearchRules::Native,
         }
     }
 }

@@ -12,8 +12,8 @@
 //! backward with one or three; `crates/cli/tests/cuda_parity.rs` checks each, forward and
 //! every gradient, against the composed ops on the CPU.
 
+use crate::layer_activation::Activation;
 use crate::rng::MaskSpec;
-use crate::shared::Activation;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,

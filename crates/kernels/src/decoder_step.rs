@@ -29,11 +29,12 @@
 use super::attention::masked_softmax_rows;
 use super::float::{self, simd};
 use super::int8::{Int8Kernel, QuantizedLinear};
+use super::layer_activation::Activation;
 use super::linear::rows_forward;
 use super::matmul::{gemm, unpacked_row_chunks, Mat};
 use super::one_row;
 use super::panels;
-use super::shared::{ln_rows, Activation};
+use super::shared::ln_rows;
 use super::sublayer::{residual_sum, sublayer_input};
 use super::{num_threads, run_parallel, with_f32};
 use candle_core::{bail, DType, Result, Tensor};

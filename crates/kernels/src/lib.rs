@@ -62,6 +62,7 @@ mod fused_layer;
 pub mod gpu;
 pub mod grads;
 pub mod int8;
+mod layer_activation;
 mod layer_norm;
 mod linear;
 mod matmul;
@@ -93,10 +94,11 @@ pub use encoder_layer::{
     encoder_layer, encoder_layer_applies, EncoderLayerParams, LayerDropout, WeightBias,
 };
 pub use few_rows::{linear_few_rows, linear_few_rows_reference, linear_wt};
+pub use layer_activation::Activation;
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use linear::{linear, linear_reference};
 pub use panels::PanelLinear;
-pub use shared::{Activation, EncoderLayerOptions};
+pub use shared::EncoderLayerOptions;
 pub use smoothing::{label_smoothing_term, label_smoothing_term_reference};
 pub use softmax::{
     log_softmax_rows_f32, log_sum_exp_rows_f32, softmax_last_dim, softmax_last_dim_reference,

@@ -14,12 +14,13 @@
 use super::attention::masked_softmax_rows;
 use super::bf16;
 use super::float::{self, Float};
+use super::layer_activation::Activation;
 use super::linear::{bias_grad_add, bias_rows, rows_forward, rows_input_grad};
 use super::matmul::{gemm, Mat};
 use super::rng::MaskSpec;
 pub(super) use super::rows::{check_lengths, Rows};
 use super::shared::{
-    drop_inplace, drop_into, linear_grads, ln_bwd, ln_rows, two, Activation, LayerShape, Norm,
+    drop_inplace, drop_into, linear_grads, ln_bwd, ln_rows, two, LayerShape, Norm,
 };
 
 thread_local! {

@@ -135,12 +135,24 @@ pub struct MtTrainConfig {
     pub published: Option<Published>,
 }
 
+/// The formats `transformer import` reads (the readers: [`crate::import`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// A CTranslate2 model directory.
+    CTranslate2,
+    /// An Argos Translate package (`.argosmodel`, or its unzipped folder).
+    Argos,
+    /// A Hugging Face MarianMT directory (OPUS-MT).
+    Marian,
+}
+
 /// A published model's record in its run's `config.toml` (`[published]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Published {
     /// What it was imported from: `ctranslate2` or `argos`.
-    pub format: crate::import::Format,
+    pub format: Format,
     /// Where it was imported from.
     pub origin: PathBuf,
     /// Whose search rules it decodes by.

@@ -69,6 +69,7 @@ pub mod published;
 pub mod score;
 pub mod sentence;
 pub mod sentencepiece;
+pub mod specials;
 mod split;
 pub mod subword;
 pub mod tokenize;

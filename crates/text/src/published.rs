@@ -9,7 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::sentencepiece::SentencePiece;
-use crate::subword::Specials;
+use crate::specials::Specials;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;

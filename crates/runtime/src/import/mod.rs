@@ -29,17 +29,7 @@ use std::path::{Path, PathBuf};
 use transformer_model::Seq2SeqConfig;
 use transformer_text::published::{PublishedTokenizer, Splitter};
 
-/// The formats `transformer import` reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Format {
-    /// A CTranslate2 model directory.
-    CTranslate2,
-    /// An Argos Translate package (`.argosmodel`, or its unzipped folder).
-    Argos,
-    /// A Hugging Face MarianMT directory (OPUS-MT).
-    Marian,
-}
+pub use crate::config::Format;
 
 impl Format {
     /// The name `--format` takes.

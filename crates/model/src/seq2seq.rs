@@ -216,7 +216,7 @@ pub fn label_smoothed_loss_with(
     // three (rows x C x V) products are most of the step's arithmetic, and a length-bucketed
     // Multi30k batch is about a sixth padding. The gather and its backward (a scatter into
     // (N, C) zeros) cost N x C; the loss and every gradient are the same.
-    let ids = targets.flatten_all()?.to_vec1::<u32>()?;
+    let ids = targets.to_vec1::<u32>()?;
     let kept: Vec<u32> = (0..ids.len() as u32)
         .filter(|&i| ids[i as usize] != pad_id)
         .collect();

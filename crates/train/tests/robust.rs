@@ -8,23 +8,11 @@ use std::path::{Path, PathBuf};
 use transformer_model::{ParamBuilder, Seq2Seq, Seq2SeqConfig, TransformerConfig};
 use transformer_runtime::checkpoint;
 use transformer_runtime::translate::{best, translate, DecodeRequest};
+use transformer_text::bucket::SplitMix64;
 use transformer_train::mt;
 
 mod common;
 use common::{flip_middle_byte, fresh, tiny_mt_config, Quiet};
-
-/// SplitMix64: the kernels' mixer over a counter stepped by the golden ratio.
-struct Cases(u64);
-
-impl Cases {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        transformer_model::kernels::rng::mix64(self.0)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 fn dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("robust-ckpt-{}", std::process::id()));
@@ -53,7 +41,7 @@ fn damaged_checkpoints_are_errors() {
     let good = std::fs::read(&good_path).unwrap();
     assert!(checkpoint::load(&good_path, &Device::Cpu).is_ok());
     let p = dir().join("bad.safetensors");
-    let mut c = Cases(3);
+    let mut c = SplitMix64::new(3);
     let mut rejected = 0;
     for _ in 0..300 {
         let mut bytes = good.clone();
@@ -76,7 +64,7 @@ fn damaged_checkpoints_are_errors() {
                 rejected += 1;
             }
         }
-        let junk: Vec<u8> = (0..c.below(300)).map(|_| c.next() as u8).collect();
+        let junk: Vec<u8> = (0..c.below(300)).map(|_| c.next_u64() as u8).collect();
         std::fs::write(&p, &junk).unwrap();
         assert!(checkpoint::load(&p, &Device::Cpu).is_err());
     }
@@ -84,7 +72,7 @@ fn damaged_checkpoints_are_errors() {
 }
 
 /// Flips 1 to 5 random bits of `good` (and sometimes truncates it).
-fn damaged(good: &[u8], c: &mut Cases) -> Vec<u8> {
+fn damaged(good: &[u8], c: &mut SplitMix64) -> Vec<u8> {
     let mut bytes = good.to_vec();
     for _ in 0..1 + c.below(5) {
         let i = c.below(bytes.len());
@@ -129,7 +117,7 @@ fn every_bit_flip_in_a_checksummed_file_is_an_error() {
     );
     let good = std::fs::read(&good_path).unwrap();
     let p = d.join("bad.safetensors");
-    let mut c = Cases(17);
+    let mut c = SplitMix64::new(17);
     for case in 0..2000 {
         let bytes = damaged(&good, &mut c);
         std::fs::write(&p, &bytes).unwrap();
@@ -214,7 +202,7 @@ fn damaged_run_directories_are_errors_never_panics() {
         transformer_runtime::load::load_run(&run, &transformer_runtime::load::Execution::on(&dev))
             .unwrap();
     assert!(reference.note.is_none());
-    let mut c = Cases(5);
+    let mut c = SplitMix64::new(5);
     for file in ["best.safetensors", "checkpoint.safetensors"] {
         let path = run.join(file);
         let good = std::fs::read(&path).unwrap();

@@ -324,19 +324,18 @@ pub fn start_model<C: RunConfig, M: ModelConfig>(
     probe: Option<PrecisionProbe>,
 ) -> Result<Started<M>> {
     let settings = config.settings();
-    let precision_line = match probe {
+    let (precision, precision_line) = match probe {
         Some(p) => {
             let shape = (p.rows, p.d_model, p.vocab);
             let (asked, measure) = (settings.precision, settings.measure_precision);
             let choice =
                 crate::precision::settle(&opts.device, resuming, asked, measure, shape, p.covers)?;
             config.set_precision(choice.precision);
-            choice.line
+            (choice.precision, choice.line)
         }
-        None => None,
+        None => (settings.precision, None),
     };
     let fresh = write_fresh_config(opts, resuming, config)?;
-    let precision = config.settings().precision;
     let trained = Trained::new(model, &opts.device, precision, settings.seed)?;
     Ok(Started {
         trained,

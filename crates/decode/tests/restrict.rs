@@ -1,4 +1,4 @@
-//! Decoding over a restricted output vocabulary (`Seq2Seq::set_candidate_vocab`): with every
+//! Decoding over a restricted output vocabulary (`ParamBuilder::with_candidates`): with every
 //! token a candidate the searches give exactly the unrestricted results (the columns map back
 //! to their tokens); with fewer, the logits of the candidates are the full logits' columns and
 //! every output token is a candidate.
@@ -9,13 +9,14 @@ use transformer_decode::{beam_search, greedy, LogProbs, StepModel};
 
 mod common;
 
-use common::{model, opts, sources, Fixed, EOS, PAD, VOCAB};
+use common::{builder, model, model_by, opts, sources, Fixed, EOS, PAD, VOCAB};
 
 #[test]
 fn every_token_a_candidate_decodes_as_the_full_vocabulary() -> Result<()> {
     let full = model(5, true)?;
-    let mut all = full.clone();
-    all.set_candidate_vocab(Some(Arc::new(Fixed((0..VOCAB as u32).collect()))));
+    // The same weights (the same seed), every token a candidate.
+    let every = Arc::new(Fixed((0..VOCAB as u32).collect()));
+    let all = model_by(builder(5).with_candidates(every), true)?;
     let src = sources(6, 2)?;
     for beam in [1, 3] {
         let o = opts(beam);
@@ -31,9 +32,11 @@ fn every_token_a_candidate_decodes_as_the_full_vocabulary() -> Result<()> {
 #[test]
 fn a_few_candidates_are_the_full_logits_columns_and_bound_the_output() -> Result<()> {
     let full = model(7, false)?;
-    let mut few = full.clone();
     let keep: Vec<u32> = vec![EOS, 4, 6, 9, 11];
-    few.set_candidate_vocab(Some(Arc::new(Fixed(keep.clone()))));
+    let few = model_by(
+        builder(7).with_candidates(Arc::new(Fixed(keep.clone()))),
+        false,
+    )?;
     let src = sources(4, 1)?;
     let (mut a, mut b) = (
         StepModel::start(&full, &src, PAD)?,

@@ -49,7 +49,7 @@ impl DecodeState {
     }
 
     /// The token id of each logit column [`crate::Seq2Seq::step`] returns, when the output
-    /// vocabulary is restricted ([`crate::Seq2Seq::set_candidate_vocab`]); `None`: every token.
+    /// vocabulary is restricted ([`crate::ParamBuilder::with_candidates`]); `None`: every token.
     pub fn vocab(&self) -> Option<&Arc<[u32]>> {
         self.output.ids()
     }

@@ -4,7 +4,7 @@
 //! vocabulary. Parameter names are the tutorial's (`embedding.weight`,
 //! `transformer_encoder.layers.0.linear1.weight`, `linear.bias`).
 
-use crate::backend::{Backend, Backprop, Pass};
+use crate::backend::{Backprop, Pass};
 use crate::config::{Activation, LmConfig};
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
@@ -243,11 +243,6 @@ impl TransformerLm {
                 ops::output_cross_entropy(&h, &w, &bias, targets, None, Precision::F32, None)
             }
         }
-    }
-
-    /// Runs each encoder layer through `backend` from now on (see [`crate::backend`]).
-    pub fn set_backend(&mut self, backend: std::sync::Arc<dyn Backend>) {
-        self.transformer_encoder.set_backend(backend);
     }
 
     /// What runs the encoder layers and why, one line for the log.

@@ -17,6 +17,33 @@ use transformer_kernels as kernels;
 /// The arithmetic of the fused layers' large products ([`kernels::Precision`]).
 pub use kernels::Precision;
 
+/// The arithmetic of decoding's products ([`crate::Seq2Seq::prepare_decoding`]; chosen when the model is built,
+/// [`crate::ParamBuilder::with_decoding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodePrecision {
+    /// f32 throughout (the default).
+    #[default]
+    F32,
+    /// The decoder layers' projections and feed-forward products in int8 (where the backend
+    /// has an int8 decoding step: the CPU's), and the output layer's too when `output_layer`.
+    Int8 {
+        /// Whether the output layer (d_model x vocabulary) is int8 as well.
+        output_layer: bool,
+    },
+}
+
+impl DecodePrecision {
+    /// Whether the decoder layers are asked to run in int8.
+    pub fn int8_layers(self) -> bool {
+        matches!(self, Self::Int8 { .. })
+    }
+
+    /// Whether the output layer is asked to run in int8.
+    pub fn int8_output(self) -> bool {
+        matches!(self, Self::Int8 { output_layer: true })
+    }
+}
+
 /// Softmax over the last dimension, with a backward pass (composed: max-subtracted, the max
 /// detached).
 pub use kernels::softmax_last_dim;

@@ -4,14 +4,17 @@
 //! [`Var`]s, in creation order, under their full dotted names. Updating a `Var` in place
 //! (optimizer steps, loading weights) is seen by the modules, since clones share storage.
 
-use crate::ops::Precision;
+use crate::ops::{DecodePrecision, Precision};
+use crate::restrict::CandidateVocab;
 use crate::rng::Rng;
 use crate::Result;
 use candle_core::{DType, Device, Shape, Tensor, Var};
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::Arc;
 
 /// How a new parameter is filled.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -157,6 +160,12 @@ struct BuilderState {
     dtype: DType,
     device: Device,
     precision: Precision,
+    decoding: DecodePrecision,
+    candidates: Option<Arc<dyn CandidateVocab>>,
+    /// An `Arc<dyn Backend>` ([`crate::backend`]'s `ParamBuilder::with_backend`). The
+    /// builder sits below the layers and the backends, which are made of layers, so it
+    /// keeps the backend without naming its type; the stacks read it back by that type.
+    backend: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 /// Creates parameters under a dotted name prefix (`encoder.layers.0.self_attn`).
@@ -180,6 +189,9 @@ impl ParamBuilder {
                 dtype,
                 device: device.clone(),
                 precision: Precision::F32,
+                decoding: DecodePrecision::F32,
+                candidates: None,
+                backend: None,
             })),
             prefix: String::new(),
         }
@@ -215,6 +227,45 @@ impl ParamBuilder {
     /// products in it when differentiated `Direct`; validation and decoding run in f32.
     pub fn precision(&self) -> Precision {
         self.state.borrow().precision
+    }
+
+    /// The same builder, whose models decode in `decoding` ([`Self::decoding`]).
+    pub fn with_decoding(self, decoding: DecodePrecision) -> Self {
+        self.state.borrow_mut().decoding = decoding;
+        self
+    }
+
+    /// The arithmetic the models built here decode in (f32 unless [`Self::with_decoding`]):
+    /// a Transformer prepares its decoding weights in it
+    /// ([`crate::Seq2Seq::prepare_decoding`]); training and the other forwards are f32 or
+    /// [`Self::precision`].
+    pub fn decoding(&self) -> DecodePrecision {
+        self.state.borrow().decoding
+    }
+
+    /// The same builder, whose models decode over each batch's candidate tokens under `c`
+    /// ([`Self::candidates`]).
+    pub fn with_candidates(self, c: Arc<dyn CandidateVocab>) -> Self {
+        self.state.borrow_mut().candidates = Some(c);
+        self
+    }
+
+    /// The candidate tokens the models built here restrict decoding's output vocabulary to
+    /// (`None`, the default: every token).
+    pub fn candidates(&self) -> Option<Arc<dyn CandidateVocab>> {
+        self.state.borrow().candidates.clone()
+    }
+
+    /// Keeps `backend` (an `Arc<dyn Backend>`, type-erased: see [`BuilderState`]) for the
+    /// stacks built here.
+    pub(crate) fn keep_backend(self, backend: Arc<dyn Any + Send + Sync>) -> Self {
+        self.state.borrow_mut().backend = Some(backend);
+        self
+    }
+
+    /// What [`Self::keep_backend`] kept.
+    pub(crate) fn kept_backend(&self) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.state.borrow().backend.clone()
     }
 
     /// The device the parameters are created on.

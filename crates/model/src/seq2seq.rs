@@ -151,6 +151,7 @@ pub struct Seq2Seq {
     zero_start: bool,
     pub(crate) transformer: Transformer,
     pub(crate) generator: Linear,
+    /// The arithmetic decoding is prepared in ([`ParamBuilder::decoding`]).
     pub(crate) decode_precision: DecodePrecision,
     /// The arithmetic of a training pass's products (fused layers and output layer, `Direct`),
     /// from the builder ([`ParamBuilder::precision`]).
@@ -350,28 +351,10 @@ impl Seq2Seq {
             zero_start: inputs.zero_start_embedding,
             transformer,
             generator,
-            decode_precision: DecodePrecision::F32,
+            decode_precision: pb.decoding(),
             precision: pb.precision(),
-            candidates: None,
+            candidates: pb.candidates(),
         })
-    }
-
-    /// Sets the arithmetic [`Self::prepare_decoding`] prepares decoding in (training and the
-    /// other forwards are unaffected).
-    pub fn set_decode_precision(&mut self, p: DecodePrecision) {
-        self.decode_precision = p;
-    }
-
-    /// Runs the encoder and decoder layers, and decoding, through `backend` from now on (see
-    /// [`crate::backend`]).
-    pub fn set_backend(&mut self, backend: Arc<dyn crate::backend::Backend>) {
-        self.transformer.set_backend(backend);
-    }
-
-    /// Restricts decoding's output vocabulary to what `c` names for each batch (`None`: the
-    /// whole vocabulary, the default); for batches started from now on.
-    pub fn set_candidate_vocab(&mut self, c: Option<Arc<dyn CandidateVocab>>) {
-        self.candidates = c;
     }
 
     /// The arithmetic decoding is prepared in.
@@ -581,7 +564,7 @@ impl Seq2Seq {
     /// Decoding made ready once for many batches, as the decoder's backend chooses it
     /// ([`crate::backend::Backend::decoding_stack`], [`crate::backend::Backend::output_layer`])
     /// in this model's [`DecodePrecision`]
-    /// ([`Self::set_decode_precision`]). On the CPU: the fused step's stack with its weight
+    /// ([`ParamBuilder::decoding`], fixed when the model was built). On the CPU: the fused step's stack with its weight
     /// matrices transposed, or quantized to int8, and the output layer in f32 (its weight
     /// transposed at the first step that needs it) or int8 (else [`Self::start`] makes them
     /// for every batch, 4% of a beam search over a test set in batches of 25 sentences).

@@ -3,7 +3,7 @@
 //! how the stack runs it live with each layer kind; building the stack, its final norm and
 //! the backend each layer call goes through live here once.
 
-use crate::backend::{self, Backend, Pass};
+use crate::backend::{Backend, Pass};
 use crate::config::Activation;
 use crate::dropout::Mode;
 use crate::layer_norm::LayerNorm;
@@ -110,7 +110,7 @@ impl<L: StackLayer> Stack<L> {
         } else {
             None
         };
-        let backend = backend::choose(&pb.device());
+        let backend = pb.backend();
         Ok(Self {
             layers,
             norm,
@@ -156,11 +156,6 @@ impl<L> Stack<L> {
     /// The number of layers N in the stack.
     pub fn num_layers(&self) -> usize {
         self.layers.len()
-    }
-
-    /// Runs each layer through `backend` from now on (see [`crate::backend`]).
-    pub fn set_backend(&mut self, backend: Arc<dyn Backend>) {
-        self.backend = backend;
     }
 
     /// The backend each layer call goes through.

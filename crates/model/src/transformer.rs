@@ -44,14 +44,8 @@ impl Transformer {
         Ok(Self { encoder, decoder })
     }
 
-    /// Runs each encoder and decoder layer through `backend` from now on (see
-    /// [`crate::backend`]).
-    pub fn set_backend(&mut self, backend: std::sync::Arc<dyn crate::backend::Backend>) {
-        self.encoder.set_backend(backend.clone());
-        self.decoder.set_backend(backend);
-    }
-
-    /// The backend the encoder and decoder layers run through ([`Self::set_backend`]).
+    /// The backend the encoder and decoder layers run through (the builder's,
+    /// [`ParamBuilder::backend`]).
     pub fn backend(&self) -> &std::sync::Arc<dyn crate::backend::Backend> {
         self.encoder.backend()
     }

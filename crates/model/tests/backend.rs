@@ -50,25 +50,27 @@ impl Backend for Counting {
 }
 
 fn lm() -> Result<TransformerLm> {
-    lm_in(transformer_model::Precision::F32)
+    lm_by(builder())
 }
 
-/// [`lm`] training in `precision`.
-fn lm_in(precision: transformer_model::Precision) -> Result<TransformerLm> {
-    let pb = ParamBuilder::new(DType::F32, &Device::Cpu, 7).with_precision(precision);
+/// The builder of [`lm`]'s weights.
+fn builder() -> ParamBuilder {
+    ParamBuilder::new(DType::F32, &Device::Cpu, 7)
+}
+
+/// [`lm`] built by `pb` (which says how it runs: its backend, its training precision).
+fn lm_by(pb: ParamBuilder) -> Result<TransformerLm> {
     TransformerLm::new(&pb, &lm_config(40, 16, 32, 3))
 }
 
 #[test]
 fn every_encoder_layer_call_goes_through_the_registered_backend() -> Result<()> {
     let ids = Tensor::new(&[[1u32, 2, 3, 4, 5], [6, 7, 8, 9, 10]], &Device::Cpu)?;
-    let mut reference = lm()?;
-    reference.set_backend(Arc::new(Composed));
+    let reference = lm_by(builder().with_backend(Arc::new(Composed)))?;
     let want = reference.forward(&ids, Mode::Eval)?;
 
     let counting = Arc::new(Counting::default());
-    let mut model = lm()?;
-    model.set_backend(counting.clone());
+    let model = lm_by(builder().with_backend(counting.clone()))?;
     assert_eq!(
         model.describe_backend(),
         "counting composed layers (a test)"
@@ -111,13 +113,14 @@ fn the_cpu_gets_the_fused_backend_and_says_why() {
 fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> {
     let dev = Device::Cpu;
     let pb = ParamBuilder::new(DType::F32, &dev, 3);
-    let mut model = Transformer::new(&pb, &TransformerConfig::tiny())?;
+    let cpu = Transformer::new(&pb, &TransformerConfig::tiny())?;
     assert!(
-        model.decoder().fused_stack(DecodePrecision::F32)?.is_some(),
+        cpu.decoder().fused_stack(DecodePrecision::F32)?.is_some(),
         "the CPU backend fuses decoding"
     );
     let counting = Arc::new(Counting::default());
-    model.set_backend(counting.clone());
+    let pb = ParamBuilder::new(DType::F32, &dev, 3).with_backend(counting.clone());
+    let model = Transformer::new(&pb, &TransformerConfig::tiny())?;
     assert!(
         model.decoder().fused_stack(DecodePrecision::F32)?.is_none(),
         "the toy backend has no fused step"
@@ -149,9 +152,7 @@ fn the_composed_backend_lowers_a_bf16_pass_to_bf16_products() -> Result<()> {
     let ids = Tensor::new(&[[1u32, 2, 3, 4, 5], [6, 7, 8, 9, 10]], &Device::Cpu)?;
     let targets = Tensor::new(&[[2u32, 3, 4, 5, 6], [7, 8, 9, 10, 11]], &Device::Cpu)?;
     let composed = |p: Precision| -> Result<TransformerLm> {
-        let mut model = lm_in(p)?;
-        model.set_backend(Arc::new(Composed));
-        Ok(model)
+        lm_by(builder().with_precision(p).with_backend(Arc::new(Composed)))
     };
     let loss = |p: Precision| -> Result<f32> {
         let direct = DirectGrads::new();
@@ -228,10 +229,12 @@ fn decoding_is_prepared_by_the_registered_backend() -> Result<()> {
         inputs: Default::default(),
     };
     let cpu = Seq2Seq::with_config(&ParamBuilder::new(DType::F32, &dev, 4), &cfg)?;
-    let mut model = cpu.clone();
+    // The same weights (the same seed), through a toy backend, asked to decode in int8.
     let counting = Arc::new(CountingDecoding::default());
-    model.set_backend(counting.clone());
-    model.set_decode_precision(DecodePrecision::Int8 { output_layer: true });
+    let pb = ParamBuilder::new(DType::F32, &dev, 4)
+        .with_backend(counting.clone())
+        .with_decoding(DecodePrecision::Int8 { output_layer: true });
+    let model = Seq2Seq::with_config(&pb, &cfg)?;
     let prepared = model.prepare_decoding()?;
     assert_eq!(counting.output_layers.load(Ordering::SeqCst), 1);
     assert_eq!(

@@ -37,6 +37,21 @@ fn model_with(
     vocab: usize,
     seed: u64,
 ) -> Result<Seq2Seq> {
+    model_by(
+        ParamBuilder::new(DType::F32, &Device::Cpu, seed),
+        transformer,
+        inputs,
+        vocab,
+    )
+}
+
+/// [`model_with`] built by `pb` (which says how it runs: its decoding arithmetic, say).
+fn model_by(
+    pb: ParamBuilder,
+    transformer: TransformerConfig,
+    inputs: Inputs,
+    vocab: usize,
+) -> Result<Seq2Seq> {
     let cfg = Seq2SeqConfig {
         transformer,
         src_vocab: vocab,
@@ -44,7 +59,7 @@ fn model_with(
         share_embeddings: true,
         inputs,
     };
-    Seq2Seq::with_config(&ParamBuilder::new(DType::F32, &Device::Cpu, seed), &cfg)
+    Seq2Seq::with_config(&pb, &cfg)
 }
 
 /// The layer and input variants of published models: activations, no final norms, other
@@ -224,7 +239,7 @@ fn prepared_weights_decode_as_the_model_does() -> Result<()> {
 fn int8_decoding_follows_the_f32_step() -> Result<()> {
     use transformer_model::DecodePrecision;
     let dev = Device::Cpu;
-    let mut model = model(TransformerConfig::tiny(), 40, 5)?;
+    let model = model(TransformerConfig::tiny(), 40, 5)?;
     let src = Tensor::new(&[[5u32, 6, 7, 8, 2], [9, 10, 2, 0, 0]], &dev)?;
     let f32_prep = model.prepare_decoding()?;
     assert_eq!(
@@ -232,19 +247,22 @@ fn int8_decoding_follows_the_f32_step() -> Result<()> {
         "decoder layers f32 (fused step), output layer f32"
     );
     for output_layer in [false, true] {
-        model.set_decode_precision(DecodePrecision::Int8 { output_layer });
-        let int8_prep = model.prepare_decoding()?;
+        // The same weights (the same seed), decoding in int8.
+        let pb = ParamBuilder::new(DType::F32, &dev, 5)
+            .with_decoding(DecodePrecision::Int8 { output_layer });
+        let int8 = model_by(pb, TransformerConfig::tiny(), Inputs::default(), 40)?;
+        let int8_prep = int8.prepare_decoding()?;
         assert!(int8_prep.describe().contains("decoder layers int8"));
         assert_eq!(
             int8_prep.describe().contains("output layer int8"),
             output_layer
         );
-        let mut a = model.start_prepared(&src, PAD, &int8_prep)?;
+        let mut a = int8.start_prepared(&src, PAD, &int8_prep)?;
         let mut b = model.start_prepared(&src, PAD, &f32_prep)?;
         let mut rows = 2;
         for step in 0..6u32 {
             let ids = step_tokens(rows, |r| 1 + (r * 7 + step * 5) % 39)?;
-            let (la, _) = model.step(&mut a, &ids, false)?;
+            let (la, _) = int8.step(&mut a, &ids, false)?;
             let (lb, _) = model.step(&mut b, &ids, false)?;
             let d = max_rel_diff(&la, &lb)?;
             assert!(

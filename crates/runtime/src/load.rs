@@ -172,13 +172,6 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
             path.display()
         )));
     }
-    let pb = ParamBuilder::new(DType::F32, device, 0);
-    let mut model = MtModel::build(&pb, &model_config)?;
-    let params = pb.params();
-    params.assign(&tensors).map_err(|e| Error::Checkpoint {
-        path: path.clone(),
-        msg: e.to_string(),
-    })?;
     let own = if int8 || config.published.as_ref().is_some_and(|p| p.int8) {
         DecodePrecision::Int8 { output_layer: true }
     } else {
@@ -197,21 +190,31 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
     } else {
         how.decoding.unwrap_or(own)
     };
-    model.set_decode_precision(precision)?;
-    if precision != DecodePrecision::F32 {
-        decoding.push(format!("decoding: {}", model.describe_decoding()?));
-    }
+    // How the model runs is fixed as it is built: its decoding arithmetic, its output
+    // vocabulary.
+    let mut pb = ParamBuilder::new(DType::F32, device, 0).with_decoding(precision);
+    let mut restricted = None;
     if how.restrict_vocab {
         let map = restricted_vocab(run, tokenizer.vocab_size())?;
-        decoding.push(format!(
+        restricted = Some(format!(
             "decoding: output vocabulary restricted to each batch's candidates ({} tokens for \
              every sentence and up to {} per source token, of {})",
             map.always.len(),
             map.by_source.iter().map(Vec::len).max().unwrap_or(0),
             map.vocab
         ));
-        model.set_candidate_vocab(Some(std::sync::Arc::new(map)))?;
+        pb = pb.with_candidates(std::sync::Arc::new(map));
     }
+    let model = MtModel::build(&pb, &model_config)?;
+    let params = pb.params();
+    params.assign(&tensors).map_err(|e| Error::Checkpoint {
+        path: path.clone(),
+        msg: e.to_string(),
+    })?;
+    if precision != DecodePrecision::F32 {
+        decoding.push(format!("decoding: {}", model.describe_decoding()?));
+    }
+    decoding.extend(restricted);
     Ok(LoadedMt {
         model,
         params,

@@ -134,7 +134,20 @@ impl ArchConfig for Seq2SeqConfig {
 }
 
 impl ArchConfig for RnnSeq2SeqConfig {
+    /// Refuses what only the Transformer decodes with: int8 products and a restricted
+    /// output vocabulary.
     fn build(&self, pb: &ParamBuilder) -> transformer_model::Result<Box<dyn Architecture>> {
+        if pb.decoding() != DecodePrecision::F32 {
+            candle_core::bail!(
+                "int8 decoding covers the Transformer; the recurrent models decode in f32"
+            );
+        }
+        if pb.candidates().is_some() {
+            candle_core::bail!(
+                "a restricted output vocabulary covers the Transformer; the recurrent models \
+                 score every token"
+            );
+        }
         Ok(Box::new(RnnSeq2Seq::new(pb, self)?))
     }
     fn validate(&self) -> crate::error::Result<()> {
@@ -212,31 +225,9 @@ pub trait Architecture: ArchCommon + std::fmt::Debug + Send + Sync {
     fn describe_decoding(&self) -> String {
         "f32".into()
     }
-    /// Decodes in `p` from now on; by default only f32 is possible.
-    fn set_decode_precision(&mut self, p: DecodePrecision) -> Result<()> {
-        if p != DecodePrecision::F32 {
-            candle_core::bail!(
-                "int8 decoding covers the Transformer; the recurrent models decode in f32"
-            );
-        }
-        Ok(())
-    }
     /// The arithmetic decoding is prepared in.
     fn decode_precision(&self) -> DecodePrecision {
         DecodePrecision::F32
-    }
-    /// Restricts decoding's output vocabulary (`None`: every token); by default not possible.
-    fn set_candidate_vocab(
-        &mut self,
-        c: Option<std::sync::Arc<dyn transformer_model::restrict::CandidateVocab>>,
-    ) -> Result<()> {
-        if c.is_some() {
-            candle_core::bail!(
-                "a restricted output vocabulary covers the Transformer; the recurrent models \
-                 score every token"
-            );
-        }
-        Ok(())
     }
 }
 
@@ -360,19 +351,8 @@ impl Architecture for Seq2Seq {
     fn prepare_decoding(&self) -> Result<Option<PreparedDecoding>> {
         Ok(Some(Seq2Seq::prepare_decoding(self)?))
     }
-    fn set_decode_precision(&mut self, p: DecodePrecision) -> Result<()> {
-        Seq2Seq::set_decode_precision(self, p);
-        Ok(())
-    }
     fn decode_precision(&self) -> DecodePrecision {
         Seq2Seq::decode_precision(self)
-    }
-    fn set_candidate_vocab(
-        &mut self,
-        c: Option<std::sync::Arc<dyn transformer_model::restrict::CandidateVocab>>,
-    ) -> Result<()> {
-        Seq2Seq::set_candidate_vocab(self, c);
-        Ok(())
     }
 }
 
@@ -433,7 +413,8 @@ impl MtModel {
         self.0.max_positions()
     }
 
-    /// Builds the model `cfg` describes.
+    /// Builds the model `cfg` describes, to run as `pb` says: its training precision,
+    /// decoding arithmetic and output vocabulary ([`ParamBuilder::with_decoding`], ...).
     pub fn build(pb: &ParamBuilder, cfg: &MtModelConfig) -> transformer_model::Result<Self> {
         Ok(MtModel(cfg.arch().build(pb)?))
     }
@@ -469,22 +450,6 @@ impl MtModel {
         backprop: Backprop,
     ) -> Result<Seq2SeqLoss> {
         self.0.loss(batch, pad_eps, mode, backprop)
-    }
-
-    /// Decodes in `p` from now on ([`Seq2Seq::set_decode_precision`]); int8 covers the
-    /// Transformer only. Chosen once, when the model is loaded ([`crate::load::Execution`]).
-    pub(crate) fn set_decode_precision(&mut self, p: DecodePrecision) -> Result<()> {
-        self.0.set_decode_precision(p)
-    }
-
-    /// Restricts decoding's output vocabulary to each batch's candidates under `c`
-    /// ([`Seq2Seq::set_candidate_vocab`]; `None`: every token); the Transformer only.
-    /// Chosen once, when the model is loaded ([`crate::load::Execution`]).
-    pub(crate) fn set_candidate_vocab(
-        &mut self,
-        c: Option<std::sync::Arc<dyn transformer_model::restrict::CandidateVocab>>,
-    ) -> Result<()> {
-        self.0.set_candidate_vocab(c)
     }
 
     /// The arithmetic decoding is prepared in.

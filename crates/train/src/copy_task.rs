@@ -11,14 +11,14 @@ use crate::loss::cross_entropy;
 use crate::metrics::Metric;
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
-    self, save_tagged, ModelConfig, Progress, RunOptions, StepStats, Task, TestRun, Trained,
-    Validation,
+    self, save_tagged, ModelConfig, ModelPlan, Progress, RunOptions, Setup, StepStats, Task,
+    TestRun, Trained, Validation,
 };
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use transformer_model::seq2seq::Seq2SeqMasks;
-use transformer_model::{Mode, ParamBuilder, Params, Precision, Rng, Seq2Seq, TransformerConfig};
+use transformer_model::{Mode, ParamBuilder, Params, Rng, Seq2Seq, TransformerConfig};
 
 /// The padding symbol.
 pub const PAD: u32 = 0;
@@ -245,41 +245,70 @@ pub fn train(
     opts: &RunOptions<CopyTaskConfig>,
     progress: &mut dyn Progress,
 ) -> Result<CopySummary> {
-    let dev = &opts.device;
-    let opened = crate::runner::open_run(opts, CHECKPOINT_FORMAT, progress)?;
-    let _lock = opened.lock;
-    let (cfg, saved) = (opened.config, opened.saved);
-    let trained = Trained::new(cfg.clone(), dev, Precision::F32, cfg.seed)?;
-    let vars = trained.params.vars();
-    let held_out = random_batch(
-        &Rng::new(cfg.seed ^ 0xdead_beef),
-        &CopyTaskConfig {
-            batch_size: 100,
-            ..cfg.clone()
-        },
-        dev,
-    )?;
-    let mut task = CopyTask {
-        opt: Adam::new(vars.clone(), 0.0)?,
-        schedule: NoamSchedule {
-            d_model: cfg.model.d_model,
-            warmup: cfg.warmup,
-            factor: cfg.lr_factor,
-        },
-        vars,
-        trained,
-        device: dev.clone(),
-        held_out,
-        accuracy: None,
-        cfg,
-    };
-    let parameters = task.trained.params.num_elements();
-    let s = runner::run(&mut task, opts, saved, progress)?;
+    let (task, s) = runner::train(CopySetup, opts, progress)?;
     Ok(CopySummary {
         losses: s.step_losses,
         accuracy: task.accuracy,
-        parameters,
+        parameters: task.trained.params.num_elements(),
     })
+}
+
+/// The copy task's start: no data to read (its batches are drawn as it trains), no
+/// tokenizer, the model of its configuration in f32.
+struct CopySetup;
+
+impl Setup for CopySetup {
+    type Task = CopyTask;
+    type Tokenizer = ();
+    type Data = ();
+
+    fn data(
+        &mut self,
+        _: &mut CopyTaskConfig,
+        _: Option<()>,
+        _: &RunOptions<CopyTaskConfig>,
+        _: bool,
+        _: &mut dyn Progress,
+    ) -> Result<((), ())> {
+        Ok(((), ()))
+    }
+
+    fn model(&self, cfg: &CopyTaskConfig, _: &(), _: &()) -> Result<ModelPlan<CopyTaskConfig>> {
+        Ok(ModelPlan::new(cfg.clone()))
+    }
+
+    fn task(
+        self,
+        cfg: CopyTaskConfig,
+        _: (),
+        _: (),
+        trained: Trained<CopyTaskConfig>,
+        dev: &Device,
+    ) -> Result<CopyTask> {
+        let vars = trained.params.vars();
+        let held_out = random_batch(
+            &Rng::new(cfg.seed ^ 0xdead_beef),
+            &CopyTaskConfig {
+                batch_size: 100,
+                ..cfg.clone()
+            },
+            dev,
+        )?;
+        Ok(CopyTask {
+            opt: Adam::new(vars.clone(), 0.0)?,
+            schedule: NoamSchedule {
+                d_model: cfg.model.d_model,
+                warmup: cfg.warmup,
+                factor: cfg.lr_factor,
+            },
+            vars,
+            trained,
+            device: dev.clone(),
+            held_out,
+            accuracy: None,
+            cfg,
+        })
+    }
 }
 
 /// Greedy-decodes `src` (B, seq_len): `seq_len - 1` symbols per row (no end token).

@@ -54,7 +54,16 @@ pub fn opts(beam: usize) -> DecodeOptions {
 /// A small random Transformer in f64 (so that ties cannot flip between two equally correct
 /// computations), embeddings shared or not.
 pub fn model(seed: u64, share: bool) -> Result<Seq2Seq> {
-    let pb = ParamBuilder::new(DType::F64, &Device::Cpu, seed);
+    model_by(builder(seed), share)
+}
+
+/// The builder of [`model`]'s weights (f64, drawn from `seed`).
+pub fn builder(seed: u64) -> ParamBuilder {
+    ParamBuilder::new(DType::F64, &Device::Cpu, seed)
+}
+
+/// [`model`] built by `pb` (which says how it runs: its candidates, say).
+pub fn model_by(pb: ParamBuilder, share: bool) -> Result<Seq2Seq> {
     Seq2Seq::with_config(
         &pb,
         &Seq2SeqConfig {

@@ -13,31 +13,7 @@ use crate::Result;
 use candle_core::{DType, Tensor};
 use std::sync::{Arc, OnceLock};
 
-/// The arithmetic of decoding's products ([`crate::Seq2Seq::prepare_decoding`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DecodePrecision {
-    /// f32 throughout (the default).
-    #[default]
-    F32,
-    /// The decoder layers' projections and feed-forward products in int8 (where the backend
-    /// has an int8 decoding step: the CPU's), and the output layer's too when `output_layer`.
-    Int8 {
-        /// Whether the output layer (d_model x vocabulary) is int8 as well.
-        output_layer: bool,
-    },
-}
-
-impl DecodePrecision {
-    /// Whether the decoder layers are asked to run in int8.
-    pub fn int8_layers(self) -> bool {
-        matches!(self, Self::Int8 { .. })
-    }
-
-    /// Whether the output layer is asked to run in int8.
-    pub fn int8_output(self) -> bool {
-        matches!(self, Self::Int8 { output_layer: true })
-    }
-}
+pub use crate::ops::DecodePrecision;
 
 /// A Transformer's decoding made ready once for many batches
 /// ([`crate::Seq2Seq::prepare_decoding`]): what the backend chose for the decoder layers and

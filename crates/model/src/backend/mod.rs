@@ -6,8 +6,8 @@
 //! ([`choose`]), and asked for every layer call, and it answers `None` where it does not cover
 //! the call (then the composed layer runs). [`Backend::describe`] says what was chosen and
 //! why, for the log. Adding a backend means implementing [`Backend`] (each method defaults
-//! to the composed layer) and handing it to the stacks ([`crate::Encoder::set_backend`],
-//! [`crate::Decoder::set_backend`]), not editing the paper's modules. Every fast
+//! to the composed layer) and giving it to the stacks when a model is built
+//! ([`crate::ParamBuilder::with_backend`]), not editing the paper's modules. Every fast
 //! implementation is tested against the composed one (`tests/fused_layers.rs`,
 //! `tests/invariants.rs`, `tests/decode_step.rs`); `tests/backend.rs` registers a toy one.
 //!
@@ -207,6 +207,28 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
     /// The output layer `output` as decoding runs it in `precision`. The default: f32.
     fn output_layer(&self, output: &Linear, _precision: DecodePrecision) -> Result<OutputLayer> {
         OutputLayer::new(output, None)
+    }
+}
+
+/// The backend a model's stacks run through is chosen when the model is built: the
+/// builder's ([`ParamBuilder::with_backend`]), else the one for its device ([`choose`]).
+impl crate::params::ParamBuilder {
+    /// The same builder, whose models run their encoder and decoder layers, and decoding,
+    /// through `backend` (a test's toy backend, say) instead of the one their device gets
+    /// ([`choose`]).
+    pub fn with_backend(self, backend: Arc<dyn Backend>) -> Self {
+        self.keep_backend(Arc::new(backend))
+    }
+
+    /// The backend of the stacks built here: [`Self::with_backend`]'s, else [`choose`]'s.
+    pub fn backend(&self) -> Arc<dyn Backend> {
+        match self.kept_backend() {
+            Some(kept) => kept
+                .downcast_ref::<Arc<dyn Backend>>()
+                .expect("with_backend keeps an Arc<dyn Backend>")
+                .clone(),
+            None => choose(&self.device()),
+        }
     }
 }
 

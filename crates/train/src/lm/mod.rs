@@ -55,65 +55,7 @@ pub const WEIGHTS_FORMAT: &str = "transformer-lm-weights/1";
 /// Trains (or resumes) a run on the [`crate::runner`]; see the module docs for the loop and
 /// the files.
 pub fn train(opts: &TrainOptions, progress: &mut dyn Progress) -> Result<Summary> {
-    let run = &opts.out;
-    let dev = &opts.device;
-    let opened = runner::open_run(opts, CHECKPOINT_FORMAT, progress)?;
-    let (resuming, _lock) = (opened.resuming, opened.lock);
-    let (cfg, saved) = (opened.config, opened.saved);
-    let vocab = match resuming {
-        true => Some(Vocab::load(&vocab_path(run))?),
-        false => None,
-    };
-    cfg.validate()?;
-    let data_dir = cfg.data.clone().or_else(default_data_dir).ok_or_else(|| {
-        Error::Usage(
-            "no data: pass --data DIR (a folder with train.txt, valid.txt and test.txt, such as WikiText-2)".into(),
-        )
-    })?;
-    let data_dir = runner::absolute(&data_dir);
-    let data = LmData::load(&data_dir, &cfg, vocab)?;
-    let mut cfg = LmTrainConfig {
-        data: Some(data_dir),
-        ..cfg
-    };
-    // bf16 only where it measures faster here (fresh runs; a resumed run keeps its choice).
-    let probe = runner::PrecisionProbe {
-        rows: cfg.batch_size * cfg.bptt,
-        d_model: cfg.emsize,
-        vocab: data.vocab.len(),
-        covers: BF16_COVERS,
-    };
-    let model = cfg.model(data.vocab.len());
-    let started = runner::start_model(opts, resuming, &mut cfg, model, Some(probe))?;
-    if started.fresh {
-        data.vocab.save(&vocab_path(run))?;
-    }
-    let (trained, precision_line) = (started.trained, started.precision_line);
-    if cfg.eos_per_line {
-        progress.line(
-            "data: an <eos> token after every line, empty lines included (the older tutorial's \
-             stream; perplexities are not comparable with the default's)",
-        );
-    }
-    if let Some(line) = &precision_line {
-        progress.line(line);
-    }
-    let num_windows = data.train.num_windows(cfg.bptt);
-    let epoch_windows = cfg.max_batches.map_or(num_windows, |m| m.min(num_windows));
-    // The tutorial labels its log lines with len(train_data) // bptt.
-    let label_batches = cfg
-        .max_batches
-        .map_or(data.train.tutorial_num_batches(cfg.bptt), |_| epoch_windows);
-    let mut task = LmTask {
-        step: LmStep::new(trained.params.vars(), cfg.lr, cfg.clip),
-        data,
-        trained,
-        device: dev.clone(),
-        epoch_windows,
-        label_batches,
-        cfg,
-    };
-    runner::run(&mut task, opts, saved, progress)
+    Ok(runner::train(LmSetup, opts, progress)?.1)
 }
 
 /// Imports the tutorial's PyTorch `TransformerModel` (either tutorial version's names, see

@@ -4,9 +4,98 @@ use super::*;
 use crate::error::Result;
 use crate::grads::Gradients;
 use crate::metrics::{Metric, Weights};
-use crate::runner::{EpochEnd, LogWindow, StepStats, Task, TestRun, Trained, Validation};
+use crate::runner::{
+    EpochEnd, LogWindow, ModelPlan, PrecisionProbe, RunTokenizer, Setup, StepStats, Task, TestRun,
+    Trained, Validation,
+};
 use candle_core::Device;
 use transformer_model::{LmConfig, Rng, TransformerLm};
+
+/// A run keeps its vocabulary as `vocab.txt`.
+impl RunTokenizer for Vocab {
+    fn load_from(run: &Path) -> Result<Vocab> {
+        Ok(Vocab::load(&vocab_path(run))?)
+    }
+    fn save_in(&self, run: &Path) -> Result<()> {
+        Ok(self.save(&vocab_path(run))?)
+    }
+}
+
+/// The language model's start on the runner: the three splits of the data folder, encoded
+/// with the vocabulary of the training split (a resumed run's own), and the model for it.
+pub(super) struct LmSetup;
+
+impl Setup for LmSetup {
+    type Task = LmTask;
+    type Tokenizer = Vocab;
+    type Data = LmData;
+
+    fn data(
+        &mut self,
+        cfg: &mut LmTrainConfig,
+        vocab: Option<Vocab>,
+        _: &TrainOptions,
+        _resuming: bool,
+        progress: &mut dyn Progress,
+    ) -> Result<(LmData, Vocab)> {
+        cfg.validate()?;
+        let data_dir = cfg.data.clone().or_else(default_data_dir).ok_or_else(|| {
+            Error::Usage(
+                "no data: pass --data DIR (a folder with train.txt, valid.txt and test.txt, such as WikiText-2)".into(),
+            )
+        })?;
+        let data_dir = runner::absolute(&data_dir);
+        let data = LmData::load(&data_dir, cfg, vocab)?;
+        cfg.data = Some(data_dir);
+        if cfg.eos_per_line {
+            progress.line(
+                "data: an <eos> token after every line, empty lines included (the older \
+                 tutorial's stream; perplexities are not comparable with the default's)",
+            );
+        }
+        let vocab = data.vocab.clone();
+        Ok((data, vocab))
+    }
+
+    /// bf16 only where it measures faster here (fresh runs; a resumed run keeps its choice).
+    fn model(&self, cfg: &LmTrainConfig, data: &LmData, _: &Vocab) -> Result<ModelPlan<LmConfig>> {
+        Ok(ModelPlan {
+            config: cfg.model(data.vocab.len()),
+            probe: Some(PrecisionProbe {
+                rows: cfg.batch_size * cfg.bptt,
+                d_model: cfg.emsize,
+                vocab: data.vocab.len(),
+                covers: BF16_COVERS,
+            }),
+            precision_note: None,
+        })
+    }
+
+    fn task(
+        self,
+        cfg: LmTrainConfig,
+        data: LmData,
+        _: Vocab,
+        trained: Trained<LmConfig>,
+        device: &Device,
+    ) -> Result<LmTask> {
+        let num_windows = data.train.num_windows(cfg.bptt);
+        let epoch_windows = cfg.max_batches.map_or(num_windows, |m| m.min(num_windows));
+        // The tutorial labels its log lines with len(train_data) // bptt.
+        let label_batches = cfg
+            .max_batches
+            .map_or(data.train.tutorial_num_batches(cfg.bptt), |_| epoch_windows);
+        Ok(LmTask {
+            step: LmStep::new(trained.params.vars(), cfg.lr, cfg.clip),
+            data,
+            trained,
+            device: device.clone(),
+            epoch_windows,
+            label_batches,
+            cfg,
+        })
+    }
+}
 
 /// The language model as a task on the [`crate::runner`]: the tutorial's windows, step,
 /// log lines, validation (lower loss is better) and test.

@@ -4,7 +4,7 @@ use super::*;
 use crate::checkpoint::params_tensors;
 use crate::error::{Error, Result};
 use crate::optim::{Adam, NoamSchedule};
-use crate::runner::{self, Progress};
+use crate::runner::{self, Progress, Trained};
 use candle_core::Tensor;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -141,34 +141,79 @@ fn per_source_counts(sizes: &[SourceCount], keep: &[usize]) -> String {
 /// Trains (or resumes) a run on the [`crate::runner`]; see the module docs for the loop and
 /// the files.
 pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSummary> {
-    let run = &opts.out;
-    let dev = &opts.device;
-    let writer = opts.dist.writes();
-    let load_init = |from: &Path| {
-        load_run(from, &Execution::on(dev)).map_err(|e| {
-            Error::Usage(format!(
-                "--init-from {}: {e} (give the directory of a finished `transformer mt \
-                 train` run)",
-                from.display()
-            ))
-        })
-    };
     // A fresh run's --init-from is read before the run directory is made: a run that cannot
     // start leaves nothing behind.
-    let mut early = match (&opts.config.init_from, opts.resume) {
-        (Some(from), false) => Some(load_init(from)?),
+    let early = match (&opts.config.init_from, opts.resume) {
+        (Some(from), false) => Some(load_init(from, &opts.device)?),
         _ => None,
     };
-    let opened = runner::open_run(opts, CHECKPOINT_FORMAT, progress)?;
-    let (resuming, _lock) = (opened.resuming, opened.lock);
-    let (mut cfg, saved) = (opened.config, opened.saved);
-    // Fine-tuning: the run the weights and the tokenizer come from (a fresh run only; a
-    // resumed one continues from its own checkpoint and its own copy of the tokenizer).
-    let init = match (cfg.init_from.clone(), resuming) {
-        (Some(from), false) => {
-            let loaded = match early.take() {
+    let setup = MtSetup { early, init: None };
+    let (task, s) = runner::train(setup, opts, progress)?;
+    Ok(MtSummary {
+        state: s.state,
+        test: task.test,
+        step_losses: s.step_losses,
+    })
+}
+
+/// The run at `from` that `--init-from` names, loaded to fine-tune.
+fn load_init(from: &Path, device: &candle_core::Device) -> Result<LoadedMt> {
+    load_run(from, &Execution::on(device)).map_err(|e| {
+        Error::Usage(format!(
+            "--init-from {}: {e} (give the directory of a finished `transformer mt \
+             train` run)",
+            from.display()
+        ))
+    })
+}
+
+/// A run keeps its tokenizer (both languages) as `tokenizer.json`.
+impl runner::RunTokenizer for Subword {
+    fn load_from(run: &Path) -> Result<Subword> {
+        Ok(Subword::load(&tokenizer_path(run))?)
+    }
+    fn save_in(&self, run: &Path) -> Result<()> {
+        Ok(self.save(&tokenizer_path(run))?)
+    }
+}
+
+/// Translation's data, encoded: the training pairs and which of them train, the validation
+/// pairs, the test set (read when testing).
+pub(super) struct MtData {
+    train: EncodedSplit,
+    keep: Vec<usize>,
+    valid: EncodedSplit,
+    test_files: Option<PairSource>,
+}
+
+/// Translation's start on the runner: the corpus read and encoded with the run's tokenizer
+/// (trained on the training pairs, or a fine-tuned run's, inherited with its model's shape),
+/// and the model, whose weights a fine-tuning run takes from the run it starts from.
+struct MtSetup {
+    /// `--init-from`, loaded before the run directory was made.
+    early: Option<LoadedMt>,
+    /// Fine-tuning: the run the weights and the tokenizer come from (a fresh run only; a
+    /// resumed one continues from its own checkpoint and its own copy of the tokenizer).
+    init: Option<(std::path::PathBuf, LoadedMt)>,
+}
+
+impl runner::Setup for MtSetup {
+    type Task = MtTask;
+    type Tokenizer = Subword;
+    type Data = MtData;
+
+    fn data(
+        &mut self,
+        cfg: &mut MtTrainConfig,
+        own: Option<Subword>,
+        opts: &MtTrainOptions,
+        resuming: bool,
+        progress: &mut dyn Progress,
+    ) -> Result<(MtData, Subword)> {
+        if let (Some(from), false) = (cfg.init_from.clone(), resuming) {
+            let loaded = match self.early.take() {
                 Some(l) => l,
-                None => load_init(&from)?,
+                None => load_init(&from, &opts.device)?,
             };
             if let Some(note) = &loaded.note {
                 progress.line(&format!("init: {note}"));
@@ -182,244 +227,253 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
                     from.display()
                 ));
             }
-            cfg = inherit_model(&cfg, &loaded.config, &from, &opts.given)?;
-            Some((from, loaded))
+            *cfg = inherit_model(cfg, &loaded.config, &from, &opts.given)?;
+            self.init = Some((from, loaded));
         }
-        _ => None,
-    };
-    cfg.validate()?;
-    let files = cfg.sources()?;
+        cfg.validate()?;
+        let files = cfg.sources()?;
 
-    let t0 = Instant::now();
-    // The sources one by one (the same pairs, in the same order, as `PairSource::read_all`),
-    // to count each one's pairs.
-    let excluded: HashSet<(String, String)> = {
-        let p = PairSource::read_all(&files.exclude)?;
-        p.src.into_iter().zip(p.tgt).collect()
-    };
-    let mut train_pairs = Pairs::default();
-    let mut source_sizes = Vec::with_capacity(files.train.len());
-    for source in &files.train {
-        let mut pairs = source.read()?;
-        let read = pairs.len();
-        if !excluded.is_empty() {
-            pairs = without(pairs, &excluded);
-        }
-        source_sizes.push(SourceCount {
-            name: source.describe(),
-            read,
-            excluded: read - pairs.len(),
-        });
-        train_pairs.extend(pairs);
-    }
-    let tokenizer = if resuming {
-        Subword::load(&tokenizer_path(run))?
-    } else if let Some((_, loaded)) = &init {
-        if writer {
-            loaded.tokenizer.save(&tokenizer_path(run))?;
-        }
-        loaded.tokenizer.clone()
-    } else {
-        let texts = train_pairs.src.iter().chain(&train_pairs.tgt);
-        let origin = files.train[0].first_file().to_path_buf();
-        let tok = train_tokenizer(cfg.tokenizer, cfg.vocab_size, texts, &origin)?;
-        if writer {
-            tok.save(&tokenizer_path(run))?;
-        }
-        tok
-    };
-    // A published model without a padding token of its own (a CTranslate2 conversion whose
-    // source got one at import) has none on the target side, where batches need one.
-    if tokenizer.as_published().is_some()
-        && tokenizer.specials().pad as usize >= tokenizer.vocab_size()
-    {
-        return Err(Error::Usage(format!(
-            "{}: the imported model has no padding token in its target vocabulary (a \
-             CTranslate2 or Argos model converted without one), so it cannot be fine-tuned \
-             here; translating and serving it work. Fine-tune the model it was converted from \
-             (an OPUS-MT MarianMT directory has <pad>).",
-            cfg.init_from
-                .as_deref()
-                .map_or_else(|| "the run".to_string(), |p| p.display().to_string())
-        )));
-    }
-    let train_data = EncodedSplit::encode(train_pairs, &tokenizer);
-    let mut valid = EncodedSplit::encode(files.valid.read()?, &tokenizer);
-    if let Some(n) = cfg.max_valid {
-        valid.truncate(n);
-    }
-    let (keep, stats) = keep_for_training(
-        &train_data.src,
-        &train_data.tgt,
-        PairFilter::training(cfg.max_sentence_tokens),
-    );
-    if keep.is_empty() {
-        return Err(Error::Usage(format!(
-            "no training pairs left ({stats}); check the files, or raise max_sentence_tokens"
-        )));
-    }
-    let vocab = tokenizer.vocab_size();
-    let vocabulary = match tokenizer.as_published() {
-        Some(_) => format!(
-            "the imported model's own vocabularies ({} source, {vocab} target tokens)",
-            tokenizer.source_vocab_size()
-        ),
-        None => format!("joint {} vocabulary {vocab}", cfg.tokenizer.describe()),
-    };
-    progress.line(&format!(
-        "data: {stats}; validation {} pairs; {vocabulary} ({:.1}s)",
-        valid.src.len(),
-        t0.elapsed().as_secs_f64()
-    ));
-    let unk_share = |side: &[Vec<u32>]| {
-        let total: usize = side.iter().map(Vec::len).sum();
-        let unk = side
-            .iter()
-            .flatten()
-            .filter(|&&i| i == tokenizer.specials().unk)
-            .count();
-        100.0 * unk as f64 / total.max(1) as f64
-    };
-    progress.line(&format!(
-        "data: <unk> pieces in validation: source {:.2}%, target {:.2}%{}",
-        unk_share(&valid.src),
-        unk_share(&valid.tgt),
-        match cfg.tokenizer {
-            _ if tokenizer.as_published().is_some() => "",
-            TokenizerKind::Bpe | TokenizerKind::Unigram => {
-                " (characters without a piece; --tokenizer bpe-bytes or unigram-bytes spells them in bytes)"
+        let t0 = Instant::now();
+        // The sources one by one (the same pairs, in the same order, as `PairSource::read_all`),
+        // to count each one's pairs.
+        let excluded: HashSet<(String, String)> = {
+            let p = PairSource::read_all(&files.exclude)?;
+            p.src.into_iter().zip(p.tgt).collect()
+        };
+        let mut train_pairs = Pairs::default();
+        let mut source_sizes = Vec::with_capacity(files.train.len());
+        for source in &files.train {
+            let mut pairs = source.read()?;
+            let read = pairs.len();
+            if !excluded.is_empty() {
+                pairs = without(pairs, &excluded);
             }
-            _ => "",
+            source_sizes.push(SourceCount {
+                name: source.describe(),
+                read,
+                excluded: read - pairs.len(),
+            });
+            train_pairs.extend(pairs);
         }
-    ));
-    if source_sizes.len() > 1 {
-        progress.line(&format!(
-            "data: training sources: {}",
-            per_source_counts(&source_sizes, &keep)
-        ));
-    }
-    match (cfg.language_pair(), cfg.reverse) {
-        (Some((s, t)), true) => progress.line(&format!(
-            "data: reversed (--reverse): every split's sides exchanged, translating {s} to {t}"
-        )),
-        (None, true) => progress.line(
-            "data: reversed (--reverse): every split's sides exchanged, translating the \
-             target files' language into the source files'",
-        ),
-        (Some((s, t)), false) => progress.line(&format!("data: translating {s} to {t}")),
-        (None, false) => {}
-    }
-    if cfg.corpus == Some(Corpus::KoEnAll) && cfg.train_src.is_none() {
-        let mut held = Vec::new();
-        for (name, source) in ko_en_held_out(&cfg) {
-            held.push(format!("{name} {} pairs", source.read()?.len()));
+        let tokenizer = match (own, &self.init) {
+            (Some(own), _) => own,
+            (None, Some((_, loaded))) => loaded.tokenizer.clone(),
+            (None, None) => {
+                let texts = train_pairs.src.iter().chain(&train_pairs.tgt);
+                let origin = files.train[0].first_file().to_path_buf();
+                train_tokenizer(cfg.tokenizer, cfg.vocab_size, texts, &origin)?
+            }
+        };
+        // A published model without a padding token of its own (a CTranslate2 conversion whose
+        // source got one at import) has none on the target side, where batches need one.
+        if tokenizer.as_published().is_some()
+            && tokenizer.specials().pad as usize >= tokenizer.vocab_size()
+        {
+            return Err(Error::Usage(format!(
+                "{}: the imported model has no padding token in its target vocabulary (a \
+                 CTranslate2 or Argos model converted without one), so it cannot be fine-tuned \
+                 here; translating and serving it work. Fine-tune the model it was converted from \
+                 (an OPUS-MT MarianMT directory has <pad>).",
+                cfg.init_from
+                    .as_deref()
+                    .map_or_else(|| "the run".to_string(), |p| p.display().to_string())
+            )));
         }
+        let train_data = EncodedSplit::encode(train_pairs, &tokenizer);
+        let mut valid = EncodedSplit::encode(files.valid.read()?, &tokenizer);
+        if let Some(n) = cfg.max_valid {
+            valid.truncate(n);
+        }
+        let (keep, stats) = keep_for_training(
+            &train_data.src,
+            &train_data.tgt,
+            PairFilter::training(cfg.max_sentence_tokens),
+        );
+        if keep.is_empty() {
+            return Err(Error::Usage(format!(
+                "no training pairs left ({stats}); check the files, or raise max_sentence_tokens"
+            )));
+        }
+        let vocab = tokenizer.vocab_size();
+        let vocabulary = match tokenizer.as_published() {
+            Some(_) => format!(
+                "the imported model's own vocabularies ({} source, {vocab} target tokens)",
+                tokenizer.source_vocab_size()
+            ),
+            None => format!("joint {} vocabulary {vocab}", cfg.tokenizer.describe()),
+        };
         progress.line(&format!(
-            "data: held out for testing, not trained on: {} (mt::ko_en_test_sets)",
-            held.join(", ")
+            "data: {stats}; validation {} pairs; {vocabulary} ({:.1}s)",
+            valid.src.len(),
+            t0.elapsed().as_secs_f64()
         ));
-    }
-    if let Some((from, loaded)) = &init {
-        let unk = tokenizer.specials().unk;
-        let total: usize = train_data
-            .src
-            .iter()
-            .chain(&train_data.tgt)
-            .map(Vec::len)
-            .sum();
-        let unknown = train_data
-            .src
-            .iter()
-            .chain(&train_data.tgt)
-            .flatten()
-            .filter(|&&id| id == unk)
-            .count();
-        let share = 100.0 * unknown as f64 / total.max(1) as f64;
+        let unk_share = |side: &[Vec<u32>]| {
+            let total: usize = side.iter().map(Vec::len).sum();
+            let unk = side
+                .iter()
+                .flatten()
+                .filter(|&&i| i == tokenizer.specials().unk)
+                .count();
+            100.0 * unk as f64 / total.max(1) as f64
+        };
         progress.line(&format!(
-            "init: weights and tokenizer from {} ({}); fresh Adam, this run's schedule; \
-             <unk> in the training data under that tokenizer: {unknown} of {total} tokens \
-             ({share:.2}%)",
-            from.display(),
-            loaded
-                .note
-                .clone()
-                .unwrap_or_else(|| "its best.safetensors".into())
+            "data: <unk> pieces in validation: source {:.2}%, target {:.2}%{}",
+            unk_share(&valid.src),
+            unk_share(&valid.tgt),
+            match cfg.tokenizer {
+                _ if tokenizer.as_published().is_some() => "",
+                TokenizerKind::Bpe | TokenizerKind::Unigram => {
+                    " (characters without a piece; --tokenizer bpe-bytes or unigram-bytes spells them in bytes)"
+                }
+                _ => "",
+            }
         ));
-        if share > UNKNOWN_WARN_PERCENT {
+        if source_sizes.len() > 1 {
             progress.line(&format!(
-                "warning: {share:.2}% of the training tokens are <unk> (over \
-                 {UNKNOWN_WARN_PERCENT}%): the inherited tokenizer does not cover this data's \
-                 characters, and the model cannot learn or produce them; fine-tune from a run \
-                 whose tokenizer was trained on text like this, or train from scratch"
+                "data: training sources: {}",
+                per_source_counts(&source_sizes, &keep)
             ));
         }
+        match (cfg.language_pair(), cfg.reverse) {
+            (Some((s, t)), true) => progress.line(&format!(
+                "data: reversed (--reverse): every split's sides exchanged, translating {s} to {t}"
+            )),
+            (None, true) => progress.line(
+                "data: reversed (--reverse): every split's sides exchanged, translating the \
+                 target files' language into the source files'",
+            ),
+            (Some((s, t)), false) => progress.line(&format!("data: translating {s} to {t}")),
+            (None, false) => {}
+        }
+        if cfg.corpus == Some(Corpus::KoEnAll) && cfg.train_src.is_none() {
+            let mut held = Vec::new();
+            for (name, source) in ko_en_held_out(cfg) {
+                held.push(format!("{name} {} pairs", source.read()?.len()));
+            }
+            progress.line(&format!(
+                "data: held out for testing, not trained on: {} (mt::ko_en_test_sets)",
+                held.join(", ")
+            ));
+        }
+        if let Some((from, loaded)) = &self.init {
+            let unk = tokenizer.specials().unk;
+            let total: usize = train_data
+                .src
+                .iter()
+                .chain(&train_data.tgt)
+                .map(Vec::len)
+                .sum();
+            let unknown = train_data
+                .src
+                .iter()
+                .chain(&train_data.tgt)
+                .flatten()
+                .filter(|&&id| id == unk)
+                .count();
+            let share = 100.0 * unknown as f64 / total.max(1) as f64;
+            progress.line(&format!(
+                "init: weights and tokenizer from {} ({}); fresh Adam, this run's schedule; \
+                 <unk> in the training data under that tokenizer: {unknown} of {total} tokens \
+                 ({share:.2}%)",
+                from.display(),
+                loaded
+                    .note
+                    .clone()
+                    .unwrap_or_else(|| "its best.safetensors".into())
+            ));
+            if share > UNKNOWN_WARN_PERCENT {
+                progress.line(&format!(
+                    "warning: {share:.2}% of the training tokens are <unk> (over \
+                     {UNKNOWN_WARN_PERCENT}%): the inherited tokenizer does not cover this data's \
+                     characters, and the model cannot learn or produce them; fine-tune from a run \
+                     whose tokenizer was trained on text like this, or train from scratch"
+                ));
+            }
+        }
+        let data = MtData {
+            train: train_data,
+            keep,
+            valid,
+            test_files: files.test,
+        };
+        Ok((data, tokenizer))
     }
-    // bf16 only where it measures faster here (fresh Transformer runs; a resumed run keeps
-    // its choice; the recurrent models train in f32).
-    let mut cfg = cfg;
-    let recurrent = matches!(cfg.arch, Arch::Gru | Arch::GruDot | Arch::GruBahdanau);
-    let probe = (!recurrent).then(|| runner::PrecisionProbe {
-        // The output layer runs on a batch's target tokens (at most the token budget).
-        rows: cfg.max_tokens.min(2048),
-        d_model: cfg.d_model,
-        vocab,
-        covers: BF16_COVERS,
-    });
-    let model_cfg = match &init {
-        Some((_, loaded)) => loaded.model_config.clone(),
-        None => cfg.model_config(vocab),
-    };
-    let started = runner::start_model(opts, resuming, &mut cfg, model_cfg, probe)?;
-    let precision_line = match (recurrent, cfg.precision) {
-        (true, Precision::Bf16) => Some(
-            "precision: bf16 covers the Transformer's output layer only: training in f32"
-                .to_string(),
-        ),
-        _ => started.precision_line,
-    };
-    let trained = started.trained;
-    if let (Some((from, loaded)), false) = (&init, resuming) {
-        let tensors: HashMap<String, Tensor> = params_tensors(&loaded.params).into_iter().collect();
-        trained
-            .params
-            .assign(&tensors)
-            .map_err(|e| Error::Checkpoint {
-                path: from.clone(),
-                msg: e.to_string(),
-            })?;
+
+    /// bf16 only where it measures faster here (fresh Transformer runs; a resumed run keeps
+    /// its choice; the recurrent models train in f32).
+    fn model(
+        &self,
+        cfg: &MtTrainConfig,
+        _: &MtData,
+        tokenizer: &Subword,
+    ) -> Result<runner::ModelPlan<MtModelConfig>> {
+        let vocab = tokenizer.vocab_size();
+        let recurrent = matches!(cfg.arch, Arch::Gru | Arch::GruDot | Arch::GruBahdanau);
+        Ok(runner::ModelPlan {
+            config: match &self.init {
+                Some((_, loaded)) => loaded.model_config.clone(),
+                None => cfg.model_config(vocab),
+            },
+            probe: (!recurrent).then(|| runner::PrecisionProbe {
+                // The output layer runs on a batch's target tokens (at most the token budget).
+                rows: cfg.max_tokens.min(2048),
+                d_model: cfg.d_model,
+                vocab,
+                covers: BF16_COVERS,
+            }),
+            precision_note: (recurrent && cfg.precision == Precision::Bf16).then(|| {
+                "precision: bf16 covers the Transformer's output layer only: training in f32"
+                    .to_string()
+            }),
+        })
     }
-    let vars = trained.params.vars();
-    let arch = trained.config.arch();
-    progress.line(&arch.describe(trained.params.num_elements()));
-    if let Some(line) = &precision_line {
-        progress.line(line);
+
+    fn model_lines(&self, _: &MtTrainConfig, trained: &Trained<MtModelConfig>) -> Vec<String> {
+        let arch = trained.config.arch();
+        vec![arch.describe(trained.params.num_elements())]
     }
-    let mut task = MtTask {
-        opt: Adam::new(vars.clone(), 0.0)?,
-        direct: DirectGrads::new(),
-        schedule: NoamSchedule {
-            d_model: cfg.d_model,
-            warmup: cfg.warmup,
-            factor: cfg.lr_factor,
-        },
-        vars,
-        trained,
-        tokenizer,
-        train: train_data,
-        keep,
-        valid,
-        test_files: files.test,
-        device: dev.clone(),
-        batches: Vec::new(),
-        test: None,
-        cfg,
-    };
-    let s = runner::run(&mut task, opts, saved, progress)?;
-    Ok(MtSummary {
-        state: s.state,
-        test: task.test,
-        step_losses: s.step_losses,
-    })
+
+    fn task(
+        self,
+        cfg: MtTrainConfig,
+        data: MtData,
+        tokenizer: Subword,
+        trained: Trained<MtModelConfig>,
+        device: &candle_core::Device,
+    ) -> Result<MtTask> {
+        if let Some((from, loaded)) = &self.init {
+            let tensors: HashMap<String, Tensor> =
+                params_tensors(&loaded.params).into_iter().collect();
+            trained
+                .params
+                .assign(&tensors)
+                .map_err(|e| Error::Checkpoint {
+                    path: from.clone(),
+                    msg: e.to_string(),
+                })?;
+        }
+        let vars = trained.params.vars();
+        Ok(MtTask {
+            opt: Adam::new(vars.clone(), 0.0)?,
+            direct: DirectGrads::new(),
+            schedule: NoamSchedule {
+                d_model: cfg.d_model,
+                warmup: cfg.warmup,
+                factor: cfg.lr_factor,
+            },
+            vars,
+            trained,
+            tokenizer,
+            train: data.train,
+            keep: data.keep,
+            valid: data.valid,
+            test_files: data.test_files,
+            device: device.clone(),
+            batches: Vec::new(),
+            test: None,
+            cfg,
+        })
+    }
 }
 
 #[cfg(test)]

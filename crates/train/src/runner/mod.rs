@@ -13,9 +13,11 @@ use std::time::Instant;
 use transformer_model::Rng;
 
 mod setup;
+mod start;
 mod task;
 
 pub use setup::*;
+pub use start::*;
 pub use task::*;
 pub use transformer_runtime::run_dir::*;
 

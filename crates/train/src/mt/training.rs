@@ -177,6 +177,184 @@ impl runner::RunTokenizer for Subword {
     }
 }
 
+/// Reads the corpus of `cfg` and encodes it with `own` (a resumed run's tokenizer), else the
+/// tokenizer of the run fine-tuned from (`init`), else one trained on the training pairs;
+/// logs what it read (pairs kept, `<unk>` shares, sources, direction, held-out sets, and a
+/// fine-tuning run's `<unk>` share under the inherited tokenizer).
+fn read_data(
+    cfg: &MtTrainConfig,
+    own: Option<Subword>,
+    init: Option<&(std::path::PathBuf, LoadedMt)>,
+    progress: &mut dyn Progress,
+) -> Result<(MtData, Subword)> {
+    let files = cfg.sources()?;
+
+    let t0 = Instant::now();
+    // The sources one by one (the same pairs, in the same order, as `PairSource::read_all`),
+    // to count each one's pairs.
+    let excluded: HashSet<(String, String)> = {
+        let p = PairSource::read_all(&files.exclude)?;
+        p.src.into_iter().zip(p.tgt).collect()
+    };
+    let mut train_pairs = Pairs::default();
+    let mut source_sizes = Vec::with_capacity(files.train.len());
+    for source in &files.train {
+        let mut pairs = source.read()?;
+        let read = pairs.len();
+        if !excluded.is_empty() {
+            pairs = without(pairs, &excluded);
+        }
+        source_sizes.push(SourceCount {
+            name: source.describe(),
+            read,
+            excluded: read - pairs.len(),
+        });
+        train_pairs.extend(pairs);
+    }
+    let tokenizer = match (own, init) {
+        (Some(own), _) => own,
+        (None, Some((_, loaded))) => loaded.tokenizer.clone(),
+        (None, None) => {
+            let texts = train_pairs.src.iter().chain(&train_pairs.tgt);
+            let origin = files.train[0].first_file().to_path_buf();
+            train_tokenizer(cfg.tokenizer, cfg.vocab_size, texts, &origin)?
+        }
+    };
+    // A published model without a padding token of its own (a CTranslate2 conversion whose
+    // source got one at import) has none on the target side, where batches need one.
+    if tokenizer.as_published().is_some()
+        && tokenizer.specials().pad as usize >= tokenizer.vocab_size()
+    {
+        return Err(Error::Usage(format!(
+            "{}: the imported model has no padding token in its target vocabulary (a \
+             CTranslate2 or Argos model converted without one), so it cannot be fine-tuned \
+             here; translating and serving it work. Fine-tune the model it was converted from \
+             (an OPUS-MT MarianMT directory has <pad>).",
+            cfg.init_from
+                .as_deref()
+                .map_or_else(|| "the run".to_string(), |p| p.display().to_string())
+        )));
+    }
+    let train_data = EncodedSplit::encode(train_pairs, &tokenizer);
+    let mut valid = EncodedSplit::encode(files.valid.read()?, &tokenizer);
+    if let Some(n) = cfg.max_valid {
+        valid.truncate(n);
+    }
+    let (keep, stats) = keep_for_training(
+        &train_data.src,
+        &train_data.tgt,
+        PairFilter::training(cfg.max_sentence_tokens),
+    );
+    if keep.is_empty() {
+        return Err(Error::Usage(format!(
+            "no training pairs left ({stats}); check the files, or raise max_sentence_tokens"
+        )));
+    }
+    let vocab = tokenizer.vocab_size();
+    let vocabulary = match tokenizer.as_published() {
+        Some(_) => format!(
+            "the imported model's own vocabularies ({} source, {vocab} target tokens)",
+            tokenizer.source_vocab_size()
+        ),
+        None => format!("joint {} vocabulary {vocab}", cfg.tokenizer.describe()),
+    };
+    progress.line(&format!(
+        "data: {stats}; validation {} pairs; {vocabulary} ({:.1}s)",
+        valid.src.len(),
+        t0.elapsed().as_secs_f64()
+    ));
+    let unk_share = |side: &[Vec<u32>]| {
+        let total: usize = side.iter().map(Vec::len).sum();
+        let unk = side
+            .iter()
+            .flatten()
+            .filter(|&&i| i == tokenizer.specials().unk)
+            .count();
+        100.0 * unk as f64 / total.max(1) as f64
+    };
+    progress.line(&format!(
+        "data: <unk> pieces in validation: source {:.2}%, target {:.2}%{}",
+        unk_share(&valid.src),
+        unk_share(&valid.tgt),
+        match cfg.tokenizer {
+            _ if tokenizer.as_published().is_some() => "",
+            TokenizerKind::Bpe | TokenizerKind::Unigram => {
+                " (characters without a piece; --tokenizer bpe-bytes or unigram-bytes spells them in bytes)"
+            }
+            _ => "",
+        }
+    ));
+    if source_sizes.len() > 1 {
+        progress.line(&format!(
+            "data: training sources: {}",
+            per_source_counts(&source_sizes, &keep)
+        ));
+    }
+    match (cfg.language_pair(), cfg.reverse) {
+        (Some((s, t)), true) => progress.line(&format!(
+            "data: reversed (--reverse): every split's sides exchanged, translating {s} to {t}"
+        )),
+        (None, true) => progress.line(
+            "data: reversed (--reverse): every split's sides exchanged, translating the \
+             target files' language into the source files'",
+        ),
+        (Some((s, t)), false) => progress.line(&format!("data: translating {s} to {t}")),
+        (None, false) => {}
+    }
+    if cfg.corpus == Some(Corpus::KoEnAll) && cfg.train_src.is_none() {
+        let mut held = Vec::new();
+        for (name, source) in ko_en_held_out(cfg) {
+            held.push(format!("{name} {} pairs", source.read()?.len()));
+        }
+        progress.line(&format!(
+            "data: held out for testing, not trained on: {} (mt::ko_en_test_sets)",
+            held.join(", ")
+        ));
+    }
+    if let Some((from, loaded)) = init {
+        let unk = tokenizer.specials().unk;
+        let total: usize = train_data
+            .src
+            .iter()
+            .chain(&train_data.tgt)
+            .map(Vec::len)
+            .sum();
+        let unknown = train_data
+            .src
+            .iter()
+            .chain(&train_data.tgt)
+            .flatten()
+            .filter(|&&id| id == unk)
+            .count();
+        let share = 100.0 * unknown as f64 / total.max(1) as f64;
+        progress.line(&format!(
+            "init: weights and tokenizer from {} ({}); fresh Adam, this run's schedule; \
+             <unk> in the training data under that tokenizer: {unknown} of {total} tokens \
+             ({share:.2}%)",
+            from.display(),
+            loaded
+                .note
+                .clone()
+                .unwrap_or_else(|| "its best.safetensors".into())
+        ));
+        if share > UNKNOWN_WARN_PERCENT {
+            progress.line(&format!(
+                "warning: {share:.2}% of the training tokens are <unk> (over \
+                 {UNKNOWN_WARN_PERCENT}%): the inherited tokenizer does not cover this data's \
+                 characters, and the model cannot learn or produce them; fine-tune from a run \
+                 whose tokenizer was trained on text like this, or train from scratch"
+            ));
+        }
+    }
+    let data = MtData {
+        train: train_data,
+        keep,
+        valid,
+        test_files: files.test,
+    };
+    Ok((data, tokenizer))
+}
+
 /// Translation's data, encoded: the training pairs and which of them train, the validation
 /// pairs, the test set (read when testing).
 pub(super) struct MtData {
@@ -231,172 +409,7 @@ impl runner::Setup for MtSetup {
             self.init = Some((from, loaded));
         }
         cfg.validate()?;
-        let files = cfg.sources()?;
-
-        let t0 = Instant::now();
-        // The sources one by one (the same pairs, in the same order, as `PairSource::read_all`),
-        // to count each one's pairs.
-        let excluded: HashSet<(String, String)> = {
-            let p = PairSource::read_all(&files.exclude)?;
-            p.src.into_iter().zip(p.tgt).collect()
-        };
-        let mut train_pairs = Pairs::default();
-        let mut source_sizes = Vec::with_capacity(files.train.len());
-        for source in &files.train {
-            let mut pairs = source.read()?;
-            let read = pairs.len();
-            if !excluded.is_empty() {
-                pairs = without(pairs, &excluded);
-            }
-            source_sizes.push(SourceCount {
-                name: source.describe(),
-                read,
-                excluded: read - pairs.len(),
-            });
-            train_pairs.extend(pairs);
-        }
-        let tokenizer = match (own, &self.init) {
-            (Some(own), _) => own,
-            (None, Some((_, loaded))) => loaded.tokenizer.clone(),
-            (None, None) => {
-                let texts = train_pairs.src.iter().chain(&train_pairs.tgt);
-                let origin = files.train[0].first_file().to_path_buf();
-                train_tokenizer(cfg.tokenizer, cfg.vocab_size, texts, &origin)?
-            }
-        };
-        // A published model without a padding token of its own (a CTranslate2 conversion whose
-        // source got one at import) has none on the target side, where batches need one.
-        if tokenizer.as_published().is_some()
-            && tokenizer.specials().pad as usize >= tokenizer.vocab_size()
-        {
-            return Err(Error::Usage(format!(
-                "{}: the imported model has no padding token in its target vocabulary (a \
-                 CTranslate2 or Argos model converted without one), so it cannot be fine-tuned \
-                 here; translating and serving it work. Fine-tune the model it was converted from \
-                 (an OPUS-MT MarianMT directory has <pad>).",
-                cfg.init_from
-                    .as_deref()
-                    .map_or_else(|| "the run".to_string(), |p| p.display().to_string())
-            )));
-        }
-        let train_data = EncodedSplit::encode(train_pairs, &tokenizer);
-        let mut valid = EncodedSplit::encode(files.valid.read()?, &tokenizer);
-        if let Some(n) = cfg.max_valid {
-            valid.truncate(n);
-        }
-        let (keep, stats) = keep_for_training(
-            &train_data.src,
-            &train_data.tgt,
-            PairFilter::training(cfg.max_sentence_tokens),
-        );
-        if keep.is_empty() {
-            return Err(Error::Usage(format!(
-                "no training pairs left ({stats}); check the files, or raise max_sentence_tokens"
-            )));
-        }
-        let vocab = tokenizer.vocab_size();
-        let vocabulary = match tokenizer.as_published() {
-            Some(_) => format!(
-                "the imported model's own vocabularies ({} source, {vocab} target tokens)",
-                tokenizer.source_vocab_size()
-            ),
-            None => format!("joint {} vocabulary {vocab}", cfg.tokenizer.describe()),
-        };
-        progress.line(&format!(
-            "data: {stats}; validation {} pairs; {vocabulary} ({:.1}s)",
-            valid.src.len(),
-            t0.elapsed().as_secs_f64()
-        ));
-        let unk_share = |side: &[Vec<u32>]| {
-            let total: usize = side.iter().map(Vec::len).sum();
-            let unk = side
-                .iter()
-                .flatten()
-                .filter(|&&i| i == tokenizer.specials().unk)
-                .count();
-            100.0 * unk as f64 / total.max(1) as f64
-        };
-        progress.line(&format!(
-            "data: <unk> pieces in validation: source {:.2}%, target {:.2}%{}",
-            unk_share(&valid.src),
-            unk_share(&valid.tgt),
-            match cfg.tokenizer {
-                _ if tokenizer.as_published().is_some() => "",
-                TokenizerKind::Bpe | TokenizerKind::Unigram => {
-                    " (characters without a piece; --tokenizer bpe-bytes or unigram-bytes spells them in bytes)"
-                }
-                _ => "",
-            }
-        ));
-        if source_sizes.len() > 1 {
-            progress.line(&format!(
-                "data: training sources: {}",
-                per_source_counts(&source_sizes, &keep)
-            ));
-        }
-        match (cfg.language_pair(), cfg.reverse) {
-            (Some((s, t)), true) => progress.line(&format!(
-                "data: reversed (--reverse): every split's sides exchanged, translating {s} to {t}"
-            )),
-            (None, true) => progress.line(
-                "data: reversed (--reverse): every split's sides exchanged, translating the \
-                 target files' language into the source files'",
-            ),
-            (Some((s, t)), false) => progress.line(&format!("data: translating {s} to {t}")),
-            (None, false) => {}
-        }
-        if cfg.corpus == Some(Corpus::KoEnAll) && cfg.train_src.is_none() {
-            let mut held = Vec::new();
-            for (name, source) in ko_en_held_out(cfg) {
-                held.push(format!("{name} {} pairs", source.read()?.len()));
-            }
-            progress.line(&format!(
-                "data: held out for testing, not trained on: {} (mt::ko_en_test_sets)",
-                held.join(", ")
-            ));
-        }
-        if let Some((from, loaded)) = &self.init {
-            let unk = tokenizer.specials().unk;
-            let total: usize = train_data
-                .src
-                .iter()
-                .chain(&train_data.tgt)
-                .map(Vec::len)
-                .sum();
-            let unknown = train_data
-                .src
-                .iter()
-                .chain(&train_data.tgt)
-                .flatten()
-                .filter(|&&id| id == unk)
-                .count();
-            let share = 100.0 * unknown as f64 / total.max(1) as f64;
-            progress.line(&format!(
-                "init: weights and tokenizer from {} ({}); fresh Adam, this run's schedule; \
-                 <unk> in the training data under that tokenizer: {unknown} of {total} tokens \
-                 ({share:.2}%)",
-                from.display(),
-                loaded
-                    .note
-                    .clone()
-                    .unwrap_or_else(|| "its best.safetensors".into())
-            ));
-            if share > UNKNOWN_WARN_PERCENT {
-                progress.line(&format!(
-                    "warning: {share:.2}% of the training tokens are <unk> (over \
-                     {UNKNOWN_WARN_PERCENT}%): the inherited tokenizer does not cover this data's \
-                     characters, and the model cannot learn or produce them; fine-tune from a run \
-                     whose tokenizer was trained on text like this, or train from scratch"
-                ));
-            }
-        }
-        let data = MtData {
-            train: train_data,
-            keep,
-            valid,
-            test_files: files.test,
-        };
-        Ok((data, tokenizer))
+        read_data(cfg, own, self.init.as_ref(), progress)
     }
 
     /// bf16 only where it measures faster here (fresh Transformer runs; a resumed run keeps

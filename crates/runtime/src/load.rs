@@ -198,6 +198,23 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
         how.decoding.unwrap_or(own)
     };
     model.set_decode_precision(precision)?;
+    let mut tokenizer = tokenizer;
+    if let Some(p) = config.published.as_ref().filter(|p| !p.target_prefix.is_empty()) {
+        // Forced as CTranslate2 forces a target prefix (an unknown token as `<unk>`), and
+        // removed from the text as Argos Translate removes it.
+        let unk = tokenizer.as_published().map_or(0, |t| t.target.vocab.unk());
+        let ids = p
+            .target_prefix
+            .iter()
+            .map(|t| tokenizer.token_to_id(t).unwrap_or(unk))
+            .collect();
+        model.set_target_prefix(ids);
+        tokenizer.set_strip_prefix(Some(p.target_prefix.concat()));
+        decoding.push(format!(
+            "decoding: every translation starts with the target prefix {:?}",
+            p.target_prefix
+        ));
+    }
     if precision != DecodePrecision::F32 {
         decoding.push(format!("decoding: {}", model.describe_decoding()?));
     }

@@ -410,19 +410,20 @@ impl Architecture for RnnSeq2Seq {
     }
 }
 
-/// A translation model of any architecture ([`Architecture`]).
+/// A translation model of any architecture ([`Architecture`]), and the target tokens its
+/// translations start with (a published model's target prefix; usually none).
 #[derive(Debug)]
-pub struct MtModel(Box<dyn Architecture>);
+pub struct MtModel(Box<dyn Architecture>, Vec<u32>);
 
 impl Clone for MtModel {
     fn clone(&self) -> Self {
-        MtModel(self.0.clone_box())
+        MtModel(self.0.clone_box(), self.1.clone())
     }
 }
 
 impl From<Seq2Seq> for MtModel {
     fn from(m: Seq2Seq) -> Self {
-        MtModel(Box::new(m))
+        MtModel(Box::new(m), Vec::new())
     }
 }
 
@@ -435,7 +436,7 @@ impl MtModel {
 
     /// Builds the model `cfg` describes.
     pub fn build(pb: &ParamBuilder, cfg: &MtModelConfig) -> transformer_model::Result<Self> {
-        Ok(MtModel(cfg.arch().build(pb)?))
+        Ok(MtModel(cfg.arch().build(pb)?, Vec::new()))
     }
 
     /// The Transformer, when this model is one (int8 quantization, for one, covers only it).
@@ -485,6 +486,18 @@ impl MtModel {
         c: Option<std::sync::Arc<dyn transformer_model::restrict::CandidateVocab>>,
     ) -> Result<()> {
         self.0.set_candidate_vocab(c)
+    }
+
+    /// The target tokens every translation starts with, forced after the start token
+    /// ([`crate::translate::translate`] decodes with them unless the request gives its own):
+    /// a published model's target prefix ([`crate::config::Published::target_prefix`]).
+    pub fn target_prefix(&self) -> &[u32] {
+        &self.1
+    }
+
+    /// Sets [`Self::target_prefix`] (when the model is loaded).
+    pub(crate) fn set_target_prefix(&mut self, ids: Vec<u32>) {
+        self.1 = ids;
     }
 
     /// The arithmetic decoding is prepared in.

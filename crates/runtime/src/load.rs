@@ -199,7 +199,11 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
     };
     model.set_decode_precision(precision)?;
     let mut tokenizer = tokenizer;
-    if let Some(p) = config.published.as_ref().filter(|p| !p.target_prefix.is_empty()) {
+    if let Some(p) = config
+        .published
+        .as_ref()
+        .filter(|p| !p.target_prefix.is_empty())
+    {
         // Forced as CTranslate2 forces a target prefix (an unknown token as `<unk>`), and
         // removed from the text as Argos Translate removes it.
         let unk = tokenizer.as_published().map_or(0, |t| t.target.vocab.unk());

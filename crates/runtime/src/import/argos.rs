@@ -143,9 +143,9 @@ fn read_folder(dir: &Path, origin: &Path) -> Result<Imported> {
                 ),
             ));
         }
-        imported
-            .notes
-            .push(format!("every translation starts with the target prefix {prefix:?}"));
+        imported.notes.push(format!(
+            "every translation starts with the target prefix {prefix:?}"
+        ));
         imported.target_prefix = vec![prefix];
     }
     // Argos Translate's own call (`translate_batch(..., beam_size=max(num_hypotheses, 4),

@@ -846,6 +846,13 @@ impl Translator {
         let want_scores = return_scores || beam > 1;
         let mut opts = self.options(beam, length_penalty, want_scores)?;
         opts.want_attention = return_attention || replace_unknowns;
+        if let SearchRules::CTranslate2 { .. } = opts.rules {
+            // CTranslate2's own: as many hypotheses as asked, its minimum length.
+            opts.rules = SearchRules::CTranslate2 {
+                min_length: min_decoding_length.max(0) as usize,
+                num_hypotheses: n,
+            };
+        }
         let target_prefix = {
             let tok = self.tokenizer_ref();
             let unk = tok

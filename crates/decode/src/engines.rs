@@ -14,6 +14,16 @@
 //!   included; CTranslate2 reports them divided by `length^length_penalty`, the length counting
 //!   the end token ([`Hypothesis::engine_score`]).
 //!
+//!   With target prefixes ([`ctranslate2_search_prefixed`], CTranslate2's `target_prefix`
+//!   with `prefix_bias_beta` 0) a sentence's first steps are forced: at step `i < prefix
+//!   length` every candidate becomes the prefix's token `i` from the first beam, at total
+//!   score 0 for the first candidate and -1e10 for the others, so the prefix adds nothing to
+//!   the score; at the step that ends the prefix an end token among the candidates after the
+//!   first becomes token 0 at -1e10 (CTranslate2's mitigation of its issue #277; a sentence
+//!   without a prefix has it at step 0 when another sentence of the batch has one). The
+//!   end token ends no hypothesis inside the prefix. Hypotheses hold the prefix, which
+//!   counts in the length penalty's length and in `max_length`.
+//!
 //! - **Hugging Face** (`generate()` of `transformers` 5, MarianMT's settings): greedy search
 //!   takes the largest logit once the suppressed token is masked; beam search ranks the `2 x
 //!   beam` best extensions by the log-softmax over the whole vocabulary (the suppressed token
@@ -51,6 +61,8 @@ struct Live {
     sentence: usize,
     tokens: Vec<u32>,
     score: f64,
+    /// Each step's attention (when asked for): one row per token of `tokens`.
+    attention: Vec<Vec<f32>>,
 }
 
 impl Live {
@@ -61,6 +73,7 @@ impl Live {
                 sentence,
                 tokens: Vec::new(),
                 score: 0.0,
+                attention: Vec::new(),
             })
             .collect()
     }
@@ -95,20 +108,39 @@ fn length_limit<M: StepModel>(model: &M, max_length: usize) -> usize {
 }
 
 /// One step of the model over every live row (its last token, `bos` before the first), the
-/// column of token `disabled` set to minus infinity in the output's logits.
+/// column of token `disabled` set to minus infinity in the output's logits; with
+/// `attention`, each row's attention of the step (flattened).
 fn step_rows<M: StepModel>(
     model: &M,
     state: &mut M::State,
     rows: &[Live],
     bos: u32,
     disabled: Option<u32>,
-) -> Result<StepOutput> {
+    attention: bool,
+) -> Result<(StepOutput, Option<Vec<Vec<f32>>>)> {
     let last = Live::last_tokens(rows, bos);
-    let mut out = model.step(state, &last, false)?;
+    let mut out = model.step(state, &last, attention)?;
     if let Some(t) = disabled {
         out.logits = disable_column(&out.logits, t, out.vocab.as_deref())?;
     }
-    Ok(out)
+    let att = match (&out.attention, attention) {
+        (Some(a), true) => Some(a.flatten_from(1)?.to_vec2::<f32>()?),
+        _ => None,
+    };
+    Ok((out, att))
+}
+
+/// `row`'s attention history with row `r` of a step's attention `att` appended (empty
+/// without attention).
+fn attention_with(row: &Live, att: Option<&[Vec<f32>]>, r: usize) -> Vec<Vec<f32>> {
+    match att {
+        Some(a) => {
+            let mut h = row.attention.clone();
+            h.push(a[r].clone());
+            h
+        }
+        None => Vec::new(),
+    }
 }
 
 /// The next step's rows, each with its parent among the current rows (for the state's row
@@ -126,14 +158,22 @@ impl NextRows {
         }
     }
 
-    /// Row `r` of `rows` extended by token `t` at total score `s`.
-    fn extend(&mut self, rows: &[Live], sentence: usize, (s, r, t): (f64, usize, u32)) {
+    /// Row `r` of `rows` extended by token `t` at total score `s` (`att`: the step's
+    /// attention rows, when kept).
+    fn extend(
+        &mut self,
+        rows: &[Live],
+        sentence: usize,
+        (s, r, t): (f64, usize, u32),
+        att: Option<&[Vec<f32>]>,
+    ) {
         let mut tokens = rows[r].tokens.clone();
         tokens.push(t);
         self.rows.push(Live {
             sentence,
             tokens,
             score: s,
+            attention: attention_with(&rows[r], att, r),
         });
         self.parents.push(r as u32);
     }
@@ -167,11 +207,41 @@ pub fn ctranslate2_search<M: StepModel>(
     min_length: usize,
     num_hypotheses: usize,
 ) -> Result<Vec<Vec<Hypothesis>>> {
+    ctranslate2_search_prefixed(model, src, opts, min_length, num_hypotheses, None)
+}
+
+/// The score CTranslate2 gives the candidates it forces: -1e10 (`update_sample_with_prefix`).
+const FORCED_AWAY: f64 = -1e10;
+
+/// [`ctranslate2_search`] with target prefixes (CTranslate2's `target_prefix`, a hard
+/// prefix): `prefixes`, one per sentence of `src` (empty for none), the tokens every
+/// hypothesis of that sentence starts with after the start token (see the module docs).
+/// `None`, or only empty prefixes, decodes as [`ctranslate2_search`]; `Some` with at least
+/// one prefix gives the sentences without one the rule of the step that ends a prefix at
+/// step 0, as CTranslate2 does for a batch where some sentence has one.
+///
+/// # Shapes
+/// src (B, S) u32 padded with `opts.pad`; `prefixes`: B lists
+pub fn ctranslate2_search_prefixed<M: StepModel>(
+    model: &M,
+    src: &Tensor,
+    opts: &DecodeOptions,
+    min_length: usize,
+    num_hypotheses: usize,
+    prefixes: Option<&[Vec<u32>]>,
+) -> Result<Vec<Vec<Hypothesis>>> {
     let k = opts.beam.max(1);
     let max_length = length_limit(model, opts.max_len_b.max(1));
     let num_hypotheses = num_hypotheses.clamp(1, k);
     let mut state = model.start(src, opts.pad)?;
     let n = model.src_lens(&state).len();
+    let prefixes = prefixes.filter(|p| p.iter().any(|x| !x.is_empty()));
+    if let Some(p) = prefixes {
+        if p.len() != n {
+            candle_core::bail!("{} target prefixes for {n} sentences", p.len());
+        }
+    }
+    let prefix_of = |sentence: usize| -> &[u32] { prefixes.map_or(&[], |p| &p[sentence]) };
     let mut results: Vec<Vec<Hypothesis>> = vec![Vec::new(); n];
     let mut top_finished = vec![false; n];
     let mut rows = Live::one_per_sentence(n);
@@ -186,38 +256,77 @@ pub fn ctranslate2_search<M: StepModel>(
         // The end token disabled before the softmax while the output is shorter than
         // `min_length`: the other tokens' probabilities then sum to one.
         let disabled = (step < min_length).then_some(opts.eos);
-        let out = step_rows(model, &mut state, &rows, opts.bos, disabled)?;
+        let (out, att) = step_rows(
+            model,
+            &mut state,
+            &rows,
+            opts.bos,
+            disabled,
+            opts.want_attention,
+        )?;
+        let att = att.as_deref();
         let lp = LogProbs::of(&out)?;
         let is_last = step + 1 == max_length;
         let mut next = NextRows::with_capacity(rows.len());
         for (sentence, start, end) in Live::groups(&rows) {
+            let prefix = prefix_of(sentence);
+            let in_prefix = step < prefix.len();
+            // The end token ends a hypothesis only after the prefix.
+            let ends = |t: u32| t == opts.eos && !in_prefix;
             let result = &mut results[sentence];
             let mut group_next = Vec::with_capacity(k);
             if k == 1 {
-                // Greedy: the most likely token (of the disabled-aware log-probabilities).
+                // Greedy: the most likely token (of the disabled-aware log-probabilities), or
+                // the prefix's, which adds nothing to the score.
                 let r = start;
-                let t = lp.argmax(r);
-                let s = rows[r].score + lp.get(r, t).unwrap_or(f32::NEG_INFINITY) as f64;
-                if t == opts.eos || is_last {
-                    result.push(hypothesis(&rows[r], t, s, opts.eos));
+                let (t, s) = if in_prefix {
+                    (prefix[step], rows[r].score)
+                } else {
+                    let t = lp.argmax(r);
+                    (
+                        t,
+                        rows[r].score + lp.get(r, t).unwrap_or(f32::NEG_INFINITY) as f64,
+                    )
+                };
+                if ends(t) || is_last {
+                    let a = attention_with(&rows[r], att, r);
+                    result.push(hypothesis(&rows[r], t, s, ends(t), a));
                     top_finished[sentence] = true;
                 } else {
                     group_next.push((s, r, t));
                 }
             } else {
                 let mut cand: Vec<(f64, usize, u32)> = Vec::with_capacity(2 * k + 1);
-                for (r, row) in rows.iter().enumerate().take(end).skip(start) {
-                    scan_row(&mut cand, 2 * k, &lp, r, row.score);
+                if in_prefix {
+                    // Every candidate is the prefix's token from the first beam: the first at
+                    // total score 0, the others out of reach.
+                    let t = prefix[step];
+                    cand.push((0.0, start, t));
+                    cand.extend(std::iter::repeat_n((FORCED_AWAY, start, t), 2 * k - 1));
+                } else {
+                    for (r, row) in rows.iter().enumerate().take(end).skip(start) {
+                        scan_row(&mut cand, 2 * k, &lp, r, row.score);
+                    }
+                    if prefixes.is_some() && step == prefix.len() {
+                        // The first free step: no end token from the candidates after the
+                        // first (CTranslate2's issue #277).
+                        for c in cand.iter_mut().skip(1) {
+                            if c.2 == opts.eos {
+                                *c = (FORCED_AWAY, start, 0);
+                            }
+                        }
+                    }
                 }
                 let mut secondary = k;
                 for kk in 0..k.min(cand.len()) {
                     let (s, r, t) = cand[kk];
                     let mut chosen = kk;
-                    if t == opts.eos || is_last {
+                    if ends(t) || is_last {
                         if kk == 0 {
                             top_finished[sentence] = true;
                         }
-                        result.push(hypothesis(&rows[r], t, s, opts.eos));
+                        let a = attention_with(&rows[r], att, r);
+                        result.push(hypothesis(&rows[r], t, s, ends(t), a));
                         if let Some(j) = (secondary..cand.len()).find(|&j| cand[j].2 != opts.eos) {
                             chosen = j;
                             secondary = j + 1;
@@ -238,7 +347,7 @@ pub fn ctranslate2_search<M: StepModel>(
                 finish(result, num_hypotheses);
             } else {
                 for c in group_next {
-                    next.extend(&rows, sentence, c);
+                    next.extend(&rows, sentence, c, att);
                 }
             }
         }
@@ -250,18 +359,18 @@ pub fn ctranslate2_search<M: StepModel>(
 }
 
 /// The hypothesis that `row` extended by `t` (at total score `s`) registers: finished when
-/// `t` is the end token (which it does not keep), else cut at the length limit with `t`.
-fn hypothesis(row: &Live, t: u32, s: f64, eos: u32) -> Hypothesis {
+/// `ended` (`t` the end token, which it does not keep), else cut at the length limit with
+/// `t`; `attention`: its rows, the step of `t` included.
+fn hypothesis(row: &Live, t: u32, s: f64, ended: bool, attention: Vec<Vec<f32>>) -> Hypothesis {
     let mut tokens = row.tokens.clone();
-    let finished = t == eos;
-    if !finished {
+    if !ended {
         tokens.push(t);
     }
     Hypothesis {
         tokens,
         score: s,
-        finished,
-        attention: Vec::new(),
+        finished: ended,
+        attention,
     }
 }
 
@@ -315,7 +424,7 @@ pub fn huggingface_search<M: StepModel>(
     for cur_len in 1..max_length {
         // Renormalised: the suppressed token is out of the softmax's sum.
         let disabled = suppress.filter(|_| renormalize);
-        let out = step_rows(model, &mut state, &rows, opts.bos, disabled)?;
+        let (out, _) = step_rows(model, &mut state, &rows, opts.bos, disabled, false)?;
         let lp_rows = LogProbs::of(&out)?;
         let forced = cur_len + 1 == max_length;
         let mut next = NextRows::with_capacity(rows.len());
@@ -345,9 +454,9 @@ pub fn huggingface_search<M: StepModel>(
                 let (s, r, t) = cand[0];
                 // An ending, or the last position: a hypothesis (unfinished without `</s>`).
                 if t == opts.eos || cur_len + 1 >= max_length {
-                    result.push(hypothesis(&rows[r], t, s, opts.eos));
+                    result.push(hypothesis(&rows[r], t, s, t == opts.eos, Vec::new()));
                 } else {
-                    next.extend(&rows, sentence, (s, r, t));
+                    next.extend(&rows, sentence, (s, r, t), None);
                 }
                 continue;
             }
@@ -355,7 +464,7 @@ pub fn huggingface_search<M: StepModel>(
             // `k` best by normalised score.
             for &(s, r, t) in cand.iter().take(k) {
                 if t == opts.eos {
-                    result.push(hypothesis(&rows[r], t, s, opts.eos));
+                    result.push(hypothesis(&rows[r], t, s, true, Vec::new()));
                 }
             }
             let len_of = |h: &Hypothesis| h.tokens.len() + usize::from(h.finished);
@@ -380,7 +489,7 @@ pub fn huggingface_search<M: StepModel>(
                     }));
             if !done {
                 for c in running {
-                    next.extend(&rows, sentence, c);
+                    next.extend(&rows, sentence, c, None);
                 }
             }
         }

@@ -48,7 +48,9 @@ pub mod engines;
 pub mod search;
 pub mod step;
 
-pub use engines::{ctranslate2_search, huggingface_search, SearchRules};
+pub use engines::{
+    ctranslate2_search, ctranslate2_search_prefixed, huggingface_search, SearchRules,
+};
 pub use search::{
     beam_search, beam_search_nbest, greedy, sample_decode, DecodeOptions, Hypothesis,
 };

@@ -31,11 +31,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use candle_core::Device;
-use transformer_decode::{DecodeOptions, Hypothesis};
+use transformer_decode::{DecodeOptions, Hypothesis, SearchRules};
 use transformer_model::DecodePrecision;
 use transformer_runtime::load::{load_run, tokenizer_path, Execution, LoadedMt};
 use transformer_runtime::model::MtDecoder;
-use transformer_runtime::translate::{max_source_tokens, translate, DecodeRequest};
+use transformer_runtime::translate::{
+    alignment_rows, max_source_tokens, replace_unknowns as replace_unknowns_in, translate,
+    DecodeRequest,
+};
 use transformer_text::score::{self, BleuOptions, ChrfOptions, Smoothing};
 use transformer_text::subword::{Subword, TextTokenizer};
 
@@ -208,7 +211,7 @@ impl Drop for Engine {
 }
 
 /// How `translate_batch` decodes, beyond [`DecodeOptions`].
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Job {
     opts: DecodeOptions,
     /// Decoder rows (sentences x beam) per batch.
@@ -217,6 +220,9 @@ struct Job {
     max_decoding_length: usize,
     /// Hypotheses kept per source.
     num_hypotheses: usize,
+    /// Each source's target prefix (CTranslate2's `target_prefix`; empty for none); `None`:
+    /// the run's own ([`transformer_runtime::model::MtModel::target_prefix`]).
+    target_prefix: Option<Vec<Vec<u32>>>,
 }
 
 /// Translates `src` (token ids) and returns each source's n-best list (at most
@@ -260,7 +266,10 @@ fn decode(
             continue;
         }
         let ids: Vec<Vec<u32>> = group.iter().map(|&i| src[i].clone()).collect();
-        let request = DecodeRequest::new(opts).with_batch_rows(job.batch_rows);
+        let mut request = DecodeRequest::new(opts).with_batch_rows(job.batch_rows);
+        if let Some(p) = &job.target_prefix {
+            request = request.with_target_prefix(group.iter().map(|&i| p[i].clone()).collect());
+        }
         let nbest = translate(engine.decoder(), &ids, &request, &Device::Cpu, |_, _| {})?;
         for (i, mut hs) in group.into_iter().zip(nbest) {
             hs.truncate(job.num_hypotheses);
@@ -666,14 +675,38 @@ impl Translator {
                  default, {default}); see docs/PYTHON.md"
             ))
         };
-        if let Some(p) = target_prefix.filter(|p| !p.is_none()) {
-            let all_empty = p
-                .extract::<Vec<Option<Vec<String>>>>()
-                .map(|v| v.iter().all(|x| x.as_ref().is_none_or(Vec::is_empty)))
-                .unwrap_or(false);
-            if !all_empty {
-                return Err(unsupported("target_prefix", "[...]".into(), "None"));
+        // CTranslate2's hard prefix: one token list (or None) per source; none given, none
+        // forced (a run's own prefix is the text API's, `translate`).
+        let prefixes: Vec<Vec<String>> = match target_prefix.filter(|p| !p.is_none()) {
+            None => vec![Vec::new(); src.len()],
+            Some(p) => {
+                let v = p.extract::<Vec<Option<Vec<String>>>>().map_err(|_| {
+                    PyTypeError::new_err(
+                        "target_prefix must be a list with one token list (or None) per source",
+                    )
+                })?;
+                if v.len() != src.len() {
+                    return Err(value_err(format!(
+                        "target_prefix has {} entries for {} sources: give one per source \
+                         (None or [] for none)",
+                        v.len(),
+                        src.len()
+                    )));
+                }
+                v.into_iter().map(Option::unwrap_or_default).collect()
             }
+        };
+        let has_prefix = prefixes.iter().any(|p| !p.is_empty());
+        if has_prefix
+            && !matches!(
+                self.engine.run().config.decode_options(1).rules,
+                SearchRules::CTranslate2 { .. }
+            )
+        {
+            return Err(value_err(
+                "target_prefix: this run decodes by another engine's rules than CTranslate2's \
+                 (target prefixes are decoded for CTranslate2 and Argos Translate models)",
+            ));
         }
         if batch_type != "examples" {
             return Err(unsupported(
@@ -783,7 +816,6 @@ impl Translator {
                 "0 or 1",
             ));
         }
-        let _ = replace_unknowns; // <unk> pieces stay as they are (the source's are not copied)
         let beam = at_least("beam_size", beam_size, 1, "1 = greedy search")?;
         let n = at_least(
             "num_hypotheses",
@@ -813,7 +845,28 @@ impl Translator {
         // Greedy search finds tokens faster when it need not score them (as `mt translate`).
         let want_scores = return_scores || beam > 1;
         let mut opts = self.options(beam, length_penalty, want_scores)?;
-        opts.want_attention = return_attention;
+        opts.want_attention = return_attention || replace_unknowns;
+        if let SearchRules::CTranslate2 { .. } = opts.rules {
+            // CTranslate2's own: as many hypotheses as asked, its minimum length.
+            opts.rules = SearchRules::CTranslate2 {
+                min_length: min_decoding_length.max(0) as usize,
+                num_hypotheses: n,
+            };
+        }
+        let target_prefix = {
+            let tok = self.tokenizer_ref();
+            let unk = tok
+                .as_published()
+                .map_or(tok.specials().unk, |p| p.target.vocab.unk());
+            prefixes
+                .iter()
+                .map(|p| {
+                    p.iter()
+                        .map(|t| tok.token_to_id(t).unwrap_or(unk))
+                        .collect()
+                })
+                .collect()
+        };
         let batch_rows = match max_batch {
             0 => transformer_runtime::translate::DECODE_BATCH_ROWS,
             b => b.saturating_mul(beam),
@@ -823,6 +876,7 @@ impl Translator {
             batch_rows,
             max_decoding_length: max_dec,
             num_hypotheses: n,
+            target_prefix: Some(target_prefix),
         };
         let ids: Vec<Vec<u32>> = src
             .iter()
@@ -835,10 +889,32 @@ impl Translator {
         let tok = self.tokenizer_ref();
         let eos = tok.specials().eos;
         let shape = self.engine.run().model_config.arch().attention_shape();
+        // CTranslate2's alignment (a published model's layer and heads), over the source's
+        // pieces; a run of this project's: the last layer's heads averaged, with `</s>`.
+        let published = self.engine.run().config.published.as_ref();
+        let align = published.map(|p| p.alignment(shape.0, shape.1));
+        let unk_piece = tok.token(
+            tok.as_published()
+                .map_or(tok.specials().unk, |p| p.target.vocab.unk()),
+        );
         let mut out = Vec::with_capacity(nbest.len());
-        for (hs, src_ids) in nbest.iter().zip(&ids) {
+        for ((hs, src_ids), src_pieces) in nbest.iter().zip(&ids).zip(&src) {
+            let alignment = |h: &Hypothesis, rows: usize| match align {
+                Some(a) => {
+                    let mut r = alignment_rows(h, shape, a, rows, 0..src_ids.len());
+                    for v in &mut r {
+                        v.resize(src_pieces.len(), 0.0);
+                    }
+                    r
+                }
+                None => attention_rows(h, shape, src_ids.len(), return_end_token),
+            };
             let pieces = |h: &Hypothesis| {
                 let mut p: Vec<String> = h.tokens.iter().map(|&t| tok.token(t)).collect();
+                if replace_unknowns && !src_ids.is_empty() {
+                    let rows = alignment(h, p.len());
+                    replace_unknowns_in(&mut p, &unk_piece, &rows, src_pieces);
+                }
                 if return_end_token && h.finished && !src_ids.is_empty() {
                     p.push(tok.token(eos));
                 }
@@ -855,7 +931,10 @@ impl Translator {
                 },
                 attention: if return_attention {
                     hs.iter()
-                        .map(|h| attention_rows(h, shape, src_ids.len(), return_end_token))
+                        .map(|h| {
+                            let rows = h.tokens.len() + usize::from(return_end_token && h.finished);
+                            alignment(h, rows)
+                        })
                         .collect()
                 } else {
                     Vec::new()
@@ -911,6 +990,7 @@ impl Translator {
                 "the longest output in tokens",
             )?,
             num_hypotheses: 1,
+            target_prefix: None,
         };
         let engine = &self.engine;
         let out = py

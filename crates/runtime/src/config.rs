@@ -171,8 +171,47 @@ pub struct Published {
     /// Its weights were int8: it decodes in int8 unless told otherwise.
     #[serde(default)]
     pub int8: bool,
+    /// Target tokens every translation starts with (an Argos package's `target_prefix`),
+    /// forced after the start token as CTranslate2's `target_prefix` forces them, and
+    /// removed from the translated text as Argos Translate removes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_prefix: Vec<String>,
+    /// The decoder layer whose encoder-decoder attention aligns an output token with the
+    /// source (CTranslate2's `alignment_layer`; negative counts from the last, -1 the last).
+    #[serde(default = "last_layer")]
+    pub alignment_layer: i64,
+    /// The heads of that layer averaged, from the first (CTranslate2's `alignment_heads`;
+    /// 0: every head).
+    #[serde(default = "first_head")]
+    pub alignment_heads: usize,
     /// The exact architecture.
     pub model: Seq2SeqConfig,
+}
+
+fn last_layer() -> i64 {
+    -1
+}
+
+fn first_head() -> usize {
+    1
+}
+
+impl Published {
+    /// The alignment attention of a decoder of `layers` layers of `heads` heads: (the layer,
+    /// how many heads from the first are averaged), as CTranslate2 reads `alignment_layer`
+    /// and `alignment_heads`.
+    pub fn alignment(&self, layers: usize, heads: usize) -> (usize, usize) {
+        let layer = if self.alignment_layer < 0 {
+            (layers as i64 + self.alignment_layer).max(0) as usize
+        } else {
+            self.alignment_layer as usize
+        };
+        let n = match self.alignment_heads {
+            0 => heads,
+            n => n.min(heads),
+        };
+        (layer.min(layers.saturating_sub(1)), n.max(1))
+    }
 }
 
 /// The engine whose search rules a published model decodes by.

@@ -205,12 +205,33 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
         ));
         pb = pb.with_candidates(std::sync::Arc::new(map));
     }
-    let model = MtModel::build(&pb, &model_config)?;
+    let mut model = MtModel::build(&pb, &model_config)?;
     let params = pb.params();
     params.assign(&tensors).map_err(|e| Error::Checkpoint {
         path: path.clone(),
         msg: e.to_string(),
     })?;
+    let mut tokenizer = tokenizer;
+    if let Some(p) = config
+        .published
+        .as_ref()
+        .filter(|p| !p.target_prefix.is_empty())
+    {
+        // Forced as CTranslate2 forces a target prefix (an unknown token as `<unk>`), and
+        // removed from the text as Argos Translate removes it.
+        let unk = tokenizer.as_published().map_or(0, |t| t.target.vocab.unk());
+        let ids = p
+            .target_prefix
+            .iter()
+            .map(|t| tokenizer.token_to_id(t).unwrap_or(unk))
+            .collect();
+        model = model.with_target_prefix(ids);
+        tokenizer = tokenizer.with_strip_prefix(Some(p.target_prefix.concat()));
+        decoding.push(format!(
+            "decoding: every translation starts with the target prefix {:?}",
+            p.target_prefix
+        ));
+    }
     if precision != DecodePrecision::F32 {
         decoding.push(format!("decoding: {}", model.describe_decoding()?));
     }

@@ -390,19 +390,20 @@ impl Architecture for RnnSeq2Seq {
     }
 }
 
-/// A translation model of any architecture ([`Architecture`]).
+/// A translation model of any architecture ([`Architecture`]), and the target tokens its
+/// translations start with (a published model's target prefix; usually none).
 #[derive(Debug)]
-pub struct MtModel(Box<dyn Architecture>);
+pub struct MtModel(Box<dyn Architecture>, Vec<u32>);
 
 impl Clone for MtModel {
     fn clone(&self) -> Self {
-        MtModel(self.0.clone_box())
+        MtModel(self.0.clone_box(), self.1.clone())
     }
 }
 
 impl From<Seq2Seq> for MtModel {
     fn from(m: Seq2Seq) -> Self {
-        MtModel(Box::new(m))
+        MtModel(Box::new(m), Vec::new())
     }
 }
 
@@ -416,7 +417,7 @@ impl MtModel {
     /// Builds the model `cfg` describes, to run as `pb` says: its training precision,
     /// decoding arithmetic and output vocabulary ([`ParamBuilder::with_decoding`], ...).
     pub fn build(pb: &ParamBuilder, cfg: &MtModelConfig) -> transformer_model::Result<Self> {
-        Ok(MtModel(cfg.arch().build(pb)?))
+        Ok(MtModel(cfg.arch().build(pb)?, Vec::new()))
     }
 
     /// The Transformer, when this model is one (int8 quantization, for one, covers only it).
@@ -450,6 +451,20 @@ impl MtModel {
         backprop: Backprop,
     ) -> Result<Seq2SeqLoss> {
         self.0.loss(batch, pad_eps, mode, backprop)
+    }
+
+    /// The target tokens every translation starts with, forced after the start token
+    /// ([`crate::translate::translate`] decodes with them unless the request gives its own):
+    /// a published model's target prefix ([`crate::config::Published::target_prefix`]).
+    pub fn target_prefix(&self) -> &[u32] {
+        &self.1
+    }
+
+    /// This model, every translation of which starts with `ids` ([`Self::target_prefix`]);
+    /// given when the model is loaded.
+    pub(crate) fn with_target_prefix(mut self, ids: Vec<u32>) -> Self {
+        self.1 = ids;
+        self
     }
 
     /// The arithmetic decoding is prepared in.

@@ -5,8 +5,8 @@ use crate::error::{Error, Result};
 use crate::model::{MtDecoder, MtModel};
 use candle_core::{Device, Tensor};
 use transformer_decode::{
-    beam_search_nbest, ctranslate2_search, greedy, huggingface_search, DecodeOptions, Hypothesis,
-    SearchRules,
+    beam_search_nbest, ctranslate2_search_prefixed, greedy, huggingface_search, DecodeOptions,
+    Hypothesis, SearchRules,
 };
 use transformer_text::bucket::{make_batch, source_batches};
 use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
@@ -90,6 +90,11 @@ pub struct DecodeRequest {
     pub options: DecodeOptions,
     /// Decoder rows (sentences x beam) per batch at most; [`DECODE_BATCH_ROWS`] by default.
     pub batch_rows: usize,
+    /// The target tokens each source's translation starts with (CTranslate2's
+    /// `target_prefix`: one list per source, empty for none), forced after the start token;
+    /// `None`: the model's own ([`MtModel::target_prefix`], usually none) for every source.
+    /// Decoded by CTranslate2's rules only.
+    pub target_prefix: Option<Vec<Vec<u32>>>,
 }
 
 impl DecodeRequest {
@@ -98,7 +103,14 @@ impl DecodeRequest {
         Self {
             options,
             batch_rows: DECODE_BATCH_ROWS,
+            target_prefix: None,
         }
+    }
+
+    /// This request with these target prefixes ([`Self::target_prefix`]: one per source).
+    pub fn with_target_prefix(mut self, prefixes: Vec<Vec<u32>>) -> Self {
+        self.target_prefix = Some(prefixes);
+        self
     }
 
     /// This request with at most `rows` decoder rows per batch.
@@ -135,6 +147,28 @@ pub fn translate(
         unk: transformer_text::Specials::FIXED.unk,
         source_end: opts.source_end,
     };
+    let own = decoder.model().target_prefix();
+    let prefixes: Option<Vec<Vec<u32>>> = match &request.target_prefix {
+        Some(p) if p.len() != src.len() => {
+            return Err(Error::Usage(format!(
+                "{} target prefixes for {} sources: give one per source (empty for none)",
+                p.len(),
+                src.len()
+            )))
+        }
+        Some(p) => Some(p.clone()),
+        None if own.is_empty() => None,
+        None => Some(vec![own.to_vec(); src.len()]),
+    }
+    // As CTranslate2: prefixes in force when some source has one.
+    .filter(|p| p.iter().any(|x| !x.is_empty()));
+    if prefixes.is_some() && !matches!(opts.rules, SearchRules::CTranslate2 { .. }) {
+        return Err(Error::Usage(
+            "target prefixes are decoded by CTranslate2's search rules only (a CTranslate2 \
+             or Argos Translate model)"
+                .into(),
+        ));
+    }
     let src = &*fit(src, max_source_tokens(decoder.model()));
     // Sentences per batch: beams multiply the decoder's rows.
     let max_rows = (request.batch_rows / opts.beam.max(1)).max(1);
@@ -150,7 +184,17 @@ pub fn translate(
             num_hypotheses,
         } = opts.rules
         {
-            ctranslate2_search(decoder, &s, opts, min_length, num_hypotheses)?
+            let group_prefixes: Option<Vec<Vec<u32>>> = prefixes
+                .as_ref()
+                .map(|p| b.indices.iter().map(|&i| p[i].clone()).collect());
+            ctranslate2_search_prefixed(
+                decoder,
+                &s,
+                opts,
+                min_length,
+                num_hypotheses,
+                group_prefixes.as_deref(),
+            )?
         } else if let SearchRules::HuggingFace {
             suppress,
             renormalize,
@@ -218,4 +262,54 @@ pub fn bleu(hyps: &[String], refs: &[String]) -> Result<f64> {
     corpus_bleu(hyps, refs, &BleuOptions::default())
         .map(|s| s.score)
         .map_err(|e| Error::Usage(e.to_string()))
+}
+
+/// A hypothesis's alignment as CTranslate2 returns it: for each of its first `rows` output
+/// positions, the encoder-decoder attention of decoder layer `layer`, averaged over its
+/// first `heads` heads, at source positions `cols` (clamped to the positions decoded). The
+/// hypothesis's attention is a model of `shape` (layers, heads)'s ([`Hypothesis::attention`]).
+pub fn alignment_rows(
+    h: &Hypothesis,
+    shape: (usize, usize),
+    (layer, heads): (usize, usize),
+    rows: usize,
+    cols: std::ops::Range<usize>,
+) -> Vec<Vec<f32>> {
+    let (layers, all_heads) = (shape.0.max(1), shape.1.max(1));
+    let (layer, heads) = (layer.min(layers - 1), heads.clamp(1, all_heads));
+    h.attention
+        .iter()
+        .take(rows)
+        .map(|v| {
+            let s = v.len() / (layers * all_heads);
+            let at = &v[layer * all_heads * s..(layer + 1) * all_heads * s];
+            let cols = cols.start.min(s)..cols.end.min(s);
+            cols.map(|c| (0..heads).map(|hd| at[hd * s + c]).sum::<f32>() / heads as f32)
+                .collect()
+        })
+        .collect()
+}
+
+/// CTranslate2's `replace_unknowns`: every `unk` among `tokens` becomes the token of
+/// `source` that its alignment row (`alignment[i]` for `tokens[i]`, over the source's
+/// positions; missing positions count 0) weighs most, the first of equals.
+pub fn replace_unknowns(
+    tokens: &mut [String],
+    unk: &str,
+    alignment: &[Vec<f32>],
+    source: &[String],
+) {
+    for (t, row) in tokens.iter_mut().zip(alignment) {
+        if t != unk || source.is_empty() {
+            continue;
+        }
+        let weight = |i: usize| row.get(i).copied().unwrap_or(0.0);
+        let mut best = 0;
+        for i in 1..source.len() {
+            if weight(i) > weight(best) {
+                best = i;
+            }
+        }
+        *t = source[best].clone();
+    }
 }

@@ -144,3 +144,103 @@ fn bad_packages_and_models_are_clear_errors_naming_the_file() {
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// `package` with `"target_prefix": prefix` added to its `metadata.json`, zipped again at
+/// `out` as an Argos package.
+fn with_target_prefix(package: &Path, prefix: &str, out: &Path) {
+    let mut zin = zip::ZipArchive::new(std::fs::File::open(package).unwrap()).unwrap();
+    let mut z = zip::ZipWriter::new(std::fs::File::create(out).unwrap());
+    for i in 0..zin.len() {
+        let mut f = zin.by_index(i).unwrap();
+        let name = f.name().unwrap().to_string();
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut bytes).unwrap();
+        if f.is_dir() {
+            z.add_directory(name, zip::write::SimpleFileOptions::default())
+                .unwrap();
+            continue;
+        }
+        if name.ends_with("metadata.json") {
+            let mut meta: Value = serde_json::from_slice(&bytes).unwrap();
+            meta["target_prefix"] = Value::String(prefix.into());
+            bytes = serde_json::to_vec_pretty(&meta).unwrap();
+        }
+        z.start_file(name, zip::write::SimpleFileOptions::default())
+            .unwrap();
+        std::io::Write::write_all(&mut z, &bytes).unwrap();
+    }
+    z.finish().unwrap();
+}
+
+#[test]
+fn a_package_with_a_target_prefix_forces_it_and_strips_it_from_the_text() {
+    // Argos Translate's pipeline on the package with a target prefix, by
+    // `scripts/make_ct2_prefix_fixtures.py` with CTranslate2 (beam 4, length penalty 0.2).
+    let want: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/ctranslate2/expected_prefix_unk.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let want = &want["argos_pipeline"];
+    let prefix = want["target_prefix"].as_str().unwrap();
+    let tmp = std::env::temp_dir().join(format!("transformer-argos-prefix-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let package = tmp.join("de_en_prefixed.argosmodel");
+    with_target_prefix(&fixture("de_en.argosmodel"), prefix, &package);
+
+    // Imported, not refused; the prefix recorded in the run's config.toml.
+    let run_dir = tmp.join("run");
+    Format::Argos
+        .read(&package)
+        .unwrap()
+        .write_run(&run_dir)
+        .unwrap();
+    let toml = std::fs::read_to_string(run_dir.join("config.toml")).unwrap();
+    assert!(toml.contains("target_prefix"), "{toml}");
+    let run = load_run(&run_dir, &Execution::on(&Device::Cpu)).unwrap();
+    let published = run.config.published.as_ref().unwrap();
+    assert_eq!(published.target_prefix, vec![prefix.to_string()]);
+    let prefix_id = run.tokenizer.token_to_id(prefix).unwrap();
+    assert_eq!(run.model.target_prefix(), &[prefix_id]);
+
+    // Every translation (the run's own settings: Argos Translate's beam 4, length penalty
+    // 0.2) starts with the prefix, has CTranslate2's tokens and score, and its text is
+    // Argos Translate's: the prefix removed.
+    let lines = want["lines"].as_array().unwrap();
+    let texts: Vec<String> = lines
+        .iter()
+        .map(|l| l["src"].as_str().unwrap().to_string())
+        .collect();
+    let src: Vec<Vec<u32>> = texts.iter().map(|t| run.tokenizer.encode(t)).collect();
+    let opts = run.config.decode_options(run.config.beam);
+    assert_eq!((opts.beam, opts.length_penalty), (4, 0.2));
+    let out = common::decode(&run, &src, opts);
+    for (l, hyps) in lines.iter().zip(&out) {
+        let h = &hyps[0];
+        assert_eq!(h.tokens[0], prefix_id);
+        let expected: Vec<String> = serde_json::from_value(l["tokens"].clone()).unwrap();
+        assert_eq!(common::token_strings(&run, h), expected, "{}", l["src"]);
+        let score = l["score"].as_f64().unwrap();
+        assert!((h.engine_score(0.2) - score).abs() < 1e-4, "{score}");
+    }
+    let decoder = run.model.decoder().unwrap();
+    let request = transformer_runtime::translate::DecodeRequest::new(opts);
+    let translated = transformer_runtime::translate::translate_lines(
+        &decoder,
+        &run.tokenizer,
+        &texts,
+        &request,
+        &Device::Cpu,
+        |_, _| {},
+    )
+    .unwrap();
+    for (l, text) in lines.iter().zip(&translated) {
+        assert_eq!(text, l["text"].as_str().unwrap());
+        assert!(!text.starts_with(prefix), "{text}");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}

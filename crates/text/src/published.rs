@@ -127,6 +127,9 @@ pub struct PublishedTokenizer {
     /// Decoding leaves `<unk>` out (`MarianTokenizer.decode(skip_special_tokens=True)`);
     /// else its piece is detokenized as any other (CTranslate2 and Argos Translate).
     pub skip_unknown: bool,
+    /// Text removed from the start of every decoded translation, and then one space (Argos
+    /// Translate's handling of its `target_prefix`); set when a run is loaded, not saved.
+    pub strip_prefix: Option<String>,
 }
 
 impl PublishedTokenizer {
@@ -177,7 +180,14 @@ impl PublishedTokenizer {
             .filter(|&&i| !(self.skip_unknown && i == self.target.vocab.unk()))
             .filter_map(|&i| self.target.vocab.token(i))
             .collect();
-        self.target.detokenize(&pieces)
+        let text = self.target.detokenize(&pieces);
+        match &self.strip_prefix {
+            Some(p) if text.starts_with(p.as_str()) => {
+                let rest = &text[p.len()..];
+                rest.strip_prefix(' ').unwrap_or(rest).to_string()
+            }
+            _ => text,
+        }
     }
 
     /// The JSON a run's `tokenizer.json` holds for it.
@@ -260,6 +270,7 @@ impl PublishedTokenizer {
             source_prefix,
             language_tags: p["language_tags"].as_bool().unwrap_or(false),
             skip_unknown: p["skip_unknown"].as_bool().unwrap_or(false),
+            strip_prefix: None,
         };
         t.check(path)?;
         Ok(t)

@@ -367,6 +367,16 @@ impl Subword {
         }
     }
 
+    /// This tokenizer, removing `prefix` (and then one space) from the start of every
+    /// decoded text, as Argos Translate removes its `target_prefix` (a published model's
+    /// tokenizer only; `None`: nothing is removed).
+    pub fn with_strip_prefix(mut self, prefix: Option<String>) -> Self {
+        if let Kind::Published(p) = &mut self.kind {
+            std::sync::Arc::make_mut(p).strip_prefix = prefix;
+        }
+        self
+    }
+
     /// The published model's tokenizer, if this is one.
     pub fn as_published(&self) -> Option<&PublishedTokenizer> {
         match &self.kind {

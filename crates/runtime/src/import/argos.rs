@@ -2,7 +2,8 @@
 //! one folder with `metadata.json` (the languages' codes and names), `model/` (a CTranslate2
 //! model, read by [`super::ctranslate2`]) and `sentencepiece.model` (one SentencePiece model
 //! for both sides, which Argos Translate encodes the source and decodes the target with).
-//! The unzipped folder is read the same way.
+//! The unzipped folder is read the same way. A package's `target_prefix` (a target token
+//! every translation starts with) is recorded in the run ([`crate::config::Published`]).
 
 use super::ctranslate2;
 use super::Imported;
@@ -100,15 +101,19 @@ fn read_folder(dir: &Path, origin: &Path) -> Result<Imported> {
     let (from_code, to_code) = (field("from_code")?, field("to_code")?);
     let from_name = field("from_name").unwrap_or_else(|_| from_code.clone());
     let to_name = field("to_name").unwrap_or_else(|_| to_code.clone());
-    if let Some(prefix) = meta["target_prefix"].as_str().filter(|p| !p.is_empty()) {
-        return Err(bad(
-            &meta_path,
-            format!(
-                "target_prefix {prefix:?}: a package whose outputs start with a forced prefix \
-                 is not supported yet"
-            ),
-        ));
-    }
+    // Argos Translate passes it as one target token (`target_prefix=[[prefix]]`) and removes
+    // it from the translated text.
+    let target_prefix = match &meta["target_prefix"] {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(p) if p.is_empty() => None,
+        serde_json::Value::String(p) => Some(p.clone()),
+        other => {
+            return Err(bad(
+                &meta_path,
+                format!("target_prefix {other}: not a string"),
+            ))
+        }
+    };
     let sp_path = dir.join("sentencepiece.model");
     let bytes = std::fs::read(&sp_path).map_err(|_| {
         bad(
@@ -128,6 +133,21 @@ fn read_folder(dir: &Path, origin: &Path) -> Result<Imported> {
     imported.format = super::Format::Argos;
     imported.origin = origin.to_path_buf();
     imported.languages = Some((from_code, from_name, to_code, to_name));
+    if let Some(prefix) = target_prefix {
+        if imported.tokenizer.target.vocab.id(&prefix).is_none() {
+            return Err(bad(
+                &meta_path,
+                format!(
+                    "target_prefix {prefix:?} is not a token of the model's target vocabulary: \
+                     CTranslate2 would force <unk> in its place"
+                ),
+            ));
+        }
+        imported.notes.push(format!(
+            "every translation starts with the target prefix {prefix:?}"
+        ));
+        imported.target_prefix = vec![prefix];
+    }
     // Argos Translate's own call (`translate_batch(..., beam_size=max(num_hypotheses, 4),
     // length_penalty=0.2)`), which LibreTranslate makes.
     imported.beam = 4;

@@ -64,6 +64,16 @@ pub(crate) fn read(dir: &Path, splitters: (Splitter, Splitter)) -> Result<Import
         stored
     )];
     let (model, weights, tokenizer) = with_padding(model, weights, tokenizer, &mut notes)?;
+    // Read (and marked read) with the architecture; CTranslate2's defaults: the last layer,
+    // its first head.
+    let alignment_layer = spec
+        .scalar("decoder/alignment_layer")
+        .or_else(|| spec.scalar("alignment_layer"))
+        .map_or(-1, |v| v as i64);
+    let alignment_heads = spec
+        .scalar("decoder/alignment_heads")
+        .or_else(|| spec.scalar("alignment_heads"))
+        .map_or(1, |v| v.max(0.0) as usize);
     Ok(Imported {
         format: super::Format::CTranslate2,
         origin: dir.to_path_buf(),
@@ -77,6 +87,8 @@ pub(crate) fn read(dir: &Path, splitters: (Splitter, Splitter)) -> Result<Import
         length_penalty: 1.0,
         max_length: 256,
         notes,
+        target_prefix: Vec::new(),
+        alignment: (alignment_layer, alignment_heads),
     })
 }
 
@@ -821,6 +833,7 @@ fn tokenizer(
         source_prefix,
         language_tags: false,
         skip_unknown: false,
+        strip_prefix: None,
     })
 }
 

@@ -271,6 +271,9 @@ pub fn read(dir: &Path) -> Result<Imported> {
         beam,
         length_penalty,
         max_length,
+        target_prefix: Vec::new(),
+        // The attention `generate()` returns has no alignment head; CTranslate2's default.
+        alignment: (-1, 1),
         notes: vec![format!(
             "MarianMT model ({} weights), decoding as transformers' generate() does",
             if dir.join("model.safetensors").exists() {
@@ -383,6 +386,7 @@ fn tokenizer(
         source_prefix: Vec::new(),
         language_tags: true,
         skip_unknown: true,
+        strip_prefix: None,
     };
     tok.check(&dir.join("vocab.json"))?;
     Ok(tok)

@@ -171,6 +171,10 @@ pub struct Imported {
     pub max_length: usize,
     /// What was read, for the log.
     pub notes: Vec<String>,
+    /// Target tokens every translation starts with ([`Published::target_prefix`]).
+    pub target_prefix: Vec<String>,
+    /// CTranslate2's `alignment_layer` and `alignment_heads` ([`Published::alignment`]).
+    pub alignment: (i64, usize),
 }
 
 impl Imported {
@@ -245,6 +249,9 @@ impl Imported {
                 eos: self.tokenizer.specials.eos,
                 source_end: self.tokenizer.specials.source_end,
                 int8: self.int8,
+                target_prefix: self.target_prefix.clone(),
+                alignment_layer: self.alignment.0,
+                alignment_heads: self.alignment.1,
                 model: self.model.clone(),
             }),
             ..MtTrainConfig::default()

@@ -12,61 +12,18 @@
 //! int8 changes most outputs (CTranslate2's int8 agrees with its own float32 on about 115 of
 //! 300 greedy outputs), so ours must agree with CTranslate2's int8 about as often as that.
 
-use candle_core::Device;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 mod common;
-use transformer_decode::{DecodeOptions, SearchRules};
+use common::{imported, options};
 use transformer_model::DecodePrecision;
 use transformer_runtime::import::Format;
-use transformer_runtime::load::{load_run, Execution, LoadedMt};
+use transformer_runtime::load::LoadedMt;
 use transformer_text::TextTokenizer;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ctranslate2")
-}
-
-/// A fresh empty directory under the system's temporary folder.
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "transformer-ct2-test-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-/// Imports `model` (a CTranslate2 directory) into a run and loads it in `decoding`.
-fn imported(model: &Path, decoding: Option<DecodePrecision>) -> LoadedMt {
-    let run = temp_dir(&model.to_string_lossy().replace('/', "_"));
-    let imported = Format::detect(model)
-        .and_then(|f| f.read(model))
-        .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
-    imported.write_run(&run).expect("write the run");
-    let how = Execution {
-        decoding,
-        ..Execution::on(&Device::Cpu)
-    };
-    let loaded = load_run(&run, &how).expect("load the imported run");
-    let _ = std::fs::remove_dir_all(&run);
-    loaded
-}
-
-/// What one run of an expected file asks, as decoding options.
-fn options(run: &LoadedMt, o: &Value) -> (DecodeOptions, f64) {
-    let beam = o["beam_size"].as_u64().unwrap_or(2) as usize;
-    let lp = o["length_penalty"].as_f64().unwrap_or(1.0);
-    let opts = DecodeOptions {
-        length_penalty: lp,
-        max_len_b: o["max_decoding_length"].as_u64().unwrap_or(256) as usize,
-        rules: SearchRules::CTranslate2 {
-            min_length: o["min_decoding_length"].as_u64().unwrap_or(1) as usize,
-            num_hypotheses: o["num_hypotheses"].as_u64().unwrap_or(1) as usize,
-        },
-        ..run.config.decode_options(beam)
-    };
-    (opts, lp)
 }
 
 /// Agreement of one run: (outputs whose every hypothesis has CTranslate2's tokens, outputs,

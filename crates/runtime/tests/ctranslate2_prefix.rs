@@ -14,10 +14,10 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 mod common;
-use transformer_decode::{DecodeOptions, Hypothesis, SearchRules};
+use common::{imported, options};
+use transformer_decode::Hypothesis;
 use transformer_model::DecodePrecision;
-use transformer_runtime::import::Format;
-use transformer_runtime::load::{load_run, Execution, LoadedMt};
+use transformer_runtime::load::LoadedMt;
 use transformer_runtime::translate::{alignment_rows, replace_unknowns, translate, DecodeRequest};
 use transformer_text::TextTokenizer;
 
@@ -28,42 +28,6 @@ fn fixtures() -> PathBuf {
 fn expected() -> Value {
     let path = fixtures().join("ctranslate2/expected_prefix_unk.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-/// Imports `model` into a temporary run and loads it in f32 (CTranslate2's float32).
-fn imported(model: &Path) -> LoadedMt {
-    let run = std::env::temp_dir().join(format!(
-        "transformer-prefix-test-{}-{}",
-        std::process::id(),
-        model.file_name().unwrap().to_string_lossy()
-    ));
-    let _ = std::fs::remove_dir_all(&run);
-    let imported = Format::detect(model).and_then(|f| f.read(model)).unwrap();
-    imported.write_run(&run).unwrap();
-    let how = Execution {
-        decoding: Some(DecodePrecision::F32),
-        ..Execution::on(&Device::Cpu)
-    };
-    let loaded = load_run(&run, &how).unwrap();
-    let _ = std::fs::remove_dir_all(&run);
-    loaded
-}
-
-/// A fixture run's options as decoding options (CTranslate2's defaults where unset).
-fn options(run: &LoadedMt, o: &Value) -> (DecodeOptions, f64) {
-    let beam = o["beam_size"].as_u64().unwrap_or(2) as usize;
-    let lp = o["length_penalty"].as_f64().unwrap_or(1.0);
-    let opts = DecodeOptions {
-        length_penalty: lp,
-        max_len_b: o["max_decoding_length"].as_u64().unwrap_or(256) as usize,
-        want_attention: o["replace_unknowns"].as_bool().unwrap_or(false),
-        rules: SearchRules::CTranslate2 {
-            min_length: o["min_decoding_length"].as_u64().unwrap_or(1) as usize,
-            num_hypotheses: o["num_hypotheses"].as_u64().unwrap_or(1) as usize,
-        },
-        ..run.config.decode_options(beam)
-    };
-    (opts, lp)
 }
 
 /// The target ids of a fixture's prefixes (`null` for none), one list per input.
@@ -160,19 +124,25 @@ fn check_runs(run: &LoadedMt, group: &Value) -> (usize, usize) {
     (prefixed, replaced)
 }
 
+/// The fixture model `name` (under `tests/fixtures`) imported, decoding in f32.
+fn model(name: &str) -> LoadedMt {
+    imported(&fixtures().join(name), Some(DecodePrecision::F32))
+}
+
+/// [`check_runs`] of the fixture's runs `key` on the fixture model `name`.
+fn check_fixture(name: &str, key: &str) -> (usize, usize) {
+    check_runs(&model(name), &expected()[key])
+}
+
 #[test]
 fn target_prefixes_decode_as_ctranslate2_in_greedy_and_beam_search() {
-    let want = expected();
-    let run = imported(&fixtures().join("ctranslate2/v2/aren-transliteration"));
-    let (prefixed, _) = check_runs(&run, &want["aren"]);
+    let (prefixed, _) = check_fixture("ctranslate2/v2/aren-transliteration", "aren");
     assert!(prefixed > 50, "the fixture has prefixes: {prefixed}");
 }
 
 #[test]
 fn replace_unknowns_copies_the_aligned_source_token_as_ctranslate2() {
-    let want = expected();
-    let run = imported(&fixtures().join("marian/de_en.argosmodel"));
-    let (prefixed, replaced) = check_runs(&run, &want["argos"]);
+    let (prefixed, replaced) = check_fixture("marian/de_en.argosmodel", "argos");
     assert!(prefixed > 10, "{prefixed}");
     // Source words outside the vocabulary came back in place of <unk>.
     assert!(replaced > 10, "only {replaced} tokens replaced");
@@ -183,7 +153,7 @@ fn without_prefixes_the_prefixed_search_is_the_plain_one() {
     // An empty prefix for every example decodes as no prefix at all (CTranslate2 drops them):
     // the fixture's all-empty run and the same inputs without `target_prefix`.
     let want = expected();
-    let run = imported(&fixtures().join("ctranslate2/v2/aren-transliteration"));
+    let run = model("ctranslate2/v2/aren-transliteration");
     let inputs: Vec<Vec<String>> = serde_json::from_value(want["aren"]["inputs"].clone()).unwrap();
     let ids: Vec<Vec<u32>> = inputs
         .iter()

@@ -5,21 +5,14 @@ use crate::error::Result;
 use crate::grads::Gradients;
 use crate::metrics::{Metric, Weights};
 use crate::runner::{
-    EpochEnd, LogWindow, ModelPlan, PrecisionProbe, RunTokenizer, Setup, StepStats, Task, TestRun,
-    Trained, Validation,
+    EpochEnd, LogWindow, ModelPlan, PrecisionProbe, Setup, StepStats, Task, TestRun, Trained,
+    Validation,
 };
 use candle_core::Device;
 use transformer_model::{LmConfig, Rng, TransformerLm};
 
-/// A run keeps its vocabulary as `vocab.txt`.
-impl RunTokenizer for Vocab {
-    fn load_from(run: &Path) -> Result<Vocab> {
-        Ok(Vocab::load(&vocab_path(run))?)
-    }
-    fn save_in(&self, run: &Path) -> Result<()> {
-        Ok(self.save(&vocab_path(run))?)
-    }
-}
+// A run keeps its vocabulary as `vocab.txt`.
+crate::runner::run_tokenizer_file!(Vocab, vocab_path);
 
 /// The language model's start on the runner: the three splits of the data folder, encoded
 /// with the vocabulary of the training split (a resumed run's own), and the model for it.

@@ -167,15 +167,8 @@ fn load_init(from: &Path, device: &candle_core::Device) -> Result<LoadedMt> {
     })
 }
 
-/// A run keeps its tokenizer (both languages) as `tokenizer.json`.
-impl runner::RunTokenizer for Subword {
-    fn load_from(run: &Path) -> Result<Subword> {
-        Ok(Subword::load(&tokenizer_path(run))?)
-    }
-    fn save_in(&self, run: &Path) -> Result<()> {
-        Ok(self.save(&tokenizer_path(run))?)
-    }
-}
+// A run keeps its tokenizer (both languages) as `tokenizer.json`.
+crate::runner::run_tokenizer_file!(Subword, tokenizer_path);
 
 /// Reads the corpus of `cfg` and encodes it with `own` (a resumed run's tokenizer), else the
 /// tokenizer of the run fine-tuned from (`init`), else one trained on the training pairs;

@@ -16,6 +16,22 @@ pub trait RunTokenizer: Sized {
     fn save_in(&self, run: &Path) -> Result<()>;
 }
 
+/// Implements [`RunTokenizer`] for a tokenizer type with `load(&Path)` and `save(&self,
+/// &Path)`, kept in the run directory at `$path(run)`.
+macro_rules! run_tokenizer_file {
+    ($tokenizer:ty, $path:path) => {
+        impl $crate::runner::RunTokenizer for $tokenizer {
+            fn load_from(run: &std::path::Path) -> $crate::error::Result<Self> {
+                Ok(<$tokenizer>::load(&$path(run))?)
+            }
+            fn save_in(&self, run: &std::path::Path) -> $crate::error::Result<()> {
+                Ok(self.save(&$path(run))?)
+            }
+        }
+    };
+}
+pub(crate) use run_tokenizer_file;
+
 /// A task without a tokenizer (the copy task's symbols are its ids): nothing to keep.
 impl RunTokenizer for () {
     fn load_from(_run: &Path) -> Result<()> {

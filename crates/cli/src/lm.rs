@@ -51,14 +51,8 @@ pub struct TrainArgs {
     /// the file.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Stop after this many steps in this invocation (continue later with --resume).
-    #[arg(long)]
-    max_steps: Option<usize>,
-    /// Append the training log to this file too (created if missing), beside stdout. The
-    /// log on stdout is a view of the run, not its work: when stdout is closed (a `| head`
-    /// or `less` that quit), training goes on and this file keeps the whole log.
-    #[arg(long, value_name = "PATH")]
-    log_file: Option<PathBuf>,
+    #[command(flatten)]
+    invocation: crate::training::InvocationArgs,
     /// Embedding size [default: 200]
     #[arg(long)]
     emsize: Option<usize>,
@@ -390,9 +384,9 @@ pub fn run(cmd: LmCommand) -> Result<()> {
                 name: "lm",
                 out: &args.out,
                 resume: args.resume,
-                max_steps: args.max_steps,
+                max_steps: args.invocation.max_steps,
                 show_run_dir: true,
-                log_file: args.log_file.as_deref(),
+                log_file: args.invocation.log_file.as_deref(),
             };
             crate::training::run(
                 cmd,

@@ -8,6 +8,20 @@ use candle_core::Device;
 use std::path::Path;
 use transformer_train::runner::{Given, Progress, RunOptions};
 
+/// The flags every training command takes for how this invocation runs (not the run's
+/// configuration): where to stop, where the log goes too.
+#[derive(clap::Args, Debug, Clone)]
+pub struct InvocationArgs {
+    /// Stop after this many steps in this invocation (continue later with --resume).
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Append the training log to this file too (created if missing), beside stdout. The
+    /// log on stdout is a view of the run, not its work: when stdout is closed (a `| head`
+    /// or `less` that quit), training goes on and this file keeps the whole log.
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<std::path::PathBuf>,
+}
+
 /// The command line's part of a training command.
 pub(crate) struct TrainCommand<'a> {
     /// The subcommand's group, as the resume line names it (`lm`, `mt`).

@@ -184,14 +184,8 @@ pub struct TrainArgs {
     /// config.toml is such a file. Flags override the file.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Stop after this many steps in this invocation (continue later with --resume).
-    #[arg(long)]
-    max_steps: Option<usize>,
-    /// Append the training log to this file too (created if missing), beside stdout. The
-    /// log on stdout is a view of the run, not its work: when stdout is closed (a `| head`
-    /// or `less` that quit), training goes on and this file keeps the whole log.
-    #[arg(long, value_name = "PATH")]
-    log_file: Option<PathBuf>,
+    #[command(flatten)]
+    invocation: crate::training::InvocationArgs,
     /// Model sizes: small (3+3 layers, d_model 256, 8 heads, FFN 512, dropout 0.1), or the
     /// paper's base (6+6, 512, 8, 2048, 0.1) or big (6+6, 1024, 16, 4096, 0.3); the size
     /// flags below override single values [default: small]
@@ -722,9 +716,9 @@ pub fn run(cmd: MtCommand) -> Result<()> {
                 name: "mt",
                 out: &args.out,
                 resume: args.resume,
-                max_steps: args.max_steps,
+                max_steps: args.invocation.max_steps,
                 show_run_dir: false,
-                log_file: args.log_file.as_deref(),
+                log_file: args.invocation.log_file.as_deref(),
             };
             crate::training::run(
                 cmd,

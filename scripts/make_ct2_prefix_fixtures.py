@@ -18,7 +18,9 @@ per run: max_batch_size=0, so every example of a run shares its batch) for
 * Argos Translate's pipeline (argostranslate/translate.py: SentencePiece pieces,
   translate_batch(target_prefix=[[prefix]] * n, replace_unknowns=True, beam_size=4,
   length_penalty=0.2), the pieces decoded, the prefix and then one space removed from the
-  text) on the same package with a `target_prefix`, for the package test.
+  text) on the same package with a `target_prefix`, for the package test; and the same
+  pipeline without a prefix on texts holding words outside the vocabulary, whose <unk>
+  outputs come back as source pieces in the text.
 
 Run (from the repository root):
 
@@ -190,6 +192,44 @@ def argos_pipeline(root):
             "lines": lines}
 
 
+def argos_pipeline_unknowns(root):
+    """Argos Translate's translate.py (no target prefix) on texts holding words outside the
+    vocabulary: the <unk> outputs come back as the source's pieces (replace_unknowns=True)
+    and the text is their SentencePiece decoding, as LibreTranslate serves it."""
+    t = translator(os.path.join(root, "model"))
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(root, "sentencepiece.model"))
+    vocab = json.load(open(os.path.join(root, "model", "shared_vocabulary.json"), encoding="utf-8"))
+    with open(os.path.join(FIXTURES, "marian", "argos_expected.json"), encoding="utf-8") as f:
+        texts = [line["src"] for line in json.load(f)["lines"]][:30]
+    rng = random.Random(2)
+    sources = []
+    for text in texts:
+        words = text.split(" ")
+        for j in range(len(words)):
+            if rng.random() < 0.3:
+                words[j] = rng.choice(OOV) + str(j)
+        sources.append(" ".join(words))
+    tokenized = [sp.encode(s, out_type=str) for s in sources]
+    results = t.translate_batch(
+        tokenized,
+        replace_unknowns=True,
+        beam_size=4,
+        num_hypotheses=1,
+        length_penalty=0.2,
+        return_scores=True,
+    )
+    lines = []
+    for text, r in zip(sources, results):
+        tokens = r.hypotheses[0]
+        value = sp.decode(tokens)
+        if len(value) > 0 and value[0] == " ":
+            value = value[1:]
+        lines.append({"src": text, "tokens": tokens, "text": value})
+    copied = sum(1 for line in lines for tok in line["tokens"] if tok not in vocab)
+    assert copied > 5, copied
+    return {"beam_size": 4, "length_penalty": 0.2, "lines": lines}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join(CT2, "expected_prefix_unk.json"))
@@ -202,6 +242,7 @@ def main():
             "aren": aren_runs(),
             "argos": argos_unk_runs(root),
             "argos_pipeline": argos_pipeline(root),
+            "argos_pipeline_unknowns": argos_pipeline_unknowns(root),
         }
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)

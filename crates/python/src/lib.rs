@@ -36,8 +36,8 @@ use transformer_model::DecodePrecision;
 use transformer_runtime::load::{load_run, tokenizer_path, Execution, LoadedMt};
 use transformer_runtime::model::MtDecoder;
 use transformer_runtime::translate::{
-    alignment_rows, max_source_tokens, replace_unknowns as replace_unknowns_in, translate,
-    DecodeRequest,
+    alignment_rows, hypothesis_text, max_source_tokens, replace_unknowns as replace_unknowns_in,
+    translate, DecodeRequest,
 };
 use transformer_text::score::{self, BleuOptions, ChrfOptions, Smoothing};
 use transformer_text::subword::{Subword, TextTokenizer};
@@ -996,11 +996,16 @@ impl Translator {
         let out = py
             .allow_threads(|| -> transformer_runtime::Result<Vec<String>> {
                 let tok = &engine.run().tokenizer;
+                let rules = engine.run().model.engine_rules();
                 let ids: Vec<Vec<u32>> = lines.iter().map(|l| tok.encode(l)).collect();
                 let nbest = decode(engine, &ids, &job)?;
                 Ok(nbest
                     .iter()
-                    .map(|hs| hs.first().map_or(String::new(), |h| tok.decode(&h.tokens)))
+                    .zip(&lines)
+                    .map(|(hs, line)| {
+                        hs.first()
+                            .map_or(String::new(), |h| hypothesis_text(rules, tok, line, h))
+                    })
                     .collect())
             })
             .map_err(engine_err)?;

@@ -176,6 +176,11 @@ pub struct Published {
     /// removed from the translated text as Argos Translate removes them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub target_prefix: Vec<String>,
+    /// Every `<unk>` of a translation becomes the source piece its alignment weighs most
+    /// before the text is detokenized (CTranslate2's `replace_unknowns`, which Argos
+    /// Translate's call asks for); runs imported before this existed: `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replace_unknowns: bool,
     /// The decoder layer whose encoder-decoder attention aligns an output token with the
     /// source (CTranslate2's `alignment_layer`; negative counts from the last, -1 the last).
     #[serde(default = "last_layer")]

@@ -3,7 +3,7 @@
 
 use crate::config::MtTrainConfig;
 use crate::error::{Error, Result};
-use crate::model::{MtModel, MtModelConfig};
+use crate::model::{Alignment, EngineRules, MtModel, MtModelConfig};
 use crate::run_dir::{
     self as runner, best_path, config_path, load_tagged, meta_json, AVERAGE_PREFIX,
 };
@@ -212,25 +212,33 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
         msg: e.to_string(),
     })?;
     let mut tokenizer = tokenizer;
-    if let Some(p) = config
-        .published
-        .as_ref()
-        .filter(|p| !p.target_prefix.is_empty())
-    {
-        // Forced as CTranslate2 forces a target prefix (an unknown token as `<unk>`), and
-        // removed from the text as Argos Translate removes it.
-        let unk = tokenizer.as_published().map_or(0, |t| t.target.vocab.unk());
-        let ids = p
-            .target_prefix
-            .iter()
-            .map(|t| tokenizer.token_to_id(t).unwrap_or(unk))
-            .collect();
-        model = model.with_target_prefix(ids);
-        tokenizer = tokenizer.with_strip_prefix(Some(p.target_prefix.concat()));
-        decoding.push(format!(
-            "decoding: every translation starts with the target prefix {:?}",
-            p.target_prefix
-        ));
+    if let Some(p) = &config.published {
+        let mut rules = EngineRules::default();
+        if !p.target_prefix.is_empty() {
+            // Forced as CTranslate2 forces a target prefix (an unknown token as `<unk>`),
+            // and removed from the text as Argos Translate removes it.
+            let unk = tokenizer.as_published().map_or(0, |t| t.target.vocab.unk());
+            rules.target_prefix = p
+                .target_prefix
+                .iter()
+                .map(|t| tokenizer.token_to_id(t).unwrap_or(unk))
+                .collect();
+            tokenizer = tokenizer.with_strip_prefix(Some(p.target_prefix.concat()));
+            decoding.push(format!(
+                "decoding: every translation starts with the target prefix {:?}",
+                p.target_prefix
+            ));
+        }
+        if p.replace_unknowns {
+            let shape = model_config.arch().attention_shape();
+            let (layer, heads) = p.alignment(shape.0, shape.1);
+            rules.replace_unknowns = Some(Alignment {
+                shape,
+                layer,
+                heads,
+            });
+        }
+        model = model.with_engine_rules(rules);
     }
     if precision != DecodePrecision::F32 {
         decoding.push(format!("decoding: {}", model.describe_decoding()?));

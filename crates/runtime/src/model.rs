@@ -390,10 +390,34 @@ impl Architecture for RnnSeq2Seq {
     }
 }
 
-/// A translation model of any architecture ([`Architecture`]), and the target tokens its
-/// translations start with (a published model's target prefix; usually none).
+/// A translation model of any architecture ([`Architecture`]), and how its translations are
+/// made as a published model's own engine makes them ([`EngineRules`]; usually the defaults).
 #[derive(Debug)]
-pub struct MtModel(Box<dyn Architecture>, Vec<u32>);
+pub struct MtModel(Box<dyn Architecture>, EngineRules);
+
+/// What a published model's engine does around the search, given when the model is loaded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineRules {
+    /// The target tokens every translation starts with (an Argos package's target prefix).
+    pub target_prefix: Vec<u32>,
+    /// Every `<unk>` of a translation becomes the source piece its alignment weighs most
+    /// (CTranslate2's `replace_unknowns`, Argos Translate's call): the alignment to read,
+    /// `None` for none.
+    pub replace_unknowns: Option<Alignment>,
+}
+
+/// Where an output token's alignment with the source is read: the encoder-decoder attention
+/// of decoder layer `layer` averaged over its first `heads` heads, in a model of `shape`
+/// (decoder layers, heads) ([`crate::translate::alignment_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Alignment {
+    /// The model's decoder layers and heads.
+    pub shape: (usize, usize),
+    /// The layer read.
+    pub layer: usize,
+    /// The heads averaged, from the first.
+    pub heads: usize,
+}
 
 impl Clone for MtModel {
     fn clone(&self) -> Self {
@@ -403,7 +427,7 @@ impl Clone for MtModel {
 
 impl From<Seq2Seq> for MtModel {
     fn from(m: Seq2Seq) -> Self {
-        MtModel(Box::new(m), Vec::new())
+        MtModel(Box::new(m), EngineRules::default())
     }
 }
 
@@ -417,7 +441,7 @@ impl MtModel {
     /// Builds the model `cfg` describes, to run as `pb` says: its training precision,
     /// decoding arithmetic and output vocabulary ([`ParamBuilder::with_decoding`], ...).
     pub fn build(pb: &ParamBuilder, cfg: &MtModelConfig) -> transformer_model::Result<Self> {
-        Ok(MtModel(cfg.arch().build(pb)?, Vec::new()))
+        Ok(MtModel(cfg.arch().build(pb)?, EngineRules::default()))
     }
 
     /// The Transformer, when this model is one (int8 quantization, for one, covers only it).
@@ -457,13 +481,17 @@ impl MtModel {
     /// ([`crate::translate::translate`] decodes with them unless the request gives its own):
     /// a published model's target prefix ([`crate::config::Published::target_prefix`]).
     pub fn target_prefix(&self) -> &[u32] {
+        &self.1.target_prefix
+    }
+
+    /// How this model's translations are made around the search ([`EngineRules`]).
+    pub fn engine_rules(&self) -> &EngineRules {
         &self.1
     }
 
-    /// This model, every translation of which starts with `ids` ([`Self::target_prefix`]);
-    /// given when the model is loaded.
-    pub(crate) fn with_target_prefix(mut self, ids: Vec<u32>) -> Self {
-        self.1 = ids;
+    /// This model, its translations made under `rules`; given when the model is loaded.
+    pub(crate) fn with_engine_rules(mut self, rules: EngineRules) -> Self {
+        self.1 = rules;
         self
     }
 

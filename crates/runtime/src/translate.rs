@@ -2,7 +2,7 @@
 //! ([`translate`]), and the corpus scores of translations.
 
 use crate::error::{Error, Result};
-use crate::model::{MtDecoder, MtModel};
+use crate::model::{EngineRules, MtDecoder, MtModel};
 use candle_core::{Device, Tensor};
 use transformer_decode::{
     beam_search_nbest, ctranslate2_search_prefixed, greedy, huggingface_search, DecodeOptions,
@@ -139,7 +139,15 @@ pub fn translate(
     dev: &Device,
     mut on_batch: impl FnMut(usize, usize),
 ) -> Result<Vec<Vec<Hypothesis>>> {
-    let opts = &request.options;
+    let mut options = request.options.clone();
+    if let (Some(_), SearchRules::CTranslate2 { .. }) = (
+        &decoder.model().engine_rules().replace_unknowns,
+        options.rules,
+    ) {
+        // Each output `<unk>` is replaced from its alignment ([`hypothesis_text`]).
+        options.want_attention = true;
+    }
+    let opts = &options;
     let sp = transformer_text::Specials {
         pad: opts.pad,
         bos: opts.bos,
@@ -239,11 +247,43 @@ pub fn translate_lines(
     let nonempty: Vec<usize> = (0..ids.len()).filter(|&i| !ids[i].is_empty()).collect();
     let to_run: Vec<Vec<u32>> = nonempty.iter().map(|&i| ids[i].clone()).collect();
     let hyps = best(translate(decoder, &to_run, request, dev, on_batch)?);
+    let rules = decoder.model().engine_rules();
     let mut out = vec![String::new(); lines.len()];
     for (&i, h) in nonempty.iter().zip(&hyps) {
-        out[i] = tok.decode(&h.tokens);
+        out[i] = hypothesis_text(rules, tok, &lines[i], h);
     }
     Ok(out)
+}
+
+/// The text of `h`, a translation of `source` by a model made under `rules`: its tokens
+/// detokenized, where the model replaces unknown tokens (an Argos package's run, as Argos
+/// Translate's call to CTranslate2 does) each `<unk>` spelled as the source piece its
+/// alignment weighs most ([`replace_unknowns`]; `h` decoded with attention, as
+/// [`translate`] decodes for such a model).
+pub fn hypothesis_text(rules: &EngineRules, tok: &Subword, source: &str, h: &Hypothesis) -> String {
+    let (Some(align), Some(p)) = (rules.replace_unknowns, tok.as_published()) else {
+        return tok.decode(&h.tokens);
+    };
+    let unk = p.target.vocab.unk();
+    if !h.tokens.contains(&unk) || h.attention.is_empty() {
+        return tok.decode(&h.tokens);
+    }
+    // The source's ids are its prefix ids, then one per piece: the alignment's columns.
+    let pieces = p.source_pieces(source);
+    let start = p.source_prefix.len();
+    let rows = alignment_rows(
+        h,
+        align.shape,
+        (align.layer, align.heads),
+        h.tokens.len(),
+        start..start + pieces.len(),
+    );
+    let unk_piece = tok.token(unk);
+    let mut spelled: Vec<String> = h.tokens.iter().map(|&t| tok.token(t)).collect();
+    replace_unknowns(&mut spelled, &unk_piece, &rows, &pieces);
+    p.decode_with(&h.tokens, |i| {
+        (h.tokens[i] == unk && spelled[i] != unk_piece).then(|| spelled[i].clone())
+    })
 }
 
 /// sacreBLEU's default corpus chrF of `hyps` against `refs`.

@@ -78,6 +78,49 @@ fn an_argos_package_translates_as_argos_translate_does() {
     }
 }
 
+/// Argos Translate asks CTranslate2 to replace unknown tokens (`replace_unknowns=True`): a
+/// word the vocabulary cannot spell comes back as the source's piece, not as ` ⁇ `. The
+/// imported package's translations, as `mt translate`, `mt eval` and the server make their
+/// text (`translate_lines`), are the texts of Argos Translate's pipeline
+/// (`scripts/make_ct2_prefix_fixtures.py`, `argos_pipeline_unknowns`).
+#[test]
+fn an_argos_package_replaces_unknown_words_as_argos_translate_does() {
+    let want: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/ctranslate2/expected_prefix_unk.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let lines = want["argos_pipeline_unknowns"]["lines"].as_array().unwrap();
+    let (dir, _guard) = as_run(&fixture("de_en.argosmodel")).unwrap();
+    let run = load_run(&dir, &Execution::on(&Device::Cpu)).unwrap();
+    assert!(run.config.published.as_ref().unwrap().replace_unknowns);
+    let texts: Vec<String> = lines
+        .iter()
+        .map(|l| l["src"].as_str().unwrap().to_string())
+        .collect();
+    let opts = run.config.decode_options(run.config.beam);
+    let request = transformer_runtime::translate::DecodeRequest::new(opts);
+    let translated = transformer_runtime::translate::translate_lines(
+        &run.model.decoder().unwrap(),
+        &run.tokenizer,
+        &texts,
+        &request,
+        &Device::Cpu,
+        |_, _| {},
+    )
+    .unwrap();
+    let mut copied = 0;
+    for (l, got) in lines.iter().zip(&translated) {
+        assert_eq!(got, l["text"].as_str().unwrap(), "{}", l["src"]);
+        copied += usize::from(got.contains('Ω'));
+    }
+    // The fixture has sentences whose unknown word came back: else this checks nothing.
+    assert!(copied >= 2, "{copied}");
+}
+
 #[test]
 fn bad_packages_and_models_are_clear_errors_naming_the_file() {
     let tmp = std::env::temp_dir().join(format!("transformer-bad-{}", std::process::id()));

@@ -26,6 +26,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use transformer_decode::Hypothesis;
+use transformer_runtime::translate::hypothesis_text;
 use transformer_text::subword::TextTokenizer;
 
 mod fields;
@@ -352,17 +353,18 @@ fn render(
     hyps: &[Vec<Hypothesis>],
     k: usize,
 ) -> String {
-    let tok = &engine.pairs()[pair].tokenizer;
-    let text_of = |seg: usize| -> Option<String> {
+    let p = &engine.pairs()[pair];
+    let text_of = |seg: usize, original: &str| -> Option<String> {
         let hs = &hyps[seg];
-        hs.get(k).or(hs.first()).map(|h| tok.decode(&h.tokens))
+        let h = hs.get(k).or(hs.first())?;
+        Some(hypothesis_text(&p.rules, &p.tokenizer, original, h))
     };
     let unit_text = |u: &Unit| -> String {
         let originals: Vec<&str> = transformer_text::sentence::to_translate(&u.parts).collect();
         let tr = originals
             .iter()
             .enumerate()
-            .map(|(j, o)| text_of(u.first + j).unwrap_or_else(|| o.to_string()));
+            .map(|(j, o)| text_of(u.first + j, o).unwrap_or_else(|| o.to_string()));
         keep::join(&u.parts, tr)
     };
     match layout {

@@ -122,6 +122,9 @@ pub struct Pair {
     pub max_source_tokens: usize,
     /// The model's name (transformer, gru-bahdanau, ...).
     pub arch: Arch,
+    /// How a published model's own engine makes its translations around the search (an
+    /// Argos package's run replaces unknown tokens: the text follows them).
+    pub rules: transformer_runtime::model::EngineRules,
     /// The source's and target's language names as a published model gives them (an Argos
     /// package's metadata); `None`: the names of the codes.
     pub names: Option<(String, String)>,
@@ -279,6 +282,7 @@ impl Engine {
                     .published
                     .as_ref()
                     .and_then(|p| p.language_names.clone()),
+                rules: run.model.engine_rules().clone(),
                 tokenizer: Arc::new(run.tokenizer),
                 opts: dopts,
                 max_source_tokens: max_source_tokens(positions, &dopts),

@@ -173,13 +173,26 @@ impl PublishedTokenizer {
 
     /// The text of target `ids`: the start, end and padding tokens left out.
     pub fn decode(&self, ids: &[u32]) -> String {
+        self.decode_with(ids, |_| None)
+    }
+
+    /// [`Self::decode`] with the token at position `i` of `ids` spelled `spell(i)` where that
+    /// gives a piece (CTranslate2's `replace_unknowns` puts source pieces in place of
+    /// `<unk>`), detokenized with the others.
+    pub fn decode_with(&self, ids: &[u32], spell: impl Fn(usize) -> Option<String>) -> String {
         let sp = self.specials;
-        let pieces: Vec<&str> = ids
+        let unk = self.target.vocab.unk();
+        let pieces: Vec<String> = ids
             .iter()
-            .filter(|&&i| i != sp.bos && i != sp.eos && i != sp.pad)
-            .filter(|&&i| !(self.skip_unknown && i == self.target.vocab.unk()))
-            .filter_map(|&i| self.target.vocab.token(i))
+            .enumerate()
+            .filter(|(_, &i)| i != sp.bos && i != sp.eos && i != sp.pad)
+            .filter_map(|(at, &i)| match spell(at) {
+                Some(piece) => Some(piece),
+                None if self.skip_unknown && i == unk => None,
+                None => self.target.vocab.token(i).map(str::to_string),
+            })
             .collect();
+        let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
         let text = self.target.detokenize(&pieces);
         match &self.strip_prefix {
             Some(p) if text.starts_with(p.as_str()) => {

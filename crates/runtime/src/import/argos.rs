@@ -148,10 +148,11 @@ fn read_folder(dir: &Path, origin: &Path) -> Result<Imported> {
         ));
         imported.target_prefix = vec![prefix];
     }
-    // Argos Translate's own call (`translate_batch(..., beam_size=max(num_hypotheses, 4),
-    // length_penalty=0.2)`), which LibreTranslate makes.
+    // Argos Translate's own call (`translate_batch(..., replace_unknowns=True,
+    // beam_size=max(num_hypotheses, 4), length_penalty=0.2)`), which LibreTranslate makes.
     imported.beam = 4;
     imported.length_penalty = 0.2;
+    imported.replace_unknowns = true;
     imported.notes.insert(
         0,
         format!(

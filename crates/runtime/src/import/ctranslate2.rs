@@ -88,6 +88,7 @@ pub(crate) fn read(dir: &Path, splitters: (Splitter, Splitter)) -> Result<Import
         max_length: 256,
         notes,
         target_prefix: Vec::new(),
+        replace_unknowns: false,
         alignment: (alignment_layer, alignment_heads),
     })
 }

@@ -272,6 +272,7 @@ pub fn read(dir: &Path) -> Result<Imported> {
         length_penalty,
         max_length,
         target_prefix: Vec::new(),
+        replace_unknowns: false,
         // The attention `generate()` returns has no alignment head; CTranslate2's default.
         alignment: (-1, 1),
         notes: vec![format!(

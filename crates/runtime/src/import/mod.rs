@@ -173,6 +173,8 @@ pub struct Imported {
     pub notes: Vec<String>,
     /// Target tokens every translation starts with ([`Published::target_prefix`]).
     pub target_prefix: Vec<String>,
+    /// Unknown output tokens are replaced by source pieces ([`Published::replace_unknowns`]).
+    pub replace_unknowns: bool,
     /// CTranslate2's `alignment_layer` and `alignment_heads` ([`Published::alignment`]).
     pub alignment: (i64, usize),
 }
@@ -250,6 +252,7 @@ impl Imported {
                 source_end: self.tokenizer.specials.source_end,
                 int8: self.int8,
                 target_prefix: self.target_prefix.clone(),
+                replace_unknowns: self.replace_unknowns,
                 alignment_layer: self.alignment.0,
                 alignment_heads: self.alignment.1,
                 model: self.model.clone(),

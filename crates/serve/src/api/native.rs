@@ -8,6 +8,7 @@ use axum::Json;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use transformer_decode::Hypothesis;
+use transformer_runtime::translate::hypothesis_text;
 use transformer_text::subword::TextTokenizer;
 
 /// `POST /v1/translate`: each text of `q` as one sentence, with its score, its n-best list
@@ -61,14 +62,14 @@ pub(super) async fn native_translate(State(st): State<Arc<AppState>>, req: Reque
             continue;
         };
         let mut item = json!({
-            "text": tok.decode(&best.tokens),
+            "text": hypothesis_text(&p.rules, tok, texts[i], best),
             "score": best.score,
             "normalized_score": norm(best),
             "finished": best.finished,
             "tokens": best.tokens.iter().map(|&t| tok.token(t)).collect::<Vec<_>>(),
             "source_tokens": ids[i].iter().map(|&t| tok.token(t)).collect::<Vec<_>>(),
             "n_best": hs.iter().take(n_best).map(|h| json!({
-                "text": tok.decode(&h.tokens),
+                "text": hypothesis_text(&p.rules, tok, texts[i], h),
                 "score": h.score,
                 "normalized_score": norm(h),
             })).collect::<Vec<_>>(),

@@ -156,6 +156,33 @@ def argos_unk_runs(root):
     return {"model": "marian/de_en.argosmodel", "inputs": inputs, "runs": runs}
 
 
+def argos_translate(t, sp, texts, prefix):
+    """Argos Translate's translate.py on `texts`: SentencePiece pieces,
+    translate_batch(target_prefix=[[prefix]] * n when it has one, replace_unknowns=True,
+    beam_size=4, length_penalty=0.2), the pieces decoded, the prefix and then one space
+    removed from the text. Returns (tokens, score, text) per text."""
+    tokenized = [sp.encode(s, out_type=str) for s in texts]
+    results = t.translate_batch(
+        tokenized,
+        target_prefix=[[prefix]] * len(tokenized) if prefix else None,
+        replace_unknowns=True,
+        beam_size=4,
+        num_hypotheses=1,
+        length_penalty=0.2,
+        return_scores=True,
+    )
+    out = []
+    for r in results:
+        tokens = r.hypotheses[0]
+        value = sp.decode(tokens)
+        if prefix != "" and value.startswith(prefix):
+            value = value[len(prefix):]
+        if len(value) > 0 and value[0] == " ":
+            value = value[1:]
+        out.append((tokens, float(r.scores[0]), value))
+    return out
+
+
 def argos_pipeline(root):
     """Argos Translate's translate.py with a target_prefix (beam 4, length penalty 0.2)."""
     t = translator(os.path.join(root, "model"))
@@ -164,29 +191,12 @@ def argos_pipeline(root):
     assert ARGOS_PREFIX in vocab
     with open(os.path.join(FIXTURES, "marian", "argos_expected.json"), encoding="utf-8") as f:
         texts = [line["src"] for line in json.load(f)["lines"]][:12]
-    tokenized = [sp.encode(s, out_type=str) for s in texts]
-    results = t.translate_batch(
-        tokenized,
-        target_prefix=[[ARGOS_PREFIX]] * len(tokenized),
-        replace_unknowns=True,
-        beam_size=4,
-        num_hypotheses=1,
-        length_penalty=0.2,
-        return_scores=True,
-    )
     lines = []
-    for text, r in zip(texts, results):
-        tokens = r.hypotheses[0]
-        value = sp.decode(tokens)
-        if ARGOS_PREFIX != "" and value.startswith(ARGOS_PREFIX):
-            value = value[len(ARGOS_PREFIX):]
-        if len(value) > 0 and value[0] == " ":
-            value = value[1:]
+    for text, (tokens, score, value) in zip(texts, argos_translate(t, sp, texts, ARGOS_PREFIX)):
         # replace_unknowns changes nothing here: the test translates without it.
         assert all(tok in vocab for tok in tokens), tokens
         lines.append(
-            {"src": text, "tokens": tokens, "score": round(float(r.scores[0]), SCORE_DIGITS),
-             "text": value}
+            {"src": text, "tokens": tokens, "score": round(score, SCORE_DIGITS), "text": value}
         )
     return {"target_prefix": ARGOS_PREFIX, "beam_size": 4, "length_penalty": 0.2,
             "lines": lines}
@@ -209,22 +219,10 @@ def argos_pipeline_unknowns(root):
             if rng.random() < 0.3:
                 words[j] = rng.choice(OOV) + str(j)
         sources.append(" ".join(words))
-    tokenized = [sp.encode(s, out_type=str) for s in sources]
-    results = t.translate_batch(
-        tokenized,
-        replace_unknowns=True,
-        beam_size=4,
-        num_hypotheses=1,
-        length_penalty=0.2,
-        return_scores=True,
-    )
-    lines = []
-    for text, r in zip(sources, results):
-        tokens = r.hypotheses[0]
-        value = sp.decode(tokens)
-        if len(value) > 0 and value[0] == " ":
-            value = value[1:]
-        lines.append({"src": text, "tokens": tokens, "text": value})
+    lines = [
+        {"src": text, "tokens": tokens, "text": value}
+        for text, (tokens, _, value) in zip(sources, argos_translate(t, sp, sources, ""))
+    ]
     copied = sum(1 for line in lines for tok in line["tokens"] if tok not in vocab)
     assert copied > 5, copied
     return {"beam_size": 4, "length_penalty": 0.2, "lines": lines}

@@ -9,9 +9,9 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 mod common;
-use transformer_decode::SearchRules;
+use transformer_decode::{DecodeOptions, SearchRules};
 use transformer_runtime::import::{as_run, Format};
-use transformer_runtime::load::{load_run, Execution};
+use transformer_runtime::load::{load_run, Execution, LoadedMt};
 
 use transformer_text::TextTokenizer;
 
@@ -78,6 +78,27 @@ fn an_argos_package_translates_as_argos_translate_does() {
     }
 }
 
+/// What `scripts/make_ct2_prefix_fixtures.py` recorded of CTranslate2 and Argos Translate.
+fn prefix_unk_fixture() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/ctranslate2/expected_prefix_unk.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The texts `translate_lines` (what `mt translate`, `mt eval` and the server use) makes of
+/// `texts` with `run` under `opts`.
+fn texts_of(run: &LoadedMt, texts: &[String], opts: DecodeOptions) -> Vec<String> {
+    transformer_runtime::translate::translate_lines(
+        &run.model.decoder().unwrap(),
+        &run.tokenizer,
+        texts,
+        &transformer_runtime::translate::DecodeRequest::new(opts),
+        &Device::Cpu,
+        |_, _| {},
+    )
+    .unwrap()
+}
+
 /// Argos Translate asks CTranslate2 to replace unknown tokens (`replace_unknowns=True`): a
 /// word the vocabulary cannot spell comes back as the source's piece, not as ` ⁇ `. The
 /// imported package's translations, as `mt translate`, `mt eval` and the server make their
@@ -85,14 +106,7 @@ fn an_argos_package_translates_as_argos_translate_does() {
 /// (`scripts/make_ct2_prefix_fixtures.py`, `argos_pipeline_unknowns`).
 #[test]
 fn an_argos_package_replaces_unknown_words_as_argos_translate_does() {
-    let want: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures/ctranslate2/expected_prefix_unk.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let want = prefix_unk_fixture();
     let lines = want["argos_pipeline_unknowns"]["lines"].as_array().unwrap();
     let (dir, _guard) = as_run(&fixture("de_en.argosmodel")).unwrap();
     let run = load_run(&dir, &Execution::on(&Device::Cpu)).unwrap();
@@ -101,17 +115,7 @@ fn an_argos_package_replaces_unknown_words_as_argos_translate_does() {
         .iter()
         .map(|l| l["src"].as_str().unwrap().to_string())
         .collect();
-    let opts = run.config.decode_options(run.config.beam);
-    let request = transformer_runtime::translate::DecodeRequest::new(opts);
-    let translated = transformer_runtime::translate::translate_lines(
-        &run.model.decoder().unwrap(),
-        &run.tokenizer,
-        &texts,
-        &request,
-        &Device::Cpu,
-        |_, _| {},
-    )
-    .unwrap();
+    let translated = texts_of(&run, &texts, run.config.decode_options(run.config.beam));
     let mut copied = 0;
     for (l, got) in lines.iter().zip(&translated) {
         assert_eq!(got, l["text"].as_str().unwrap(), "{}", l["src"]);
@@ -219,14 +223,7 @@ fn with_target_prefix(package: &Path, prefix: &str, out: &Path) {
 fn a_package_with_a_target_prefix_forces_it_and_strips_it_from_the_text() {
     // Argos Translate's pipeline on the package with a target prefix, by
     // `scripts/make_ct2_prefix_fixtures.py` with CTranslate2 (beam 4, length penalty 0.2).
-    let want: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures/ctranslate2/expected_prefix_unk.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let want = prefix_unk_fixture();
     let want = &want["argos_pipeline"];
     let prefix = want["target_prefix"].as_str().unwrap();
     let tmp = std::env::temp_dir().join(format!("transformer-argos-prefix-{}", std::process::id()));
@@ -270,17 +267,7 @@ fn a_package_with_a_target_prefix_forces_it_and_strips_it_from_the_text() {
         let score = l["score"].as_f64().unwrap();
         assert!((h.engine_score(0.2) - score).abs() < 1e-4, "{score}");
     }
-    let decoder = run.model.decoder().unwrap();
-    let request = transformer_runtime::translate::DecodeRequest::new(opts);
-    let translated = transformer_runtime::translate::translate_lines(
-        &decoder,
-        &run.tokenizer,
-        &texts,
-        &request,
-        &Device::Cpu,
-        |_, _| {},
-    )
-    .unwrap();
+    let translated = texts_of(&run, &texts, opts);
     for (l, text) in lines.iter().zip(&translated) {
         assert_eq!(text, l["text"].as_str().unwrap());
         assert!(!text.starts_with(prefix), "{text}");

@@ -290,8 +290,9 @@ pub fn small_rows_or_gemm() {
 /// through [`crate::linear_wt`] (gemm over blocks of `W^T` read in place) and through
 /// [`crate::PanelLinear`] (`W` packed once into panels) for each panel kernel this CPU runs,
 /// with the largest difference between the two; then the decoding stack's products at
-/// d_model 512, FFN 2048 (125 rows, and the 63 of one of two threads) as the step runs them
-/// on one thread: gemm reading `W^T` in place against the panels.
+/// d_model 512, FFN 2048 (125 rows, the 63 of one of two threads, and the 1 and 5 rows of
+/// greedy decoding) as the step runs them on one thread: gemm reading `W^T` in place against
+/// the panels.
 pub fn panels_or_linear_wt() {
     use crate::panels::{Kernel, Packed};
     use candle_core::{Device, Tensor};
@@ -342,6 +343,8 @@ pub fn panels_or_linear_wt() {
         (63, 512, 512),
         (63, 512, 2048),
         (63, 2048, 512),
+        (1, 512, 2048),
+        (5, 512, 2048),
     ] {
         let values = |len: usize, seed: usize| -> Vec<f32> {
             (0..len)

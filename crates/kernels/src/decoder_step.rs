@@ -145,11 +145,12 @@ pub struct DecodeCache {
 
 /// One weight matrix of the stack in the forms the f32 products read: transposed (`W^T`,
 /// for gemm and the one-row kernel), and packed into panels for products of several rows
-/// ([`super::panels`]; empty without AVX-512). Both empty for biases and norms.
+/// ([`super::panels`], for the kernel this CPU runs; `None` where it runs none). Neither
+/// for biases and norms.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct WeightForms {
     wt: Vec<f32>,
-    panels: Vec<f32>,
+    panels: Option<panels::Packed>,
 }
 
 impl DecodeCache {
@@ -302,10 +303,7 @@ impl DecoderStack {
                 match t.dims2() {
                     Ok((rows, cols)) if k < slot::N1_W => WeightForms {
                         wt: transpose_matrix(w[i], rows, cols),
-                        panels: match float::avx512() {
-                            true => panels::pack(w[i], rows, cols),
-                            false => Vec::new(),
-                        },
+                        panels: panels::Packed::for_this_cpu(w[i], rows, cols),
                     },
                     _ => WeightForms::default(),
                 }
@@ -537,11 +535,26 @@ fn project(y: &mut [f32], x: &[f32], w: &WeightForms, b: &[f32], n: usize, m: us
         // in (`one_row`). Splitting the columns between the threads did not pay here.
         return one_row::wt_row(y, x, wt, b, m, k);
     }
-    if !w.panels.is_empty() {
-        // Several rows: the packed panels' 12 x 32 tiles run nearer the FMA rate than gemm
-        // reading `W^T` in place (the same sums in the same order).
-        return panels::forward_rows(y, x, &w.panels, b, n, m, k);
+    if let Some(p) = &w.panels {
+        // Several rows (one too on AVX2, where `one_row` does not run: 1.2x gemm's rate):
+        // the packed panels' tiles (12 x 32 on AVX-512, 6 x 16 on AVX2) run nearer the FMA
+        // rate than gemm reading `W^T` in place (`super::panels`).
+        return p.forward_rows(y, x, b, n);
     }
+    gemm_wt_rows(y, x, wt, b, n, m, k)
+}
+
+/// `y = x W^T + b` for `n` rows by gemm reading `W^T` (`k x m`) in place, in chunks of rows
+/// that leave it unpacked, single-threaded: the products where no panels run.
+pub(crate) fn gemm_wt_rows(
+    y: &mut [f32],
+    x: &[f32],
+    wt: &[f32],
+    b: &[f32],
+    n: usize,
+    m: usize,
+    k: usize,
+) {
     for row in y.chunks_exact_mut(m) {
         row.copy_from_slice(b);
     }

@@ -481,6 +481,19 @@ pub(crate) fn avx512() -> bool {
     false
 }
 
+/// Whether this CPU runs AVX2 with FMA (every CPU [`simd`] runs AVX-512 on has them too),
+/// for the hand-written AVX2 kernels; false under `TRANSFORMER_KERNELS_NO_SIMD` like the rest.
+pub(crate) fn avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        level() != Level::Base
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Level {

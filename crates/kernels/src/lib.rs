@@ -502,6 +502,16 @@ mod plain {
         if no_avx512() {
             return;
         }
+        check_product_here(name, sizes, transposed, kernel)
+    }
+
+    /// [`check_product`] for a kernel that runs on this CPU.
+    fn check_product_here(
+        name: &str,
+        sizes: &[(usize, usize, usize)],
+        transposed: bool,
+        kernel: impl Fn(&mut [f32], &[f32], &[f32], &[f32], usize, usize, usize),
+    ) {
         for &(n, m, k) in sizes {
             let (x, w, b) = (values(n * k, 1), values(m * k, 2), values(m, 3));
             let mut y = vec![f32::NAN; n * m];
@@ -517,7 +527,8 @@ mod plain {
         }
     }
 
-    /// The hand-written AVX-512 product kernels against the plain sums in f64.
+    /// The hand-written product kernels (AVX-512, and the AVX2 panels) against the plain sums
+    /// in f64.
     #[test]
     fn product_kernels_agree_with_the_plain_sums() {
         // Every kernel on the same layers `(m, k)`: output counts with and without partial
@@ -551,9 +562,18 @@ mod plain {
             .collect();
         check_product("small_rows", &sizes, false, crate::small_rows::forward);
         check_product("panels", &sizes, false, |y, x, w, b, n, m, k| {
-            let packed = crate::panels::pack(w, m, k);
-            crate::panels::forward_rows(y, x, &packed, b, n, m, k)
+            let packed = crate::panels::Packed::new(crate::panels::Kernel::Avx512, w, m, k);
+            packed.forward_rows(y, x, b, n)
         });
+        // The AVX2 panels (16 outputs, tiles of 6 rows) wherever AVX2 and FMA run.
+        if crate::float::avx2_fma() {
+            check_product_here("panels avx2", &sizes, false, |y, x, w, b, n, m, k| {
+                let packed = crate::panels::Packed::new(crate::panels::Kernel::Avx2, w, m, k);
+                packed.forward_rows(y, x, b, n)
+            });
+        } else {
+            eprintln!("no AVX2 and FMA on this CPU: the AVX2 panels are not checked here");
+        }
     }
 
     /// Asserts that `y` (`n x m`) is `b[j] + sum_kk x[i][kk] * w(j, kk)` summed in f64 in

@@ -286,38 +286,98 @@ pub fn small_rows_or_gemm() {
     }
 }
 
-/// The output layer of a beam-search step (125 rows x 8,000 outputs x 256 inputs) through
-/// [`crate::linear_wt`] (gemm over blocks of `W^T` read in place) and through
-/// [`crate::PanelLinear`] (`W` packed once into panels), with the largest difference
-/// between the two.
+/// The output layer of a beam-search step (125 rows x 8,000 outputs x 256 or 512 inputs)
+/// through [`crate::linear_wt`] (gemm over blocks of `W^T` read in place) and through
+/// [`crate::PanelLinear`] (`W` packed once into panels) for each panel kernel this CPU runs,
+/// with the largest difference between the two; then the decoding stack's products at
+/// d_model 512, FFN 2048 (125 rows, the 63 of one of two threads, and the 1 and 5 rows of
+/// greedy decoding) as the step runs them on one thread: gemm reading `W^T` in place against
+/// the panels.
 pub fn panels_or_linear_wt() {
+    use crate::panels::{Kernel, Packed};
     use candle_core::{Device, Tensor};
+    let kernels: Vec<Kernel> = [Kernel::Avx512, Kernel::Avx2]
+        .into_iter()
+        .filter(|k| k.runs_here())
+        .collect();
+    if kernels.is_empty() {
+        println!("neither AVX-512 nor AVX2 with FMA on this CPU: no panels kernel runs here");
+        return;
+    }
     let run = || -> candle_core::Result<()> {
-        let (n, c, v) = (125, 256, 8000);
-        let dev = Device::Cpu;
-        let x = Tensor::randn(0f32, 1.0, (n, c), &dev)?;
-        let w = Tensor::randn(0f32, 0.1, (v, c), &dev)?;
-        let b = Tensor::randn(0f32, 0.1, v, &dev)?;
-        let Some(panels) = crate::PanelLinear::new(&w, &b)? else {
-            println!("no AVX-512 on this CPU: the panels kernel is not used here");
-            return Ok(());
-        };
-        let wt = w.t()?.contiguous()?;
-        let mut outs = (None, None);
-        let g = best(20, || outs.0 = Some(crate::linear_wt(&x, &wt, &b)));
-        let p = best(20, || outs.1 = Some(panels.forward(&x)));
-        let (a, z) = (outs.0.expect("ran")?, outs.1.expect("ran")?);
-        let diff = (a - z)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        let macs = (n * c * v) as f64 / 1e6;
-        println!(
-            "{n} rows x {v} x {c}: linear_wt {g:.3} ms ({:.1} G/s), panels {p:.3} ms ({:.1} G/s), {:.2}x; largest difference {diff}",
-            macs / g,
-            macs / p,
-            g / p
-        );
+        for (n, c, v) in [(125, 256, 8000), (125, 512, 8000)] {
+            let dev = Device::Cpu;
+            let x = Tensor::randn(0f32, 1.0, (n, c), &dev)?;
+            let w = Tensor::randn(0f32, 0.1, (v, c), &dev)?;
+            let b = Tensor::randn(0f32, 0.1, v, &dev)?;
+            let wt = w.t()?.contiguous()?;
+            let mut gemm_out = None;
+            let g = best(20, || gemm_out = Some(crate::linear_wt(&x, &wt, &b)));
+            let a = gemm_out.expect("ran")?;
+            let macs = (n * c * v) as f64 / 1e6;
+            for &kernel in &kernels {
+                let panels = crate::PanelLinear::with_kernel(&w, &b, kernel)?.expect("runs here");
+                let mut out = None;
+                let p = best(20, || out = Some(panels.forward(&x)));
+                let diff = (&a - out.expect("ran")?)?
+                    .abs()?
+                    .max_all()?
+                    .to_scalar::<f32>()?;
+                println!(
+                    "{n} rows x {v} x {c}: linear_wt {g:.3} ms ({:.1} G/s), {kernel:?} panels {p:.3} ms ({:.1} G/s), {:.2}x; largest difference {diff}",
+                    macs / g,
+                    macs / p,
+                    g / p
+                );
+            }
+        }
         Ok(())
     };
     if let Err(e) = run() {
         println!("panels timing failed: {e}");
+    }
+    for (n, k, m) in [
+        (125, 512, 512),
+        (125, 512, 2048),
+        (125, 2048, 512),
+        (63, 512, 512),
+        (63, 512, 2048),
+        (63, 2048, 512),
+        (1, 512, 2048),
+        (5, 512, 2048),
+    ] {
+        let values = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let (x, w, b) = (values(n * k, 1), values(m * k, 2), values(m, 3));
+        let mut wt = vec![0f32; k * m];
+        for (j, row) in w.chunks_exact(k).enumerate() {
+            for (kk, &v) in row.iter().enumerate() {
+                wt[kk * m + j] = v;
+            }
+        }
+        let mut y = vec![0f32; n * m];
+        let g = best(20, || {
+            crate::decoder_step::gemm_wt_rows(&mut y, &x, &wt, &b, n, m, k)
+        });
+        let macs = (n * k * m) as f64 / 1e6;
+        for &kernel in &kernels {
+            let packed = Packed::new(kernel, &w, m, k);
+            let mut z = vec![0f32; n * m];
+            let p = best(20, || packed.forward_rows(&mut z, &x, &b, n));
+            let diff = y
+                .iter()
+                .zip(&z)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            println!(
+                "{n} rows x {k} -> {m}: gemm {g:.3} ms ({:.1} G/s), {kernel:?} panels {p:.3} ms ({:.1} G/s), {:.2}x; largest difference {diff}",
+                macs / g,
+                macs / p,
+                g / p
+            );
+        }
     }
 }

@@ -96,7 +96,8 @@ const FEW_ROWS: usize = 8;
 /// The f32 output layer's weight for products of many rows.
 #[derive(Debug)]
 enum ManyRows {
-    /// Packed into panels ([`crate::kernels::PanelLinear`]: CPU f32 with AVX-512).
+    /// Packed into panels ([`crate::kernels::PanelLinear`]: CPU f32 with AVX-512, or AVX2
+    /// and FMA).
     Panels(crate::kernels::PanelLinear),
     /// Transposed, (C, V) ([`crate::kernels::linear_wt`]).
     Transposed(Tensor),

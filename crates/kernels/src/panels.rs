@@ -177,7 +177,7 @@ pub struct PanelLinear {
 
 impl PanelLinear {
     /// The layer `w` (`m x k`), `b` (`m`), packed; `None` where the kernel does not run:
-    /// a CPU without one of the kernels ([`Kernel::for_this_cpu`]), or tensors that are not
+    /// a CPU without one of the kernels (`Kernel::for_this_cpu`), or tensors that are not
     /// CPU f32.
     pub fn new(w: &Tensor, b: &Tensor) -> Result<Option<Self>> {
         super::linear_dims("PanelLinear", w, b)?;

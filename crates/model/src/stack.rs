@@ -82,7 +82,7 @@ impl From<&crate::config::TransformerConfig> for LayerSpec {
 /// N layers of one kind and an optional final LayerNorm (`nn.TransformerEncoder`'s and
 /// `nn.TransformerDecoder`'s `norm`; `nn.Transformer` has one, the tutorial language model
 /// does not). Each layer call goes through the stack's [`Backend`] (chosen when the stack is
-/// built, [`backend::choose`]), which runs it or leaves it to the composed layer.
+/// built, [`crate::backend::choose`]), which runs it or leaves it to the composed layer.
 #[derive(Debug, Clone)]
 pub struct Stack<L> {
     pub(crate) layers: Vec<L>,

@@ -211,7 +211,7 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
 }
 
 /// The backend a model's stacks run through is chosen when the model is built: the
-/// builder's ([`ParamBuilder::with_backend`]), else the one for its device ([`choose`]).
+/// builder's ([`crate::ParamBuilder::with_backend`]), else the one for its device ([`choose`]).
 impl crate::params::ParamBuilder {
     /// The same builder, whose models run their encoder and decoder layers, and decoding,
     /// through `backend` (a test's toy backend, say) instead of the one their device gets

@@ -269,18 +269,21 @@ impl Setup for CopySetup {
         _: &RunOptions<CopyTaskConfig>,
         _: bool,
         _: &mut dyn Progress,
-    ) -> Result<((), ())> {
-        Ok(((), ()))
+    ) -> Result<()> {
+        Ok(())
     }
 
-    fn model(&self, cfg: &CopyTaskConfig, _: &(), _: &()) -> Result<ModelPlan<CopyTaskConfig>> {
+    fn tokenizer(_: &()) -> &() {
+        &()
+    }
+
+    fn model(&self, cfg: &CopyTaskConfig, _: &()) -> Result<ModelPlan<CopyTaskConfig>> {
         Ok(ModelPlan::new(cfg.clone()))
     }
 
     fn task(
         self,
         cfg: CopyTaskConfig,
-        _: (),
         _: (),
         trained: Trained<CopyTaskConfig>,
         dev: &Device,

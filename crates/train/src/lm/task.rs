@@ -30,7 +30,7 @@ impl Setup for LmSetup {
         _: &TrainOptions,
         _resuming: bool,
         progress: &mut dyn Progress,
-    ) -> Result<(LmData, Vocab)> {
+    ) -> Result<LmData> {
         cfg.validate()?;
         let data_dir = cfg.data.clone().or_else(default_data_dir).ok_or_else(|| {
             Error::Usage(
@@ -46,12 +46,15 @@ impl Setup for LmSetup {
                  tutorial's stream; perplexities are not comparable with the default's)",
             );
         }
-        let vocab = data.vocab.clone();
-        Ok((data, vocab))
+        Ok(data)
+    }
+
+    fn tokenizer(data: &LmData) -> &Vocab {
+        &data.vocab
     }
 
     /// bf16 only where it measures faster here (fresh runs; a resumed run keeps its choice).
-    fn model(&self, cfg: &LmTrainConfig, data: &LmData, _: &Vocab) -> Result<ModelPlan<LmConfig>> {
+    fn model(&self, cfg: &LmTrainConfig, data: &LmData) -> Result<ModelPlan<LmConfig>> {
         Ok(ModelPlan {
             config: cfg.model(data.vocab.len()),
             probe: Some(PrecisionProbe {
@@ -68,7 +71,6 @@ impl Setup for LmSetup {
         self,
         cfg: LmTrainConfig,
         data: LmData,
-        _: Vocab,
         trained: Trained<LmConfig>,
         device: &Device,
     ) -> Result<LmTask> {

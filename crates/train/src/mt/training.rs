@@ -179,7 +179,7 @@ fn read_data(
     own: Option<Subword>,
     init: Option<&(std::path::PathBuf, LoadedMt)>,
     progress: &mut dyn Progress,
-) -> Result<(MtData, Subword)> {
+) -> Result<MtData> {
     let files = cfg.sources()?;
 
     let t0 = Instant::now();
@@ -339,22 +339,23 @@ fn read_data(
             ));
         }
     }
-    let data = MtData {
+    Ok(MtData {
         train: train_data,
         keep,
         valid,
         test_files: files.test,
-    };
-    Ok((data, tokenizer))
+        tokenizer,
+    })
 }
 
 /// Translation's data, encoded: the training pairs and which of them train, the validation
-/// pairs, the test set (read when testing).
+/// pairs, the test set (read when testing), and the tokenizer that encoded them.
 pub(super) struct MtData {
     train: EncodedSplit,
     keep: Vec<usize>,
     valid: EncodedSplit,
     test_files: Option<PairSource>,
+    tokenizer: Subword,
 }
 
 /// Translation's start on the runner: the corpus read and encoded with the run's tokenizer
@@ -380,7 +381,7 @@ impl runner::Setup for MtSetup {
         opts: &MtTrainOptions,
         resuming: bool,
         progress: &mut dyn Progress,
-    ) -> Result<(MtData, Subword)> {
+    ) -> Result<MtData> {
         if let (Some(from), false) = (cfg.init_from.clone(), resuming) {
             let loaded = match self.early.take() {
                 Some(l) => l,
@@ -405,15 +406,18 @@ impl runner::Setup for MtSetup {
         read_data(cfg, own, self.init.as_ref(), progress)
     }
 
+    fn tokenizer(data: &MtData) -> &Subword {
+        &data.tokenizer
+    }
+
     /// bf16 only where it measures faster here (fresh Transformer runs; a resumed run keeps
     /// its choice; the recurrent models train in f32).
     fn model(
         &self,
         cfg: &MtTrainConfig,
-        _: &MtData,
-        tokenizer: &Subword,
+        data: &MtData,
     ) -> Result<runner::ModelPlan<MtModelConfig>> {
-        let vocab = tokenizer.vocab_size();
+        let vocab = data.tokenizer.vocab_size();
         let recurrent = matches!(cfg.arch, Arch::Gru | Arch::GruDot | Arch::GruBahdanau);
         Ok(runner::ModelPlan {
             config: match &self.init {
@@ -443,7 +447,6 @@ impl runner::Setup for MtSetup {
         self,
         cfg: MtTrainConfig,
         data: MtData,
-        tokenizer: Subword,
         trained: Trained<MtModelConfig>,
         device: &candle_core::Device,
     ) -> Result<MtTask> {
@@ -469,7 +472,7 @@ impl runner::Setup for MtSetup {
             },
             vars,
             trained,
-            tokenizer,
+            tokenizer: data.tokenizer,
             train: data.train,
             keep: data.keep,
             valid: data.valid,

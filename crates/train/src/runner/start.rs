@@ -73,7 +73,8 @@ pub trait Setup {
     type Task: Task;
     /// The tokenizer the run keeps in its directory (`()` for none).
     type Tokenizer: RunTokenizer;
-    /// What the task reads before its model is built (its data, encoded).
+    /// What the task reads before its model is built: its data, encoded, with the tokenizer
+    /// that encoded it ([`Self::tokenizer`]).
     type Data;
 
     /// Reads the task's data and encodes it: with `tokenizer`, the run's own, when resuming;
@@ -88,14 +89,16 @@ pub trait Setup {
         opts: &RunOptions<<Self::Task as Task>::Config>,
         resuming: bool,
         progress: &mut dyn Progress,
-    ) -> Result<(Self::Data, Self::Tokenizer)>;
+    ) -> Result<Self::Data>;
+
+    /// The tokenizer `data` was encoded with (a fresh run writes it).
+    fn tokenizer(data: &Self::Data) -> &Self::Tokenizer;
 
     /// The model to build for `data`.
     fn model(
         &self,
         config: &<Self::Task as Task>::Config,
         data: &Self::Data,
-        tokenizer: &Self::Tokenizer,
     ) -> Result<ModelPlan<<Self::Task as Task>::ModelConfig>>;
 
     /// Log lines about the built model, printed before its precision's (none by default).
@@ -113,7 +116,6 @@ pub trait Setup {
         self,
         config: <Self::Task as Task>::Config,
         data: Self::Data,
-        tokenizer: Self::Tokenizer,
         trained: Trained<<Self::Task as Task>::ModelConfig>,
         device: &candle_core::Device,
     ) -> Result<Self::Task>;
@@ -136,11 +138,11 @@ pub fn train<S: Setup>(
         true => Some(S::Tokenizer::load_from(run)?),
         false => None,
     };
-    let (data, tokenizer) = setup.data(&mut config, own, opts, resuming, progress)?;
-    let plan = setup.model(&config, &data, &tokenizer)?;
+    let data = setup.data(&mut config, own, opts, resuming, progress)?;
+    let plan = setup.model(&config, &data)?;
     let started = start_model(opts, resuming, &mut config, plan.config, plan.probe)?;
     if started.fresh {
-        tokenizer.save_in(run)?;
+        S::tokenizer(&data).save_in(run)?;
     }
     for line in setup.model_lines(&config, &started.trained) {
         progress.line(&line);
@@ -148,7 +150,7 @@ pub fn train<S: Setup>(
     if let Some(line) = started.precision_line.or(plan.precision_note) {
         progress.line(&line);
     }
-    let mut task = setup.task(config, data, tokenizer, started.trained, &opts.device)?;
+    let mut task = setup.task(config, data, started.trained, &opts.device)?;
     let summary = super::run(&mut task, opts, saved, progress)?;
     Ok((task, summary))
 }

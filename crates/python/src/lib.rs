@@ -855,17 +855,7 @@ impl Translator {
         }
         let target_prefix = {
             let tok = self.tokenizer_ref();
-            let unk = tok
-                .as_published()
-                .map_or(tok.specials().unk, |p| p.target.vocab.unk());
-            prefixes
-                .iter()
-                .map(|p| {
-                    p.iter()
-                        .map(|t| tok.token_to_id(t).unwrap_or(unk))
-                        .collect()
-                })
-                .collect()
+            prefixes.iter().map(|p| tok.target_ids(p)).collect()
         };
         let batch_rows = match max_batch {
             0 => transformer_runtime::translate::DECODE_BATCH_ROWS,
@@ -893,10 +883,7 @@ impl Translator {
         // pieces; a run of this project's: the last layer's heads averaged, with `</s>`.
         let published = self.engine.run().config.published.as_ref();
         let align = published.map(|p| p.alignment(shape.0, shape.1));
-        let unk_piece = tok.token(
-            tok.as_published()
-                .map_or(tok.specials().unk, |p| p.target.vocab.unk()),
-        );
+        let unk_piece = tok.token(tok.target_unk());
         let mut out = Vec::with_capacity(nbest.len());
         for ((hs, src_ids), src_pieces) in nbest.iter().zip(&ids).zip(&src) {
             let alignment = |h: &Hypothesis, rows: usize| match align {

@@ -217,12 +217,7 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
         if !p.target_prefix.is_empty() {
             // Forced as CTranslate2 forces a target prefix (an unknown token as `<unk>`),
             // and removed from the text as Argos Translate removes it.
-            let unk = tokenizer.as_published().map_or(0, |t| t.target.vocab.unk());
-            rules.target_prefix = p
-                .target_prefix
-                .iter()
-                .map(|t| tokenizer.token_to_id(t).unwrap_or(unk))
-                .collect();
+            rules.target_prefix = tokenizer.target_ids(&p.target_prefix);
             tokenizer = tokenizer.with_strip_prefix(Some(p.target_prefix.concat()));
             decoding.push(format!(
                 "decoding: every translation starts with the target prefix {:?}",

@@ -164,6 +164,25 @@ impl Subword {
         }
     }
 
+    /// The target's unknown id: a published model's target vocabulary's, else the fixed
+    /// `<unk>`.
+    pub fn target_unk(&self) -> u32 {
+        match &self.kind {
+            Kind::Published(p) => p.target.vocab.unk(),
+            Kind::Trained(_) => Specials::FIXED.unk,
+        }
+    }
+
+    /// The target ids of the pieces `tokens` (a forced target prefix), a piece the vocabulary
+    /// lacks as [`Self::target_unk`] (CTranslate2 forces `<unk>` there).
+    pub fn target_ids(&self, tokens: &[String]) -> Vec<u32> {
+        let unk = self.target_unk();
+        tokens
+            .iter()
+            .map(|t| self.token_to_id(t).unwrap_or(unk))
+            .collect()
+    }
+
     /// The source id of the piece `token` (a published model's source vocabulary; else
     /// [`Subword::token_to_id`]).
     pub fn source_token_to_id(&self, token: &str) -> Option<u32> {

@@ -218,16 +218,33 @@ struct InfoArgs {
 }
 
 fn main() {
-    // Reuse freed step buffers; a shorter spin for candle's pool (see the module docs).
-    transformer_train::runtime::configure();
+    let cli = Cli::parse();
+    // Reuse freed step buffers where training steps run; a shorter spin for candle's pool
+    // (see the module docs).
+    transformer_train::runtime::configure(cli.command.runs_training_steps());
     quiet_on_closed_stdout();
-    if let Err(e) = run(Cli::parse()) {
+    if let Err(e) = run(cli) {
         // Output into a closed pipe (`| head -1`): the reader has what it wanted.
         if is_broken_pipe(&e) {
             std::process::exit(0);
         }
         eprintln!("error: {}", said_once(&e));
         std::process::exit(1);
+    }
+}
+
+impl Command {
+    /// Whether the command runs training steps (training, and the benchmarks of a step),
+    /// whose buffers freed at each step are better kept for the next
+    /// ([`transformer_train::runtime::keep_freed_memory`]).
+    fn runs_training_steps(&self) -> bool {
+        matches!(
+            self,
+            Command::CopyTask(_)
+                | Command::Lm(lm::LmCommand::Train(_))
+                | Command::Mt(mt::MtCommand::Train(_))
+                | Command::Bench(bench::BenchCommand::Lm(_) | bench::BenchCommand::Mt(_))
+        )
     }
 }
 

@@ -143,14 +143,30 @@ pub struct DecodeCache {
     wt: Arc<Vec<WeightForms>>,
 }
 
-/// One weight matrix of the stack in the forms the f32 products read: transposed (`W^T`,
-/// for gemm and the one-row kernel), and packed into panels for products of several rows
-/// ([`super::panels`], for the kernel this CPU runs; `None` where it runs none). Neither
-/// for biases and norms.
+/// One weight matrix of the stack in the forms the f32 products read: packed into panels
+/// for products of several rows ([`super::panels`], for the kernel this CPU runs), and
+/// transposed (`W^T`) only where something reads it: gemm where no panels run, and the
+/// one-row kernel on AVX-512. Each form is as large as the weight (100 MB at the paper's
+/// base size), so a form nothing reads is not made. Neither for biases, norms and the
+/// encoder-decoder attention's key and value projections (the memory's keys and values are
+/// made once per batch from the weights as they are).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct WeightForms {
     wt: Vec<f32>,
     panels: Option<panels::Packed>,
+}
+
+impl WeightForms {
+    /// The forms of `w` (`rows x cols`, row-major) that [`project`] reads on this CPU.
+    fn of(w: &[f32], rows: usize, cols: usize) -> Self {
+        let panels = panels::Packed::for_this_cpu(w, rows, cols);
+        let wt = if panels.is_none() || float::avx512() {
+            transpose_matrix(w, rows, cols)
+        } else {
+            Vec::new()
+        };
+        Self { wt, panels }
+    }
 }
 
 impl DecodeCache {
@@ -301,10 +317,9 @@ impl DecoderStack {
                 let (l, k) = (i / slot::COUNT, i % slot::COUNT);
                 let t = &self.layers[l].tensors[k];
                 match t.dims2() {
-                    Ok((rows, cols)) if k < slot::N1_W => WeightForms {
-                        wt: transpose_matrix(w[i], rows, cols),
-                        panels: panels::Packed::for_this_cpu(w[i], rows, cols),
-                    },
+                    Ok((rows, cols)) if k < slot::N1_W && k != slot::CK_W && k != slot::CV_W => {
+                        WeightForms::of(w[i], rows, cols)
+                    }
                     _ => WeightForms::default(),
                 }
             })

@@ -11,7 +11,7 @@ use crate::Result;
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use std::any::Any;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -110,7 +110,22 @@ impl Params {
     /// present with the same shape; extra tensors are an error too, so a checkpoint from a
     /// different model is caught rather than half-loaded.
     pub fn assign(&self, tensors: &HashMap<String, Tensor>) -> Result<()> {
+        self.assign_rest(tensors, &HashSet::new())
+    }
+
+    /// [`Params::assign`] for parameters created from their loaded values
+    /// ([`ParamBuilder::with_values`]): those named in `loaded` are taken as assigned, the
+    /// others from `tensors` (what the builder did not take), with the same checks and
+    /// errors in the same order as [`Params::assign`] of the whole file.
+    pub fn assign_rest(
+        &self,
+        tensors: &HashMap<String, Tensor>,
+        loaded: &HashSet<String>,
+    ) -> Result<()> {
         for (name, var) in &self.vars {
+            if loaded.contains(name) {
+                continue;
+            }
             let t = tensors.get(name).ok_or_else(|| {
                 candle_core::Error::Msg(format!(
                     "weights have no tensor {name:?} (this model needs {} parameters)",
@@ -162,6 +177,11 @@ struct BuilderState {
     precision: Precision,
     decoding: DecodePrecision,
     candidates: Option<Arc<dyn CandidateVocab>>,
+    /// Values to create parameters from instead of drawing them ([`ParamBuilder::with_values`]),
+    /// each taken out when its parameter is created.
+    values: HashMap<String, Tensor>,
+    /// The parameters created from `values`, which re-initialisation leaves alone.
+    loaded: HashSet<String>,
     /// An `Arc<dyn Backend>` ([`crate::backend`]'s `ParamBuilder::with_backend`). The
     /// builder sits below the layers and the backends, which are made of layers, so it
     /// keeps the backend without naming its type; the stacks read it back by that type.
@@ -191,6 +211,8 @@ impl ParamBuilder {
                 precision: Precision::F32,
                 decoding: DecodePrecision::F32,
                 candidates: None,
+                values: HashMap::new(),
+                loaded: HashSet::new(),
                 backend: None,
             })),
             prefix: String::new(),
@@ -273,14 +295,51 @@ impl ParamBuilder {
         self.state.borrow().device.clone()
     }
 
+    /// The same builder, which creates each parameter from the tensor of its name in
+    /// `values` (a loaded checkpoint) where it has one of the parameter's shape, instead of
+    /// drawing it and copying the loaded values in afterwards: a model loaded for decoding
+    /// then never holds two copies of its weights (at the paper's base size, 190 MB that
+    /// were the process's peak memory). Finish with [`Self::assign_rest`], which checks and
+    /// assigns what was not taken as [`Params::assign`] does.
+    pub fn with_values(self, values: HashMap<String, Tensor>) -> Self {
+        self.state.borrow_mut().values = values;
+        self
+    }
+
+    /// After building with [`Self::with_values`]: assigns the values the parameters were not
+    /// created from, with [`Params::assign`]'s checks and errors (every parameter present
+    /// with its shape, no tensor left over).
+    pub fn assign_rest(&self) -> Result<()> {
+        let (rest, loaded) = {
+            let mut st = self.state.borrow_mut();
+            (
+                std::mem::take(&mut st.values),
+                std::mem::take(&mut st.loaded),
+            )
+        };
+        self.params().assign_rest(&rest, &loaded)
+    }
+
     /// Creates the parameter `<prefix>.<name>` and returns its tensor.
     pub fn var(&self, name: &str, shape: impl Into<Shape>, init: Init) -> Result<Tensor> {
         let shape = shape.into();
-        let mut st = self.state.borrow_mut();
-        let values = init.values(&st.rng, shape.elem_count());
-        let t = Tensor::from_vec(values, shape, &st.device)?.to_dtype(st.dtype)?;
-        let var = Var::from_tensor(&t)?;
         let full = self.pp(name).prefix;
+        let mut st = self.state.borrow_mut();
+        let given = match st.values.get(&full) {
+            Some(t) if t.dims() == shape.dims() => st.values.remove(&full),
+            _ => None,
+        };
+        let t = match given {
+            Some(t) => {
+                st.loaded.insert(full.clone());
+                t.to_dtype(st.dtype)?.to_device(&st.device)?
+            }
+            None => {
+                let values = init.values(&st.rng, shape.elem_count());
+                Tensor::from_vec(values, shape, &st.device)?.to_dtype(st.dtype)?
+            }
+        };
+        let var = Var::from_tensor(&t)?;
         st.params.insert(full, var.clone())?;
         Ok(var.as_tensor().clone())
     }
@@ -294,6 +353,9 @@ impl ParamBuilder {
             .params
             .get(&full)
             .ok_or_else(|| candle_core::Error::Msg(format!("no parameter {full}")))?;
+        if st.loaded.contains(&full) {
+            return Ok(());
+        }
         let values = init.values(&st.rng, var.elem_count());
         let t = Tensor::from_vec(values, var.shape(), var.device())?;
         var.set(&t.to_dtype(var.dtype())?)
@@ -306,7 +368,7 @@ impl ParamBuilder {
         let st = self.state.borrow();
         for (name, var) in st.params.iter() {
             let under = self.prefix.is_empty() || name.starts_with(&format!("{}.", self.prefix));
-            if under && var.rank() == 2 {
+            if under && var.rank() == 2 && !st.loaded.contains(name) {
                 let (mut fan_out, fan_in) = var.dims2()?;
                 // PyTorch initialises the packed in_proj_weight (3C, C) as one matrix; our
                 // split q/k/v projections get the same bound.

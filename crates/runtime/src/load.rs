@@ -205,12 +205,14 @@ pub fn load_run(run: &Path, how: &Execution) -> Result<LoadedMt> {
         ));
         pb = pb.with_candidates(std::sync::Arc::new(map));
     }
+    // Each parameter made from its loaded tensor (no second copy of the weights).
+    let pb = pb.with_values(tensors);
     let mut model = MtModel::build(&pb, &model_config)?;
-    let params = pb.params();
-    params.assign(&tensors).map_err(|e| Error::Checkpoint {
+    pb.assign_rest().map_err(|e| Error::Checkpoint {
         path: path.clone(),
         msg: e.to_string(),
     })?;
+    let params = pb.params();
     let mut tokenizer = tokenizer;
     if let Some(p) = &config.published {
         let mut rules = EngineRules::default();

@@ -70,8 +70,8 @@ impl EncoderBench {
 }
 
 fn main() -> candle_core::Result<()> {
-    // The process settings of the `transformer` command.
-    transformer_train::runtime::configure();
+    // The process settings of the `transformer` command's training.
+    transformer_train::runtime::configure(true);
     // PRECISION=bf16: the training loss's products in bf16 on AMX.
     let precision: transformer_model::Precision = std::env::var("PRECISION")
         .unwrap_or_else(|_| "f32".into())

@@ -3,8 +3,11 @@
 //! vocabulary 8,000), each kernel this CPU runs, on one thread; and this machine's int8
 //! peak (a register-only loop of `vpdpbusd`), so the kernels' rate can be read against it.
 //!
+//! With `base`, the shapes of the paper's base model instead (d_model 512, FFN 2048,
+//! vocabulary 8,000) at 125, 25, 5 and 1 rows.
+//!
 //! ```text
-//! cargo run --release -p transformer-kernels --example int8_bench [REPEATS]
+//! cargo run --release -p transformer-kernels --example int8_bench [REPEATS] [base]
 //! ```
 
 use candle_core::{Device, Result, Tensor};
@@ -86,13 +89,31 @@ fn main() -> Result<()> {
         "{:<34} {:>10} {:>9}   {}",
         "product (rows x outputs x inputs)", "f32 ms", "GMAC/s", "int8 kernels: ms (GMAC/s)"
     );
-    for (name, n, out, k) in [
+    let base = std::env::args().nth(2).is_some_and(|s| s == "base");
+    let default_shapes = [
         ("projection 125 x 256 x 256", 125, 256, 256),
         ("feed-forward 125 x 512 x 256", 125, 512, 256),
         ("feed-forward 125 x 256 x 512", 125, 256, 512),
         ("output layer 125 x 8000 x 256", 125, 8000, 256),
         ("output layer, greedy 1 x 8000 x 256", 1, 8000, 256),
-    ] {
+    ];
+    let base_shapes = [
+        ("projection 125 x 512 x 512", 125, 512, 512),
+        ("feed-forward 125 x 2048 x 512", 125, 2048, 512),
+        ("feed-forward 125 x 512 x 2048", 125, 512, 2048),
+        ("output layer 125 x 8000 x 512", 125, 8000, 512),
+        ("projection 25 x 512 x 512", 25, 512, 512),
+        ("feed-forward 25 x 2048 x 512", 25, 2048, 512),
+        ("projection 5 x 512 x 512", 5, 512, 512),
+        ("feed-forward 5 x 2048 x 512", 5, 2048, 512),
+        ("output layer 5 x 8000 x 512", 5, 8000, 512),
+        ("projection 1 x 512 x 512", 1, 512, 512),
+        ("feed-forward 1 x 2048 x 512", 1, 2048, 512),
+        ("feed-forward 1 x 512 x 2048", 1, 512, 2048),
+        ("output layer, greedy 1 x 8000 x 512", 1, 8000, 512),
+    ];
+    let shapes: &[(&str, usize, usize, usize)] = if base { &base_shapes } else { &default_shapes };
+    for &(name, n, out, k) in shapes {
         let (w, b, x) = (data(out * k)?, data(out)?, data(n * k)?);
         let macs = (n * out * k) as f64;
         let wt = Tensor::from_vec(w.clone(), (out, k), &dev)?

@@ -17,9 +17,19 @@
 //!   `128 sum_k qW[o, k]` (precomputed per output) is taken off the sums. Weights are packed
 //!   in blocks of 16 outputs x 4 inputs (64 bytes, one register): a tile of 4 rows x 64
 //!   outputs keeps 16 accumulators in registers and loads each weight byte once per 4 rows.
-//! - **AVX2** (every x86-64 CPU this project runs on): `vpmaddubsw` would saturate its i16
-//!   pair sums (255 x 127 x 2 > 32767), so the bytes are widened to i16 and multiplied with
-//!   `vpmaddwd` (16 products per instruction, exact).
+//! - **AVX2** (every x86-64 CPU this project runs on): `vpmaddubsw` multiplies 32 unsigned
+//!   bytes by 32 signed bytes and adds pairs of products into i16 lanes, saturating. With
+//!   VNNI's `qx + 128` a pair could reach 255 x 127 x 2 > 32767, so instead the sign of `qx`
+//!   moves onto the weight: `vpmaddubsw(|qx|, sign(qW, qx))` (`vpsignb` negates, keeps or
+//!   zeroes each weight byte by the sign of the activation byte) multiplies `|qx| <= 127` by
+//!   `±qW` with `|qW| <= 127`, each product being `qx qW` exactly, and a pair of them has a
+//!   magnitude at most 127 x 127 x 2 = 32258 < 32767: no saturation, ever, because both
+//!   operands are symmetric in [-127, 127] (never -128). `vpmaddwd` with ones then adds
+//!   pairs of i16 lanes into exact i32 lanes (4 products each). Weights are packed in blocks
+//!   of 8 outputs x 4 inputs (32 bytes, one register), 4 bytes of an activation row are
+//!   broadcast to every lane, and a tile of 3 rows x 3 blocks (2 x 4 and 1 x 4 for the
+//!   last rows) keeps its accumulators in registers: no horizontal sums, each weight byte loaded once per tile of rows. The
+//!   scaling to f32 is done in the tile, straight into the output.
 //! - **Scalar**: the reference.
 
 #[cfg(target_arch = "x86_64")]
@@ -30,7 +40,7 @@ use std::arch::x86_64::*;
 pub enum Int8Kernel {
     /// AVX512-VNNI `vpdpbusd`.
     Avx512Vnni,
-    /// AVX2 with widening to i16.
+    /// AVX2 `vpmaddubsw` on the activations' magnitudes and the signed weights.
     Avx2,
     /// Plain Rust.
     Scalar,
@@ -80,6 +90,20 @@ impl Int8Kernel {
 /// Outputs per VNNI block.
 const BLOCK: usize = 16;
 
+/// Outputs per AVX2 block.
+const AVX2_BLOCK: usize = 8;
+
+/// Rows of the AVX2 kernel's largest tile (3 rows x 3 blocks measured a little faster
+/// than 4 x 2, 5 x 2 or 4 x 3 on a Zen 3; all within the noise of a shared machine).
+const AVX2_ROWS: usize = 3;
+
+std::thread_local! {
+    /// Each thread's buffers for [`QuantizedLinear::forward_outputs`]: the quantized rows,
+    /// their scales and the i32 sums (VNNI, scalar), kept between calls.
+    static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<f32>, Vec<i32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
 /// A linear layer's weight in int8 (one scale per output row) and its bias, laid out for
 /// one kernel.
 #[derive(Debug, Clone)]
@@ -90,8 +114,9 @@ pub struct QuantizedLinear {
     k: usize,
     /// Inputs padded to a multiple of 16 (AVX2) or 4 (VNNI), the padding zero.
     kp: usize,
-    /// The weights: `[out][kp]` row-major (AVX2, scalar), or VNNI blocks
-    /// `[out / 16][kp / 4][16][4]` (outputs padded to 16).
+    /// The weights: `[out][kp]` row-major (scalar), AVX2 blocks `[out / 8][kp / 4][8][4]`
+    /// (outputs padded to 8), or VNNI blocks `[out / 16][kp / 4][16][4]` (outputs padded
+    /// to 16).
     w: Vec<i8>,
     /// `scale_o` per output.
     scale: Vec<f32>,
@@ -132,6 +157,17 @@ impl QuantizedLinear {
                 }
                 p
             }
+            Int8Kernel::Avx2 => {
+                let blocks = out.div_ceil(AVX2_BLOCK);
+                let mut p = vec![0i8; blocks * AVX2_BLOCK * kp];
+                for o in 0..out {
+                    let (b, lane) = (o / AVX2_BLOCK, o % AVX2_BLOCK);
+                    for j in 0..kp {
+                        p[((b * (kp / 4) + j / 4) * AVX2_BLOCK + lane) * 4 + j % 4] = q[o * kp + j];
+                    }
+                }
+                p
+            }
             _ => q,
         };
         Self {
@@ -166,33 +202,57 @@ impl QuantizedLinear {
         self.w.len() + 4 * (self.scale.len() + self.excess.len() + self.bias.len())
     }
 
+    /// Outputs per block of the weights' layout: where [`Self::forward_outputs`]'s ranges
+    /// may start.
+    fn block(&self) -> usize {
+        match self.kernel {
+            Int8Kernel::Avx512Vnni => BLOCK,
+            Int8Kernel::Avx2 => AVX2_BLOCK,
+            Int8Kernel::Scalar => 1,
+        }
+    }
+
     /// `y = x W^T + b` for the rows of `x` (`n x k`), outputs `outs` only, into `y`
-    /// (`n x outs.len()`, row-major), on the calling thread.
+    /// (`n x outs.len()`, row-major), on the calling thread. `outs` starts on a block of the
+    /// layout (a multiple of 16 serves every kernel).
     pub fn forward_outputs(&self, y: &mut [f32], x: &[f32], outs: std::ops::Range<usize>) {
         let (k, kp) = (self.k, self.kp);
         let n = x.len() / k;
         let width = outs.len();
         assert_eq!(x.len(), n * k, "input size");
         assert_eq!(y.len(), n * width, "output size");
-        let (qx, sx) = quantize_rows(x, k, kp, self.kernel == Int8Kernel::Avx512Vnni);
-        let mut acc = vec![0i32; n * width];
-        match self.kernel {
+        assert!(
+            outs.start % self.block() == 0 && outs.end <= self.out,
+            "outputs {outs:?} of {}, in blocks of {}",
+            self.out,
+            self.block()
+        );
+        SCRATCH.with_borrow_mut(|(qx, sx, acc)| {
+            quantize_rows(x, k, kp, self.kernel == Int8Kernel::Avx512Vnni, qx, sx);
             #[cfg(target_arch = "x86_64")]
-            Int8Kernel::Avx512Vnni => unsafe { self.dots_vnni(&qx, n, outs.clone(), &mut acc) },
-            #[cfg(target_arch = "x86_64")]
-            Int8Kernel::Avx2 => unsafe { self.dots_avx2(&qx, n, outs.clone(), &mut acc) },
-            _ => self.dots_scalar(&qx, n, outs.clone(), &mut acc),
-        }
-        let (scale, bias) = (&self.scale[outs.clone()], &self.bias[outs]);
-        for ((yr, ar), &s) in y
-            .chunks_exact_mut(width)
-            .zip(acc.chunks_exact(width))
-            .zip(&sx)
-        {
-            for (((yv, &a), &ws), &b) in yr.iter_mut().zip(ar).zip(scale).zip(bias) {
-                *yv = a as f32 * (s * ws) + b;
+            if self.kernel == Int8Kernel::Avx2 {
+                // The scaling is done in the tiles, straight into `y`.
+                unsafe { self.forward_avx2(y, qx, sx, n, outs) };
+                return;
             }
-        }
+            acc.clear();
+            acc.resize(n * width, 0);
+            match self.kernel {
+                #[cfg(target_arch = "x86_64")]
+                Int8Kernel::Avx512Vnni => unsafe { self.dots_vnni(qx, n, outs.clone(), acc) },
+                _ => self.dots_scalar(qx, n, outs.clone(), acc),
+            }
+            let (scale, bias) = (&self.scale[outs.clone()], &self.bias[outs]);
+            for ((yr, ar), &s) in y
+                .chunks_exact_mut(width)
+                .zip(acc.chunks_exact(width))
+                .zip(sx.iter())
+            {
+                for (((yv, &a), &ws), &b) in yr.iter_mut().zip(ar).zip(scale).zip(bias) {
+                    *yv = a as f32 * (s * ws) + b;
+                }
+            }
+        })
     }
 
     /// `y = x W^T + b` for every output, on the calling thread.
@@ -224,11 +284,12 @@ impl QuantizedLinear {
             super::run_parallel(items, |(xs, ys)| self.forward(ys, xs));
             return;
         }
-        // Few rows: ranges of whole VNNI blocks of outputs, gathered afterwards.
-        let blocks = self.out.div_ceil(BLOCK);
+        // Few rows: ranges of whole blocks of outputs, gathered afterwards.
+        let block = self.block().max(BLOCK);
+        let blocks = self.out.div_ceil(block);
         let ranges = super::split_ranges(blocks, work, 1 << 20);
         let parts = super::run_parallel(ranges, |r| {
-            let outs = r.start * BLOCK..(r.end * BLOCK).min(self.out);
+            let outs = r.start * block..(r.end * block).min(self.out);
             let mut part = vec![0f32; n * outs.len()];
             self.forward_outputs(&mut part, x, outs.clone());
             (outs, part)
@@ -270,42 +331,134 @@ impl QuantizedLinear {
                 let (b, lane) = (o / BLOCK, o % BLOCK);
                 self.w[((b * (self.kp / 4) + j / 4) * BLOCK + lane) * 4 + j % 4]
             }
-            _ => self.w[o * self.kp + j],
+            Int8Kernel::Avx2 => {
+                let (b, lane) = (o / AVX2_BLOCK, o % AVX2_BLOCK);
+                self.w[((b * (self.kp / 4) + j / 4) * AVX2_BLOCK + lane) * 4 + j % 4]
+            }
+            Int8Kernel::Scalar => self.w[o * self.kp + j],
         }
     }
 
+    /// The AVX2 kernel: `y` (`n x outs.len()`) from the quantized rows `qx` (`n x kp`) and
+    /// their scales `sx`, by tiles of rows x blocks of 8 outputs.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn dots_avx2(&self, qx: &[u8], n: usize, outs: std::ops::Range<usize>, acc: &mut [i32]) {
-        let kp = self.kp;
-        let width = outs.len();
-        let hsum = |v: __m256i| -> i32 {
-            let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-            _mm_cvtsi128_si32(s)
-        };
+    unsafe fn forward_avx2(
+        &self,
+        y: &mut [f32],
+        qx: &[u8],
+        sx: &[f32],
+        n: usize,
+        outs: std::ops::Range<usize>,
+    ) {
+        debug_assert_eq!(outs.start % AVX2_BLOCK, 0);
+        debug_assert!(qx.len() >= n * self.kp && sx.len() >= n && y.len() >= n * outs.len());
+        let (b0, b1) = (outs.start / AVX2_BLOCK, outs.end.div_ceil(AVX2_BLOCK));
         let mut i = 0;
         while i < n {
-            let rows = (n - i).min(4);
-            for (j, o) in outs.clone().enumerate() {
-                let wr = self.w.as_ptr().add(o * kp);
-                let mut a = [_mm256_setzero_si256(); 4];
-                let mut kk = 0;
-                while kk < kp {
-                    let w16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wr.add(kk) as *const __m128i));
-                    for (r, ar) in a.iter_mut().enumerate().take(rows) {
-                        let xp = qx.as_ptr().add((i + r) * kp + kk) as *const __m128i;
-                        let x16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(xp));
-                        *ar = _mm256_add_epi32(*ar, _mm256_madd_epi16(x16, w16));
-                    }
-                    kk += 16;
+            let rows = (n - i).min(AVX2_ROWS);
+            let mut b = b0;
+            while b < b1 {
+                // The widest tile of these rows that fits in the 16 registers (the
+                // accumulators, a register per block of weights, the broadcast row, its
+                // magnitude, the ones and temporaries).
+                let blocks = (b1 - b).min(match rows {
+                    1 | 2 => 4,
+                    _ => 3,
+                });
+                let t = (y.as_mut_ptr(), qx, sx, i, b, &outs);
+                match (rows, blocks) {
+                    (3, 3) => self.tile_avx2::<3, 3>(t),
+                    (3, 2) => self.tile_avx2::<3, 2>(t),
+                    (3, _) => self.tile_avx2::<3, 1>(t),
+                    (2, 4) => self.tile_avx2::<2, 4>(t),
+                    (2, 3) => self.tile_avx2::<2, 3>(t),
+                    (2, 2) => self.tile_avx2::<2, 2>(t),
+                    (2, _) => self.tile_avx2::<2, 1>(t),
+                    (_, 4) => self.tile_avx2::<1, 4>(t),
+                    (_, 3) => self.tile_avx2::<1, 3>(t),
+                    (_, 2) => self.tile_avx2::<1, 2>(t),
+                    (_, _) => self.tile_avx2::<1, 1>(t),
                 }
-                for (r, ar) in a.iter().enumerate().take(rows) {
-                    acc[(i + r) * width + j] = hsum(*ar);
-                }
+                b += blocks;
             }
             i += rows;
+        }
+    }
+
+    /// Rows `i..i + R` x blocks `b..b + B` of 8 outputs, scaled and biased into `y` (rows of
+    /// `outs.len()`, starting at output `outs.start`); `(y, qx, sx, i, b, outs)` as
+    /// [`Self::forward_avx2`] has them. Outputs past `outs.end` (the padding of the last
+    /// block, or outputs of another range) are computed and dropped.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn tile_avx2<const R: usize, const B: usize>(
+        &self,
+        (y, qx, sx, i, b, outs): (
+            *mut f32,
+            &[u8],
+            &[f32],
+            usize,
+            usize,
+            &std::ops::Range<usize>,
+        ),
+    ) {
+        let kp = self.kp;
+        let k4s = kp / 4;
+        let ones = _mm256_set1_epi16(1);
+        let mut a = [[_mm256_setzero_si256(); B]; R];
+        // Block `b + bb`'s 32 bytes for inputs `4 k4..4 k4 + 4` at `wp + (bb k4s + k4) 32`.
+        let wp = self.w.as_ptr().add(b * k4s * 32);
+        let xp = qx.as_ptr().add(i * kp);
+        for k4 in 0..k4s {
+            let mut wv = [_mm256_setzero_si256(); B];
+            for (bb, v) in wv.iter_mut().enumerate() {
+                *v = _mm256_loadu_si256(wp.add((bb * k4s + k4) * 32) as *const __m256i);
+            }
+            for (r, ar) in a.iter_mut().enumerate() {
+                let xv = _mm256_set1_epi32(std::ptr::read_unaligned(
+                    xp.add(r * kp + k4 * 4) as *const i32
+                ));
+                // |qx| as unsigned bytes (qx >= -127, so no overflow), and each weight byte
+                // with its activation's sign: products exact, pair sums <= 32258.
+                let ax = _mm256_abs_epi8(xv);
+                for (v, &w) in ar.iter_mut().zip(&wv) {
+                    let p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xv));
+                    *v = _mm256_add_epi32(*v, _mm256_madd_epi16(p, ones));
+                }
+            }
+        }
+        // `a as f32 * (s * scale) + bias`, as the other kernels' epilogue rounds it (no FMA).
+        let width = outs.len();
+        for (r, ar) in a.iter().enumerate() {
+            let s = sx[i + r];
+            let yr = y.add((i + r) * width);
+            for (bb, v) in ar.iter().enumerate() {
+                let o = (b + bb) * AVX2_BLOCK;
+                if o >= outs.end {
+                    break;
+                }
+                let f = _mm256_cvtepi32_ps(*v);
+                if o + AVX2_BLOCK <= outs.end {
+                    let sc = _mm256_mul_ps(
+                        _mm256_set1_ps(s),
+                        _mm256_loadu_ps(self.scale.as_ptr().add(o)),
+                    );
+                    let z = _mm256_add_ps(
+                        _mm256_mul_ps(f, sc),
+                        _mm256_loadu_ps(self.bias.as_ptr().add(o)),
+                    );
+                    _mm256_storeu_ps(yr.add(o - outs.start), z);
+                } else {
+                    let mut lanes = [0i32; AVX2_BLOCK];
+                    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, *v);
+                    for (lane, &t) in lanes.iter().enumerate().take(outs.end - o) {
+                        *yr.add(o + lane - outs.start) =
+                            t as f32 * (s * self.scale[o + lane]) + self.bias[o + lane];
+                    }
+                }
+            }
         }
     }
 
@@ -411,28 +564,55 @@ pub fn quantize_weight_rows(w: &[f32], cols: usize) -> (Vec<i8>, Vec<f32>) {
 }
 
 /// Each row of `x` (`n x k`) quantized to int8 with its own scale, padded with zeros to
-/// `kp`; `unsigned` adds 128 (VNNI's unsigned operand). Returns the bytes and the scales.
-fn quantize_rows(x: &[f32], k: usize, kp: usize, unsigned: bool) -> (Vec<u8>, Vec<f32>) {
+/// `kp`; `unsigned` adds 128 (VNNI's unsigned operand). Writes the bytes to `q` and the
+/// scales to `s` (resized to `n x kp` and `n`).
+fn quantize_rows(
+    x: &[f32],
+    k: usize,
+    kp: usize,
+    unsigned: bool,
+    q: &mut Vec<u8>,
+    s: &mut Vec<f32>,
+) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // The same code compiled for AVX2, where its loops vectorise.
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(x: &[f32], k: usize, kp: usize, unsigned: bool) -> (Vec<u8>, Vec<f32>) {
-            quantize_rows_plain(x, k, kp, unsigned)
+        unsafe fn avx2(
+            x: &[f32],
+            k: usize,
+            kp: usize,
+            unsigned: bool,
+            q: &mut Vec<u8>,
+            s: &mut Vec<f32>,
+        ) {
+            quantize_rows_plain(x, k, kp, unsigned, q, s)
         }
-        return unsafe { avx2(x, k, kp, unsigned) };
+        return unsafe { avx2(x, k, kp, unsigned, q, s) };
     }
-    quantize_rows_plain(x, k, kp, unsigned)
+    quantize_rows_plain(x, k, kp, unsigned, q, s)
 }
 
 #[inline(always)]
-fn quantize_rows_plain(x: &[f32], k: usize, kp: usize, unsigned: bool) -> (Vec<u8>, Vec<f32>) {
+fn quantize_rows_plain(
+    x: &[f32],
+    k: usize,
+    kp: usize,
+    unsigned: bool,
+    q: &mut Vec<u8>,
+    s: &mut Vec<f32>,
+) {
     let n = x.len() / k;
     let pad = if unsigned { 128u8 } else { 0 };
-    let mut q = vec![pad; n * kp];
-    let mut s = vec![1f32; n];
+    // Every byte is written below (a row's values, then its padding).
+    q.resize(n * kp, pad);
+    s.resize(n, 1.0);
     let shift = if unsigned { 128 } else { 0 };
-    for ((row, qr), si) in x.chunks_exact(k).zip(q.chunks_exact_mut(kp)).zip(&mut s) {
+    for ((row, qr), si) in x
+        .chunks_exact(k)
+        .zip(q.chunks_exact_mut(kp))
+        .zip(s.iter_mut())
+    {
         // The largest magnitude, per lane of 8 (a reduction the compiler vectorises; the
         // result is the same whatever the order, a maximum being exact).
         let mut lanes = [0f32; 8];
@@ -457,8 +637,8 @@ fn quantize_rows_plain(x: &[f32], k: usize, kp: usize, unsigned: bool) -> (Vec<u
             let t = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32;
             *qv = (t + shift) as u8;
         }
+        qr[k..].fill(pad);
     }
-    (q, s)
 }
 
 #[cfg(test)]
@@ -487,18 +667,28 @@ pub(crate) mod tests {
     }
 
     /// Every kernel gives the scalar kernel's output bit for bit, at shapes with edges (rows
-    /// not a multiple of 4, outputs not a multiple of 16 or 64, inputs not a multiple of 16).
+    /// not a multiple of the tiles' 2, 3 or 4, outputs not a multiple of 8, 16 or 64, inputs
+    /// not a multiple of 4, 16 or 32).
     #[test]
     fn every_kernel_equals_the_scalar_one_exactly() {
-        // The last two are large enough for forward_parallel to split rows, then outputs.
+        // The last three are large enough for forward_parallel to split rows, then outputs.
         for (n, out, k) in [
             (1, 1, 1),
             (3, 17, 5),
             (5, 70, 37),
             (9, 130, 256),
             (4, 64, 64),
+            (2, 8, 16),
+            (6, 24, 32),
+            (7, 9, 3),
+            (11, 41, 33),
+            (13, 23, 100),
+            (1, 57, 130),
+            (2, 33, 47),
+            (25, 100, 510),
             (37, 300, 256),
             (3, 2000, 256),
+            (5, 1003, 515),
         ] {
             let w = data(out * k, 1);
             let b = data(out, 2);
@@ -517,6 +707,91 @@ pub(crate) mod tests {
                 let mut y = vec![0f32; n * out];
                 q.forward_parallel(&mut y, &x);
                 assert_eq!(y, want, "{} in parallel at {n}x{out}x{k}", kern.name());
+            }
+        }
+    }
+
+    /// Every kernel's outputs over a range of outputs (starting on a block of 16, as
+    /// forward_parallel cuts them) are the same outputs of the whole product, bit for bit.
+    #[test]
+    fn output_ranges_equal_the_whole_product() {
+        let (n, out, k) = (7, 77, 45);
+        let w = data(out * k, 7);
+        let b = data(out, 8);
+        let x = data(n * k, 9);
+        for kern in kernels() {
+            let q = QuantizedLinear::new(&w, &b, out, k, kern);
+            let mut all = vec![0f32; n * out];
+            q.forward(&mut all, &x);
+            for outs in [0..16, 16..48, 32..77, 64..77, 48..64, 0..77, 16..17] {
+                let width = outs.len();
+                let mut y = vec![0f32; n * width];
+                q.forward_outputs(&mut y, &x, outs.clone());
+                for i in 0..n {
+                    assert_eq!(
+                        y[i * width..(i + 1) * width],
+                        all[i * out + outs.start..i * out + outs.end],
+                        "{} row {i}, outputs {outs:?}",
+                        kern.name()
+                    );
+                }
+            }
+        }
+    }
+
+    /// The extremes: rows and weights quantized to +-127 only (every pair of products at the
+    /// largest magnitude, 2 x 127 x 127, where a saturating i16 sum would show), of both
+    /// signs and mixed, and zeros; every kernel equals the scalar one and the exact sum.
+    #[test]
+    fn extreme_values_are_exact() {
+        let (n, out, k) = (5, 19, 1030);
+        let sign = |i: usize, pattern: usize| -> f32 {
+            match pattern {
+                0 => 1.0,
+                1 => -1.0,
+                2 => {
+                    if i % 2 == 0 {
+                        1.0
+                    } else {
+                        -1.0
+                    }
+                }
+                _ => {
+                    if (i / 3) % 2 == 0 {
+                        -1.0
+                    } else {
+                        1.0
+                    }
+                }
+            }
+        };
+        let w: Vec<f32> = (0..out * k).map(|t| sign(t % k, (t / k) % 4)).collect();
+        let x: Vec<f32> = (0..n * k)
+            .map(|t| if t / k == 4 { 0.0 } else { sign(t % k, t / k) })
+            .collect();
+        let b = vec![0f32; out];
+        let want = {
+            let q = QuantizedLinear::new(&w, &b, out, k, Int8Kernel::Scalar);
+            let mut y = vec![0f32; n * out];
+            q.forward(&mut y, &x);
+            y
+        };
+        for kern in kernels() {
+            let q = QuantizedLinear::new(&w, &b, out, k, kern);
+            let mut y = vec![0f32; n * out];
+            q.forward(&mut y, &x);
+            assert_eq!(y, want, "{}", kern.name());
+            for i in 0..n {
+                for o in 0..out {
+                    // The scales are 1 / 127 on both sides: y = sum of +-1 products.
+                    let want: f32 = (0..k).map(|j| x[i * k + j] * w[o * k + j]).sum();
+                    let got = y[i * out + o];
+                    assert!(
+                        (got - want).abs() <= 1e-3 * want.abs().max(1.0),
+                        "{} ({i}, {o}): {got} vs {want}",
+                        kern.name()
+                    );
+                }
             }
         }
     }

@@ -90,30 +90,25 @@ fn main() -> Result<()> {
         "product (rows x outputs x inputs)", "f32 ms", "GMAC/s", "int8 kernels: ms (GMAC/s)"
     );
     let base = std::env::args().nth(2).is_some_and(|s| s == "base");
-    let default_shapes = [
-        ("projection 125 x 256 x 256", 125, 256, 256),
-        ("feed-forward 125 x 512 x 256", 125, 512, 256),
-        ("feed-forward 125 x 256 x 512", 125, 256, 512),
-        ("output layer 125 x 8000 x 256", 125, 8000, 256),
-        ("output layer, greedy 1 x 8000 x 256", 1, 8000, 256),
-    ];
-    let base_shapes = [
-        ("projection 125 x 512 x 512", 125, 512, 512),
-        ("feed-forward 125 x 2048 x 512", 125, 2048, 512),
-        ("feed-forward 125 x 512 x 2048", 125, 512, 2048),
-        ("output layer 125 x 8000 x 512", 125, 8000, 512),
-        ("projection 25 x 512 x 512", 25, 512, 512),
-        ("feed-forward 25 x 2048 x 512", 25, 2048, 512),
-        ("projection 5 x 512 x 512", 5, 512, 512),
-        ("feed-forward 5 x 2048 x 512", 5, 2048, 512),
-        ("output layer 5 x 8000 x 512", 5, 8000, 512),
-        ("projection 1 x 512 x 512", 1, 512, 512),
-        ("feed-forward 1 x 2048 x 512", 1, 2048, 512),
-        ("feed-forward 1 x 512 x 2048", 1, 512, 2048),
-        ("output layer, greedy 1 x 8000 x 512", 1, 8000, 512),
-    ];
-    let shapes: &[(&str, usize, usize, usize)] = if base { &base_shapes } else { &default_shapes };
-    for &(name, n, out, k) in shapes {
+    // (rows, outputs, inputs): a layer's products at each number of rows, and the output
+    // layer of greedy decoding (one row).
+    let (d, f) = if base { (512, 2048) } else { (256, 512) };
+    let rows: &[usize] = if base { &[125, 25, 5, 1] } else { &[125] };
+    let mut shapes: Vec<(String, usize, usize, usize)> = Vec::new();
+    for &n in rows {
+        for (name, out, k) in [
+            ("projection", d, d),
+            ("feed-forward", f, d),
+            ("feed-forward", d, f),
+            ("output layer", 8000, d),
+        ] {
+            shapes.push((format!("{name} {n} x {out} x {k}"), n, out, k));
+        }
+    }
+    if !base {
+        shapes.push((format!("output layer, greedy 1 x 8000 x {d}"), 1, 8000, d));
+    }
+    for (name, n, out, k) in shapes {
         let (w, b, x) = (data(out * k)?, data(out)?, data(n * k)?);
         let macs = (n * out * k) as f64;
         let wt = Tensor::from_vec(w.clone(), (out, k), &dev)?

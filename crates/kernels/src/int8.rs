@@ -145,29 +145,20 @@ impl QuantizedLinear {
             q[o * kp..o * kp + k].copy_from_slice(row);
             excess[o] = 128 * row.iter().map(|&t| t as i32).sum::<i32>();
         }
+        // Blocks of `width` outputs x 4 inputs, `[out / width][kp / 4][width][4]`.
+        let blocks_of = |width: usize| {
+            let mut p = vec![0i8; out.div_ceil(width) * width * kp];
+            for o in 0..out {
+                let (b, lane) = (o / width, o % width);
+                for j in 0..kp {
+                    p[((b * (kp / 4) + j / 4) * width + lane) * 4 + j % 4] = q[o * kp + j];
+                }
+            }
+            p
+        };
         let w = match kernel {
-            Int8Kernel::Avx512Vnni => {
-                let blocks = out.div_ceil(BLOCK);
-                let mut p = vec![0i8; blocks * BLOCK * kp];
-                for o in 0..out {
-                    let (b, lane) = (o / BLOCK, o % BLOCK);
-                    for j in 0..kp {
-                        p[((b * (kp / 4) + j / 4) * BLOCK + lane) * 4 + j % 4] = q[o * kp + j];
-                    }
-                }
-                p
-            }
-            Int8Kernel::Avx2 => {
-                let blocks = out.div_ceil(AVX2_BLOCK);
-                let mut p = vec![0i8; blocks * AVX2_BLOCK * kp];
-                for o in 0..out {
-                    let (b, lane) = (o / AVX2_BLOCK, o % AVX2_BLOCK);
-                    for j in 0..kp {
-                        p[((b * (kp / 4) + j / 4) * AVX2_BLOCK + lane) * 4 + j % 4] = q[o * kp + j];
-                    }
-                }
-                p
-            }
+            Int8Kernel::Avx512Vnni => blocks_of(BLOCK),
+            Int8Kernel::Avx2 => blocks_of(AVX2_BLOCK),
             _ => q,
         };
         Self {
@@ -228,7 +219,8 @@ impl QuantizedLinear {
             self.block()
         );
         SCRATCH.with_borrow_mut(|(qx, sx, acc)| {
-            quantize_rows(x, k, kp, self.kernel == Int8Kernel::Avx512Vnni, qx, sx);
+            let unsigned = self.kernel == Int8Kernel::Avx512Vnni;
+            quantize_rows(x, RowLayout { k, kp, unsigned }, qx, sx);
             #[cfg(target_arch = "x86_64")]
             if self.kernel == Int8Kernel::Avx2 {
                 // The scaling is done in the tiles, straight into `y`.
@@ -563,45 +555,33 @@ pub fn quantize_weight_rows(w: &[f32], cols: usize) -> (Vec<i8>, Vec<f32>) {
     (q, scales)
 }
 
-/// Each row of `x` (`n x k`) quantized to int8 with its own scale, padded with zeros to
-/// `kp`; `unsigned` adds 128 (VNNI's unsigned operand). Writes the bytes to `q` and the
-/// scales to `s` (resized to `n x kp` and `n`).
-fn quantize_rows(
-    x: &[f32],
+/// How [`quantize_rows`] lays out the rows: `k` values padded with zeros to `kp`, and
+/// `unsigned` adding 128 (VNNI's unsigned operand).
+#[derive(Clone, Copy)]
+struct RowLayout {
     k: usize,
     kp: usize,
     unsigned: bool,
-    q: &mut Vec<u8>,
-    s: &mut Vec<f32>,
-) {
+}
+
+/// Each row of `x` (`n x k`) quantized to int8 with its own scale, laid out as `layout`
+/// says. Writes the bytes to `q` and the scales to `s` (resized to `n x kp` and `n`).
+fn quantize_rows(x: &[f32], layout: RowLayout, q: &mut Vec<u8>, s: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // The same code compiled for AVX2, where its loops vectorise.
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(
-            x: &[f32],
-            k: usize,
-            kp: usize,
-            unsigned: bool,
-            q: &mut Vec<u8>,
-            s: &mut Vec<f32>,
-        ) {
-            quantize_rows_plain(x, k, kp, unsigned, q, s)
+        unsafe fn avx2(x: &[f32], layout: RowLayout, q: &mut Vec<u8>, s: &mut Vec<f32>) {
+            quantize_rows_plain(x, layout, q, s)
         }
-        return unsafe { avx2(x, k, kp, unsigned, q, s) };
+        return unsafe { avx2(x, layout, q, s) };
     }
-    quantize_rows_plain(x, k, kp, unsigned, q, s)
+    quantize_rows_plain(x, layout, q, s)
 }
 
 #[inline(always)]
-fn quantize_rows_plain(
-    x: &[f32],
-    k: usize,
-    kp: usize,
-    unsigned: bool,
-    q: &mut Vec<u8>,
-    s: &mut Vec<f32>,
-) {
+fn quantize_rows_plain(x: &[f32], layout: RowLayout, q: &mut Vec<u8>, s: &mut Vec<f32>) {
+    let RowLayout { k, kp, unsigned } = layout;
     let n = x.len() / k;
     let pad = if unsigned { 128u8 } else { 0 };
     // Every byte is written below (a row's values, then its padding).
@@ -693,22 +673,31 @@ pub(crate) mod tests {
             let w = data(out * k, 1);
             let b = data(out, 2);
             let x = data(n * k, 3);
-            let want = {
-                let q = QuantizedLinear::new(&w, &b, out, k, Int8Kernel::Scalar);
-                let mut y = vec![0f32; n * out];
-                q.forward(&mut y, &x);
-                y
-            };
+            let want = product(Int8Kernel::Scalar, &w, &b, &x, out, k);
             for kern in kernels() {
                 let q = QuantizedLinear::new(&w, &b, out, k, kern);
-                let mut y = vec![0f32; n * out];
-                q.forward(&mut y, &x);
+                let y = product(kern, &w, &b, &x, out, k);
                 assert_eq!(y, want, "{} at {n}x{out}x{k}", kern.name());
                 let mut y = vec![0f32; n * out];
                 q.forward_parallel(&mut y, &x);
                 assert_eq!(y, want, "{} in parallel at {n}x{out}x{k}", kern.name());
             }
         }
+    }
+
+    /// `x W^T + b` by `kern` (`w`: `out x k`), on this thread.
+    fn product(
+        kern: Int8Kernel,
+        w: &[f32],
+        b: &[f32],
+        x: &[f32],
+        out: usize,
+        k: usize,
+    ) -> Vec<f32> {
+        let q = QuantizedLinear::new(w, b, out, k, kern);
+        let mut y = vec![0f32; x.len() / k * out];
+        q.forward(&mut y, x);
+        y
     }
 
     /// Every kernel's outputs over a range of outputs (starting on a block of 16, as
@@ -770,16 +759,9 @@ pub(crate) mod tests {
             .map(|t| if t / k == 4 { 0.0 } else { sign(t % k, t / k) })
             .collect();
         let b = vec![0f32; out];
-        let want = {
-            let q = QuantizedLinear::new(&w, &b, out, k, Int8Kernel::Scalar);
-            let mut y = vec![0f32; n * out];
-            q.forward(&mut y, &x);
-            y
-        };
+        let want = product(Int8Kernel::Scalar, &w, &b, &x, out, k);
         for kern in kernels() {
-            let q = QuantizedLinear::new(&w, &b, out, k, kern);
-            let mut y = vec![0f32; n * out];
-            q.forward(&mut y, &x);
+            let y = product(kern, &w, &b, &x, out, k);
             assert_eq!(y, want, "{}", kern.name());
             for i in 0..n {
                 for o in 0..out {

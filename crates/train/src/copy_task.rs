@@ -217,13 +217,7 @@ impl Task for CopyTask {
             100.0 * acc
         ));
         self.accuracy = Some(acc);
-        let record = Metric::Test {
-            step: t.state.step,
-            loss,
-            ppl: loss.exp(),
-            weights: t.state.best_weights,
-            scores: crate::metrics::Scores::default(),
-        };
+        let record = t.record(t.state.best_weights, loss, Default::default());
         Ok((vec![record], Some(loss)))
     }
 }
@@ -262,14 +256,7 @@ impl Setup for CopySetup {
     type Tokenizer = ();
     type Data = ();
 
-    fn data(
-        &mut self,
-        _: &mut CopyTaskConfig,
-        _: Option<()>,
-        _: &RunOptions<CopyTaskConfig>,
-        _: bool,
-        _: &mut dyn Progress,
-    ) -> Result<()> {
+    fn data(&mut self, _: &mut CopyTaskConfig, _: Option<()>, _: &mut dyn Progress) -> Result<()> {
         Ok(())
     }
 

@@ -88,7 +88,7 @@ pub use cross_entropy::{
     linear_cross_entropy_with, release_scratch,
 };
 pub use decoder_layer::{decoder_layer, DecoderLayerDropout};
-pub use decoder_step::{DecodeCache, DecoderLayerParams, DecoderStack, StepWeights};
+pub use decoder_step::{DecodeCache, DecoderLayerParams, DecoderStack, StackOptions, StepWeights};
 pub use dropout::{dropout, dropout_reference};
 pub use encoder_layer::{
     encoder_layer, encoder_layer_applies, EncoderLayerParams, LayerDropout, WeightBias,

@@ -184,10 +184,8 @@ impl Task for CopyTask {
 
     fn validate(&self, model: &Seq2Seq, _dist: &crate::dist::Dist) -> Result<Validation> {
         let loss = batch_loss(model, &self.held_out, &self.cfg, Mode::Eval)?;
-        Ok(Validation {
-            loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-            score: None,
-        })
+        let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        Ok(Validation::new(loss, None))
     }
 
     fn adam(&mut self) -> Option<&mut Adam> {

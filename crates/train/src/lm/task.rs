@@ -73,7 +73,7 @@ impl Setup for LmSetup {
         device: &Device,
     ) -> Result<LmTask> {
         let num_windows = data.train.num_windows(cfg.bptt);
-        let epoch_windows = cfg.max_batches.map_or(num_windows, |m| m.min(num_windows));
+        let epoch_windows = runner::epoch_batches(num_windows, cfg.max_batches);
         // The tutorial labels its log lines with len(train_data) // bptt.
         let label_batches = cfg
             .max_batches
@@ -174,10 +174,8 @@ impl Task for LmTask {
     }
 
     fn validate(&self, model: &TransformerLm, dist: &crate::dist::Dist) -> Result<Validation> {
-        Ok(Validation {
-            loss: evaluate_on(model, &self.data.valid, self.cfg.bptt, &self.device, dist)?,
-            score: None,
-        })
+        let loss = evaluate_on(model, &self.data.valid, self.cfg.bptt, &self.device, dist)?;
+        Ok(Validation::new(loss, None))
     }
 
     fn epoch_lines(&self, end: &EpochEnd) -> Vec<String> {

@@ -13,7 +13,7 @@ use std::time::Instant;
 use transformer_model::{DirectGrads, Rng};
 use transformer_text::bucket::PairBatch;
 use transformer_text::parallel::PairSource;
-use transformer_text::subword::{Subword, TextTokenizer};
+use transformer_text::subword::Subword;
 
 /// Translation as a task on the [`crate::runner`]: length-bucketed batches in a new order
 /// every epoch, the label-smoothed step with Adam and the warm-up schedule, validation by
@@ -115,10 +115,7 @@ impl Task for MtTask {
         let (src, refs) = (&self.valid.pairs.src, &self.valid.pairs.tgt);
         let hyps = translate_shared(model, &self.tokenizer, src, &greedy, (dev, dist), |_, _| {})?;
         let score = score(score_metric(&self.cfg), &hyps, refs)?;
-        Ok(Validation {
-            loss,
-            score: Some(score),
-        })
+        Ok(Validation::new(loss, Some(score)))
     }
 
     fn epoch_lines(&self, end: &EpochEnd) -> Vec<String> {
@@ -160,14 +157,13 @@ impl Task for MtTask {
         let loss = evaluate_loss_on(&best.model, &data, cfg.max_tokens, dev, t.dist)?;
         let start = Instant::now();
         let beam = DecodeRequest::new(cfg.decode_options(cfg.beam));
-        let progress = &mut *t.progress;
         let hyps = translate_shared(
             &best.model,
             tok,
             &data.pairs.src,
             &beam,
             (dev, t.dist),
-            |done, total| progress.batch(cfg.epochs + 1, done, total),
+            |done, total| t.progress.batch(cfg.epochs + 1, done, total),
         )?;
         let scores = TestScores::of(score_metric(cfg), &hyps, &data.pairs.tgt)?;
         t.write("test.hyp", (hyps.join("\n") + "\n").as_bytes())?;

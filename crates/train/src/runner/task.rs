@@ -260,6 +260,13 @@ pub struct Validation {
     pub score: Option<Score>,
 }
 
+impl Validation {
+    /// A validation with mean loss `loss` and the task's `score`, where it has one.
+    pub fn new(loss: f64, score: Option<Score>) -> Self {
+        Self { loss, score }
+    }
+}
+
 /// What best-model selection compares, as the task names it ([`Task::selection`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Selection {

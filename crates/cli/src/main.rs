@@ -378,6 +378,27 @@ fn copy(args: CopyArgs) -> Result<()> {
     Ok(())
 }
 
+impl InfoArgs {
+    /// Sets the sizes given as flags, keeping the preset's elsewhere: `[d_model, nhead,
+    /// d_ff]` and every stack's layer count in `layers` (the same for both of a
+    /// Transformer's), the language model's and the Transformer's fields alike.
+    fn give_sizes<const N: usize>(
+        &self,
+        [d_model, nhead, d_ff]: [&mut usize; 3],
+        layers: [&mut usize; N],
+    ) {
+        let given = [
+            (d_model, self.d_model),
+            (nhead, self.nhead),
+            (d_ff, self.d_ff),
+        ];
+        let layers = layers.map(|l| (l, self.layers));
+        for (size, flag) in given.into_iter().chain(layers) {
+            *size = flag.unwrap_or(*size);
+        }
+    }
+}
+
 fn info(args: InfoArgs) -> Result<()> {
     let dev = Device::Cpu;
     // Parameters are counted on a model built in memory; `bf16` halves what that costs.
@@ -386,10 +407,10 @@ fn info(args: InfoArgs) -> Result<()> {
         Preset::Lm => {
             let mut c = LmConfig::default();
             c.ntoken = args.vocab.unwrap_or(c.ntoken);
-            c.d_model = args.d_model.unwrap_or(c.d_model);
-            c.nhead = args.nhead.unwrap_or(c.nhead);
-            c.d_hid = args.d_ff.unwrap_or(c.d_hid);
-            c.nlayers = args.layers.unwrap_or(c.nlayers);
+            args.give_sizes(
+                [&mut c.d_model, &mut c.nhead, &mut c.d_hid],
+                [&mut c.nlayers],
+            );
             c.validate()?;
             TransformerLm::new(&pb, &c).context("building the model")?;
             (serde_json::to_value(&c)?, pb.params())
@@ -400,11 +421,11 @@ fn info(args: InfoArgs) -> Result<()> {
                 Preset::Big => TransformerConfig::big(),
                 _ => TransformerConfig::tiny(),
             };
-            c.d_model = args.d_model.unwrap_or(c.d_model);
-            c.nhead = args.nhead.unwrap_or(c.nhead);
-            c.dim_feedforward = args.d_ff.unwrap_or(c.dim_feedforward);
-            c.num_encoder_layers = args.layers.unwrap_or(c.num_encoder_layers);
-            c.num_decoder_layers = args.layers.unwrap_or(c.num_decoder_layers);
+            let layers = [&mut c.num_encoder_layers, &mut c.num_decoder_layers];
+            args.give_sizes(
+                [&mut c.d_model, &mut c.nhead, &mut c.dim_feedforward],
+                layers,
+            );
             c.activation = args.activation.unwrap_or(c.activation);
             c.validate()?;
             let vocab = args.vocab.unwrap_or(37_000);

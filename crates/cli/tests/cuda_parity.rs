@@ -245,14 +245,16 @@ fn fused_gpu_kernels_match_the_composed_ops() -> Result<()> {
                             }
                             None => None,
                         };
-                        k::attention_reference(
-                            &x[0],
-                            &x[1],
-                            &x[2],
-                            Some(&keep),
-                            mult.as_ref(),
+                        k::attention_reference(k::AttentionInputs {
+                            qkv: k::Qkv {
+                                q: &x[0],
+                                k: &x[1],
+                                v: &x[2],
+                            },
+                            keep: Some(&keep),
+                            dropout: mult.as_ref(),
                             scale,
-                        )
+                        })
                     },
                     |x| {
                         Ok(
@@ -324,8 +326,14 @@ fn fused_gpu_kernels_match_the_composed_ops() -> Result<()> {
                 &ins,
                 |x| {
                     let nll = k::linear_cross_entropy_reference(&x[0], &x[1], &x[2], &tc, Some(0))?;
-                    let smooth =
-                        k::label_smoothing_term_reference(&x[0], &x[1], &x[2], &tc, 0, eps)?;
+                    let smooth = k::label_smoothing_term_reference(k::SmoothingInputs {
+                        hidden: &x[0],
+                        weight: &x[1],
+                        bias: &x[2],
+                        targets: &tc,
+                        ignore_index: 0,
+                        eps,
+                    })?;
                     nll + smooth
                 },
                 |x| {

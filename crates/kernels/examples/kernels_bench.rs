@@ -206,15 +206,22 @@ fn main() -> Result<()> {
             .to_dtype(DType::F32)?
             / 0.8)?;
         let scale = 1.0 / (d as f64).sqrt();
-        let fused = time(small_reps, &ins, &|ts| {
-            kernels::attention(&ts[0], &ts[1], &ts[2], Some(&keep), Some(&drop), scale)?
-                .mul(&cot)?
-                .sum_all()
-        })?;
+        let run = |f: fn(kernels::AttentionInputs) -> Result<Tensor>, ts: &[Tensor]| {
+            let inputs = kernels::AttentionInputs {
+                qkv: kernels::Qkv {
+                    q: &ts[0],
+                    k: &ts[1],
+                    v: &ts[2],
+                },
+                keep: Some(&keep),
+                dropout: Some(&drop),
+                scale,
+            };
+            f(inputs)?.mul(&cot)?.sum_all()
+        };
+        let fused = time(small_reps, &ins, &|ts| run(kernels::attention, ts))?;
         let reference = time(small_reps, &ins, &|ts| {
-            kernels::attention_reference(&ts[0], &ts[1], &ts[2], Some(&keep), Some(&drop), scale)?
-                .mul(&cot)?
-                .sum_all()
+            run(kernels::attention_reference, ts)
         })?;
         let composed_fused_softmax = time(small_reps, &ins, &|ts| {
             let scores = (&ts[0] * scale)?.matmul(&ts[1].t()?)?;

@@ -26,6 +26,32 @@ use super::{fused_applies, run_parallel, with_slice};
 use super::{given, grads3, Backward3, CpuArgs3, Grads3, Kernel3, Op3, Tensors3};
 use candle_core::{bail, CpuStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
+/// Queries, keys and values split into heads, as attention takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct Qkv<'a> {
+    /// Queries (B, H, T, D).
+    pub q: &'a Tensor,
+    /// Keys (B, H, S, D).
+    pub k: &'a Tensor,
+    /// Values (B, H, S, Dv).
+    pub v: &'a Tensor,
+}
+
+/// The inputs of [`attention`] and [`attention_reference`]: queries, keys and values, the
+/// keep-mask and dropout multiplier (if any) and the scale (their meaning: [`attention`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionInputs<'a> {
+    /// Queries, keys and values.
+    pub qkv: Qkv<'a>,
+    /// u8, broadcastable to (B, H, T, S), 1 = the query may attend to the key.
+    pub keep: Option<&'a Tensor>,
+    /// The multiplier applied to the weights after the softmax, broadcastable to
+    /// (B, H, T, S).
+    pub dropout: Option<&'a Tensor>,
+    /// The scores' scale, usually `1 / sqrt(D)`.
+    pub scale: f64,
+}
+
 /// Fused scaled dot-product attention with a hand-written backward pass (gradients of `q`,
 /// `k` and `v`).
 ///
@@ -42,22 +68,16 @@ use candle_core::{bail, CpuStorage, DType, Layout, Result, Shape, Storage, Tenso
 /// # Shapes
 /// - q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv)
 /// - -> (B, H, T, Dv)
-pub fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    keep: Option<&Tensor>,
-    dropout: Option<&Tensor>,
-    scale: f64,
-) -> Result<Tensor> {
-    let dims = check_shapes(q, k, v)?;
+pub fn attention(inputs: AttentionInputs) -> Result<Tensor> {
+    let dims = inputs.qkv.dims()?;
+    let (Qkv { q, k, v }, dropout) = (inputs.qkv, inputs.dropout);
     let fused = fused_applies(&[q, k, v])
         && dropout.is_none_or(|d| d.device().is_cpu() && d.dtype() == q.dtype());
     if !fused {
-        return attention_reference(q, k, v, keep, dropout, scale);
+        return attention_reference(inputs);
     }
     let (b, h, t, s, _, _) = dims;
-    let keep = match keep {
+    let keep = match inputs.keep {
         Some(m) => Some(
             m.to_dtype(DType::U8)?
                 .broadcast_as((b, h, t, s))?
@@ -82,7 +102,7 @@ pub fn attention(
         &rows(k)?,
         &rows(v)?,
         Op3(Attention {
-            scale,
+            scale: inputs.scale,
             keep,
             dropout,
         }),
@@ -93,15 +113,10 @@ pub fn attention(
 /// The model's `attention` module composes it: a finite additive mask (-1e30) before the softmax, then the
 /// weights multiplied by the keep-mask (zeroing fully masked rows) and by the dropout
 /// multiplier.
-pub fn attention_reference(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    keep: Option<&Tensor>,
-    dropout: Option<&Tensor>,
-    scale: f64,
-) -> Result<Tensor> {
-    check_shapes(q, k, v)?;
+pub fn attention_reference(inputs: AttentionInputs) -> Result<Tensor> {
+    inputs.qkv.dims()?;
+    let Qkv { q, k, v } = inputs.qkv;
+    let (keep, dropout, scale) = (inputs.keep, inputs.dropout, inputs.scale);
     // candle's batched matmul rejects some strided operands (heads split out of (B, T, H, D)).
     let (k, v) = (k.contiguous()?, v.contiguous()?);
     let scores = crate::autocast::matmul(&(q * scale)?, &k.transpose(2, 3)?)?;
@@ -120,21 +135,26 @@ pub fn attention_reference(
     crate::autocast::matmul(&weights, &v)
 }
 
+/// (B, H, T, S, D, Dv).
 type Dims = (usize, usize, usize, usize, usize, usize);
 
-fn check_shapes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Dims> {
-    let (b, h, t, d) = q.dims4()?;
-    let (kb, kh, s, kd) = k.dims4()?;
-    let (vb, vh, vs, dv) = v.dims4()?;
-    if (kb, kh, kd) != (b, h, d) || (vb, vh, vs) != (b, h, s) {
-        bail!(
-            "attention: q {:?}, k {:?}, v {:?} disagree (need (B,H,T,D), (B,H,S,D), (B,H,S,Dv))",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        );
+impl Qkv<'_> {
+    /// Their sizes (B, H, T, S, D, Dv), or an error where they disagree.
+    pub fn dims(&self) -> Result<Dims> {
+        let (q, k, v) = (self.q, self.k, self.v);
+        let (b, h, t, d) = q.dims4()?;
+        let (kb, kh, s, kd) = k.dims4()?;
+        let (vb, vh, vs, dv) = v.dims4()?;
+        if (kb, kh, kd) != (b, h, d) || (vb, vh, vs) != (b, h, s) {
+            bail!(
+                "attention: q {:?}, k {:?}, v {:?} disagree (need (B,H,T,D), (B,H,S,D), (B,H,S,Dv))",
+                q.dims(),
+                k.dims(),
+                v.dims()
+            );
+        }
+        Ok((b, h, t, s, d, dv))
     }
-    Ok((b, h, t, s, d, dv))
 }
 
 /// Multiply-adds below which the op stays on one thread.
@@ -267,13 +287,8 @@ impl Attention {
         );
     }
 
-    fn forward<T: Float>(
-        &self,
-        q: View4<'_, T>,
-        k: View4<'_, T>,
-        v: View4<'_, T>,
-        drop: Option<&[T]>,
-    ) -> Vec<T> {
+    /// The output, contiguous (B, H, T, Dv).
+    fn forward<T: Float>(&self, [q, k, v]: [View4<'_, T>; 3], drop: Option<&[T]>) -> Vec<T> {
         let [b, h, t, d] = q.dims;
         let (s, dv) = (k.dims[2], v.dims[3]);
         let pairs = b * h;
@@ -303,9 +318,7 @@ impl Attention {
     #[allow(clippy::type_complexity)]
     fn backward<T: Float>(
         &self,
-        q: View4<'_, T>,
-        k: View4<'_, T>,
-        v: View4<'_, T>,
+        [q, k, v]: [View4<'_, T>; 3],
         drop: Option<&[T]>,
         dout: &[T],
     ) -> (Vec<T>, Vec<T>, Vec<T>) {
@@ -405,14 +418,14 @@ impl Kernel3 for Attention {
         })?;
         let dv = l3.dims()[3];
         fn run<T: Float>(op: &Attention, s: [(&CpuStorage, &Layout); 3]) -> Result<Vec<T>> {
-            let (q, k, v) = (
+            let qkv = [
                 View4::new(s[0].0, s[0].1)?,
                 View4::new(s[1].0, s[1].1)?,
                 View4::new(s[2].0, s[2].1)?,
-            );
+            ];
             match &op.dropout {
-                Some(d) => with_slice::<T, _>(d, |drop| Ok(op.forward(q, k, v, Some(drop)))),
-                None => Ok(op.forward(q, k, v, None)),
+                Some(d) => with_slice::<T, _>(d, |drop| Ok(op.forward(qkv, Some(drop)))),
+                None => Ok(op.forward(qkv, None)),
             }
         }
         let s = [(s1, l1), (s2, l2), (s3, l3)];
@@ -434,11 +447,14 @@ impl Backward3 for Attention {
         let (dq, dk, dv) = with_slice::<T, _>(grad, |dout| {
             with_view::<T, _>(q, |qv| {
                 with_view::<T, _>(k, |kv| {
-                    with_view::<T, _>(v, |vv| match &self.dropout {
-                        Some(d) => with_slice::<T, _>(d, |drop| {
-                            Ok(self.backward(qv, kv, vv, Some(drop), dout))
-                        }),
-                        None => Ok(self.backward(qv, kv, vv, None, dout)),
+                    with_view::<T, _>(v, |vv| {
+                        let qkv = [qv, kv, vv];
+                        match &self.dropout {
+                            Some(d) => with_slice::<T, _>(d, |drop| {
+                                Ok(self.backward(qkv, Some(drop), dout))
+                            }),
+                            None => Ok(self.backward(qkv, None, dout)),
+                        }
                     })
                 })
             })

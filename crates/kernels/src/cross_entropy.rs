@@ -376,6 +376,7 @@ impl Kernel3 for LinearCrossEntropy {
         _loss: &Tensor,
         grad: &Tensor,
     ) -> Result<Grads3> {
+        let inputs = [hidden, weight, bias];
         let g = grad.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let saved = self.saved.lock().unwrap().take();
         let direct = self
@@ -393,20 +394,19 @@ impl Kernel3 for LinearCrossEntropy {
                     // writes every element once).
                     let mut dw = direct.take_buffer(weight, weight.elem_count());
                     let mut db = direct.take_buffer(bias, bias.elem_count());
-                    let (dh, dw_sum_sq) =
-                        self.grads_into(hidden, weight, bias, saved, g, &mut dw, &mut db)?;
+                    let (dh, dw_sum_sq) = self.grads_into(inputs, saved, g, &mut dw, &mut db)?;
                     direct.put_dense_with_sum_sq(weight, dw, dw_sum_sq);
                     direct.put_dense(bias, db);
                     return Ok((Some(dh), None, None));
                 }
-                self.grads::<f32>(hidden, weight, bias, saved, g)?
+                self.grads::<f32>(inputs, saved, g)?
             }
             DType::F64 => {
                 let saved = match saved {
                     Some(SavedAny::F64(s)) => Some(s),
                     _ => None,
                 };
-                self.grads::<f64>(hidden, weight, bias, saved, g)?
+                self.grads::<f64>(inputs, saved, g)?
             }
             dt => bail!("kernels-linear-cross-entropy: unsupported dtype {dt:?}"),
         };
@@ -419,17 +419,16 @@ impl LinearCrossEntropy {
     /// that is gone (a second backward on the same graph), on a fresh pass 1.
     fn grads<T: Pooled>(
         &self,
-        hidden: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
+        inputs: [&Tensor; 3],
         saved: Option<Saved<T>>,
         g: f64,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        let [hidden, weight, bias] = inputs;
         let (mut dw, mut db) = (
             vec![T::ZERO; weight.elem_count()],
             vec![T::ZERO; bias.elem_count()],
         );
-        let (dh, _) = self.grads_into(hidden, weight, bias, saved, g, &mut dw, &mut db)?;
+        let (dh, _) = self.grads_into(inputs, saved, g, &mut dw, &mut db)?;
         let dev = hidden.device();
         Ok((
             dh,
@@ -439,13 +438,11 @@ impl LinearCrossEntropy {
     }
 
     /// Pass 2 (after pass 1 again if its state is gone), writing every element of `dw` and
-    /// `db`; returns `dH` and the sum of squares of `dw`.
-    #[allow(clippy::too_many_arguments)]
+    /// `db` (`inputs` the op's: hidden, weight, bias); returns `dH` and the sum of squares
+    /// of `dw`.
     fn grads_into<T: Pooled>(
         &self,
-        hidden: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
+        [hidden, weight, bias]: [&Tensor; 3],
         saved: Option<Saved<T>>,
         g: f64,
         dw: &mut [T],

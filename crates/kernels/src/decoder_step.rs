@@ -98,16 +98,26 @@ impl DecoderLayerParams {
     }
 }
 
+/// What every layer of a [`DecoderStack`] shares besides its parameters' shapes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StackOptions {
+    /// Attention heads per layer.
+    pub nhead: usize,
+    /// Epsilon added to the variance in every layer norm.
+    pub eps: f64,
+    /// Pre-norm instead of post-norm residual sub-layers.
+    pub norm_first: bool,
+    /// The feed-forward activation.
+    pub activation: Activation,
+}
+
 /// A whole decoder stack for [`DecoderStack::step`]: its layers, the final norm (if any),
-/// heads, the layer norms' epsilon and where the norms sit.
+/// and the options its layers share (heads, the norms' epsilon and place, the activation).
 #[derive(Debug, Clone)]
 pub struct DecoderStack {
     layers: Vec<DecoderLayerParams>,
     final_norm: Option<(Tensor, Tensor)>,
-    nhead: usize,
-    eps: f64,
-    norm_first: bool,
-    activation: Activation,
+    options: StackOptions,
     /// The weight matrices transposed and packed ([`DecodeCache`]'s `wt`), when made once
     /// for every batch decoded with this stack ([`DecoderStack::with_transposed_weights`]).
     wt: Option<Arc<Vec<WeightForms>>>,
@@ -237,23 +247,16 @@ struct CacheView<'a> {
 pub type StepWeights = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
 impl DecoderStack {
-    /// A stack of `layers`, with the final norm `final_norm` (weight, bias) if any, and the
-    /// feed-forward `activation`.
+    /// A stack of `layers`, with the final norm `final_norm` (weight, bias) if any.
     pub fn new(
         layers: Vec<DecoderLayerParams>,
         final_norm: Option<(Tensor, Tensor)>,
-        nhead: usize,
-        eps: f64,
-        norm_first: bool,
-        activation: Activation,
+        options: StackOptions,
     ) -> Self {
         Self {
             layers,
             final_norm,
-            nhead,
-            eps,
-            norm_first,
-            activation,
+            options,
             wt: None,
             q: None,
         }
@@ -328,7 +331,7 @@ impl DecoderStack {
 
     /// Attention heads per layer.
     pub fn nhead(&self) -> usize {
-        self.nhead
+        self.options.nhead
     }
 
     fn all_tensors(&self) -> Vec<&Tensor> {
@@ -349,8 +352,8 @@ impl DecoderStack {
             return false;
         };
         let f = first.tensors[slot::L1_W].dim(0).unwrap_or(0);
-        self.nhead > 0
-            && c.is_multiple_of(self.nhead)
+        self.options.nhead > 0
+            && c.is_multiple_of(self.options.nhead)
             && self
                 .all_tensors()
                 .iter()
@@ -368,11 +371,11 @@ impl DecoderStack {
         Dims {
             c: t[slot::SQ_W].dim(0).unwrap_or(0),
             f: t[slot::L1_W].dim(0).unwrap_or(0),
-            h: self.nhead,
+            h: self.options.nhead,
             s,
-            eps: self.eps as f32,
-            norm_first: self.norm_first,
-            activation: self.activation,
+            eps: self.options.eps as f32,
+            norm_first: self.options.norm_first,
+            activation: self.options.activation,
         }
     }
 

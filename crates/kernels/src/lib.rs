@@ -82,13 +82,13 @@ pub mod timing;
 
 pub use activation::{sigmoid, sigmoid_reference, tanh};
 pub use argmax::{first_largest, ArgmaxScreen, Screened};
-pub use attention::{attention, attention_reference};
+pub use attention::{attention, attention_reference, AttentionInputs, Qkv};
 pub use cross_entropy::{
     linear_cross_entropy, linear_cross_entropy_direct, linear_cross_entropy_reference,
     linear_cross_entropy_with, release_scratch,
 };
 pub use decoder_layer::{decoder_layer, DecoderLayerDropout};
-pub use decoder_step::{DecodeCache, DecoderLayerParams, DecoderStack, StepWeights};
+pub use decoder_step::{DecodeCache, DecoderLayerParams, DecoderStack, StackOptions, StepWeights};
 pub use dropout::{dropout, dropout_reference};
 pub use encoder_layer::{
     encoder_layer, encoder_layer_applies, EncoderLayerParams, LayerDropout, WeightBias,
@@ -99,7 +99,7 @@ pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use linear::{linear, linear_reference};
 pub use panels::PanelLinear;
 pub use shared::EncoderLayerOptions;
-pub use smoothing::{label_smoothing_term, label_smoothing_term_reference};
+pub use smoothing::{label_smoothing_term, label_smoothing_term_reference, SmoothingInputs};
 pub use softmax::{
     log_softmax_rows_f32, log_sum_exp_rows_f32, softmax_last_dim, softmax_last_dim_reference,
 };

@@ -23,6 +23,27 @@ use super::{CpuArgs3, Grads3, Kernel3, Op3};
 use crate::grads::DirectGrads;
 use candle_core::{bail, CpuStorage, DType, Result, Shape, Tensor, D};
 
+/// The inputs of [`label_smoothing_term`] and [`label_smoothing_term_reference`]: the
+/// output layer's input and parameters, the targets and the smoothing.
+///
+/// # Shapes
+/// hidden (N, C), weight (V, C), bias (V,), targets (N,) u32
+#[derive(Debug, Clone, Copy)]
+pub struct SmoothingInputs<'a> {
+    /// The output layer's input rows `h`.
+    pub hidden: &'a Tensor,
+    /// The output layer's weight `W`.
+    pub weight: &'a Tensor,
+    /// The output layer's bias `b`.
+    pub bias: &'a Tensor,
+    /// Each row's target class.
+    pub targets: &'a Tensor,
+    /// The target of rows that do not count (padding).
+    pub ignore_index: u32,
+    /// The label smoothing `eps`.
+    pub eps: f64,
+}
+
 /// `eps / count * sum over rows n whose target is not `ignore_index` of (z_{n, y_n} - mean_j
 /// z_{n, j})`, `z = hidden W^T + b`; 0 when no row counts. Added to the output layer's
 /// plain cross-entropy it gives the label-smoothed cross-entropy (module docs). With `direct`,
@@ -31,16 +52,13 @@ use candle_core::{bail, CpuStorage, DType, Result, Shape, Tensor, D};
 /// # Shapes
 /// hidden (N, C), weight (V, C), bias (V,), targets (N,) u32 -> scalar
 pub fn label_smoothing_term(
-    hidden: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    targets: &Tensor,
-    ignore_index: u32,
-    eps: f64,
+    inputs: SmoothingInputs,
     direct: Option<&DirectGrads>,
 ) -> Result<Tensor> {
+    let (hidden, weight, bias, targets) =
+        (inputs.hidden, inputs.weight, inputs.bias, inputs.targets);
     if !fused_applies(&[hidden, weight, bias]) {
-        return label_smoothing_term_reference(hidden, weight, bias, targets, ignore_index, eps);
+        return label_smoothing_term_reference(inputs);
     }
     let (n, c) = hidden.dims2()?;
     let (v, wc) = weight.dims2()?;
@@ -56,7 +74,7 @@ pub fn label_smoothing_term(
     let ids = targets.flatten_all()?.to_vec1::<u32>()?;
     let mut rows = Vec::with_capacity(n);
     for &t in &ids {
-        if t == ignore_index {
+        if t == inputs.ignore_index {
             rows.push(None);
         } else if (t as usize) < v {
             rows.push(Some(t as usize));
@@ -66,7 +84,7 @@ pub fn label_smoothing_term(
     }
     let op = SmoothingTerm {
         rows,
-        eps,
+        eps: inputs.eps,
         direct: direct.cloned(),
     };
     hidden
@@ -76,14 +94,15 @@ pub fn label_smoothing_term(
 
 /// [`label_smoothing_term`] composed of candle ops (the plain version the fused op is
 /// checked against, and the path for other devices and dtypes).
-pub fn label_smoothing_term_reference(
-    hidden: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    targets: &Tensor,
-    ignore_index: u32,
-    eps: f64,
-) -> Result<Tensor> {
+pub fn label_smoothing_term_reference(inputs: SmoothingInputs) -> Result<Tensor> {
+    let SmoothingInputs {
+        hidden,
+        weight,
+        bias,
+        targets,
+        ignore_index,
+        eps,
+    } = inputs;
     let targets = targets.flatten_all()?;
     let keep = targets.ne(ignore_index)?;
     let count = keep.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;

@@ -1,14 +1,33 @@
 //! The fused attention kernel against its composed reference and central finite differences.
 
 use candle_core::{DType, Device, Result, Tensor};
-use transformer_kernels::{attention, attention_reference};
+use transformer_kernels::{attention, attention_reference, AttentionInputs, Qkv};
 
 mod common;
 use common::*;
 
 /// The signature of [`attention`] and [`attention_reference`].
-type AttentionFn =
-    fn(&Tensor, &Tensor, &Tensor, Option<&Tensor>, Option<&Tensor>, f64) -> Result<Tensor>;
+type AttentionFn = fn(AttentionInputs) -> Result<Tensor>;
+
+/// `f` on `x`'s three tensors as Q, K and V.
+fn on_qkv(
+    f: AttentionFn,
+    x: &[Tensor],
+    keep: Option<&Tensor>,
+    dropout: Option<&Tensor>,
+    scale: f64,
+) -> Result<Tensor> {
+    f(AttentionInputs {
+        qkv: Qkv {
+            q: &x[0],
+            k: &x[1],
+            v: &x[2],
+        },
+        keep,
+        dropout,
+        scale,
+    })
+}
 
 // ---------------------------------------------------------------------------------------------
 // Attention
@@ -70,8 +89,8 @@ fn attention_matches_reference() {
                 &format!("attention B={b} H={h} T={t} S={s} D={d} Dv={dv} {dtype:?}"),
                 &inputs,
                 &cot,
-                |x| attention(&x[0], &x[1], &x[2], keep.as_ref(), drop.as_ref(), scale),
-                |x| attention_reference(&x[0], &x[1], &x[2], keep.as_ref(), drop.as_ref(), scale),
+                |x| on_qkv(attention, x, keep.as_ref(), drop.as_ref(), scale),
+                |x| on_qkv(attention_reference, x, keep.as_ref(), drop.as_ref(), scale),
             );
         }
     }
@@ -92,14 +111,8 @@ fn attention_strided_inputs() {
         let keep = &keep;
         let on_heads = |f: AttentionFn| {
             move |x: &[Tensor]| {
-                f(
-                    &heads(&x[0])?,
-                    &heads(&x[1])?,
-                    &heads(&x[2])?,
-                    Some(keep),
-                    None,
-                    0.5,
-                )
+                let x = [heads(&x[0])?, heads(&x[1])?, heads(&x[2])?];
+                on_qkv(f, &x, Some(keep), None, 0.5)
             }
         };
         compare(
@@ -117,7 +130,14 @@ fn attention_fully_masked_rows_are_zero() {
     let (b, h, t, d) = (2, 1, 4, 3);
     let q = tensor(&[b, h, t, d], 220, 1.0, DType::F32);
     let keep = attention_keep(b, t, t);
-    let out = attention(&q, &q, &q, Some(&keep), None, 1.0).unwrap();
+    let out = on_qkv(
+        attention,
+        &[q.clone(), q.clone(), q],
+        Some(&keep),
+        None,
+        1.0,
+    )
+    .unwrap();
     let row = to_f64(&out.get(0).unwrap().get(0).unwrap().get(t / 2).unwrap());
     assert!(row.iter().all(|&x| x == 0.0), "{row:?}");
     assert!(to_f64(&out).iter().all(|x| x.is_finite()));
@@ -135,6 +155,6 @@ fn attention_finite_differences() {
     let keep = attention_keep(b, t, s);
     let drop = dropout_multiplier(&[b, h, t, s], 234, DType::F64);
     finite_difference_check("attention", &inputs, &cot, |x| {
-        attention(&x[0], &x[1], &x[2], Some(&keep), Some(&drop), 0.7)
+        on_qkv(attention, x, Some(&keep), Some(&drop), 0.7)
     });
 }

@@ -4,7 +4,7 @@
 use candle_core::{DType, Device, Result, Tensor, Var};
 use transformer_kernels::{
     bf16, label_smoothing_term, label_smoothing_term_reference, linear_cross_entropy,
-    linear_cross_entropy_reference, linear_cross_entropy_with, Precision,
+    linear_cross_entropy_reference, linear_cross_entropy_with, Precision, SmoothingInputs,
 };
 
 mod common;
@@ -89,6 +89,17 @@ fn linear_cross_entropy_matches_reference() {
 /// graph.
 #[test]
 fn label_smoothing_term_matches_reference() {
+    /// `x`'s hidden rows, weight and bias with targets `t`.
+    fn smoothing<'a>(x: &'a [Tensor], t: &'a Tensor, ignore: u32, eps: f64) -> SmoothingInputs<'a> {
+        SmoothingInputs {
+            hidden: &x[0],
+            weight: &x[1],
+            bias: &x[2],
+            targets: t,
+            ignore_index: ignore,
+            eps,
+        }
+    }
     for dtype in [DType::F64, DType::F32] {
         for (k, (n, c, v, ignore)) in [
             (7, 5, 13, (3u32, 3usize)),
@@ -109,8 +120,8 @@ fn label_smoothing_term_matches_reference() {
                 &format!("label_smoothing_term N={n} C={c} V={v} {ignore:?} {dtype:?}"),
                 &inputs,
                 &cot,
-                |x| label_smoothing_term(&x[0], &x[1], &x[2], &t, ignore.0, 0.1, None),
-                |x| label_smoothing_term_reference(&x[0], &x[1], &x[2], &t, ignore.0, 0.1),
+                |x| label_smoothing_term(smoothing(x, &t, ignore.0, 0.1), None),
+                |x| label_smoothing_term_reference(smoothing(x, &t, ignore.0, 0.1)),
             );
         }
     }
@@ -118,7 +129,7 @@ fn label_smoothing_term_matches_reference() {
     let t = targets(6, 9, 191, Some((2, 3)));
     let one = Tensor::new(1f64, &Device::Cpu).unwrap();
     finite_difference_check("label_smoothing_term", &inputs, &one, |x| {
-        label_smoothing_term(&x[0], &x[1], &x[2], &t, 2, 0.2, None)
+        label_smoothing_term(smoothing(x, &t, 2, 0.2), None)
     });
     // Into DirectGrads: the weight's and bias's gradients land there, the same values.
     let inputs = lce_inputs(11, 8, 30, 200, DType::F32);
@@ -126,8 +137,8 @@ fn label_smoothing_term_matches_reference() {
     let vars = vars_of(&inputs);
     let direct = transformer_kernels::grads::DirectGrads::new();
     let f = |d: Option<&transformer_kernels::grads::DirectGrads>| {
-        let [h, w, b] = [0, 1, 2].map(|i| vars[i].as_tensor());
-        label_smoothing_term(h, w, b, &t, 0, 0.1, d)
+        let x = [0, 1, 2].map(|i| vars[i].as_tensor().clone());
+        label_smoothing_term(smoothing(&x, &t, 0, 0.1), d)
             .unwrap()
             .backward()
             .unwrap()

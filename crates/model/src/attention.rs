@@ -3,12 +3,31 @@
 
 use crate::dropout::{Dropout, Mode};
 use crate::mask::Mask;
+pub use crate::ops::Qkv;
 use crate::Result;
 use candle_core::Tensor;
 
 /// Softmax over the last dimension, with a backward pass: the fused kernel on CPU f32/f64,
 /// the composition of primitives elsewhere (max-subtracted, the max detached).
 pub use crate::ops::softmax_last_dim;
+
+/// What [`scaled_dot_product_attention`] and [`attention_output`] attend with: queries,
+/// keys and values split into heads, the mask, the attention dropout and the mode it runs in.
+///
+/// # Shapes
+/// - q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv)
+/// - mask: broadcastable to (B, H, T, S), 1 = may attend
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionInputs<'a> {
+    /// Queries, keys and values.
+    pub qkv: Qkv<'a>,
+    /// Which keys each query may attend to (all, without one).
+    pub mask: Option<&'a Mask>,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Training (dropout drawn) or evaluation.
+    pub mode: Mode<'a>,
+}
 
 /// Attention of queries over keys and values; returns `(output, weights)`.
 ///
@@ -20,26 +39,10 @@ pub use crate::ops::softmax_last_dim;
 /// - q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv)
 /// - mask: broadcastable to (B, H, T, S), 1 = may attend
 /// - -> output (B, H, T, Dv), weights (B, H, T, S)
-pub fn scaled_dot_product_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: Option<&Mask>,
-    dropout: Dropout,
-    mode: Mode,
-) -> Result<(Tensor, Tensor)> {
-    let (b, h, _t, d) = q.dims4()?;
-    let (kb, kh, s, kd) = k.dims4()?;
-    let (vb, vh, vs, _dv) = v.dims4()?;
-    if (kb, kh, kd) != (b, h, d) || (vb, vh, vs) != (b, h, s) {
-        candle_core::bail!(
-            "attention shapes disagree: q {:?}, k {:?}, v {:?} (need q (B,H,T,D), k (B,H,S,D), \
-             v (B,H,S,Dv))",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        );
-    }
+pub fn scaled_dot_product_attention(inputs: AttentionInputs) -> Result<(Tensor, Tensor)> {
+    let (_, _, _, _, d, _) = inputs.qkv.dims()?;
+    let Qkv { q, k, v } = inputs.qkv;
+    let (mask, dropout, mode) = (inputs.mask, inputs.dropout, inputs.mode);
     let q = (q * (1.0 / (d as f64).sqrt()))?;
     // (B, H, T, D) @ (B, H, D, S) -> (B, H, T, S)
     let scores = crate::ops::matmul(&q, &k.transpose(2, 3)?)?;
@@ -72,14 +75,9 @@ pub fn scaled_dot_product_attention(
 ///
 /// # Shapes
 /// as [`scaled_dot_product_attention`] -> output (B, H, T, Dv)
-pub fn attention_output(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: Option<&Mask>,
-    dropout: Dropout,
-    mode: Mode,
-) -> Result<Tensor> {
+pub fn attention_output(inputs: AttentionInputs) -> Result<Tensor> {
+    let (Qkv { q, k, v }, mask) = (inputs.qkv, inputs.mask);
+    let (dropout, mode) = (inputs.dropout, inputs.mode);
     let (b, h, t, d) = q.dims4()?;
     let s = k.dim(2)?;
     if crate::ops::gpu_fused(&[q, k, v]) {
@@ -92,14 +90,12 @@ pub fn attention_output(
         }
     }
     let drop = dropout.multiplier((b, h, t, s), q.dtype(), q.device(), mode)?;
-    crate::ops::attention(
-        q,
-        k,
-        v,
-        mask.map(|m| m.keep()),
-        drop.as_ref(),
-        1.0 / (d as f64).sqrt(),
-    )
+    crate::ops::attention(crate::ops::AttentionInputs {
+        qkv: inputs.qkv,
+        keep: mask.map(|m| m.keep()),
+        dropout: drop.as_ref(),
+        scale: 1.0 / (d as f64).sqrt(),
+    })
 }
 
 #[cfg(test)]
@@ -116,8 +112,16 @@ mod tests {
         // Query row 1 may attend to nothing.
         let keep = Tensor::new(&[[1u8, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], &dev)?;
         let mask = Mask::from_keep(&keep)?;
-        let (out, w) =
-            scaled_dot_product_attention(&q, &k, &v, Some(&mask), Dropout::new(0.0), Mode::Eval)?;
+        let (out, w) = scaled_dot_product_attention(AttentionInputs {
+            qkv: Qkv {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
+            mask: Some(&mask),
+            dropout: Dropout::new(0.0),
+            mode: Mode::Eval,
+        })?;
         let w = w.to_dtype(DType::F64)?;
         let abs_sum = |t: &Tensor| -> Result<f64> { t.abs()?.sum_all()?.to_scalar::<f64>() };
         assert_eq!(abs_sum(&w.narrow(2, 1, 1)?)?, 0.0);

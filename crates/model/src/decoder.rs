@@ -10,6 +10,7 @@ use crate::feed_forward::FeedForward;
 use crate::layer_norm::LayerNorm;
 use crate::mask::Mask;
 use crate::multi_head::{KvCache, MultiHeadAttention};
+use crate::ops::Qkv;
 use crate::params::ParamBuilder;
 use crate::stack::{LayerSpec, Stack, StackLayer};
 use crate::Result;
@@ -168,9 +169,15 @@ impl DecoderLayer {
                         return Ok((attn.cross_attention_output(h, m, memory_mask, mode)?, None))
                     }
                     Memory::Full(m) => attn.forward(h, m, m, memory_mask, mode)?,
-                    Memory::Projected((k, v)) => {
-                        attn.attend(&attn.project_q(h)?, k, v, memory_mask, mode)?
-                    }
+                    Memory::Projected((k, v)) => attn.attend(
+                        Qkv {
+                            q: &attn.project_q(h)?,
+                            k,
+                            v,
+                        },
+                        memory_mask,
+                        mode,
+                    )?,
                 };
                 Ok((out, Some(w)))
             })?;
@@ -202,20 +209,14 @@ impl Stack<DecoderLayer> {
     /// attention weights come back when `pass` asks for them ([`Pass::weights`]).
     ///
     /// # Shapes
-    /// x (B, T, C), memory (B, S, C) -> (B, T, C) and the weights
+    /// x (B, T, C), `inputs` over memory (B, S, C) ([`DecoderInputs::full`]) -> (B, T, C)
+    /// and the weights
     pub fn forward_as(
         &self,
         x: &Tensor,
-        memory: &Tensor,
-        self_mask: Option<&Mask>,
-        memory_mask: Option<&Mask>,
+        inputs: DecoderInputs,
         pass: Pass,
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
-        let inputs = DecoderInputs {
-            memory: MemoryPerLayer::Full(memory),
-            self_mask,
-            memory_mask,
-        };
         self.run(x, inputs, None, pass)
     }
 
@@ -289,6 +290,20 @@ pub struct DecoderInputs<'a> {
 }
 
 impl<'a> DecoderInputs<'a> {
+    /// Every layer reading the encoder output `memory` (B, S, C), under `self_mask`
+    /// (broadcastable to (B, H, T, T)) and `memory_mask` (to (B, H, T, S)).
+    pub fn full(
+        memory: &'a Tensor,
+        self_mask: Option<&'a Mask>,
+        memory_mask: Option<&'a Mask>,
+    ) -> Self {
+        DecoderInputs {
+            memory: MemoryPerLayer::Full(memory),
+            self_mask,
+            memory_mask,
+        }
+    }
+
     /// Layer `i`'s memory.
     fn memory(&self, i: usize) -> Memory<'a> {
         match self.memory {

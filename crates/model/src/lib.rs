@@ -113,7 +113,7 @@ pub use transformer_kernels::grads;
 /// The counter-based RNG of initialisation and dropout ([`transformer_kernels::rng`]).
 pub use transformer_kernels::rng;
 
-pub use attention::{scaled_dot_product_attention, softmax_last_dim};
+pub use attention::{scaled_dot_product_attention, softmax_last_dim, AttentionInputs, Qkv};
 pub use backend::{Backprop, Pass};
 pub use config::{Activation, LmConfig, TransformerConfig};
 pub use decoder::{Decoder, DecoderLayer};

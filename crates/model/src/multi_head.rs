@@ -7,7 +7,7 @@
 //! cross-attention can project the encoder memory once per source sentence and decoding can
 //! append to cached keys and values.
 
-use crate::attention::{attention_output, scaled_dot_product_attention};
+use crate::attention::{attention_output, scaled_dot_product_attention, AttentionInputs, Qkv};
 use crate::dropout::{Dropout, Mode};
 use crate::linear::Linear;
 use crate::mask::Mask;
@@ -164,15 +164,8 @@ impl MultiHeadAttention {
     ///
     /// # Shapes
     /// q (B, H, T, D), k (B, H, S, D), v (B, H, S, D) -> out (B, T, C), weights (B, H, T, S)
-    pub fn attend(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        mask: Option<&Mask>,
-        mode: Mode,
-    ) -> Result<(Tensor, Tensor)> {
-        let (out, weights) = scaled_dot_product_attention(q, k, v, mask, self.dropout, mode)?;
+    pub fn attend(&self, qkv: Qkv, mask: Option<&Mask>, mode: Mode) -> Result<(Tensor, Tensor)> {
+        let (out, weights) = scaled_dot_product_attention(self.inputs(qkv, mask, mode))?;
         Ok((self.merge_heads_and_project(&out)?, weights))
     }
 
@@ -198,8 +191,8 @@ impl MultiHeadAttention {
                 Some(cache) => cache.append(k, v)?,
                 None => (k, v),
             };
-            let out = attention_output(&q, &k, &v, mask, self.dropout, mode)?;
-            return Ok((self.merge_heads_and_project(&out)?, None));
+            let (q, k, v) = (&q, &k, &v);
+            return Ok((self.fused_output(Qkv { q, k, v }, mask, mode)?, None));
         }
         let (out, w) = match cache {
             Some(cache) => self.forward_cached(x, cache, mask, mode)?,
@@ -222,8 +215,30 @@ impl MultiHeadAttention {
     ) -> Result<Tensor> {
         let q = self.project_q(query)?;
         let (k, v) = self.project_kv(memory, memory)?;
-        let out = attention_output(&q, &k, &v, mask, self.dropout, mode)?;
+        let (q, k, v) = (&q, &k, &v);
+        self.fused_output(Qkv { q, k, v }, mask, mode)
+    }
+
+    /// Attention over already projected heads through the fused attention op
+    /// ([`attention_output`], which keeps no weights), then the output projection.
+    fn fused_output(&self, qkv: Qkv, mask: Option<&Mask>, mode: Mode) -> Result<Tensor> {
+        let out = attention_output(self.inputs(qkv, mask, mode))?;
         self.merge_heads_and_project(&out)
+    }
+
+    /// Heads `qkv` to attend with under `mask`, with this module's dropout.
+    fn inputs<'a>(
+        &self,
+        qkv: Qkv<'a>,
+        mask: Option<&'a Mask>,
+        mode: Mode<'a>,
+    ) -> AttentionInputs<'a> {
+        AttentionInputs {
+            qkv,
+            mask,
+            dropout: self.dropout,
+            mode,
+        }
     }
 
     /// # Shapes
@@ -250,7 +265,8 @@ impl MultiHeadAttention {
         let q = self.project_q(x)?;
         let (k, v) = self.project_kv(x, x)?;
         let (k, v) = cache.append(k, v)?;
-        self.attend(&q, &k, &v, mask, mode)
+        let (q, k, v) = (&q, &k, &v);
+        self.attend(Qkv { q, k, v }, mask, mode)
     }
 
     /// Full multi-head attention of `query` over `key`/`value`.
@@ -279,6 +295,7 @@ impl MultiHeadAttention {
         }
         let q = self.project_q(query)?;
         let (k, v) = self.project_kv(key, value)?;
-        self.attend(&q, &k, &v, mask, mode)
+        let (q, k, v) = (&q, &k, &v);
+        self.attend(Qkv { q, k, v }, mask, mode)
     }
 }

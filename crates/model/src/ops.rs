@@ -55,7 +55,7 @@ pub use kernels::autocast::matmul;
 /// Attention's output `softmax(q k^T * scale, masked) v` without its weights, dropout
 /// multiplier `drop` on the weights; rows with no key get zeros
 /// ([`crate::attention::attention_output`]).
-pub use kernels::attention;
+pub use kernels::{attention, AttentionInputs, Qkv};
 
 /// Inverted dropout with mask element `i` kept where `uniform_at(seed, stream, i) >= p`.
 pub use kernels::dropout;
@@ -101,7 +101,7 @@ pub fn output_cross_entropy(
 /// The label-smoothing term of the loss, `eps` times the mean over the kept targets of
 /// minus the mean log-probability over the vocabulary (its weight and bias gradients to
 /// `grads` when given).
-pub use kernels::label_smoothing_term;
+pub use kernels::{label_smoothing_term, SmoothingInputs};
 
 /// Whether the fused GPU kernels take these tensors (f32 or f64 on a CUDA device, in a
 /// build with the `cuda` feature): then [`attention_gpu`], [`bias_activation_dropout`] and

@@ -18,7 +18,7 @@ use crate::backend::{Backprop, Pass};
 use crate::config::TransformerConfig;
 use crate::decode_state::Caches;
 pub use crate::decode_state::{DecodeState, PreparedDecoding};
-use crate::decoder::DecoderWeights;
+use crate::decoder::{DecoderInputs, DecoderWeights};
 use crate::dropout::Mode;
 use crate::embedding::Embedding;
 use crate::grads::DirectGrads;
@@ -247,7 +247,15 @@ pub fn label_smoothed_loss_with(
             loss: nll,
         });
     }
-    let smooth = ops::label_smoothing_term(h, w, bias, targets, pad_id, eps, direct)?;
+    let inputs = ops::SmoothingInputs {
+        hidden: h,
+        weight: w,
+        bias,
+        targets,
+        ignore_index: pad_id,
+        eps,
+    };
+    let smooth = ops::label_smoothing_term(inputs, direct)?;
     Ok(Seq2SeqLoss {
         nll: nll.detach(),
         loss: (nll + smooth)?,
@@ -444,10 +452,8 @@ impl Seq2Seq {
         pass: Pass,
     ) -> Result<(Tensor, Vec<DecoderWeights>)> {
         let y = self.embed_as(&self.tgt_embedding, tgt, pass.mode, pass.backprop)?;
-        let (h, w) =
-            self.transformer
-                .decoder()
-                .forward_as(&y, memory, tgt_mask, memory_mask, pass)?;
+        let inputs = DecoderInputs::full(memory, tgt_mask, memory_mask);
+        let (h, w) = self.transformer.decoder().forward_as(&y, inputs, pass)?;
         Ok((self.generator.forward(&h)?, w))
     }
 
@@ -521,7 +527,9 @@ impl Seq2Seq {
         let (memory, _) = tr.encoder().forward_as(&x, Some(&src_mask), pass)?;
         let y = self.embed_as(&self.tgt_embedding, tgt_in, mode, backprop)?;
         let (tm, mm) = (Some(&tgt_mask), Some(&memory_mask));
-        let (h, _) = tr.decoder().forward_as(&y, &memory, tm, mm, pass)?;
+        let (h, _) = tr
+            .decoder()
+            .forward_as(&y, DecoderInputs::full(&memory, tm, mm), pass)?;
         label_smoothed_loss_with(&h, &self.generator, tgt_out, pad_id, eps, direct)
     }
 

@@ -4,7 +4,7 @@
 
 use crate::backend::Pass;
 use crate::config::TransformerConfig;
-use crate::decoder::Decoder;
+use crate::decoder::{Decoder, DecoderInputs};
 use crate::dropout::Mode;
 use crate::encoder::Encoder;
 use crate::mask::Mask;
@@ -81,9 +81,8 @@ impl Transformer {
     ) -> Result<Tensor> {
         let memory = self.encoder.forward(src, src_mask, mode)?;
         let pass = Pass::new(mode);
-        let (y, _) = self
-            .decoder
-            .forward_as(tgt, &memory, tgt_mask, memory_mask, pass)?;
+        let inputs = DecoderInputs::full(&memory, tgt_mask, memory_mask);
+        let (y, _) = self.decoder.forward_as(tgt, inputs, pass)?;
         Ok(y)
     }
 }

@@ -131,9 +131,8 @@ fn every_decoder_layer_call_goes_through_the_registered_backend() -> Result<()> 
     let direct = DirectGrads::new();
     let backprop = Backprop::Direct(&direct);
     let pass = Pass::new(Mode::Eval).backprop(backprop);
-    model
-        .decoder()
-        .forward_as(&tgt, &memory, None, None, pass)?;
+    let inputs = transformer_model::decoder::DecoderInputs::full(&memory, None, None);
+    model.decoder().forward_as(&tgt, inputs, pass)?;
     let layers = TransformerConfig::tiny().num_decoder_layers;
     assert_eq!(counting.decoder.load(Ordering::SeqCst), layers);
     assert_eq!(

@@ -184,10 +184,8 @@ impl Task for CopyTask {
 
     fn validate(&self, model: &Seq2Seq, _dist: &crate::dist::Dist) -> Result<Validation> {
         let loss = batch_loss(model, &self.held_out, &self.cfg, Mode::Eval)?;
-        Ok(Validation {
-            loss: loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
-            score: None,
-        })
+        let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        Ok(Validation::new(loss, None))
     }
 
     fn adam(&mut self) -> Option<&mut Adam> {
@@ -217,13 +215,7 @@ impl Task for CopyTask {
             100.0 * acc
         ));
         self.accuracy = Some(acc);
-        let record = Metric::Test {
-            step: t.state.step,
-            loss,
-            ppl: loss.exp(),
-            weights: t.state.best_weights,
-            scores: crate::metrics::Scores::default(),
-        };
+        let record = t.record(t.state.best_weights, loss, Default::default());
         Ok((vec![record], Some(loss)))
     }
 }
@@ -262,14 +254,7 @@ impl Setup for CopySetup {
     type Tokenizer = ();
     type Data = ();
 
-    fn data(
-        &mut self,
-        _: &mut CopyTaskConfig,
-        _: Option<()>,
-        _: &RunOptions<CopyTaskConfig>,
-        _: bool,
-        _: &mut dyn Progress,
-    ) -> Result<()> {
+    fn data(&mut self, _: &mut CopyTaskConfig, _: Option<()>, _: &mut dyn Progress) -> Result<()> {
         Ok(())
     }
 

@@ -504,14 +504,13 @@ fn fused_decoding_stack(
     if layers.iter().any(|l| l.ff.parts().2 != activation) {
         return None;
     }
-    let stack = kernels::DecoderStack::new(
-        params,
-        final_norm,
+    let options = kernels::StackOptions {
         nhead,
         eps,
         norm_first,
-        activation.into(),
-    );
+        activation: activation.into(),
+    };
+    let stack = kernels::DecoderStack::new(params, final_norm, options);
     stack.applies().then_some(stack)
 }
 

@@ -49,6 +49,18 @@ impl LmData {
             vocab,
         })
     }
+
+    /// A hash of the training split's token ids, which processes compare before training
+    /// together ([`crate::runner::Task::data_hash`]).
+    pub fn train_hash(&self) -> u64 {
+        let bytes: Vec<u8> = self
+            .train
+            .data
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        crate::dist::hash_bytes(&bytes)
+    }
 }
 
 /// A `bptt` window as tensors: input `(B, T)` (batch-first) and targets `(B * T,)` in the

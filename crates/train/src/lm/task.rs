@@ -27,8 +27,6 @@ impl Setup for LmSetup {
         &mut self,
         cfg: &mut LmTrainConfig,
         vocab: Option<Vocab>,
-        _: &TrainOptions,
-        _resuming: bool,
         progress: &mut dyn Progress,
     ) -> Result<LmData> {
         cfg.validate()?;
@@ -75,7 +73,7 @@ impl Setup for LmSetup {
         device: &Device,
     ) -> Result<LmTask> {
         let num_windows = data.train.num_windows(cfg.bptt);
-        let epoch_windows = cfg.max_batches.map_or(num_windows, |m| m.min(num_windows));
+        let epoch_windows = runner::epoch_batches(num_windows, cfg.max_batches);
         // The tutorial labels its log lines with len(train_data) // bptt.
         let label_batches = cfg
             .max_batches
@@ -146,14 +144,7 @@ impl Task for LmTask {
     }
 
     fn data_hash(&self) -> u64 {
-        let bytes: Vec<u8> = self
-            .data
-            .train
-            .data
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
-        crate::dist::hash_bytes(&bytes)
+        self.data.train_hash()
     }
 
     /// The tutorial logs after batch indices 200, 400, ... (0-based), averaging over
@@ -170,7 +161,7 @@ impl Task for LmTask {
         } else {
             w.loss_sum / self.cfg.log_interval as f64
         };
-        let ms = w.seconds * 1e3 / w.count as f64;
+        let ms = w.ms_per_batch();
         let lr = self.step.opt.lr;
         let (epoch, batch, label) = (w.epoch, w.index, self.label_batches);
         (
@@ -178,32 +169,20 @@ impl Task for LmTask {
                 "| epoch {epoch:3} | {batch:5}/{label:5} batches | lr {lr:02.2} | ms/batch {ms:5.2} | loss {cur:5.2} | ppl {:8.2}",
                 cur.exp()
             ),
-            Metric::Train {
-                step: w.step,
-                epoch,
-                batch,
-                batches: label,
-                lr,
-                ms_per_batch: ms,
-                loss: cur,
-                ppl: cur.exp(),
-            },
+            w.record(batch, label, lr, cur, cur.exp()),
         )
     }
 
     fn validate(&self, model: &TransformerLm, dist: &crate::dist::Dist) -> Result<Validation> {
-        Ok(Validation {
-            loss: evaluate_on(model, &self.data.valid, self.cfg.bptt, &self.device, dist)?,
-            score: None,
-        })
+        let loss = evaluate_on(model, &self.data.valid, self.cfg.bptt, &self.device, dist)?;
+        Ok(Validation::new(loss, None))
     }
 
     fn epoch_lines(&self, end: &EpochEnd) -> Vec<String> {
         let (epoch, secs) = (end.epoch, end.seconds);
-        let mut lines = vec!["-".repeat(89)];
-        for (weights, v) in end.validated {
+        end.ruled(|weights, v| {
             let loss = v.loss;
-            lines.push(match weights {
+            match weights {
                 Weights::Sgd => format!(
                     "| end of epoch {epoch:3} | time: {secs:5.2}s | valid loss {loss:5.2} | valid ppl {:8.2}",
                     loss.exp()
@@ -213,26 +192,23 @@ impl Task for LmTask {
                     self.cfg.average_decay,
                     loss.exp()
                 ),
-            });
-        }
-        lines.push("-".repeat(89));
-        lines
+            }
+        })
     }
 
     /// The best model, and the best SGD weights where the average won (the tutorial's own
     /// result).
-    fn test(&mut self, t: TestRun) -> Result<(Vec<Metric>, Option<f64>)> {
+    fn test(&mut self, mut t: TestRun) -> Result<(Vec<Metric>, Option<f64>)> {
         let (cfg, dev) = (&self.cfg, &self.device);
         let best = load_run(t.run, dev)?;
         let test_loss = evaluate_on(&best.model, &self.data.test, cfg.bptt, dev, t.dist)?;
         let mut tests = vec![(t.state.best_weights, test_loss)];
-        t.progress.line(&"=".repeat(89));
-        t.progress.line(&format!(
+        let mut lines = vec![format!(
             "| End of training | test loss {test_loss:5.2} | test ppl {:8.2}",
             test_loss.exp()
-        ));
+        )];
         if cfg.average_decay > 0.0 {
-            t.progress.line(&format!(
+            lines.push(format!(
                 "| best model by validation: {} after epoch {}",
                 t.state.best_weights.describe(),
                 t.state.best_epoch
@@ -246,22 +222,16 @@ impl Task for LmTask {
                 dev,
             )?;
             let sgd_loss = evaluate_on(&sgd, &self.data.test, cfg.bptt, dev, t.dist)?;
-            t.progress.line(&format!(
+            lines.push(format!(
                 "| best SGD weights (the tutorial's read-out) | test loss {sgd_loss:5.2} | test ppl {:8.2}",
                 sgd_loss.exp()
             ));
             tests.push((Weights::Sgd, sgd_loss));
         }
-        t.progress.line(&"=".repeat(89));
+        t.report(&lines);
         let records = tests
             .into_iter()
-            .map(|(weights, loss)| Metric::Test {
-                step: t.state.step,
-                loss,
-                ppl: loss.exp(),
-                weights,
-                scores: crate::metrics::Scores::default(),
-            })
+            .map(|(weights, loss)| t.record(weights, loss, Default::default()))
             .collect();
         Ok((records, Some(test_loss)))
     }

@@ -39,6 +39,26 @@ impl EncodedSplit {
         }
     }
 
+    /// A hash of the token ids and of `keep` (the pairs that train), which processes
+    /// compare before training together ([`crate::runner::Task::data_hash`]).
+    pub fn hash_with(&self, keep: &[usize]) -> u64 {
+        let mut bytes = Vec::new();
+        for (s, t) in self.src.iter().zip(&self.tgt) {
+            bytes.extend(s.iter().flat_map(|x| x.to_le_bytes()));
+            bytes.push(0xff);
+            bytes.extend(t.iter().flat_map(|x| x.to_le_bytes()));
+            bytes.push(0xfe);
+        }
+        bytes.extend(keep.iter().flat_map(|&k| (k as u64).to_le_bytes()));
+        crate::dist::hash_bytes(&bytes)
+    }
+
+    /// The pairs `keep` in length-bucketed batches of at most `max_tokens` padded tokens a
+    /// side, in the order `seed` shuffles them into (a training epoch's batches).
+    pub fn batches(&self, keep: &[usize], max_tokens: usize, seed: u64) -> Vec<PairBatch> {
+        pair_batches(&self.src, &self.tgt, keep, max_tokens, self.specials, seed)
+    }
+
     /// The first `n` pairs.
     pub fn truncate(&mut self, n: usize) {
         self.pairs.src.truncate(n);

@@ -1,21 +1,19 @@
 //! Translation as a task on the [`crate::runner`].
 
 use super::*;
-use crate::checkpoint;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::grads::Gradients;
-use crate::metrics::{Metric, Score, ScoreMetric, Weights};
+use crate::metrics::{Metric, Weights};
 use crate::optim::{Adam, NoamSchedule};
 use crate::runner::{
-    EpochEnd, LogWindow, Selection, StepStats, Task, TestRun, Trained, Validation,
+    self, EpochEnd, LogWindow, Selection, StepStats, Task, TestRun, Trained, Validation,
 };
 use candle_core::Device;
 use std::time::Instant;
 use transformer_model::{DirectGrads, Rng};
-use transformer_text::bucket::{pair_batches, PairBatch};
+use transformer_text::bucket::PairBatch;
 use transformer_text::parallel::PairSource;
-use transformer_text::score::bleu::{corpus_bleu, BleuOptions};
-use transformer_text::subword::{Subword, TextTokenizer};
+use transformer_text::subword::Subword;
 
 /// Translation as a task on the [`crate::runner`]: length-bucketed batches in a new order
 /// every epoch, the label-smoothed step with Adam and the warm-up schedule, validation by
@@ -40,27 +38,15 @@ pub(super) struct MtTask {
     pub(super) test: Option<(f64, f64)>,
 }
 
-impl MtTask {
-    /// The score validation chooses the best model by: chrF where the output is Korean
-    /// (BLEU's 13a words are Korean's space-separated eojeol, each a stem with its particles,
-    /// so BLEU there measures the tokenization as much as the translation), BLEU elsewhere.
-    fn score_metric(&self) -> ScoreMetric {
-        match self.cfg.language_pair() {
-            Some((_, target)) if target == "ko" => ScoreMetric::Chrf,
-            _ => ScoreMetric::Bleu,
-        }
-    }
-}
-
 impl Task for MtTask {
     type Config = MtTrainConfig;
     type ModelConfig = MtModelConfig;
     const CHECKPOINT_FORMAT: &'static str = CHECKPOINT_FORMAT;
 
     /// The higher validation score: chrF for Korean output, BLEU otherwise
-    /// ([`MtTask::score_metric`]).
+    /// ([`score_metric`]).
     fn selection(&self) -> Selection {
-        Selection::HigherScore(self.score_metric())
+        Selection::HigherScore(score_metric(&self.cfg))
     }
 
     fn config(&self) -> &MtTrainConfig {
@@ -71,24 +57,12 @@ impl Task for MtTask {
     }
 
     fn start_epoch(&mut self, epoch: usize) -> Result<usize> {
-        let sp = self.tokenizer.specials();
-        let seed = self
-            .cfg
-            .seed
-            .wrapping_mul(1_000_003)
-            .wrapping_add(epoch as u64);
-        self.batches = pair_batches(
-            &self.train.src,
-            &self.train.tgt,
-            &self.keep,
-            self.cfg.max_tokens,
-            sp,
-            seed,
-        );
-        Ok(self
-            .cfg
-            .max_batches
-            .map_or(self.batches.len(), |m| m.min(self.batches.len())))
+        // A new batch order every epoch, fixed by the seed and the epoch.
+        let seed = self.cfg.seed.wrapping_mul(1_000_003);
+        let seed = seed.wrapping_add(epoch as u64);
+        self.batches = self.train.batches(&self.keep, self.cfg.max_tokens, seed);
+        let batches = self.batches.len();
+        Ok(runner::epoch_batches(batches, self.cfg.max_batches))
     }
 
     fn batch_tokens(&self, index: usize) -> usize {
@@ -96,12 +70,10 @@ impl Task for MtTask {
     }
 
     fn backward(&mut self, index: usize, rng: &Rng) -> Result<(Gradients, StepStats)> {
-        let pad = self.tokenizer.specials().pad;
         let b = &self.batches[index];
         let (src, tgt_in, tgt_out) = batch_tensors(b, &self.device)?;
-        let batch = [&src, &tgt_in, &tgt_out];
-        let model = &self.trained.model;
-        let ls = self.cfg.label_smoothing;
+        let (model, batch) = (&self.trained.model, [&src, &tgt_in, &tgt_out]);
+        let (pad, ls) = (self.train.specials.pad, self.cfg.label_smoothing);
         let (grads, loss, nll) =
             batch_gradients(model, &self.vars, &self.direct, batch, pad, ls, rng)?;
         let tokens = b.tgt_tokens;
@@ -114,15 +86,7 @@ impl Task for MtTask {
     }
 
     fn data_hash(&self) -> u64 {
-        let mut bytes = Vec::new();
-        for (s, t) in self.train.src.iter().zip(&self.train.tgt) {
-            bytes.extend(s.iter().flat_map(|x| x.to_le_bytes()));
-            bytes.push(0xff);
-            bytes.extend(t.iter().flat_map(|x| x.to_le_bytes()));
-            bytes.push(0xfe);
-        }
-        bytes.extend(self.keep.iter().flat_map(|&k| (k as u64).to_le_bytes()));
-        crate::dist::hash_bytes(&bytes)
+        self.train.hash_with(&self.keep)
     }
 
     fn log_due(&self, index: usize, batches: usize) -> bool {
@@ -132,7 +96,7 @@ impl Task for MtTask {
     fn log_line(&self, w: &LogWindow) -> (String, Metric) {
         let n = w.count.max(1) as f64;
         let (cur, cur_nll) = (w.loss_sum / n, w.nll_sum / n);
-        let ms = w.seconds * 1e3 / n;
+        let ms = w.ms_per_batch();
         let (epoch, batch, batches, lr) = (w.epoch, w.index + 1, w.batches, self.opt.lr);
         (
             format!(
@@ -140,71 +104,42 @@ impl Task for MtTask {
                 w.tokens as f64 / w.seconds.max(1e-9),
                 cur_nll.exp()
             ),
-            Metric::Train {
-                step: w.step,
-                epoch,
-                batch,
-                batches,
-                lr,
-                ms_per_batch: ms,
-                loss: cur,
-                ppl: cur_nll.exp(),
-            },
+            w.record(batch, batches, lr, cur, cur_nll.exp()),
         )
     }
 
     fn validate(&self, model: &MtModel, dist: &crate::dist::Dist) -> Result<Validation> {
         let dev = &self.device;
         let loss = evaluate_loss_on(model, &self.valid, self.cfg.max_tokens, dev, dist)?;
-        let greedy = self.cfg.decode_options(1);
-        let src = &self.valid.pairs.src;
-        let mine = translate_lines(
-            &model.decoder()?,
-            &self.tokenizer,
-            &src[dist.shard(src.len())],
-            &DecodeRequest::new(greedy),
-            dev,
-            |_, _| {},
-        )?;
-        let hyps = dist.gather_lines(mine)?;
-        let metric = self.score_metric();
-        let refs = &self.valid.pairs.tgt;
-        let value = match metric {
-            ScoreMetric::Bleu => bleu(&hyps, refs)?,
-            ScoreMetric::Chrf => chrf(&hyps, refs)?,
-        };
-        Ok(Validation {
-            loss,
-            score: Some(Score { metric, value }),
-        })
+        let greedy = DecodeRequest::new(self.cfg.decode_options(1));
+        let (src, refs) = (&self.valid.pairs.src, &self.valid.pairs.tgt);
+        let hyps = translate_shared(model, &self.tokenizer, src, &greedy, (dev, dist), |_, _| {})?;
+        let score = score(score_metric(&self.cfg), &hyps, refs)?;
+        Ok(Validation::new(loss, Some(score)))
     }
 
     fn epoch_lines(&self, end: &EpochEnd) -> Vec<String> {
         let (epoch, secs, train_secs) = (end.epoch, end.seconds, end.train_seconds);
-        let mut lines = vec!["-".repeat(89)];
-        for (weights, v) in end.validated {
+        end.ruled(|weights, v| {
             let head = match weights {
                 Weights::Sgd => {
                     format!("| end of epoch {epoch:3} | time: {secs:6.1}s (train {train_secs:.1}s)")
                 }
+                // The decay and a space, padded to 11 as the LM's `{:<9}` pads it.
                 Weights::Average => format!(
-                    "| weight average (decay {}) {:>w$}",
-                    self.cfg.average_decay,
-                    "",
-                    w = 9usize.saturating_sub(self.cfg.average_decay.to_string().len())
+                    "| weight average (decay {:<11}",
+                    format!("{}) ", self.cfg.average_decay)
                 ),
             };
             let (label, value) = v
                 .score
                 .map_or(("BLEU", 0.0), |s| (s.metric.label(), s.value));
-            lines.push(format!(
+            format!(
                 "{head} | valid loss {:5.3} | valid ppl {:7.2} | valid {label} {value:5.2} (greedy)",
                 v.loss,
                 v.loss.exp(),
-            ));
-        }
-        lines.push("-".repeat(89));
-        lines
+            )
+        })
     }
 
     fn adam(&mut self) -> Option<&mut Adam> {
@@ -212,33 +147,28 @@ impl Task for MtTask {
     }
 
     /// The best model translates the test set with beam search.
-    fn test(&mut self, t: TestRun) -> Result<(Vec<Metric>, Option<f64>)> {
+    fn test(&mut self, mut t: TestRun) -> Result<(Vec<Metric>, Option<f64>)> {
         let Some(src) = &self.test_files else {
             return Ok((Vec::new(), None));
         };
-        let (cfg, dev) = (&self.cfg, &self.device);
+        let (cfg, dev, tok) = (&self.cfg, &self.device, &self.tokenizer);
         let best = load_run(t.run, &transformer_runtime::load::Execution::on(dev))?;
-        let data = EncodedSplit::encode(src.read()?, &self.tokenizer);
+        let data = EncodedSplit::encode(src.read()?, tok);
         let loss = evaluate_loss_on(&best.model, &data, cfg.max_tokens, dev, t.dist)?;
         let start = Instant::now();
-        let mine = translate_lines(
-            &best.model.decoder()?,
-            &self.tokenizer,
-            &data.pairs.src[t.dist.shard(data.pairs.src.len())],
-            &DecodeRequest::new(cfg.decode_options(cfg.beam)),
-            dev,
+        let beam = DecodeRequest::new(cfg.decode_options(cfg.beam));
+        let hyps = translate_shared(
+            &best.model,
+            tok,
+            &data.pairs.src,
+            &beam,
+            (dev, t.dist),
             |done, total| t.progress.batch(cfg.epochs + 1, done, total),
         )?;
-        let hyps = t.dist.gather_lines(mine)?;
-        let b = bleu(&hyps, &data.pairs.tgt)?;
-        let lc = corpus_bleu(&hyps, &data.pairs.tgt, &BleuOptions::lowercased_tokens())
-            .map_err(|e| Error::Usage(e.to_string()))?;
-        if t.dist.writes() {
-            checkpoint::write_atomic(&t.run.join("test.hyp"), (hyps.join("\n") + "\n").as_bytes())?;
-        }
-        t.progress.line(&"=".repeat(89));
-        t.progress.line(&format!(
-            "| End of training | best: {} of epoch {} | test loss {loss:5.3} | test ppl {:7.2} (per word {:.2}) | test BLEU {b:5.2} (sacreBLEU, beam {}, {:.1}s)",
+        let scores = TestScores::of(score_metric(cfg), &hyps, &data.pairs.tgt)?;
+        t.write("test.hyp", (hyps.join("\n") + "\n").as_bytes())?;
+        let mut lines = vec![format!(
+            "| End of training | best: {} of epoch {} | test loss {loss:5.3} | test ppl {:7.2} (per word {:.2}) | test BLEU {:5.2} (sacreBLEU, beam {}, {:.1}s)",
             match t.state.best_weights {
                 Weights::Sgd => "the trained weights",
                 Weights::Average => "the weight average",
@@ -246,34 +176,14 @@ impl Task for MtTask {
             t.state.best_epoch,
             loss.exp(),
             word_perplexity(loss, &data),
+            scores.bleu,
             cfg.beam,
             start.elapsed().as_secs_f64()
-        ));
-        t.progress
-            .line(&format!("| {}: {:.2}", lc.options.label(), lc.score));
-        let c = match self.score_metric() {
-            ScoreMetric::Chrf => {
-                let c = chrf(&hyps, &data.pairs.tgt)?;
-                t.progress.line(&format!(
-                    "| test chrF {c:5.2} (sacreBLEU's chrF2; the score for Korean output, which \
-                     the best model was chosen by)"
-                ));
-                Some(c)
-            }
-            ScoreMetric::Bleu => None,
-        };
-        t.progress.line(&"=".repeat(89));
-        self.test = Some((loss, b));
-        let record = Metric::Test {
-            step: t.state.step,
-            loss,
-            ppl: loss.exp(),
-            weights: t.state.best_weights,
-            scores: crate::metrics::Scores {
-                bleu: Some(b),
-                chrf: c,
-            },
-        };
+        )];
+        lines.extend(scores.lines());
+        t.report(&lines);
+        self.test = Some((loss, scores.bleu));
+        let record = t.record(t.state.best_weights, loss, scores.record());
         Ok((vec![record], Some(loss)))
     }
 }

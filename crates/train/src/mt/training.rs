@@ -147,7 +147,12 @@ pub fn train(opts: &MtTrainOptions, progress: &mut dyn Progress) -> Result<MtSum
         (Some(from), false) => Some(load_init(from, &opts.device)?),
         _ => None,
     };
-    let setup = MtSetup { early, init: None };
+    let setup = MtSetup {
+        early,
+        init: None,
+        device: opts.device.clone(),
+        given: opts.given.clone(),
+    };
     let (task, s) = runner::train(setup, opts, progress)?;
     Ok(MtSummary {
         state: s.state,
@@ -367,6 +372,11 @@ struct MtSetup {
     /// Fine-tuning: the run the weights and the tokenizer come from (a fresh run only; a
     /// resumed one continues from its own checkpoint and its own copy of the tokenizer).
     init: Option<(std::path::PathBuf, LoadedMt)>,
+    /// The device a late `--init-from` loads onto.
+    device: candle_core::Device,
+    /// The settings given for this invocation, which a fine-tuning run's inherited shape
+    /// must not contradict ([`inherit_model`]).
+    given: Vec<runner::Given>,
 }
 
 impl runner::Setup for MtSetup {
@@ -378,14 +388,13 @@ impl runner::Setup for MtSetup {
         &mut self,
         cfg: &mut MtTrainConfig,
         own: Option<Subword>,
-        opts: &MtTrainOptions,
-        resuming: bool,
         progress: &mut dyn Progress,
     ) -> Result<MtData> {
-        if let (Some(from), false) = (cfg.init_from.clone(), resuming) {
+        // A resumed run (its own tokenizer given) continues from its own checkpoint.
+        if let (Some(from), None) = (cfg.init_from.clone(), &own) {
             let loaded = match self.early.take() {
                 Some(l) => l,
-                None => load_init(&from, &opts.device)?,
+                None => load_init(&from, &self.device)?,
             };
             if let Some(note) = &loaded.note {
                 progress.line(&format!("init: {note}"));
@@ -399,7 +408,7 @@ impl runner::Setup for MtSetup {
                     from.display()
                 ));
             }
-            *cfg = inherit_model(cfg, &loaded.config, &from, &opts.given)?;
+            *cfg = inherit_model(cfg, &loaded.config, &from, &self.given)?;
             self.init = Some((from, loaded));
         }
         cfg.validate()?;

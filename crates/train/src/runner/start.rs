@@ -77,17 +77,15 @@ pub trait Setup {
     /// that encoded it ([`Self::tokenizer`]).
     type Data;
 
-    /// Reads the task's data and encodes it: with `tokenizer`, the run's own, when resuming;
-    /// else with the one the task makes (from the data) or takes (from a model it starts
-    /// from). May settle `config` (resolved paths, inherited settings) and log what it read.
-    /// `opts` is the invocation (`config` its settled configuration), `resuming` whether
-    /// the run continues from its checkpoint.
+    /// Reads the task's data and encodes it: with `tokenizer`, the run's own, when resuming
+    /// (`Some` exactly then); else with the one the task makes (from the data) or takes
+    /// (from a model it starts from). May settle `config` (resolved paths, inherited
+    /// settings) and log what it read. What else of the invocation it needs, the task's
+    /// setup was made with.
     fn data(
         &mut self,
         config: &mut <Self::Task as Task>::Config,
         tokenizer: Option<Self::Tokenizer>,
-        opts: &RunOptions<<Self::Task as Task>::Config>,
-        resuming: bool,
         progress: &mut dyn Progress,
     ) -> Result<Self::Data>;
 
@@ -138,7 +136,7 @@ pub fn train<S: Setup>(
         true => Some(S::Tokenizer::load_from(run)?),
         false => None,
     };
-    let data = setup.data(&mut config, own, opts, resuming, progress)?;
+    let data = setup.data(&mut config, own, progress)?;
     let plan = setup.model(&config, &data)?;
     let started = start_model(opts, resuming, &mut config, plan.config, plan.probe)?;
     if started.fresh {

@@ -223,6 +223,33 @@ pub struct LogWindow {
     pub per_step: usize,
 }
 
+impl LogWindow {
+    /// Mean wall-clock milliseconds per batch over the window.
+    pub fn ms_per_batch(&self) -> f64 {
+        self.seconds * 1e3 / self.count.max(1) as f64
+    }
+
+    /// The window's `metrics.jsonl` record, numbered as its log line numbers it (batch
+    /// `batch` of `batches`), with the learning rate, mean loss and perplexity it shows.
+    pub fn record(&self, batch: usize, batches: usize, lr: f64, loss: f64, ppl: f64) -> Metric {
+        Metric::Train {
+            step: self.step,
+            epoch: self.epoch,
+            batch,
+            batches,
+            lr,
+            ms_per_batch: self.ms_per_batch(),
+            loss,
+            ppl,
+        }
+    }
+}
+
+/// The batches an epoch trains: all `available`, or at most `max_batches` (quick runs).
+pub fn epoch_batches(available: usize, max_batches: Option<usize>) -> usize {
+    max_batches.map_or(available, |m| m.min(available))
+}
+
 /// One validation of one set of weights.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Validation {
@@ -231,6 +258,13 @@ pub struct Validation {
     /// The task's quality score of the validation set, if it has one (translation: BLEU,
     /// or chrF into Korean).
     pub score: Option<Score>,
+}
+
+impl Validation {
+    /// A validation with mean loss `loss` and the task's `score`, where it has one.
+    pub fn new(loss: f64, score: Option<Score>) -> Self {
+        Self { loss, score }
+    }
 }
 
 /// What best-model selection compares, as the task names it ([`Task::selection`]).
@@ -385,7 +419,7 @@ pub trait Task {
     /// `step I/N | lr | loss | ms/step`, the loss being the window's mean.
     fn log_line(&self, w: &LogWindow) -> (String, Metric) {
         let loss = w.loss_sum / w.count.max(1) as f64;
-        let ms = w.seconds * 1e3 / w.count.max(1) as f64;
+        let ms = w.ms_per_batch();
         let lr = self.learning_rate();
         (
             format!(
@@ -393,16 +427,7 @@ pub trait Task {
                 w.index + 1,
                 w.batches
             ),
-            Metric::Train {
-                step: w.step,
-                epoch: w.epoch,
-                batch: w.index + 1,
-                batches: w.batches,
-                lr,
-                ms_per_batch: ms,
-                loss,
-                ppl: loss.exp(),
-            },
+            w.record(w.index + 1, w.batches, lr, loss, loss.exp()),
         )
     }
 
@@ -416,17 +441,14 @@ pub trait Task {
     /// The end-of-epoch log lines; by default one per validated set of weights, with the
     /// epoch's seconds and its validation loss.
     fn epoch_lines(&self, end: &EpochEnd) -> Vec<String> {
-        end.validated
-            .iter()
-            .map(|(w, v)| {
-                format!(
-                    "trained in {:.1}s; held-out loss of {}: {:.4}",
-                    end.seconds,
-                    w.describe(),
-                    v.loss
-                )
-            })
-            .collect()
+        end.each_validated(|w, v| {
+            format!(
+                "trained in {:.1}s; held-out loss of {}: {:.4}",
+                end.seconds,
+                w.describe(),
+                v.loss
+            )
+        })
     }
 
     /// The optimizer, where checkpoints keep its state (Adam's moments and step count);
@@ -456,6 +478,25 @@ pub struct EpochEnd<'a> {
     pub validated: &'a [(Weights, Validation)],
 }
 
+impl EpochEnd<'_> {
+    /// One log line per validated set of weights, as `line` writes it.
+    pub fn each_validated(
+        &self,
+        mut line: impl FnMut(Weights, &Validation) -> String,
+    ) -> Vec<String> {
+        self.validated.iter().map(|(w, v)| line(*w, v)).collect()
+    }
+
+    /// The tutorials' end of epoch: a rule of dashes, [`Self::each_validated`], a rule.
+    pub fn ruled(&self, line: impl FnMut(Weights, &Validation) -> String) -> Vec<String> {
+        let rule = "-".repeat(89);
+        let mut lines = vec![rule.clone()];
+        lines.extend(self.each_validated(line));
+        lines.push(rule);
+        lines
+    }
+}
+
 /// The finished run a task tests ([`Task::test`]).
 pub struct TestRun<'a> {
     /// The run directory, whose `best.safetensors` is the best model.
@@ -466,6 +507,39 @@ pub struct TestRun<'a> {
     pub progress: &'a mut dyn Progress,
     /// The processes testing, each its share.
     pub dist: &'a crate::dist::Dist,
+}
+
+impl TestRun<'_> {
+    /// Logs `lines` between two rules of `=`, as the tutorials end a run.
+    pub fn report(&mut self, lines: &[String]) {
+        let rule = "=".repeat(89);
+        self.progress.line(&rule);
+        for line in lines {
+            self.progress.line(line);
+        }
+        self.progress.line(&rule);
+    }
+
+    /// The `metrics.jsonl` record of a test of `weights` with mean loss `loss` per target
+    /// token and the task's `scores`, at the run's last step.
+    pub fn record(&self, weights: Weights, loss: f64, scores: metrics::Scores) -> Metric {
+        Metric::Test {
+            step: self.state.step,
+            loss,
+            ppl: loss.exp(),
+            weights,
+            scores,
+        }
+    }
+
+    /// Writes `bytes` as the run directory's file `name`, on the writing process only (the
+    /// others test their share and write nothing).
+    pub fn write(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        if self.dist.writes() {
+            crate::checkpoint::write_atomic(&self.run.join(name), bytes)?;
+        }
+        Ok(())
+    }
 }
 
 /// A checkpoint to resume from: its tensors (weights, optimizer, average), metadata and

@@ -240,6 +240,9 @@ struct CacheView<'a> {
     origin: &'a [Vec<u32>],
     wt: &'a [WeightForms],
     q: Option<&'a [Option<QuantizedLinear>]>,
+    /// Whether the f32 products split their outputs between the threads: a step of fewer
+    /// rows than threads, run as one group ([`panels::Packed::forward_rows_split`]).
+    split_outputs: bool,
 }
 
 /// This step's attention weights when asked for: per layer, self `(rows, H, t + 1)` and
@@ -467,6 +470,12 @@ impl DecoderStack {
         } else {
             num_threads().min(rows).max(1)
         };
+        // Too few rows to give every thread some (greedy decoding of one sentence: one row):
+        // the products split their outputs between the threads instead. A step of one row
+        // streams every weight of the decoder once, and one core alone draws less of the
+        // memory's bandwidth than two: greedy latency at the paper's base size 116-121 ms
+        // against 83-99 ms on the 2-vCPU EPYC (docs/RESULTS_LOG.md, 2026-11-28).
+        let split_outputs = work >= (1 << 21) && groups < num_threads();
         let ranges: Vec<std::ops::Range<usize>> = (0..groups)
             .map(|i| i * rows / groups..(i + 1) * rows / groups)
             .collect();
@@ -481,6 +490,7 @@ impl DecoderStack {
             origin: &cache.origin,
             wt: &cache.wt,
             q: cache.q.as_deref().map(|q| q.as_slice()),
+            split_outputs,
         };
         let final_norm = self.final_norm.is_some();
         with_f32(&tensors, |w| {
@@ -544,9 +554,19 @@ fn transpose_matrix(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 }
 
 /// `y = x W^T + b` for `n` rows from `w`'s forms (`W^T`, `k x m`, or its panels),
-/// single-threaded.
+/// single-threaded, or with the panels' outputs split between the threads (`split`).
 #[inline(always)]
-fn project(y: &mut [f32], x: &[f32], w: &WeightForms, b: &[f32], n: usize, m: usize, k: usize) {
+#[allow(clippy::too_many_arguments)]
+fn project(
+    y: &mut [f32],
+    x: &[f32],
+    w: &WeightForms,
+    b: &[f32],
+    n: usize,
+    m: usize,
+    k: usize,
+    split: bool,
+) {
     let wt = &w.wt[..];
     if n == 1 && float::avx512() {
         // One row reads each weight once: the step's speed is how fast the weights stream
@@ -554,6 +574,9 @@ fn project(y: &mut [f32], x: &[f32], w: &WeightForms, b: &[f32], n: usize, m: us
         return one_row::wt_row(y, x, wt, b, m, k);
     }
     if let Some(p) = &w.panels {
+        if split {
+            return p.forward_rows_split(y, x, b, n);
+        }
         // Several rows (one too on AVX2, where `one_row` does not run: 1.2x gemm's rate):
         // the packed panels' tiles (12 x 32 on AVX-512, 6 x 16 on AVX2) run nearer the FMA
         // rate than gemm reading `W^T` in place (`super::panels`).
@@ -613,6 +636,7 @@ fn project_layer(
             n,
             m,
             k,
+            cache.split_outputs,
         ),
     }
 }

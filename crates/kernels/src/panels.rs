@@ -156,6 +156,30 @@ impl Packed {
         unsafe { product.panel_range(y.as_mut_ptr(), 0..self.panels()) }
     }
 
+    /// [`Packed::forward_rows`] with the panels split between the kernels' threads: for a
+    /// product of too few rows to split by rows (a decoding step of one row, which streams
+    /// the weights: two cores draw more of the memory's bandwidth than one). Every output is computed as
+    /// [`Packed::forward_rows`] computes it (the same tiles over the same rows), so the
+    /// results are equal bit for bit.
+    ///
+    /// # Panics
+    /// As [`Packed::forward_rows`].
+    pub(crate) fn forward_rows_split(&self, y: &mut [f32], x: &[f32], b: &[f32], n: usize) {
+        let product = self.product(x, b, n);
+        product.check(y);
+        let panels = self.panels();
+        let threads = super::num_threads().clamp(1, panels.max(1));
+        let ranges: Vec<std::ops::Range<usize>> = (0..threads)
+            .map(|i| i * panels / threads..(i + 1) * panels / threads)
+            .collect();
+        let out = SendPtr(y.as_mut_ptr());
+        super::run_parallel(ranges, |js| {
+            let out = &out; // the whole wrapper, not its pointer field alone
+                            // SAFETY: checked above; each range writes its own columns of `y`.
+            unsafe { product.panel_range(out.0, js) }
+        });
+    }
+
     fn product<'a>(&'a self, x: &'a [f32], b: &'a [f32], n: usize) -> Product<'a> {
         Product {
             kernel: self.kernel,
@@ -565,11 +589,20 @@ mod tests {
                         let (x, w, b) = (values(n * k, 1), values(m * k, 2), values(m, 3));
                         let want = plain(&x, &w, &b, (n, m, k));
                         let mut y = vec![f32::NAN; n * m];
-                        Packed::new(kernel, &w, m, k).forward_rows(&mut y, &x, &b, n);
+                        let packed = Packed::new(kernel, &w, m, k);
+                        packed.forward_rows(&mut y, &x, &b, n);
                         let same = y.iter().zip(&want).all(|(a, z)| a.to_bits() == z.to_bits());
                         assert!(
                             same,
                             "{kernel:?} forward_rows ({n}, {m}, {k}): not the plain sums"
+                        );
+                        // The outputs split between the threads: the same sums.
+                        let mut y = vec![f32::NAN; n * m];
+                        packed.forward_rows_split(&mut y, &x, &b, n);
+                        let same = y.iter().zip(&want).all(|(a, z)| a.to_bits() == z.to_bits());
+                        assert!(
+                            same,
+                            "{kernel:?} forward_rows_split ({n}, {m}, {k}): not the plain sums"
                         );
                         if n == 125 || n == 13 {
                             let dev = Device::Cpu;

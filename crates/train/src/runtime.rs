@@ -14,8 +14,8 @@
 //! Only processes that train do this. One that decodes or serves allocates its large
 //! buffers once (the weights, their packed forms) and frees the copies that loading and
 //! preparing made on the way; held back in the heap they count in its resident memory for
-//! as long as it runs (45 MB more peak RSS for beam search at the paper's base size, with
-//! no gain in speed).
+//! as long as it runs (45 MB more peak RSS for beam search at the paper's base size, whose
+//! time was the same within the noise).
 //!
 //! # A shorter spin for candle's thread pool ([`shorter_pool_spin`])
 //! candle's CPU pool workers spin for 25,000 `pause` instructions (a millisecond or more)

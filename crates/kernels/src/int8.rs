@@ -710,8 +710,7 @@ pub(crate) mod tests {
         let x = data(n * k, 9);
         for kern in kernels() {
             let q = QuantizedLinear::new(&w, &b, out, k, kern);
-            let mut all = vec![0f32; n * out];
-            q.forward(&mut all, &x);
+            let all = product(kern, &w, &b, &x, out, k);
             for outs in [0..16, 16..48, 32..77, 64..77, 48..64, 0..77, 16..17] {
                 let width = outs.len();
                 let mut y = vec![0f32; n * width];
@@ -787,9 +786,7 @@ pub(crate) mod tests {
         let w = data(out * k, 4);
         let b = data(out, 5);
         let x = data(n * k, 6);
-        let q = QuantizedLinear::new(&w, &b, out, k, Int8Kernel::detect());
-        let mut y = vec![0f32; n * out];
-        q.forward(&mut y, &x);
+        let y = product(Int8Kernel::detect(), &w, &b, &x, out, k);
         let mut worst = 0f32;
         for i in 0..n {
             let xr = &x[i * k..(i + 1) * k];
